@@ -1,0 +1,31 @@
+"""The planner: one step's request set to one immutable execution plan.
+
+Imports nothing else of stepplan. See ``SPEC.md`` §1 and §3.
+"""
+
+from .batch import DECODE, KIND_NAMES, PADDING, PREFILL, SPEC, StepBatch
+from .compile import compile_plan
+from .config import GRAPH_MODES, PlannerConfig, default_graph_sizes
+from .errors import PlanError
+from .layout import FIELDS, BufferField, PlanLayout
+from .plan import ExecutionPlan, GraphKey, Op
+
+__all__ = [
+    "DECODE",
+    "FIELDS",
+    "GRAPH_MODES",
+    "KIND_NAMES",
+    "PADDING",
+    "PREFILL",
+    "SPEC",
+    "BufferField",
+    "ExecutionPlan",
+    "GraphKey",
+    "Op",
+    "PlanError",
+    "PlanLayout",
+    "PlannerConfig",
+    "StepBatch",
+    "compile_plan",
+    "default_graph_sizes",
+]

@@ -1,0 +1,176 @@
+"""One step's request set, as the engine hands it over."""
+
+from __future__ import annotations
+
+import attrs
+import numpy as np
+
+from .errors import PlanError
+
+#: Row kinds, in group order. Padding rows (not spec, ``q == 0``) join no group.
+SPEC, DECODE, PREFILL, PADDING = 0, 1, 2, 3
+KIND_NAMES = ("spec", "decode", "prefill", "padding")
+
+
+# Kind of a non-spec row by query length 0, 1, >= 2 (read-only lookup table).
+_KIND_OF_QUERY_LEN = np.array([PADDING, DECODE, PREFILL], dtype=np.int8)
+_KIND_OF_QUERY_LEN.flags.writeable = False
+
+
+def _frozen_int32(field: str, value: object, ndim: int) -> np.ndarray:
+    try:
+        array = np.asarray(value)
+    except (TypeError, ValueError) as exc:  # ragged or non-numeric input
+        raise PlanError(field, None, f"not an integer array ({exc})") from None
+    if array.dtype.kind not in "iub":
+        raise PlanError(field, None, f"must hold integers, got dtype {array.dtype}")
+    if array.ndim != ndim:
+        raise PlanError(field, None, f"must be {ndim}-D, got shape {array.shape}")
+    array = np.array(array, dtype=np.int32, copy=True)
+    array.flags.writeable = False
+    return array
+
+
+def _slots_2d(value: object) -> np.ndarray:
+    array = np.asarray(value)
+    return _frozen_int32("slots", array[None] if array.ndim == 1 else array, 2)
+
+
+def _first(mask: np.ndarray) -> int:
+    return int(np.argmax(mask))
+
+
+@attrs.frozen(eq=False)
+class StepBatch:
+    """One step's request set, validated on construction (SPEC §3.6).
+
+    Rows are the engine's requests in the engine's order; padding rows are
+    allowed (not spec, query length 0).
+
+    Attributes:
+        query_lens: ``[R], int32`` tokens scheduled this step per row.
+        num_computed_tokens: ``[R], int32`` tokens already folded into state.
+        slots: ``[G, R], int32`` one conv-state slot per row per layer group
+            (a 1-D input means one group). Slot 0 is NULL.
+        num_draft_tokens: ``[R], int32`` drafts of a spec row, ``-1`` otherwise.
+        num_accepted_tokens: ``[R], int32`` tokens accepted of a spec row's
+            previous step (1..Q); ignored on other rows.
+        num_padded_rows: rows the engine padded its request arrays to
+            (``>= R``), or ``None``.
+        num_padded_tokens: tokens the engine padded its inputs to
+            (``>= sum(query_lens)``), or ``None``.
+        allow_null_slots: let live rows sit on slot 0, as engines that pad
+            decode graphs with one-token NULL rows do; such rows write no state.
+        kinds: ``[R], int8`` derived row kind (:data:`SPEC`, :data:`DECODE`,
+            :data:`PREFILL`, :data:`PADDING`).
+    """
+
+    query_lens: np.ndarray = attrs.field(converter=lambda v: _frozen_int32("query_lens", v, 1))
+    num_computed_tokens: np.ndarray = attrs.field(
+        converter=lambda v: _frozen_int32("num_computed_tokens", v, 1)
+    )
+    slots: np.ndarray = attrs.field(converter=_slots_2d)
+    num_draft_tokens: np.ndarray = attrs.field(
+        converter=lambda v: _frozen_int32("num_draft_tokens", v, 1)
+    )
+    num_accepted_tokens: np.ndarray = attrs.field(
+        converter=lambda v: _frozen_int32("num_accepted_tokens", v, 1)
+    )
+    num_padded_rows: int | None = None
+    num_padded_tokens: int | None = None
+    allow_null_slots: bool = False
+    kinds: np.ndarray = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self._check_shapes()
+        q, drafts = self.query_lens, self.num_draft_tokens
+        if q.size and min(q.min(), self.num_computed_tokens.min(), drafts.min() + 1) < 0:
+            self._raise_negative()
+        spec = drafts >= 0
+        kinds = _KIND_OF_QUERY_LEN[np.minimum(q, 2)]
+        kinds[spec] = SPEC
+        kinds.flags.writeable = False
+        object.__setattr__(self, "kinds", kinds)
+        if spec.any() and (q[spec] != drafts[spec] + 1).any():
+            row = _first(spec & (q != drafts + 1))
+            raise PlanError(
+                "query_lens",
+                row,
+                f"spec row must schedule num_draft_tokens + 1 = "
+                f"{drafts[row] + 1} tokens, got {q[row]}",
+            )
+        self._check_slots(kinds != PADDING)
+        self._check_padding()
+
+    @property
+    def num_rows(self) -> int:
+        """``R``: rows the engine passed, padding rows included."""
+        return int(self.query_lens.shape[0])
+
+    @property
+    def num_groups(self) -> int:
+        """``G``: layer groups (rows of :attr:`slots`)."""
+        return int(self.slots.shape[0])
+
+    @property
+    def num_tokens(self) -> int:
+        """Live tokens: ``sum(query_lens)``."""
+        return int(self.query_lens.sum())
+
+    def _check_shapes(self) -> None:
+        rows = self.query_lens.shape[0]
+        for name in ("num_computed_tokens", "num_draft_tokens", "num_accepted_tokens"):
+            got = getattr(self, name).shape[0]
+            if got != rows:
+                raise PlanError(name, None, f"has {got} rows, query_lens has {rows}")
+        if self.slots.shape[1] != rows:
+            raise PlanError("slots", None, f"must be [G, {rows}], got {list(self.slots.shape)}")
+        if self.slots.shape[0] < 1:
+            raise PlanError("slots", None, "needs at least one layer group")
+
+    def _raise_negative(self) -> None:
+        for name, array, low in (
+            ("query_lens", self.query_lens, 0),
+            ("num_computed_tokens", self.num_computed_tokens, 0),
+            ("num_draft_tokens", self.num_draft_tokens, -1),
+        ):
+            if (array < low).any():
+                row = _first(array < low)
+                raise PlanError(name, row, f"must be >= {low}, got {array[row]}")
+
+    def _check_slots(self, live: np.ndarray) -> None:
+        slots = self.slots
+        if (slots < 0).any():
+            group, row = np.argwhere(slots < 0)[0]
+            raise PlanError(
+                "slots", int(row), f"negative slot {slots[group, row]} in group {group}"
+            )
+        if not self.allow_null_slots:
+            on_null = live & (slots == 0).any(axis=0)
+            if on_null.any():
+                row = _first(on_null)
+                group = _first(slots[:, row] == 0)
+                raise PlanError("slots", row, f"live row sits on the NULL slot 0 in group {group}")
+        live_slots = np.where(live, slots, 0)
+        ordered = np.sort(live_slots, axis=1)
+        repeated = (ordered[:, 1:] == ordered[:, :-1]) & (ordered[:, 1:] != 0)
+        if repeated.any():
+            group, pos = np.argwhere(repeated)[0]
+            slot = ordered[group, pos]
+            rows = np.flatnonzero(live & (slots[group] == slot))
+            raise PlanError(
+                "slots",
+                int(rows[1]),
+                f"slot {slot} of group {group} is already used by live row {rows[0]}",
+            )
+
+    def _check_padding(self) -> None:
+        rows, tokens = self.num_padded_rows, self.num_padded_tokens
+        if rows is not None and rows < self.num_rows:
+            raise PlanError(
+                "num_padded_rows", None, f"{rows} is fewer than the {self.num_rows} rows"
+            )
+        if tokens is not None and tokens < self.num_tokens:
+            raise PlanError(
+                "num_padded_tokens", None, f"{tokens} is fewer than the {self.num_tokens} tokens"
+            )

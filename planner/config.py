@@ -1,0 +1,80 @@
+"""Planner configuration: speculation depth, graph mode and graph sizes."""
+
+from __future__ import annotations
+
+import attrs
+
+from .errors import PlanError
+
+#: ``none``: every step runs eagerly. ``full``: the seed's rule, CUDA graphs only
+#: for uniform batches (pure spec, pure decode). ``mixed``: a graph for any batch
+#: that fits a (tokens, rows) bucket, since the kernels read the plan from buffers.
+GRAPH_MODES = ("none", "full", "mixed")
+
+
+def default_graph_sizes(max_num_seqs: int, num_spec_tokens: int) -> tuple[int, ...]:
+    """vLLM's default CUDA-graph capture sizes (token counts).
+
+    ``[1, 2, 4] + 8..255 step 8 + 256..max step 16`` with
+    ``max = min(max_num_seqs * Q * 2, 512)`` and ``Q = num_spec_tokens + 1``.
+    """
+    largest = min(max_num_seqs * (num_spec_tokens + 1) * 2, 512)
+    sizes = [1, 2, 4, *range(8, 256, 8), *range(256, largest + 1, 16)]
+    return tuple(s for s in sizes if s <= largest)
+
+
+def _sizes_converter(value: object) -> tuple[int, ...] | None:
+    if value is None:
+        return None
+    return tuple(sorted({int(v) for v in value}))  # type: ignore[union-attr]
+
+
+@attrs.frozen
+class PlannerConfig:
+    """How plans are made.
+
+    Attributes:
+        num_spec_tokens: drafts per spec request; ``Q = num_spec_tokens + 1``.
+        graph_mode: one of :data:`GRAPH_MODES`.
+        graph_sizes: capture sizes in tokens (spec graphs use each size as a row
+            count, with ``size * Q`` tokens). ``None`` picks
+            :func:`default_graph_sizes`.
+        max_num_seqs: the most live rows a step may have.
+        prefill_tile_tokens: tokens per prefill work tile of the kernels; a
+            power of two at least the convolution's reach ``(K - 1) * D``.
+    """
+
+    num_spec_tokens: int = 0
+    graph_mode: str = "full"
+    graph_sizes: tuple[int, ...] | None = attrs.field(default=None, converter=_sizes_converter)
+    max_num_seqs: int = 256
+    prefill_tile_tokens: int = 64
+
+    def __attrs_post_init__(self) -> None:
+        if self.num_spec_tokens < 0 or self.num_spec_tokens > 7:
+            raise PlanError("num_spec_tokens", None, f"must be in 0..7, got {self.num_spec_tokens}")
+        if self.graph_mode not in GRAPH_MODES:
+            raise PlanError(
+                "graph_mode", None, f"must be one of {GRAPH_MODES}, got {self.graph_mode!r}"
+            )
+        if self.max_num_seqs < 1:
+            raise PlanError("max_num_seqs", None, f"must be positive, got {self.max_num_seqs}")
+        tile = self.prefill_tile_tokens
+        if tile < 8 or tile & (tile - 1):
+            raise PlanError("prefill_tile_tokens", None, f"must be a power of two >= 8, got {tile}")
+        if self.graph_sizes is None:
+            sizes = default_graph_sizes(self.max_num_seqs, self.num_spec_tokens)
+            object.__setattr__(self, "graph_sizes", sizes)
+        elif not self.graph_sizes or self.graph_sizes[0] < 1:
+            raise PlanError("graph_sizes", None, "must be positive integers, at least one")
+
+    @property
+    def query_len_max(self) -> int:
+        """``Q``: the longest spec query (last accepted token plus drafts)."""
+        return self.num_spec_tokens + 1
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        """The graph sizes, never ``None``."""
+        assert self.graph_sizes is not None
+        return self.graph_sizes

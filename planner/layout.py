@@ -1,0 +1,81 @@
+"""Where each plan array lives inside the one int32 buffer that is uploaded per step."""
+
+from __future__ import annotations
+
+import attrs
+
+#: Field names in buffer order, with the padding value rows beyond the live ones
+#: carry. Sizes: ``T`` tokens, ``R`` rows, ``G`` layer groups, ``P`` prefill tiles.
+FIELDS: tuple[tuple[str, str, int], ...] = (
+    ("token_map", "T", -1),  # logical (group-ordered) token -> engine token row
+    ("row_query_start", "R+1", 0),  # cumulative logical token offsets; pads repeat the total
+    ("row_token_start", "R", 0),  # engine token row of each row's first token
+    ("row_kind", "R", 3),  # 0 spec, 1 decode, 2 prefill, 3 padding
+    ("row_state_offset", "R", 0),  # o of SPEC §2: window entry where the history starts
+    ("row_reads_state", "R", 0),  # 1 when the row reads its slot (spec, or has initial state)
+    ("row_num_accepted", "R", 1),  # accepted tokens of a spec row's previous step
+    ("row_request", "R", -1),  # engine row index of each group-ordered row
+    ("row_slot", "G*R", 0),  # [G, R] conv-state slot per layer group
+    ("tile_row", "P", -1),  # prefill work tile -> group-ordered row
+    ("tile_start", "P", 0),  # first token of the tile within its request
+)
+
+
+@attrs.frozen
+class BufferField:
+    """One named array inside the packed buffer: ``data[offset : offset + size]``."""
+
+    name: str
+    offset: int
+    size: int
+    pad_value: int
+
+
+@attrs.frozen
+class PlanLayout:
+    """The packed buffer's shape: a pure function of four sizes.
+
+    Two plans with the same layout can replay the same CUDA graph: every array
+    sits at the same offset with the same length.
+
+    Attributes:
+        num_tokens: ``T``, token capacity (the graph's, or the live tokens).
+        num_rows: ``R``, row capacity.
+        num_tiles: ``P``, prefill tile capacity.
+        num_groups: ``G``, layer groups.
+    """
+
+    num_tokens: int
+    num_rows: int
+    num_tiles: int
+    num_groups: int
+
+    def sizes(self) -> tuple[int, ...]:
+        """Element count of every field, in :data:`FIELDS` order."""
+        t, r, p, g = self.num_tokens, self.num_rows, self.num_tiles, self.num_groups
+        return (t, r + 1, r, r, r, r, r, r, g * r, p, p)
+
+    @property
+    def size(self) -> int:
+        """Total int32 elements of the packed buffer."""
+        return sum(self.sizes())
+
+    @property
+    def fields(self) -> tuple[BufferField, ...]:
+        """Every field with its offset, in buffer order."""
+        fields, offset = [], 0
+        for (name, _, pad), size in zip(FIELDS, self.sizes(), strict=True):
+            fields.append(BufferField(name, offset, size, pad))
+            offset += size
+        return tuple(fields)
+
+    def field(self, name: str) -> BufferField:
+        """The field called ``name``; ``KeyError`` if there is none."""
+        for candidate in self.fields:
+            if candidate.name == name:
+                return candidate
+        raise KeyError(name)
+
+    def offsets(self) -> dict[str, tuple[int, int]]:
+        """``{name: (offset, size)}`` for every field."""
+        return {f.name: (f.offset, f.size) for f in self.fields}

@@ -1,0 +1,272 @@
+"""The execution plan: one step, compiled on the host, immutable."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import numpy as np
+
+from .batch import KIND_NAMES, StepBatch
+from .config import PlannerConfig
+from .layout import PlanLayout
+
+if TYPE_CHECKING:
+    import networkx as nx
+
+
+@attrs.frozen
+class GraphKey:
+    """The CUDA graph a plan replays.
+
+    Attributes:
+        kind: ``spec`` or ``decode`` (uniform batches, the seed's graphs) or
+            ``mixed`` (any batch in a (tokens, rows) bucket).
+        num_tokens: padded token count the graph was captured for.
+        num_rows: padded row count.
+        num_tiles: padded prefill tile count.
+    """
+
+    kind: str
+    num_tokens: int
+    num_rows: int
+    num_tiles: int
+
+    def __str__(self) -> str:
+        return (
+            f"{self.kind}(tokens={self.num_tokens}, rows={self.num_rows}, tiles={self.num_tiles})"
+        )
+
+
+@attrs.frozen
+class Op:
+    """One step of the plan's op graph: a launch or a copy over named buffers.
+
+    ``per_layer`` ops run once for every layer of layer group ``group``.
+    """
+
+    name: str
+    kernel: str
+    reads: tuple[str, ...]
+    writes: tuple[str, ...]
+    grid: tuple[int, ...] = ()
+    group: int | None = None
+    per_layer: bool = False
+
+    def equation(self) -> str:
+        """The op as one jaxpr-like line: ``writes = kernel[grid](reads)``."""
+        grid = f"[grid={'x'.join(map(str, self.grid))}]" if self.grid else ""
+        scope = f"  # every layer of group {self.group}" if self.per_layer else ""
+        return f"{', '.join(self.writes)} = {self.kernel}{grid}({', '.join(self.reads)}){scope}"
+
+
+class _PackedArray:
+    """A read-only view of one field of the plan's packed buffer."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, plan: ExecutionPlan | None, owner: type) -> Any:
+        if plan is None:
+            return self
+        return plan.array(self.name)
+
+
+@attrs.frozen(eq=False)
+class ExecutionPlan:
+    """Everything the kernels need for one step (SPEC §3), as a value.
+
+    Rows are in group order ``[spec | decode | prefill | padding]``, each group
+    in the engine's relative order. Arrays are read-only views into
+    :attr:`packed`, padded to the graph's capacity (see
+    :mod:`stepplan.planner.layout` for padding values). The live part of a row
+    array is ``[:num_rows]``, of a token array ``[:num_tokens]``.
+
+    Attributes:
+        batch: the input the plan was compiled from.
+        config: the configuration it was compiled with.
+        num_spec_rows, num_decode_rows, num_prefill_rows: rows per group.
+        num_spec_tokens, num_decode_tokens, num_prefill_tokens: tokens per group.
+        max_prefill_query_len: longest prefill query (0 without prefills).
+        num_tiles: live prefill tiles (of ``config.prefill_tile_tokens`` tokens).
+        graph: the CUDA graph to replay, or ``None`` to run eagerly.
+        layout: offsets of every array in :attr:`packed`.
+        packed: ``[layout.size], int32`` the one buffer the executor uploads.
+    """
+
+    batch: StepBatch
+    config: PlannerConfig
+    num_spec_rows: int
+    num_decode_rows: int
+    num_prefill_rows: int
+    num_spec_tokens: int
+    num_decode_tokens: int
+    num_prefill_tokens: int
+    max_prefill_query_len: int
+    num_tiles: int
+    graph: GraphKey | None
+    layout: PlanLayout
+    packed: np.ndarray
+
+    token_map = _PackedArray()  # [T] int32
+    row_query_start = _PackedArray()  # [R + 1] int32
+    row_token_start = _PackedArray()  # [R] int32
+    row_kind = _PackedArray()  # [R] int32
+    row_state_offset = _PackedArray()  # [R] int32
+    row_reads_state = _PackedArray()  # [R] int32
+    row_num_accepted = _PackedArray()  # [R] int32
+    row_request = _PackedArray()  # [R] int32
+    row_slot = _PackedArray()  # [G, R] int32
+    tile_row = _PackedArray()  # [P] int32
+    tile_start = _PackedArray()  # [P] int32
+
+    def array(self, name: str) -> np.ndarray:
+        """The read-only view of field ``name`` (``row_slot`` comes as ``[G, R]``)."""
+        field = self.layout.field(name)
+        view = self.packed[field.offset : field.offset + field.size]
+        return view.reshape(self.layout.num_groups, -1) if name == "row_slot" else view
+
+    @property
+    def query_len_max(self) -> int:
+        """``Q``: the longest spec query."""
+        return self.config.query_len_max
+
+    @property
+    def tile_tokens(self) -> int:
+        """Tokens per prefill tile."""
+        return self.config.prefill_tile_tokens
+
+    @property
+    def num_rows(self) -> int:
+        """Live rows (padding rows excluded)."""
+        return self.num_spec_rows + self.num_decode_rows + self.num_prefill_rows
+
+    @property
+    def num_tokens(self) -> int:
+        """Live tokens."""
+        return self.num_spec_tokens + self.num_decode_tokens + self.num_prefill_tokens
+
+    @property
+    def num_groups(self) -> int:
+        """Layer groups."""
+        return self.layout.num_groups
+
+    @property
+    def padded_tokens(self) -> int:
+        """Token capacity of the plan (the graph's, or the live count when eager)."""
+        return self.layout.num_tokens
+
+    @property
+    def padded_rows(self) -> int:
+        """Row capacity of the plan."""
+        return self.layout.num_rows
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ExecutionPlan):
+            return NotImplemented
+        return (
+            self.graph == other.graph
+            and self.layout == other.layout
+            and self._counts() == other._counts()
+            and np.array_equal(self.packed, other.packed)
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.graph, self.layout, self._counts(), self.packed.tobytes()))
+
+    def _counts(self) -> tuple[object, ...]:
+        return (
+            self.config,
+            self.num_spec_rows,
+            self.num_decode_rows,
+            self.num_prefill_rows,
+            self.num_spec_tokens,
+            self.num_decode_tokens,
+            self.num_prefill_tokens,
+            self.max_prefill_query_len,
+            self.num_tiles,
+        )
+
+    @property
+    def ops(self) -> tuple[Op, ...]:
+        """The op graph in launch order: one upload, then per layer group the
+        kernel over spec and decode rows and the kernel over prefill tiles
+        (each skipped when the plan can have no such work)."""
+        rows = self.padded_rows if self.graph else self.num_spec_rows + self.num_decode_rows
+        tiles = self.layout.num_tiles
+        ops = [Op("upload", "copy_host_to_device", ("plan_host",), ("plan",))]
+        for g in range(self.num_groups):
+            state = f"conv_state[{g}]"
+            reads = ("plan", "x", "weight", "residual", state)
+            if rows:
+                ops.append(
+                    Op(
+                        f"rows[{g}]",
+                        "short_conv_rows",
+                        reads,
+                        ("residual", state),
+                        (rows,),
+                        g,
+                        per_layer=True,
+                    )
+                )
+            if tiles:
+                ops.append(
+                    Op(
+                        f"tiles[{g}]",
+                        "short_conv_prefill_tiles",
+                        reads,
+                        ("residual", state),
+                        (tiles,),
+                        g,
+                        per_layer=True,
+                    )
+                )
+        return tuple(ops)
+
+    def op_graph(self) -> nx.DiGraph:
+        """The ops and buffers as a bipartite networkx ``DiGraph``.
+
+        Buffer nodes have ``kind="buffer"``, op nodes ``kind="op"``; an edge
+        ``buffer -> op`` is a read, ``op -> buffer`` a write.
+        """
+        import networkx as nx
+
+        graph = nx.DiGraph()
+        for op in self.ops:
+            graph.add_node(op.name, kind="op", kernel=op.kernel, grid=op.grid, group=op.group)
+            for buffer in op.reads:
+                graph.add_node(buffer, kind="buffer")
+                graph.add_edge(buffer, op.name, access="read")
+            for buffer in op.writes:
+                graph.add_node(buffer, kind="buffer")
+                graph.add_edge(op.name, buffer, access="write")
+        return graph
+
+    def describe(self, max_values: int = 8) -> str:
+        """The plan as text: counts, graph, every buffer, then the ops as equations."""
+        graph = str(self.graph) if self.graph else "eager"
+        lines = [
+            f"plan {graph}  Q={self.query_len_max}  groups={self.num_groups}",
+            f"  rows   spec={self.num_spec_rows} decode={self.num_decode_rows} "
+            f"prefill={self.num_prefill_rows} (padded to {self.padded_rows})",
+            f"  tokens spec={self.num_spec_tokens} decode={self.num_decode_tokens} "
+            f"prefill={self.num_prefill_tokens} (padded to {self.padded_tokens}), "
+            f"max prefill query {self.max_prefill_query_len}, tiles {self.num_tiles}"
+            f" x {self.tile_tokens}",
+            f"  buffer plan: i32[{self.layout.size}] =",
+        ]
+        for field in self.layout.fields:
+            values = self.packed[field.offset : field.offset + field.size]
+            shown = " ".join(str(v) for v in values[:max_values])
+            more = " ..." if field.size > max_values else ""
+            lines.append(
+                f"    {field.name:<17} i32[{field.size}] @{field.offset:<6} [{shown}{more}]"
+            )
+        lines.append("  ops:")
+        lines.extend(f"    {op.equation()}" for op in self.ops)
+        return "\n".join(lines)
+
+    def row_kind_names(self) -> list[str]:
+        """The kind of every padded row as a word (``spec``, ``decode``, ...)."""
+        return [KIND_NAMES[k] for k in self.row_kind]
