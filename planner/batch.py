@@ -15,25 +15,42 @@ KIND_NAMES = ("spec", "decode", "prefill", "padding")
 # Kind of a non-spec row by query length 0, 1, >= 2 (read-only lookup table).
 _KIND_OF_QUERY_LEN = np.array([PADDING, DECODE, PREFILL], dtype=np.int8)
 _KIND_OF_QUERY_LEN.flags.writeable = False
+_INT32_MAX = 2**31 - 1
 
 
 def _frozen_int32(field: str, value: object, ndim: int) -> np.ndarray:
-    try:
-        array = np.asarray(value)
-    except (TypeError, ValueError) as exc:  # ragged or non-numeric input
-        raise PlanError(field, None, f"not an integer array ({exc})") from None
-    if array.dtype.kind not in "iub":
-        raise PlanError(field, None, f"must hold integers, got dtype {array.dtype}")
-    if array.ndim != ndim:
-        raise PlanError(field, None, f"must be {ndim}-D, got shape {array.shape}")
-    array = np.array(array, dtype=np.int32, copy=True)
+    """A read-only int32 copy of ``value``; the copy keeps later edits by the caller out."""
+    if isinstance(value, np.ndarray) and value.dtype == np.int32 and value.ndim == ndim:
+        array = value.copy()  # fast path: what engines pass every step
+    else:
+        array = _checked_int_array(field, value, ndim)
     array.flags.writeable = False
     return array
 
 
+def _checked_int_array(field: str, value: object, ndim: int) -> np.ndarray:
+    if hasattr(value, "detach"):  # a torch tensor
+        value = value.detach().to("cpu").numpy()  # type: ignore[attr-defined]
+    try:
+        array = np.asarray(value)
+    except (TypeError, ValueError) as exc:  # ragged or non-numeric input
+        raise PlanError(field, None, f"not an integer array ({exc})") from None
+    if array.dtype.kind not in "iub" and array.size:
+        raise PlanError(field, None, f"must hold integers, got dtype {array.dtype}")
+    if array.ndim != ndim:
+        raise PlanError(field, None, f"must be {ndim}-D, got shape {list(array.shape)}")
+    if array.size and (array.max() > _INT32_MAX or array.min() < -_INT32_MAX):
+        raise PlanError(field, None, "values do not fit int32")
+    return np.array(array, dtype=np.int32)
+
+
 def _slots_2d(value: object) -> np.ndarray:
-    array = np.asarray(value)
-    return _frozen_int32("slots", array[None] if array.ndim == 1 else array, 2)
+    if isinstance(value, np.ndarray) and value.ndim == 1:
+        value = value[None]
+    elif not isinstance(value, np.ndarray):
+        array = _checked_int_array("slots", value, np.ndim(value))  # type: ignore[arg-type]
+        value = array[None] if array.ndim == 1 else array
+    return _frozen_int32("slots", value, 2)
 
 
 def _first(mask: np.ndarray) -> int:
@@ -51,7 +68,8 @@ class StepBatch:
         query_lens: ``[R], int32`` tokens scheduled this step per row.
         num_computed_tokens: ``[R], int32`` tokens already folded into state.
         slots: ``[G, R], int32`` one conv-state slot per row per layer group
-            (a 1-D input means one group). Slot 0 is NULL.
+            (a 1-D input means one group). Slot 0 is NULL. Padding rows' slots
+            are ignored (vLLM marks them ``-1``).
         num_draft_tokens: ``[R], int32`` drafts of a spec row, ``-1`` otherwise.
         num_accepted_tokens: ``[R], int32`` tokens accepted of a spec row's
             previous step (1..Q); ignored on other rows.
@@ -63,6 +81,7 @@ class StepBatch:
             decode graphs with one-token NULL rows do; such rows write no state.
         kinds: ``[R], int8`` derived row kind (:data:`SPEC`, :data:`DECODE`,
             :data:`PREFILL`, :data:`PADDING`).
+        kind_counts: rows of each kind, in that order.
     """
 
     query_lens: np.ndarray = attrs.field(converter=lambda v: _frozen_int32("query_lens", v, 1))
@@ -80,26 +99,26 @@ class StepBatch:
     num_padded_tokens: int | None = None
     allow_null_slots: bool = False
     kinds: np.ndarray = attrs.field(init=False)
+    kind_counts: tuple[int, int, int, int] = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         self._check_shapes()
         q, drafts = self.query_lens, self.num_draft_tokens
-        if q.size and min(q.min(), self.num_computed_tokens.min(), drafts.min() + 1) < 0:
+        if q.size and (
+            np.minimum.reduce(np.minimum(q, self.num_computed_tokens)) < 0
+            or np.minimum.reduce(drafts) < -1
+        ):
             self._raise_negative()
         spec = drafts >= 0
         kinds = _KIND_OF_QUERY_LEN[np.minimum(q, 2)]
         kinds[spec] = SPEC
         kinds.flags.writeable = False
+        counts = tuple(np.bincount(kinds, minlength=4).tolist())
         object.__setattr__(self, "kinds", kinds)
-        if spec.any() and (q[spec] != drafts[spec] + 1).any():
-            row = _first(spec & (q != drafts + 1))
-            raise PlanError(
-                "query_lens",
-                row,
-                f"spec row must schedule num_draft_tokens + 1 = "
-                f"{drafts[row] + 1} tokens, got {q[row]}",
-            )
-        self._check_slots(kinds != PADDING)
+        object.__setattr__(self, "kind_counts", counts)
+        if counts[SPEC] and np.count_nonzero((q - drafts != 1) & spec):
+            self._raise_spec_length(spec)
+        self._check_slots(None if counts[PADDING] == 0 else kinds != PADDING)
         self._check_padding()
 
     @property
@@ -138,31 +157,52 @@ class StepBatch:
                 row = _first(array < low)
                 raise PlanError(name, row, f"must be >= {low}, got {array[row]}")
 
-    def _check_slots(self, live: np.ndarray) -> None:
-        slots = self.slots
-        if (slots < 0).any():
-            group, row = np.argwhere(slots < 0)[0]
-            raise PlanError(
-                "slots", int(row), f"negative slot {slots[group, row]} in group {group}"
-            )
-        if not self.allow_null_slots:
-            on_null = live & (slots == 0).any(axis=0)
-            if on_null.any():
-                row = _first(on_null)
-                group = _first(slots[:, row] == 0)
-                raise PlanError("slots", row, f"live row sits on the NULL slot 0 in group {group}")
-        live_slots = np.where(live, slots, 0)
-        ordered = np.sort(live_slots, axis=1)
-        repeated = (ordered[:, 1:] == ordered[:, :-1]) & (ordered[:, 1:] != 0)
-        if repeated.any():
-            group, pos = np.argwhere(repeated)[0]
-            slot = ordered[group, pos]
-            rows = np.flatnonzero(live & (slots[group] == slot))
-            raise PlanError(
-                "slots",
-                int(rows[1]),
-                f"slot {slot} of group {group} is already used by live row {rows[0]}",
-            )
+    def _raise_spec_length(self, spec: np.ndarray) -> None:
+        q, drafts = self.query_lens, self.num_draft_tokens
+        row = _first(spec & (q != drafts + 1))
+        raise PlanError(
+            "query_lens",
+            row,
+            f"spec row must schedule num_draft_tokens + 1 = {drafts[row] + 1} tokens, got {q[row]}",
+        )
+
+    def _check_slots(self, live: np.ndarray | None) -> None:
+        """No negative slot; no live row on slot 0; no slot on two live rows of a group.
+
+        ``live`` is ``None`` when every row is live (no copy needed then).
+        """
+        slots = self.slots if live is None else self.slots[:, live]
+        if slots.size == 0:
+            return
+        ordered = np.sort(slots, axis=1)
+        lowest = np.minimum.reduce(ordered[:, 0])
+        if lowest < 0:
+            group, row = np.argwhere(self.slots < 0)[0]
+            raise PlanError("slots", int(row), f"negative slot {lowest} in group {group}")
+        if lowest == 0 and not self.allow_null_slots:
+            self._raise_null_slot(live)
+        repeated = ordered[:, 1:] == ordered[:, :-1]
+        if np.count_nonzero(repeated) and np.count_nonzero(repeated & (ordered[:, 1:] != 0)):
+            self._raise_repeated_slot(ordered, repeated, live)
+
+    def _raise_null_slot(self, live: np.ndarray | None) -> None:
+        live = np.ones(self.num_rows, dtype=bool) if live is None else live
+        row = _first(live & (self.slots == 0).any(axis=0))
+        group = _first(self.slots[:, row] == 0)
+        raise PlanError("slots", row, f"live row sits on the NULL slot 0 in group {group}")
+
+    def _raise_repeated_slot(
+        self, ordered: np.ndarray, repeated: np.ndarray, live: np.ndarray | None
+    ) -> None:
+        live = np.ones(self.num_rows, dtype=bool) if live is None else live
+        group, pos = np.argwhere(repeated & (ordered[:, 1:] != 0))[0]
+        slot = ordered[group, pos]
+        rows = np.flatnonzero(live & (self.slots[group] == slot))
+        raise PlanError(
+            "slots",
+            int(rows[1]),
+            f"slot {slot} of group {group} is already used by live row {rows[0]}",
+        )
 
     def _check_padding(self) -> None:
         rows, tokens = self.num_padded_rows, self.num_padded_tokens

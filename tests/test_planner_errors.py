@@ -1,0 +1,108 @@
+"""Every invalid input of SPEC §3.6 is refused with a PlanError naming its field and row."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from stepplan.planner import PlanError, PlannerConfig, StepBatch, compile_plan
+
+CONFIG = PlannerConfig(num_spec_tokens=3, max_num_seqs=8)
+
+
+def good(**overrides):
+    fields = dict(
+        query_lens=[4, 1, 6, 0],
+        num_computed_tokens=[10, 3, 0, 0],
+        slots=[[1, 2, 3, 0], [5, 6, 7, 0]],
+        num_draft_tokens=[3, -1, -1, -1],
+        num_accepted_tokens=[2, 1, 1, 1],
+    )
+    fields.update(overrides)
+    return fields
+
+
+def refused(field, row, **overrides):
+    with pytest.raises(PlanError) as caught:
+        compile_plan(StepBatch(**good(**overrides)), CONFIG)
+    assert caught.value.field == field and caught.value.row == row
+    prefix = field if row is None else f"{field}[{row}]"
+    assert str(caught.value).startswith(prefix + ":")
+    return str(caught.value)
+
+
+def test_the_good_batch_plans():
+    assert compile_plan(StepBatch(**good()), CONFIG).num_rows == 3
+
+
+@pytest.mark.parametrize(
+    ("field", "row", "overrides"),
+    [
+        ("query_lens", 2, {"query_lens": [4, 1, -6, 0]}),
+        ("num_computed_tokens", 1, {"num_computed_tokens": [10, -3, 0, 0]}),
+        ("num_draft_tokens", 3, {"num_draft_tokens": [3, -1, -1, -2]}),
+        ("query_lens", 0, {"query_lens": [3, 1, 6, 0]}),  # spec q != drafts + 1
+        ("slots", 1, {"slots": [[1, 0, 3, 0], [5, 6, 7, 0]]}),  # live row on NULL
+        ("slots", 2, {"slots": [[1, 2, 3, 0], [5, 6, 5, 0]]}),  # slot twice in group 1
+        ("slots", 2, {"slots": [[1, 2, 3, 0], [5, 6, -7, 0]]}),
+        ("num_accepted_tokens", 0, {"num_accepted_tokens": [0, 1, 1, 1]}),
+        ("num_accepted_tokens", 0, {"num_accepted_tokens": [5, 1, 1, 1]}),
+        ("num_draft_tokens", 0, {"num_draft_tokens": [4, -1, -1, -1], "query_lens": [5, 1, 6, 0]}),
+        ("num_computed_tokens", None, {"num_computed_tokens": [1, 2, 3]}),
+        ("slots", None, {"slots": [[1, 2, 3], [4, 5, 6]]}),
+        ("num_padded_tokens", None, {"num_padded_tokens": 10}),
+        ("num_padded_rows", None, {"num_padded_rows": 3}),
+        ("query_lens", None, {"query_lens": [4.0, 1.5, 6.0, 0.0]}),
+        ("query_lens", None, {"query_lens": [[4, 1, 6, 0]]}),
+        ("num_accepted_tokens", None, {"num_accepted_tokens": [[1, 2], [3]]}),
+    ],
+)
+def test_bad_input_is_refused_naming_field_and_row(field, row, overrides):
+    refused(field, row, **overrides)
+
+
+def test_more_live_rows_than_capacity():
+    rows = 10
+    fields = good(
+        query_lens=[1] * rows,
+        num_computed_tokens=[0] * rows,
+        slots=np.arange(1, rows + 1),
+        num_draft_tokens=[-1] * rows,
+        num_accepted_tokens=[1] * rows,
+    )
+    with pytest.raises(PlanError, match=r"query_lens\[8\]: 10 live rows exceed max_num_seqs = 8"):
+        compile_plan(StepBatch(**fields), CONFIG)
+
+
+def test_messages_say_what_is_wrong():
+    assert "already used by live row 0" in refused("slots", 2, slots=[[1, 2, 3, 0], [5, 6, 5, 0]])
+    assert "NULL slot 0" in refused("slots", 1, slots=[[1, 0, 3, 0], [5, 6, 7, 0]])
+    assert "outside 1..Q = 1..4" in refused(
+        "num_accepted_tokens", 0, num_accepted_tokens=[5, 1, 1, 1]
+    )
+
+
+def test_padding_rows_may_carry_any_slot_and_null_rows_can_be_allowed():
+    # vLLM marks padded rows with PAD_SLOT_ID = -1; a padding row's slot is never used.
+    padding_on_live_slot = good(slots=[[1, 2, 3, 2], [5, 6, 7, -1]])
+    plan = compile_plan(StepBatch(**padding_on_live_slot), CONFIG)
+    assert plan.row_slot.tolist() == [[1, 2, 3], [5, 6, 7]]
+    null_live = good(slots=[[1, 0, 3, 0], [5, 0, 7, 0]], allow_null_slots=True)
+    plan = compile_plan(StepBatch(**null_live), CONFIG)
+    assert plan.row_slot[:, :3].tolist() == [[1, 0, 3], [5, 0, 7]]
+
+
+def test_config_is_checked():
+    with pytest.raises(PlanError, match="graph_mode"):
+        PlannerConfig(graph_mode="sometimes")
+    with pytest.raises(PlanError, match="prefill_tile_tokens"):
+        PlannerConfig(prefill_tile_tokens=48)
+    with pytest.raises(PlanError, match="num_spec_tokens"):
+        PlannerConfig(num_spec_tokens=-1)
+
+
+def test_input_arrays_are_copied_not_aliased():
+    fields = good(query_lens=np.array([4, 1, 6, 0], dtype=np.int32))
+    batch = StepBatch(**fields)
+    fields["query_lens"][2] = 99
+    assert batch.query_lens.tolist() == [4, 1, 6, 0]

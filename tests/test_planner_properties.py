@@ -1,0 +1,155 @@
+"""Properties of compile_plan on random valid batches (SPEC §3)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from planner_strategies import step_batches
+
+from stepplan.planner import PADDING, SPEC, compile_plan
+
+settings.register_profile("planner", max_examples=150, deadline=None)
+
+
+def engine_token_rows(batch, row):
+    start = int(batch.query_lens[:row].sum())
+    return list(range(start, start + int(batch.query_lens[row])))
+
+
+@settings(settings.get_profile("planner"))
+@given(step_batches())
+def test_token_permutation_lists_groups_in_order(case):
+    batch, config = case
+    plan = compile_plan(batch, config)
+    expected = []
+    for kind in (0, 1, 2):  # spec, decode, prefill; engine order inside each group
+        for row in np.flatnonzero(batch.kinds == kind):
+            expected += engine_token_rows(batch, row)
+    tokens = plan.token_map[: plan.num_tokens]
+    assert tokens.tolist() == expected
+    assert sorted(expected) == list(range(batch.num_tokens))
+    assert (plan.token_map[plan.num_tokens :] == -1).all()
+
+
+@settings(settings.get_profile("planner"))
+@given(step_batches())
+def test_groups_partition_live_rows(case):
+    batch, config = case
+    plan = compile_plan(batch, config)
+    live = plan.num_rows
+    requests = plan.row_request[:live]
+    assert sorted(requests.tolist()) == np.flatnonzero(batch.kinds != PADDING).tolist()
+    assert (np.diff(plan.row_kind[:live]) >= 0).all()
+    assert (plan.row_kind[:live] == batch.kinds[requests]).all()
+    for kind in (0, 1, 2):  # stable: engine order kept within a group
+        assert (np.diff(requests[plan.row_kind[:live] == kind]) > 0).all()
+    counts = [plan.num_spec_rows, plan.num_decode_rows, plan.num_prefill_rows]
+    assert counts == [int((batch.kinds == k).sum()) for k in (0, 1, 2)]
+
+
+@settings(settings.get_profile("planner"))
+@given(step_batches())
+def test_offsets_slots_and_flags_follow_each_row(case):
+    batch, config = case
+    plan = compile_plan(batch, config)
+    live, requests = plan.num_rows, plan.row_request[: plan.num_rows]
+    assert (np.diff(plan.row_query_start[: live + 1]) == batch.query_lens[requests]).all()
+    assert plan.row_query_start[0] == 0
+    starts = np.concatenate([[0], np.cumsum(batch.query_lens)])[requests]
+    assert (plan.row_token_start[:live] == starts).all()
+    assert (plan.row_slot[:, :live] == batch.slots[:, requests]).all()
+    spec = plan.row_kind[:live] == SPEC
+    has_state = batch.num_computed_tokens[requests] > 0
+    assert (plan.row_reads_state[:live] == (spec | has_state)).all()
+    accepted = batch.num_accepted_tokens[requests]
+    assert (plan.row_num_accepted[:live] == np.where(spec, accepted, 1)).all()
+    assert (plan.row_state_offset[:live] == np.where(spec, accepted - 1, 0)).all()
+    prefill_lens = batch.query_lens[requests][plan.row_kind[:live] == 2]
+    assert plan.max_prefill_query_len == (prefill_lens.max() if prefill_lens.size else 0)
+
+
+@settings(settings.get_profile("planner"))
+@given(step_batches())
+def test_padded_rows_are_inert(case):
+    batch, config = case
+    plan = compile_plan(batch, config)
+    live = plan.num_rows
+    assert (plan.row_slot[:, live:] == 0).all()
+    assert (plan.row_kind[live:] == PADDING).all()
+    assert (plan.row_query_start[live:] == plan.num_tokens).all()
+    assert (plan.row_num_accepted[live:] == 1).all()
+    assert (plan.row_reads_state[live:] == 0).all()
+    assert (plan.tile_row[plan.num_tiles :] == -1).all()
+
+
+@settings(settings.get_profile("planner"))
+@given(step_batches())
+def test_tiles_cover_every_prefill_token_once(case):
+    batch, config = case
+    plan = compile_plan(batch, config)
+    tile, covered = config.prefill_tile_tokens, {}
+    tiles = zip(plan.tile_row[: plan.num_tiles], plan.tile_start[: plan.num_tiles], strict=True)
+    for row, start in tiles:
+        assert plan.row_kind[row] == 2 and start % tile == 0
+        covered.setdefault(int(row), []).append(int(start))
+    prefill_rows = np.flatnonzero(plan.row_kind[: plan.num_rows] == 2)
+    assert sorted(covered) == prefill_rows.tolist()
+    for row, starts in covered.items():
+        length = plan.row_query_start[row + 1] - plan.row_query_start[row]
+        assert starts == list(range(0, length, tile))
+
+
+@settings(settings.get_profile("planner"))
+@given(step_batches())
+def test_graph_is_the_smallest_fitting_bucket(case):
+    batch, config = case
+    plan = compile_plan(batch, config)
+    layout, graph = plan.layout, plan.graph
+    assert layout.size == plan.packed.size
+    need = max(plan.num_tokens, batch.num_padded_tokens or 0)
+    if graph is None:
+        assert (layout.num_tokens, layout.num_rows) == (plan.num_tokens, plan.num_rows)
+        return
+    assert config.graph_mode != "none"
+    assert (layout.num_tokens, layout.num_rows) == (graph.num_tokens, graph.num_rows)
+    assert graph.num_tokens >= need and graph.num_rows >= plan.num_rows
+    assert graph.num_tiles >= plan.num_tiles
+    assert graph.num_rows in config.sizes and graph.num_rows <= config.max_num_seqs
+    smaller = [s for s in config.sizes if s < graph.num_rows and s >= plan.num_rows]
+    if graph.kind in ("spec", "decode"):
+        assert graph.num_tokens == graph.num_rows * (
+            plan.query_len_max if graph.kind == "spec" else 1
+        )
+        per_row = plan.query_len_max if graph.kind == "spec" else 1
+        assert not [s for s in smaller if s * per_row >= need]
+    else:
+        assert config.graph_mode == "mixed" and graph.num_tokens in config.sizes
+        assert not smaller
+
+
+@settings(settings.get_profile("planner"))
+@given(step_batches())
+def test_plans_are_values(case):
+    batch, config = case
+    plan = compile_plan(batch, config)
+    again = compile_plan(
+        type(batch)(
+            query_lens=batch.query_lens.tolist(),
+            num_computed_tokens=batch.num_computed_tokens.copy(),
+            slots=batch.slots.copy(),
+            num_draft_tokens=batch.num_draft_tokens.copy(),
+            num_accepted_tokens=batch.num_accepted_tokens.copy(),
+            num_padded_tokens=batch.num_padded_tokens,
+        ),
+        config,
+    )
+    assert plan == again and hash(plan) == hash(again)
+    assert not plan.packed.flags.writeable
+    for field in plan.layout.fields:
+        view = plan.array(field.name)
+        assert not view.flags.writeable
+        if view.size:
+            with pytest.raises(ValueError):
+                view[0] = 7
+    assert not batch.query_lens.flags.writeable and not batch.slots.flags.writeable
