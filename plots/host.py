@@ -1,0 +1,71 @@
+"""Host time per step: the planner's measured compile time against the seed builder's cost."""
+
+from __future__ import annotations
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from .canvas import COLORS, new_figure
+from .results_io import Results, ResultsError
+
+#: The seed builder's host time per step *per layer group* on the H200 machine's CPU
+#: (SPEC §4): a pure-spec batch, and a mixed spec/decode/prefill batch.
+SEED_PURE_SPEC_US = 250.0
+SEED_MIXED_US = 900.0
+
+
+def seed_host_us(results: Results, num_groups: int) -> np.ndarray:
+    """``[S], float64``: what the seed builder would spend on each step, in µs.
+
+    Pure-spec steps cost :data:`SEED_PURE_SPEC_US` per group; every other step the
+    mixed figure, :data:`SEED_MIXED_US` (SPEC §4 measures only these two kinds).
+    """
+    if num_groups < 1:
+        raise ResultsError(f"num_groups must be positive, got {num_groups}")
+    rows = results.steps.column("num_rows")
+    pure_spec = (results.steps.column("num_spec_rows") == rows) & (rows > 0)
+    return np.where(pure_spec, SEED_PURE_SPEC_US, SEED_MIXED_US) * num_groups
+
+
+def run_num_groups(results: Results) -> int:
+    """Layer groups of the run (``scheduler.num_groups`` in its config; 1 when absent)."""
+    scheduler = results.config.get("scheduler", {})
+    return int(scheduler.get("num_groups", 1)) if isinstance(scheduler, dict) else 1
+
+
+def plot_host_time(results: Results, num_groups: int | None = None) -> Figure:
+    """Per-step host time of the planner (measured ``plan_us``) and of the seed builder
+    (SPEC §4 figures times the layer groups): over the run, and as CDFs."""
+    steps = results.steps
+    steps.require_rows("the host-time figure")
+    groups = run_num_groups(results) if num_groups is None else num_groups
+    planner = steps.column("plan_us")
+    if not np.isfinite(planner).all() or (planner < 0).any():
+        row = int(np.argmax(~np.isfinite(planner) | (planner < 0)))
+        raise ResultsError(f"{steps.name}: plan_us of step row {row} is {planner[row]}")
+    seed = seed_host_us(results, groups)
+    start = steps.column("start_s")
+    figure = new_figure(11.0, 3.8)
+    series, cdf = figure.subplots(1, 2, width_ratios=[3, 2])
+    series.plot(start, seed, color=COLORS["seed"], linewidth=1, label="seed builder (SPEC §4)")
+    series.plot(start, planner, ".", color=COLORS["planner"], markersize=1.5, label="planner")
+    series.set_yscale("log")
+    series.set_xlabel("simulated time (s)")
+    series.set_ylabel("host µs per step")
+    series.legend(loc="center right", fontsize=8, markerscale=6)
+    for values, name in ((planner, "planner"), (seed, "seed")):
+        ordered = np.sort(values)
+        share = np.arange(1, len(ordered) + 1) / len(ordered)
+        median = np.median(values)
+        cdf.step(
+            ordered, share, where="post", color=COLORS[name], label=f"{name}: p50 {median:.0f} µs"
+        )
+    cdf.set_xscale("log")
+    cdf.set_xlabel("host µs per step")
+    cdf.set_ylabel("share of steps")
+    cdf.legend(loc="lower right", fontsize=8)
+    figure.suptitle(
+        f"Host time per step, {groups} layer group(s): planner measured on the simulating "
+        "machine, seed builder's figures from the H200 host"
+    )
+    return figure

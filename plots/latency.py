@@ -1,0 +1,75 @@
+"""Latency CDFs (TTFT, TPOT, ITL) of one or several runs on common axes."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from matplotlib.ticker import NullFormatter
+
+from .canvas import new_figure
+from .results_io import Results, ResultsError
+
+#: Quantiles ``0, 0.01, ..., 1`` of the inter-token latency, as the summary stores them.
+ITL_QUANTILES = np.linspace(0.0, 1.0, 101)
+
+
+def request_latency_ms(results: Results, column: str) -> np.ndarray:
+    """``[n], float64``: a per-request latency column in ms, requests without one
+    (a one-token output has no TPOT) left out."""
+    values = results.requests.column(column) * 1e3
+    return np.sort(values[np.isfinite(values)])
+
+
+def itl_quantiles_ms(results: Results) -> np.ndarray:
+    """``[101], float64``: the run's inter-token latency quantiles from ``summary.json``
+    (``[0]`` when the run has no inter-token gap, e.g. only one-token outputs)."""
+    values = results.summary.get("itl_ms_quantiles")
+    try:
+        array = np.array(values, dtype=np.float64)
+    except (TypeError, ValueError):
+        array = np.zeros(0)
+    if array.shape == (0,):
+        return array
+    if array.shape != ITL_QUANTILES.shape or (np.diff(array) < 0).any():
+        raise ResultsError(
+            f"{results.label}: summary.json 'itl_ms_quantiles' must hold 101 ascending "
+            "numbers (or none)"
+        )
+    return array
+
+
+def plot_latency_cdfs(runs: Sequence[Results], labels: Sequence[str] | None = None) -> Figure:
+    """CDFs of TTFT, TPOT (per request) and ITL (per token) for every run, one curve each."""
+    runs = tuple(runs)
+    if not runs:
+        raise ResultsError("latency CDFs need at least one run")
+    labels = tuple(labels) if labels is not None else tuple(run.label for run in runs)
+    if len(labels) != len(runs):
+        raise ResultsError(f"{len(labels)} labels for {len(runs)} runs")
+    figure = new_figure(11.0, 3.6)
+    ttft, tpot, itl = figure.subplots(1, 3, sharey=True)
+    for run, label in zip(runs, labels, strict=True):
+        run.requests.require_rows("the latency CDFs")
+        _cdf(ttft, request_latency_ms(run, "ttft_s"), label)
+        _cdf(tpot, request_latency_ms(run, "tpot_s"), label)
+        quantiles = itl_quantiles_ms(run)
+        if quantiles.size:
+            itl.plot(quantiles, ITL_QUANTILES, label=label)
+    for axes, name in ((ttft, "TTFT"), (tpot, "TPOT"), (itl, "ITL")):
+        axes.set_xlabel(f"{name} (ms)")
+        axes.set_xscale("log")
+        axes.xaxis.set_minor_formatter(NullFormatter())  # minor labels collide on short ranges
+        axes.grid(alpha=0.3)
+    ttft.set_ylabel("share of requests (ITL: of tokens)")
+    itl.legend(loc="lower right", fontsize=8)
+    figure.suptitle("Latency CDFs")
+    return figure
+
+
+def _cdf(axes: Axes, values: np.ndarray, label: str) -> None:
+    if values.size:
+        share = np.arange(1, values.size + 1) / values.size
+        axes.step(values, share, where="post", label=label)

@@ -1,0 +1,47 @@
+"""What each step carried, over time: spec, decode and prefill tokens, and graph hits."""
+
+from __future__ import annotations
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from .canvas import COLORS, new_figure
+from .results_io import Results, ResultsError
+
+PARTS = ("spec", "decode", "prefill")
+
+
+def plot_timeline(results: Results, first_step: int = 0, num_steps: int = 400) -> Figure:
+    """Tokens per step, stacked by kind, for steps ``first_step .. first_step + num_steps``,
+    on the simulated clock; a strip below marks the steps that replayed a CUDA graph."""
+    steps = results.steps
+    steps.require_rows("the step timeline")
+    if num_steps < 1 or not 0 <= first_step < steps.num_rows:
+        raise ResultsError(
+            f"{steps.name}: steps {first_step}..{first_step + num_steps} are outside "
+            f"0..{steps.num_rows - 1}"
+        )
+    window = slice(first_step, first_step + num_steps)
+    start = steps.column("start_s")[window]
+    duration = steps.column("duration_s")[window]
+    if (duration < 0).any() or (np.diff(start) < 0).any():
+        raise ResultsError(f"{steps.name}: step start times must grow and durations be >= 0")
+    edges = np.concatenate([start, [start[-1] + duration[-1]]]) * 1e3
+    figure = new_figure(10.0, 4.5)
+    axes, strip = figure.subplots(2, 1, sharex=True, height_ratios=[6, 1])
+    baseline = np.zeros(len(start))
+    for part in PARTS:
+        values = baseline + steps.column(f"num_{part}_tokens")[window]
+        axes.stairs(values, edges, baseline=baseline, fill=True, color=COLORS[part], label=part)
+        baseline = values
+    axes.set_ylabel("tokens per step")
+    axes.legend(loc="upper right", fontsize=8, ncols=3)
+    hit = steps.column("graph_hit")[window] > 0
+    strip.stairs(hit.astype(float), edges, fill=True, color=COLORS["graph"])
+    strip.set_yticks([])
+    strip.set_ylabel("graph", rotation=0, labelpad=18, va="center")
+    strip.set_xlabel("simulated time (ms)")
+    last = first_step + len(start) - 1
+    share = hit.mean()
+    figure.suptitle(f"Step composition, steps {first_step}..{last} ({share:.0%} replay a graph)")
+    return figure
