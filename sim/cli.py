@@ -1,12 +1,296 @@
-"""The ``stepplan`` command line."""
+"""The ``stepplan`` command line.
+
+Each subcommand is one ``add_<name>(subparsers)`` function that builds its parser and
+sets ``handler`` (a function of the parsed arguments returning the exit code);
+:data:`SUBCOMMANDS` lists them. Adding a subcommand is one such function and one
+entry in that tuple.
+"""
 
 from __future__ import annotations
 
 import argparse
+import sys
+from collections.abc import Callable
+from contextlib import ExitStack
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import tomllib
+
+from .acceptance import DEEPSEEK_MTP_PROBS, EAGLE3_PROBS, AcceptanceError
+from .cli_report import ERRORS as REPORT_ERRORS
+from .cli_report import add_buckets, add_report, add_report_option, report_after_simulation
+from .config import ConfigError, SimConfig, load_config, with_settings
+from .cost import ProfileError
+from .results import SimResult, summary_rows, write_results
+from .run import prepare_requests, simulate
+from .traces import FORMATS, RequestTable, TraceError, load_trace
+from .workloads import SYNTHETIC_PREFIX, WorkloadError, parse_synthetic
+
+EMBEDDED_TRACE = "data/azure_code_2023_first1000.csv"
+USER_ERRORS = (ConfigError, TraceError, WorkloadError, ProfileError, AcceptanceError, OSError)
+USER_ERRORS += REPORT_ERRORS
+
+#: ``--flag`` destinations and the setting each overrides.
+OVERRIDES = {
+    "num_spec_tokens": "scheduler.num_spec_tokens",
+    "max_num_seqs": "scheduler.max_num_seqs",
+    "max_num_batched_tokens": "scheduler.max_num_batched_tokens",
+    "slot_capacity": "scheduler.slot_capacity",
+    "num_groups": "scheduler.num_groups",
+    "graph_mode": "planner.graph_mode",
+    "graph_sizes": "planner.graph_sizes",
+    "host_cost": "cost.host_cost",
+    "kernel_profile": "cost.kernel_profile",
+    "acceptance_probs": "acceptance.probs",
+    "acceptance_length": "acceptance.length",
+    "acceptance_trace": "acceptance.trace",
+    "rate_scale": "workload.rate_scale",
+    "start_s": "workload.start_s",
+    "end_s": "workload.end_s",
+    "limit": "workload.limit",
+    "rate": "workload.rate",
+    "slo_ttft_ms": "slo.ttft_ms",
+    "slo_tpot_ms": "slo.tpot_ms",
+    "seed": "seed",
+    "name": "name",
+}
+#: ``--acceptance`` choices: a model, or a preset of per-position probabilities.
+ACCEPTANCE_PRESETS = {"deepseek-mtp": DEEPSEEK_MTP_PROBS, "eagle3": EAGLE3_PROBS}
+
+
+def _toml_value(text: str) -> Any:
+    try:
+        return tomllib.loads(f"value = {text}")["value"]
+    except tomllib.TOMLDecodeError:
+        return text  # a bare word such as mixed
+
+
+def parse_assignments(items: list[str] | None) -> dict[str, Any]:
+    """``["section.key=value", ...]`` as settings; values are TOML (bare words are text)."""
+    settings: dict[str, Any] = {}
+    for item in items or ():
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--set {item!r}: expected section.key=value")
+        settings[key.strip()] = _toml_value(value.strip())
+    return settings
+
+
+def _acceptance_settings(choice: str | None) -> dict[str, Any]:
+    if choice is None:
+        return {}
+    if choice in ACCEPTANCE_PRESETS:
+        return {"acceptance.model": "per-position", "acceptance.probs": ACCEPTANCE_PRESETS[choice]}
+    return {"acceptance.model": choice}
+
+
+def build_config(args: argparse.Namespace, config_path: str | None = None) -> SimConfig:
+    """Defaults, then the TOML file, then ``--set`` items, then explicit flags."""
+    config = SimConfig()
+    path = config_path if config_path is not None else args.config
+    if path:
+        config = load_config(path, config)
+    config = with_settings(config, parse_assignments(args.set))
+    flags = {key: getattr(args, dest) for dest, key in OVERRIDES.items()}
+    flags.update(_acceptance_settings(args.acceptance))
+    return with_settings(config, flags)
+
+
+def load_requests(args: argparse.Namespace, config: SimConfig, stack: ExitStack) -> RequestTable:
+    """The trace ``args.trace`` names (the embedded slice when absent), prepared."""
+    if args.trace is None:
+        path = stack.enter_context(resources.as_file(_embedded()))
+        table = load_trace(path, "azure")
+    elif args.trace.startswith(SYNTHETIC_PREFIX):
+        table = parse_synthetic(args.trace, seed=config.seed)
+    else:
+        table = load_trace(args.trace, args.format, rate=config.workload.rate, seed=config.seed)
+    return prepare_requests(table, config)
+
+
+def _embedded() -> Any:
+    return resources.files("stepplan.sim").joinpath(EMBEDDED_TRACE)
+
+
+def _run_name(args: argparse.Namespace, config: SimConfig) -> str:
+    if config.name:
+        return config.name
+    if args.trace is None:
+        return Path(EMBEDDED_TRACE).stem
+    if args.trace.startswith(SYNTHETIC_PREFIX):
+        return "synthetic"
+    return Path(args.trace).stem
+
+
+def format_table(columns: list[tuple[str, dict[str, Any]]]) -> str:
+    """Summaries side by side: one labelled column per ``(label, summary)``."""
+    rows = [summary_rows(summary) for _, summary in columns]
+    labels = [label for label, _ in rows[0]]
+    header = ["", *(label for label, _ in columns)]
+    body = [[label, *(r[i][1] for r in rows)] for i, label in enumerate(labels)]
+    widths = [max(len(line[c]) for line in [header, *body]) for c in range(len(header))]
+    lines = []
+    for line in [header, *body]:
+        cells = [line[0].ljust(widths[0])]
+        cells += [cell.rjust(width) for cell, width in zip(line[1:], widths[1:], strict=True)]
+        lines.append("  ".join(cells))
+    return "\n".join(lines)
+
+
+def _add_trace_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "trace",
+        nargs="?",
+        help="trace file (any supported format) or synthetic:key=value,...; "
+        "default: the embedded Azure code slice (1,000 requests)",
+    )
+    parser.add_argument("--format", choices=FORMATS, help="trace format (default: detected)")
+    parser.add_argument("--out", help="results folder (default: results/<name>)")
+    parser.add_argument("--parquet", action="store_true", help="Parquet files (needs pyarrow)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar, no table")
+
+
+def _add_setting_options(parser: argparse.ArgumentParser) -> None:
+    add = parser.add_argument
+    add("--config", help="TOML settings file (see stepplan.sim.config)")
+    add("--set", action="append", metavar="SECTION.KEY=VALUE", help="any setting (repeatable)")
+    add("--name", help="run name (default: the trace's file name)")
+    add("--seed", type=int)
+    add("--limit", type=int, help="keep the first N requests")
+    add("--num-spec-tokens", type=int, help="drafts per spec step (Q - 1); 0: no spec")
+    add("--max-num-seqs", type=int)
+    add("--max-num-batched-tokens", type=int)
+    add("--slot-capacity", type=int, help="conv-state slots (default: max-num-seqs)")
+    add("--num-groups", type=int, help="layer groups")
+    add("--graph-mode", choices=("none", "full", "mixed"))
+    add("--graph-sizes", help="CUDA-graph sizes, e.g. 1,2,4,8,16,32 (default: vLLM's)")
+    add("--host-cost", choices=("model", "measured", "seed"))
+    add("--kernel-profile", help="kernel profile JSON")
+    add("--acceptance", choices=("per-position", "fixed", "replay", *ACCEPTANCE_PRESETS))
+    add("--acceptance-probs", help="per-position acceptance, e.g. 0.9,0.8,0.7")
+    add("--acceptance-length", type=float, help="mean acceptance length for 'fixed'")
+    add("--acceptance-trace", help="JSONL of accepted counts for 'replay'")
+    add("--rate-scale", type=float, help="arrival-rate multiplier")
+    add("--start-s", type=float, help="window start (trace seconds)")
+    add("--end-s", type=float, help="window end (trace seconds)")
+    add("--rate", type=float, help="req/s for traces without arrival times")
+    add("--slo-ttft-ms", type=float)
+    add("--slo-tpot-ms", type=float)
+
+
+def _simulate_one(
+    args: argparse.Namespace, config: SimConfig, out: Path, label: str = ""
+) -> SimResult:
+    with ExitStack() as stack:
+        requests = load_requests(args, config, stack)
+    progress = not args.quiet and sys.stderr.isatty()
+    if progress and label:
+        print(f"simulating {label} ...", file=sys.stderr)
+    result = simulate(requests, config, progress=progress)
+    write_results(result, out, parquet=args.parquet)
+    return result
+
+
+def run_simulate(args: argparse.Namespace) -> int:
+    """``stepplan simulate``: one simulation, results written, summary printed."""
+    config = build_config(args)
+    out = Path(args.out or Path("results") / _run_name(args, config))
+    result = _simulate_one(args, config, out)
+    report = report_after_simulation(result, out, args.report)
+    if not args.quiet:
+        print(format_table([(_run_name(args, config), result.summary)]))
+        print(f"\nresults: {out}/ (wall {result.summary['run']['wall_s']:.1f} s)")
+        if report is not None:
+            print(f"report: {report}")
+    return 0
+
+
+def add_simulate(subparsers: Any) -> None:
+    """``simulate [TRACE] [options]``."""
+    parser = subparsers.add_parser(
+        "simulate",
+        help="replay a trace through the scheduler, planner and cost model",
+        description="Replay a trace (default: the embedded Azure code slice) through the "
+        "continuous-batching scheduler with the real planner in every step.",
+    )
+    _add_trace_options(parser)
+    _add_setting_options(parser)
+    add_report_option(parser)
+    parser.set_defaults(handler=run_simulate)
+
+
+def _side_config(args: argparse.Namespace, side: str) -> SimConfig:
+    config = build_config(args, getattr(args, f"{side}_config") or args.config)
+    settings = parse_assignments(getattr(args, f"{side}_set"))
+    for flag, key in (("host_cost", "cost.host_cost"), ("graph_sizes", "planner.graph_sizes")):
+        settings[key] = getattr(args, f"{side}_{flag}")
+    settings["planner.graph_mode"] = getattr(args, f"{side}_graph_mode")
+    return with_settings(config, settings)
+
+
+def run_compare(args: argparse.Namespace) -> int:
+    """``stepplan compare``: the same trace under two configurations, side by side."""
+    configs = {side: _side_config(args, side) for side in ("a", "b")}
+    base = Path(args.out or Path("results") / f"compare-{_run_name(args, configs['a'])}")
+    labels = {side: getattr(args, f"{side}_label") or side.upper() for side in configs}
+    summaries = []
+    for side, config in configs.items():
+        result = _simulate_one(args, config, base / side, labels[side])
+        summaries.append((labels[side], result.summary))
+    if not args.quiet:
+        print(format_table(summaries))
+        print(f"\nresults: {base}/a/ and {base}/b/")
+    return 0
+
+
+def add_compare(subparsers: Any) -> None:
+    """``compare [TRACE] --a-... --b-...``."""
+    parser = subparsers.add_parser(
+        "compare",
+        help="run two configurations on the same trace and print them side by side",
+        description="Shared options apply to both runs; --a-*/--b-* options to one side "
+        "(for example --b-host-cost seed, or --a-graph-sizes/--b-graph-sizes).",
+    )
+    _add_trace_options(parser)
+    _add_setting_options(parser)
+    for side in ("a", "b"):
+        add = parser.add_argument
+        add(f"--{side}-label", help=f"column title of run {side.upper()}")
+        add(f"--{side}-config", help=f"TOML settings of run {side.upper()}")
+        add(f"--{side}-set", action="append", metavar="SECTION.KEY=VALUE")
+        add(f"--{side}-host-cost", choices=("model", "measured", "seed"))
+        add(f"--{side}-graph-mode", choices=("none", "full", "mixed"))
+        add(f"--{side}-graph-sizes", help="CUDA-graph sizes, e.g. 1,2,4,8")
+    parser.set_defaults(handler=run_compare)
+
+
+#: One entry per subcommand (see the module docstring).
+SUBCOMMANDS: tuple[Callable[[Any], None], ...] = (
+    add_simulate,
+    add_compare,
+    add_buckets,
+    add_report,
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``stepplan`` parser with every subcommand of :data:`SUBCOMMANDS`."""
+    parser = argparse.ArgumentParser(
+        prog="stepplan", description="Plan, replay and simulate PLE short-conv serving steps."
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for add in SUBCOMMANDS:
+        add(subparsers)
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``stepplan`` console script."""
-    parser = argparse.ArgumentParser(prog="stepplan")
-    parser.parse_args(argv)
-    return 0
+    args = build_parser().parse_args(argv)
+    try:
+        return args.handler(args)
+    except USER_ERRORS as exc:
+        print(f"stepplan: error: {exc}", file=sys.stderr)
+        return 2

@@ -1,0 +1,331 @@
+"""Simulation settings: frozen sections read from TOML and overridden from the command line.
+
+A TOML file has one table per section, each key a field of that section's class::
+
+    name = "azure-q4"
+    seed = 7
+
+    [scheduler]
+    max_num_seqs = 128
+    num_spec_tokens = 3
+
+    [planner]
+    graph_mode = "mixed"
+    graph_sizes = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
+
+    [cost]
+    host_cost = "seed"
+
+Unknown sections or keys are errors (a misspelt key must not be silently ignored).
+Overrides use dotted keys, ``scheduler.max_num_seqs = 128``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import attrs
+import tomllib
+
+HOST_COSTS = ("model", "measured", "seed")
+ACCEPTANCE_MODELS = ("per-position", "fixed", "replay")
+
+
+class ConfigError(ValueError):
+    """A setting is unknown or out of range; the message names it."""
+
+
+def _positive(instance: object, attribute: attrs.Attribute, value: float) -> None:
+    if value is not None and value <= 0:
+        raise ConfigError(f"{attribute.name}: must be positive, got {value}")
+
+
+def _non_negative(instance: object, attribute: attrs.Attribute, value: float) -> None:
+    if value is not None and value < 0:
+        raise ConfigError(f"{attribute.name}: must be >= 0, got {value}")
+
+
+def _one_of(choices: tuple[str, ...]) -> Any:
+    def check(instance: object, attribute: attrs.Attribute, value: str) -> None:
+        if value not in choices:
+            raise ConfigError(f"{attribute.name}: must be one of {choices}, got {value!r}")
+
+    return check
+
+
+def _optional_ints(value: object) -> tuple[int, ...] | None:
+    if value is None or value == "default":
+        return None
+    if isinstance(value, str):
+        value = [v for v in value.replace(",", " ").split() if v]
+    return tuple(sorted({int(v) for v in value}))  # type: ignore[union-attr]
+
+
+def _floats(value: object) -> tuple[float, ...]:
+    if isinstance(value, str):
+        value = [v for v in value.replace(",", " ").split() if v]
+    if isinstance(value, int | float):
+        value = [value]
+    return tuple(float(v) for v in value)  # type: ignore[union-attr]
+
+
+def _optional(kind: type) -> Any:
+    return lambda value: None if value is None else kind(value)
+
+
+@attrs.frozen
+class SchedulerConfig:
+    """The continuous-batching scheduler (vLLM v1 semantics, see ``scheduler.py``).
+
+    Attributes:
+        max_num_seqs: most requests running at once (and live rows per step).
+        max_num_batched_tokens: token budget per step, spec lookahead included.
+        num_spec_tokens: drafts per spec step (``Q = num_spec_tokens + 1``); 0 turns
+            speculative decoding off.
+        slot_capacity: conv-state slots usable by requests (slots ``1..capacity``;
+            slot 0 is NULL). ``None`` means ``max_num_seqs``.
+        num_groups: layer groups; each gives a request the same slot index in its pool.
+    """
+
+    max_num_seqs: int = attrs.field(default=256, converter=int, validator=_positive)
+    max_num_batched_tokens: int = attrs.field(default=8192, converter=int, validator=_positive)
+    num_spec_tokens: int = attrs.field(default=3, converter=int, validator=_non_negative)
+    slot_capacity: int | None = attrs.field(
+        default=None, converter=_optional(int), validator=_positive
+    )
+    num_groups: int = attrs.field(default=1, converter=int, validator=_positive)
+
+    @property
+    def slots(self) -> int:
+        """Usable slots, never ``None``."""
+        return self.max_num_seqs if self.slot_capacity is None else self.slot_capacity
+
+
+@attrs.frozen
+class PlannerSettings:
+    """What the simulator passes to ``PlannerConfig`` besides the scheduler's limits.
+
+    Attributes:
+        graph_mode: ``none``, ``full`` (the seed's uniform-batch graphs) or ``mixed``.
+        graph_sizes: capture sizes in tokens; ``None`` is vLLM's default list.
+        prefill_tile_tokens: tokens per prefill work tile of the kernels.
+    """
+
+    graph_mode: str = attrs.field(default="full", validator=_one_of(("none", "full", "mixed")))
+    graph_sizes: tuple[int, ...] | None = attrs.field(default=None, converter=_optional_ints)
+    prefill_tile_tokens: int = attrs.field(default=64, converter=int)
+
+
+@attrs.frozen
+class ModelConfig:
+    """The served model, for the roofline (``cost.py``).
+
+    The default is an illustrative 8B hybrid: 32 layers of hidden size 4096, half of
+    them short-conv layers whose convolution runs over ``2 * hidden`` channels (as
+    Mamba-style blocks do over their expanded inner width) with ``K = 4, D = 3`` --
+    the SPEC §4 geometry -- and 16 attention layers with 8 KV heads of 128 dims in
+    bf16: ``16 * 2 * 8 * 128 * 2 = 65,536`` KV bytes per token.
+    """
+
+    name: str = "hybrid-8b"
+    params: float = attrs.field(default=8.0e9, converter=float, validator=_positive)
+    layers: int = attrs.field(default=32, converter=int, validator=_positive)
+    hidden_size: int = attrs.field(default=4096, converter=int, validator=_positive)
+    conv_layers: int = attrs.field(default=16, converter=int, validator=_non_negative)
+    kv_bytes_per_token: float = attrs.field(
+        default=65536.0, converter=float, validator=_non_negative
+    )
+    dtype_bytes: int = attrs.field(default=2, converter=int, validator=_positive)
+    conv_channels: int = attrs.field(default=8192, converter=int, validator=_positive)
+    conv_kernel_size: int = attrs.field(default=4, converter=int, validator=_positive)
+    conv_dilation: int = attrs.field(default=3, converter=int, validator=_positive)
+
+    def __attrs_post_init__(self) -> None:
+        if self.conv_layers > self.layers:
+            raise ConfigError(f"conv_layers: {self.conv_layers} exceeds layers = {self.layers}")
+
+
+@attrs.frozen
+class GpuConfig:
+    """The accelerator. Defaults: H200, the measured copy ceiling of SPEC §4 and
+    790 TFLOP/s bf16 dense.
+
+    Launch numbers (chosen, not measured; see ``cost.py``): replaying one CUDA graph
+    of a whole forward costs ``graph_launch_us`` of host time; without a full graph a
+    step launches ``eager_launches_per_layer`` times per layer (vLLM's piecewise mode:
+    one graph piece plus the attention or conv op and its metadata copy), each
+    ``kernel_launch_us``.
+    """
+
+    name: str = "H200"
+    memory_bw_bytes_s: float = attrs.field(default=4.26e12, converter=float, validator=_positive)
+    peak_flops: float = attrs.field(default=790e12, converter=float, validator=_positive)
+    graph_launch_us: float = attrs.field(default=15.0, converter=float, validator=_non_negative)
+    kernel_launch_us: float = attrs.field(default=5.0, converter=float, validator=_non_negative)
+    eager_launches_per_layer: int = attrs.field(default=3, converter=int, validator=_non_negative)
+
+
+@attrs.frozen
+class CostConfig:
+    """Host-time model and kernel profile.
+
+    Attributes:
+        host_cost: ``model`` (deterministic: ``host_base_us + host_per_row_us * rows``
+            plus ``host_mixed_us`` when the step is not uniform), ``measured`` (the
+            planner's measured time feeds the clock; results are then not
+            bit-reproducible) or ``seed`` (the seed builder's SPEC §4 figures).
+        host_base_us, host_per_row_us, host_mixed_us: the ``model`` terms, calibrated
+            from ``bench/planner_bench.py`` (see ``cost.py``).
+        kernel_profile: path of a kernel profile JSON; ``None`` uses
+            ``stepplan/sim/data/kernel_profile.json``.
+    """
+
+    host_cost: str = attrs.field(default="model", validator=_one_of(HOST_COSTS))
+    host_base_us: float = attrs.field(default=38.0, converter=float, validator=_non_negative)
+    host_per_row_us: float = attrs.field(default=0.025, converter=float, validator=_non_negative)
+    host_mixed_us: float = attrs.field(default=22.0, converter=float, validator=_non_negative)
+    kernel_profile: str | None = None
+
+
+@attrs.frozen
+class AcceptanceConfig:
+    """How many drafts a spec step accepts (``acceptance.py``).
+
+    Attributes:
+        model: ``per-position``, ``fixed`` or ``replay``.
+        probs: per-position conditional acceptance probabilities; positions past the
+            list reuse its last value. Default: DeepSeek-V3's MTP figure (0.85-0.9).
+        length: mean acceptance length (accepted drafts + 1) for ``fixed``.
+        trace: JSONL path of per-request accepted counts for ``replay``.
+    """
+
+    model: str = attrs.field(default="per-position", validator=_one_of(ACCEPTANCE_MODELS))
+    probs: tuple[float, ...] = attrs.field(default=(0.87,), converter=_floats)
+    length: float = attrs.field(default=3.5, converter=float, validator=_positive)
+    trace: str | None = None
+
+    def __attrs_post_init__(self) -> None:
+        if not self.probs or not all(0.0 <= p <= 1.0 for p in self.probs):
+            raise ConfigError(f"probs: need probabilities in [0, 1], got {list(self.probs)}")
+        if self.model == "replay" and not self.trace:
+            raise ConfigError("trace: the replay acceptance model needs a trace path")
+
+
+@attrs.frozen
+class WorkloadConfig:
+    """What part of the trace runs, and how fast.
+
+    Attributes:
+        rate_scale: arrival rate multiplier (2 halves every inter-arrival gap).
+        start_s, end_s: keep arrivals in ``[start_s, end_s)`` of the trace's own clock.
+        limit: keep the first ``limit`` requests (after the window).
+        rate: requests per second for traces without arrival times (Poisson).
+    """
+
+    rate_scale: float = attrs.field(default=1.0, converter=float, validator=_positive)
+    start_s: float | None = attrs.field(default=None, converter=_optional(float))
+    end_s: float | None = attrs.field(default=None, converter=_optional(float))
+    limit: int | None = attrs.field(default=None, converter=_optional(int), validator=_positive)
+    rate: float | None = attrs.field(default=None, converter=_optional(float), validator=_positive)
+
+
+@attrs.frozen
+class SloConfig:
+    """Service-level objectives for goodput: a request is good when both hold."""
+
+    ttft_ms: float = attrs.field(default=1000.0, converter=float, validator=_positive)
+    tpot_ms: float = attrs.field(default=50.0, converter=float, validator=_positive)
+
+
+SECTIONS: dict[str, type] = {
+    "scheduler": SchedulerConfig,
+    "planner": PlannerSettings,
+    "model": ModelConfig,
+    "gpu": GpuConfig,
+    "cost": CostConfig,
+    "acceptance": AcceptanceConfig,
+    "workload": WorkloadConfig,
+    "slo": SloConfig,
+}
+
+
+@attrs.frozen
+class SimConfig:
+    """Every setting of one simulation (written whole into ``summary.json``)."""
+
+    name: str = ""
+    seed: int = attrs.field(default=0, converter=int)
+    scheduler: SchedulerConfig = attrs.Factory(SchedulerConfig)
+    planner: PlannerSettings = attrs.Factory(PlannerSettings)
+    model: ModelConfig = attrs.Factory(ModelConfig)
+    gpu: GpuConfig = attrs.Factory(GpuConfig)
+    cost: CostConfig = attrs.Factory(CostConfig)
+    acceptance: AcceptanceConfig = attrs.Factory(AcceptanceConfig)
+    workload: WorkloadConfig = attrs.Factory(WorkloadConfig)
+    slo: SloConfig = attrs.Factory(SloConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready dict (tuples become lists)."""
+        return attrs.asdict(self)
+
+
+def _section(name: str, base: object, values: dict[str, Any]) -> object:
+    known = {f.name for f in attrs.fields(type(base))}
+    for key in values:
+        if key not in known:
+            raise ConfigError(f"{name}.{key}: unknown setting (known: {', '.join(sorted(known))})")
+    try:
+        return attrs.evolve(base, **values)
+    except ConfigError as exc:
+        raise ConfigError(f"{name}.{exc}") from None
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{name}: {exc}") from None
+
+
+def with_settings(config: SimConfig, settings: dict[str, Any]) -> SimConfig:
+    """``config`` with dotted-key settings applied (``{"scheduler.max_num_seqs": 64}``);
+    ``name`` and ``seed`` have no section. ``None`` values are skipped."""
+    top: dict[str, Any] = {}
+    grouped: dict[str, dict[str, Any]] = {}
+    for key, value in settings.items():
+        if value is None:
+            continue
+        section, _, field = key.partition(".")
+        if not field:
+            if section not in ("name", "seed"):
+                raise ConfigError(f"{key}: unknown setting (use section.key)")
+            top[section] = value
+        elif section not in SECTIONS:
+            raise ConfigError(f"{key}: unknown section {section!r} (known: {', '.join(SECTIONS)})")
+        else:
+            grouped.setdefault(section, {})[field] = value
+    for section, values in grouped.items():
+        top[section] = _section(section, getattr(config, section), values)
+    return attrs.evolve(config, **top)
+
+
+def flatten(table: dict[str, Any]) -> dict[str, Any]:
+    """A parsed TOML document as dotted keys; sections must be tables."""
+    flat: dict[str, Any] = {}
+    for key, value in table.items():
+        if isinstance(value, dict):
+            flat.update({f"{key}.{inner}": v for inner, v in value.items()})
+        else:
+            flat[key] = value
+    return flat
+
+
+def load_config(path: str | Path, base: SimConfig | None = None) -> SimConfig:
+    """Read a TOML file over ``base`` (defaults when ``None``)."""
+    path = Path(path)
+    try:
+        document = tomllib.loads(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read ({exc.strerror})") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    try:
+        return with_settings(base or SimConfig(), flatten(document))
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None

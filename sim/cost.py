@@ -1,0 +1,270 @@
+"""Step time: model roofline + short-conv kernel time + host time + launch overhead.
+
+``duration = model_s + conv_s + host_s + launch_s`` (the host plans the step before
+the GPU runs it; vLLM v1 without async scheduling serializes the two).
+
+**model_s** -- a roofline of everything but the short convolution:
+``max(bytes / memory_bw, flops / peak_flops)`` with
+``bytes = params * dtype_bytes`` (weights, read once per step)
+``+ kv_bytes_per_token * (sum(num_computed + q) + num_tokens)`` (KV read and written;
+activations ignored) and ``flops = 2 * params * graph_tokens`` (a CUDA graph computes
+its padding too) ``+ 4 * hidden * attention_layers * sum(q * (num_computed + (q+1)/2))``.
+
+**conv_s** -- the short conv of every conv layer, from a kernel profile table
+(:class:`KernelProfile`): per batch kind, time is interpolated piecewise-linearly
+in the bytes the kind moves (SPEC §4's floor: per token ``x`` read and residual read
+and written, ``3 * C * dtype_bytes``; per decode/prefill row the window read and
+written, ``2 * L * C * dtype_bytes``; per spec row ``L`` read and ``L + q - 1``
+written), extrapolated along the last segment past the largest point and held at
+the smallest time below it. A step with several kinds costs the table's ``mixed``
+entry when it has one (a kernel that fuses kinds), else the sum over kinds (one
+launch per kind, as the public kernel does).
+
+**host_s** -- the short conv's metadata preparation for the step, by
+``cost.host_cost``:
+
+- ``model`` (default, deterministic): ``host_base_us + host_per_row_us * rows``, plus
+  ``host_mixed_us`` when the step mixes kinds or has prefills. Defaults 38 µs,
+  0.025 µs per row and 22 µs, fitted to ``bench/planner_bench.py`` (``StepBatch``
+  validation + ``compile_plan``, p50, one core of the 2-core CPU dev machine,
+  2026-11-29): pure spec 1 x 4 / 256 x 4: 39 / 44 µs, decode 256: 38 µs, mixed
+  64 / 256 rows: 62 / 69 µs; layer groups add little (4 groups: +1-4 µs) and are
+  not modelled. Inside the simulation loop the same planner measures ~60 µs p50
+  (colder caches); ``measured`` uses those times.
+- ``measured``: the planner's measured time of this very step.
+- ``seed``: the seed builder's SPEC §4 figures, 250 µs per layer group for a
+  uniform (pure spec or pure decode) batch and 900 µs otherwise.
+
+**launch_s** -- a graph replay costs ``graph_launch_us``; an eager step launches
+``eager_launches_per_layer`` kernels per layer at ``kernel_launch_us`` each, and
+only the part not hidden behind the GPU's work is charged:
+``max(0, launches * kernel_launch_us - model_s - conv_s)``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+from importlib import resources
+from pathlib import Path
+
+import attrs
+
+from stepplan.planner import ExecutionPlan
+
+from .config import CostConfig, GpuConfig, ModelConfig
+
+KINDS = ("spec", "decode", "prefill", "mixed")
+SEED_UNIFORM_US = 250.0
+SEED_MIXED_US = 900.0
+
+
+class ProfileError(ValueError):
+    """A kernel profile is malformed; the message names the file and entry."""
+
+
+@attrs.frozen
+class Curve:
+    """Piecewise-linear time (µs) over bytes, from measured points (sorted by bytes)."""
+
+    bytes: tuple[float, ...]
+    us: tuple[float, ...]
+
+    def __call__(self, nbytes: float) -> float:
+        xs, ys = self.bytes, self.us
+        if nbytes <= xs[0]:
+            return ys[0]
+        if len(xs) == 1:
+            return ys[0] * nbytes / xs[0]
+        index = min(bisect.bisect_left(xs, nbytes), len(xs) - 1)
+        x0, x1, y0, y1 = xs[index - 1], xs[index], ys[index - 1], ys[index]
+        return max(y0 + (y1 - y0) * (nbytes - x0) / (x1 - x0), ys[0])
+
+
+@attrs.frozen
+class ConvGeometry:
+    """The conv layer's shape, for the byte counts."""
+
+    channels: int
+    kernel_size: int
+    dilation: int
+    dtype_bytes: int
+
+    @property
+    def reach(self) -> int:
+        """``L = (K - 1) * D``: history entries a token reads."""
+        return (self.kernel_size - 1) * self.dilation
+
+    def bytes(self, kind: str, rows: int, tokens: int) -> float:
+        """Fewest bytes a ``spec``, ``decode`` or ``prefill`` batch of ``rows`` rows and
+        ``tokens`` tokens moves (a spec row writes ``L + q - 1`` window entries)."""
+        if kind == "spec":
+            state_entries = (2 * self.reach - 1) * rows + tokens
+        else:
+            state_entries = 2 * self.reach * rows
+        return float(self.channels * self.dtype_bytes * (3 * tokens + state_entries))
+
+
+@attrs.frozen
+class KernelProfile:
+    """Measured short-conv times per batch kind (one conv layer, one step).
+
+    JSON layout (written by the kernel benchmark; ``bytes`` optional, computed from
+    ``geometry`` when absent)::
+
+        {"source": "...", "device": "...", "kernel": "...",  # free text
+         "geometry": {"channels": 8192, "kernel_size": 4, "dilation": 3,
+                      "dtype_bytes": 2},
+         "entries": [{"kind": "spec", "rows": 64, "tokens": 256, "us": 21.1}, ...]}
+
+    ``kind`` is ``spec``, ``decode``, ``prefill`` or ``mixed`` (a whole mixed step in
+    one kernel; such entries give ``bytes``). ``decode`` and ``prefill`` are required;
+    without ``spec`` entries spec batches use the ``decode`` curve.
+    """
+
+    source: str
+    geometry: ConvGeometry
+    curves: dict[str, Curve]
+
+    def time_us(self, rows: tuple[int, int, int], tokens: tuple[int, int, int]) -> float:
+        """Conv µs of one layer for (spec, decode, prefill) rows and tokens, with this
+        profile's geometry."""
+        present = [k for k in range(3) if rows[k]]
+        if not present:
+            return 0.0
+        names = KINDS[:3]
+        per_kind = [self.geometry.bytes(names[k], rows[k], tokens[k]) for k in present]
+        if len(present) > 1 and "mixed" in self.curves:
+            return self.curves["mixed"](sum(per_kind))
+        return sum(self._curve(names[k])(b) for k, b in zip(present, per_kind, strict=True))
+
+    def _curve(self, kind: str) -> Curve:
+        if kind in self.curves:
+            return self.curves[kind]
+        return self.curves["decode" if kind == "spec" else "prefill"]
+
+    def rescaled(self, geometry: ConvGeometry) -> KernelProfile:
+        """The profile applied to another geometry: same curves over bytes."""
+        return attrs.evolve(self, geometry=geometry)
+
+
+def _entry_points(path: str, document: dict) -> tuple[ConvGeometry, dict[str, list]]:
+    try:
+        geometry = ConvGeometry(**document["geometry"])
+        entries = document["entries"]
+    except (KeyError, TypeError) as exc:
+        raise ProfileError(f"{path}: needs 'geometry' and 'entries' ({exc})") from None
+    points: dict[str, list] = {}
+    for index, entry in enumerate(entries):
+        try:
+            kind, us = entry["kind"], float(entry["us"])
+            if "bytes" in entry or kind == "mixed":  # a mixed entry must give its bytes
+                nbytes = float(entry["bytes"])
+            else:
+                nbytes = geometry.bytes(kind, int(entry["rows"]), int(entry["tokens"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ProfileError(f"{path}: entries[{index}]: bad entry ({exc})") from None
+        if kind not in KINDS or us <= 0 or nbytes <= 0:
+            raise ProfileError(f"{path}: entries[{index}]: kind in {KINDS}, positive us")
+        points.setdefault(kind, []).append((float(nbytes), us))
+    if "decode" not in points or "prefill" not in points:
+        raise ProfileError(f"{path}: needs at least decode and prefill entries")
+    return geometry, points
+
+
+def load_profile(path: str | Path | None = None) -> KernelProfile:
+    """Read a kernel profile JSON; ``None`` reads the packaged default."""
+    if path is None:
+        text = resources.files("stepplan.sim").joinpath("data/kernel_profile.json").read_text()
+        path = "stepplan/sim/data/kernel_profile.json"
+    else:
+        try:
+            text = Path(path).read_text()
+        except OSError as exc:
+            raise ProfileError(f"{path}: cannot read ({exc.strerror})") from None
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ProfileError(f"{path}: not valid JSON ({exc.msg}, line {exc.lineno})") from None
+    geometry, points = _entry_points(str(path), document)
+    curves = {}
+    for kind, pairs in points.items():
+        pairs.sort()
+        curves[kind] = Curve(tuple(p[0] for p in pairs), tuple(p[1] for p in pairs))
+    return KernelProfile(str(document.get("source", path)), geometry, curves)
+
+
+@attrs.frozen
+class StepLoad:
+    """What the step asks of the model beyond the plan's counts.
+
+    Attributes:
+        kv_tokens: ``sum(num_computed + q)`` over rows: KV entries attention reads.
+        attention_pairs: ``sum(q * (num_computed + (q + 1) / 2))``: query-key pairs.
+    """
+
+    kv_tokens: int
+    attention_pairs: float
+
+
+@attrs.frozen
+class CostModel:
+    """Turns a compiled plan into the four time terms of the step."""
+
+    model: ModelConfig
+    gpu: GpuConfig
+    cost: CostConfig
+    profile: KernelProfile
+    num_groups: int = 1
+
+    @classmethod
+    def create(
+        cls, model: ModelConfig, gpu: GpuConfig, cost: CostConfig, num_groups: int = 1
+    ) -> CostModel:
+        """The cost model with the profile ``cost.kernel_profile`` names, applied to
+        ``model``'s conv geometry."""
+        geometry = ConvGeometry(
+            model.conv_channels, model.conv_kernel_size, model.conv_dilation, model.dtype_bytes
+        )
+        profile = load_profile(cost.kernel_profile).rescaled(geometry)
+        return cls(model, gpu, cost, profile, num_groups)
+
+    def model_s(self, plan: ExecutionPlan, load: StepLoad) -> float:
+        """Roofline time of the model's non-conv work for the step."""
+        m = self.model
+        tokens = plan.num_tokens
+        memory = m.params * m.dtype_bytes + m.kv_bytes_per_token * (load.kv_tokens + tokens)
+        attention_layers = m.layers - m.conv_layers
+        flops = 2.0 * m.params * plan.padded_tokens
+        flops += 4.0 * m.hidden_size * attention_layers * load.attention_pairs
+        return max(memory / self.gpu.memory_bw_bytes_s, flops / self.gpu.peak_flops)
+
+    def conv_s(self, plan: ExecutionPlan) -> float:
+        """Short-conv time of every conv layer."""
+        rows = (plan.num_spec_rows, plan.num_decode_rows, plan.num_prefill_rows)
+        tokens = (plan.num_spec_tokens, plan.num_decode_tokens, plan.num_prefill_tokens)
+        return self.profile.time_us(rows, tokens) * self.model.conv_layers * 1e-6
+
+    def host_s(self, plan: ExecutionPlan, plan_us: float) -> float:
+        """Host time of the step's conv metadata under ``cost.host_cost``."""
+        cost = self.cost
+        if cost.host_cost == "measured":
+            return plan_us * 1e-6
+        uniform = plan.num_rows in (plan.num_spec_rows, plan.num_decode_rows)
+        if cost.host_cost == "seed":
+            return (SEED_UNIFORM_US if uniform else SEED_MIXED_US) * self.num_groups * 1e-6
+        mixed_us = 0.0 if uniform else cost.host_mixed_us
+        return (cost.host_base_us + cost.host_per_row_us * plan.num_rows + mixed_us) * 1e-6
+
+    def launch_s(self, plan: ExecutionPlan, busy_s: float) -> float:
+        """Launch overhead not hidden behind ``busy_s`` of GPU work."""
+        if plan.graph is not None:
+            return self.gpu.graph_launch_us * 1e-6
+        launches = self.model.layers * self.gpu.eager_launches_per_layer
+        return max(0.0, launches * self.gpu.kernel_launch_us * 1e-6 - busy_s)
+
+    def step(self, plan: ExecutionPlan, load: StepLoad, plan_us: float) -> tuple[float, ...]:
+        """``(model_s, conv_s, host_s, launch_s)`` of one step."""
+        model_s = self.model_s(plan, load)
+        conv_s = self.conv_s(plan)
+        return model_s, conv_s, self.host_s(plan, plan_us), self.launch_s(plan, model_s + conv_s)

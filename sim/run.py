@@ -1,0 +1,158 @@
+"""The simulation loop: trace -> scheduler -> ``compile_plan`` (real) -> cost -> clock.
+
+Each step the scheduler hands over a ``StepBatch``; the real planner compiles it
+(timed with ``perf_counter_ns``); the cost model turns the plan into time; the
+acceptance model decides the spec rows' outcome; the scheduler commits it and the
+clock moves to the step's end. When nothing can run the clock jumps to the next
+arrival. With ``cost.host_cost`` ``model`` or ``seed`` the clock never reads the
+measured planner time, so the same trace, config and seed give the same requests
+and step times bit for bit; ``measured`` feeds the planner's real time into the
+clock and results then vary from run to run.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+from stepplan.planner import ExecutionPlan, PlannerConfig, compile_plan
+
+from .acceptance import AcceptanceModel, make_acceptance
+from .config import SimConfig
+from .cost import CostModel, StepLoad
+from .results import RequestLog, SimResult, request_columns, step_columns, summarize
+from .scheduler import ScheduledStep, Scheduler
+from .traces import RequestTable
+
+_GRAPH_CODES = {"spec": 1, "decode": 2, "mixed": 3}
+_PROGRESS_EVERY = 512  # steps between progress-bar refreshes
+
+
+def planner_config(config: SimConfig) -> PlannerConfig:
+    """The ``PlannerConfig`` the simulation compiles every step with."""
+    return PlannerConfig(
+        num_spec_tokens=config.scheduler.num_spec_tokens,
+        graph_mode=config.planner.graph_mode,
+        graph_sizes=config.planner.graph_sizes,
+        max_num_seqs=config.scheduler.max_num_seqs,
+        prefill_tile_tokens=config.planner.prefill_tile_tokens,
+    )
+
+
+def prepare_requests(table: RequestTable, config: SimConfig) -> RequestTable:
+    """The trace after the workload's window, limit and rate scaling (in that order)."""
+    workload = config.workload
+    if workload.start_s is not None or workload.end_s is not None:
+        table = table.window(workload.start_s, workload.end_s)
+    if workload.limit is not None:
+        table = table.limit(workload.limit)
+    if workload.rate_scale != 1.0:
+        table = table.scale_rate(workload.rate_scale)
+    if table.num_requests == 0:
+        raise ValueError(f"{table.source}: no requests left after the window and limit")
+    return table
+
+
+def _record(
+    plan: ExecutionPlan, start_s: float, plan_us: float, costs: tuple[float, ...]
+) -> tuple[float, ...]:
+    graph = plan.graph
+    return (
+        start_s,
+        sum(costs),
+        plan.num_spec_rows,
+        plan.num_decode_rows,
+        plan.num_prefill_rows,
+        plan.num_spec_tokens,
+        plan.num_decode_tokens,
+        plan.num_prefill_tokens,
+        _GRAPH_CODES[graph.kind] if graph else 0,
+        graph.num_tokens if graph else 0,
+        graph.num_rows if graph else 0,
+        plan.padded_tokens - plan.num_tokens,
+        plan.padded_rows - plan.num_rows,
+        plan_us,
+        *costs,
+    )
+
+
+def _accepted(
+    step: ScheduledStep, scheduler: Scheduler, acceptance: AcceptanceModel, log: RequestLog
+) -> np.ndarray:
+    """``[R], int64`` accepted drafts per row (0 off the spec rows)."""
+    accepted = np.zeros(step.request_ids.size, np.int64)
+    if step.is_spec.any():
+        ids = step.request_ids[step.is_spec]
+        drafts = step.batch.num_draft_tokens[step.is_spec].astype(np.int64)
+        drawn = acceptance.draw(ids, scheduler.spec_steps[ids], drafts)
+        accepted[step.is_spec] = drawn
+        log.record_spec(ids, drafts, drawn)
+    return accepted
+
+
+def simulate(table: RequestTable, config: SimConfig, *, progress: bool = False) -> SimResult:
+    """Simulate ``table`` (already windowed; see :func:`prepare_requests`) under
+    ``config``. ``progress`` shows a tqdm bar of finished requests."""
+    wall_start = time.perf_counter()
+    scheduler = Scheduler(table, config.scheduler)
+    plan_config = planner_config(config)
+    cost = CostModel.create(config.model, config.gpu, config.cost, config.scheduler.num_groups)
+    acceptance = make_acceptance(config.acceptance, config.seed)
+    log = RequestLog(table.num_requests)
+    records: list[tuple[float, ...]] = []
+    clock = 0.0
+    bar = tqdm(total=table.num_requests, unit="req", disable=not progress, leave=False)
+    while not scheduler.done:
+        step = scheduler.schedule(clock)
+        if step is None:
+            clock = max(clock, scheduler.next_arrival_s())
+            if not np.isfinite(clock):
+                raise RuntimeError("scheduler stalled: requests left but none can run")
+            continue
+        start = time.perf_counter_ns()
+        plan = compile_plan(step.batch, plan_config)
+        plan_us = (time.perf_counter_ns() - start + step.batch_ns) * 1e-3
+        costs = cost.step(plan, StepLoad(step.kv_tokens, step.attention_pairs), plan_us)
+        accepted = _accepted(step, scheduler, acceptance, log)
+        emitted, finished = scheduler.commit(step, accepted)
+        end = clock + sum(costs)
+        log.record(step.request_ids, emitted, finished, end)
+        records.append(_record(plan, clock, plan_us, costs))
+        clock = end
+        if len(records) % _PROGRESS_EVERY == 0:
+            bar.update(scheduler.num_finished - bar.n)
+    bar.close()
+    return _result(table, config, records, log, scheduler, time.perf_counter() - wall_start)
+
+
+def _result(
+    table: RequestTable,
+    config: SimConfig,
+    records: list[tuple[float, ...]],
+    log: RequestLog,
+    scheduler: Scheduler,
+    wall_s: float,
+) -> SimResult:
+    steps = step_columns(records)
+    requests = request_columns(table.arrival_s, table.prompt_tokens, table.output_tokens, log)
+    itl_s = np.concatenate([np.zeros(0), *log.itl_s])
+    trace: dict[str, Any] = {
+        "path": table.source,
+        "format": table.format,
+        "requests": table.num_requests,
+        "span_s": table.span_s,
+        "skipped": table.skipped,
+    }
+    summary = summarize(
+        config.to_dict(),
+        trace,
+        steps,
+        requests,
+        itl_s,
+        int(scheduler.spec_steps.sum()),
+        wall_s,
+    )
+    return SimResult(steps=steps, requests=requests, itl_s=itl_s, summary=summary)

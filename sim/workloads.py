@@ -1,0 +1,141 @@
+"""Synthetic workloads: arrival processes and length distributions as a :class:`RequestTable`.
+
+A workload is written as one spec string (the ``TRACE`` argument of the CLI)::
+
+    synthetic:n=1000,rate=4,cv2=1,prompt=uniform:128:2048,output=zipf:1.2:1024
+
+``n`` requests arrive at ``rate`` per second with gamma-distributed gaps of squared
+coefficient of variation ``cv2`` (burstiness: 1 is Poisson, above 1 burstier, below 1
+smoother). Lengths are ``fixed:N``, ``uniform:LOW:HIGH`` (inclusive), ``zipf:A:MAX``
+(``P(x) ~ x**-A`` on ``1..MAX``) or ``empirical:PATH`` (resampled from that trace's
+prompt or output column).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import attrs
+import numpy as np
+
+from .traces import RequestTable, load_trace
+
+LENGTH_KINDS = ("fixed", "uniform", "zipf", "empirical")
+SYNTHETIC_PREFIX = "synthetic:"
+
+
+class WorkloadError(ValueError):
+    """A synthetic workload spec is malformed; the message names the field."""
+
+
+def arrival_times(count: int, rate: float, cv2: float, rng: np.random.Generator) -> np.ndarray:
+    """``[count], float64`` arrival times starting at 0: gamma gaps of mean ``1 / rate``
+    and squared coefficient of variation ``cv2`` (``cv2 == 1`` is a Poisson process)."""
+    if rate <= 0 or cv2 <= 0:
+        raise WorkloadError(f"rate and cv2 must be positive, got rate={rate}, cv2={cv2}")
+    shape = 1.0 / cv2
+    gaps = rng.gamma(shape, 1.0 / (rate * shape), count)
+    gaps[:1] = 0.0
+    return np.cumsum(gaps)
+
+
+@attrs.frozen
+class LengthDist:
+    """A token-length distribution.
+
+    Attributes:
+        kind: one of :data:`LENGTH_KINDS`.
+        params: ``fixed``: (n,); ``uniform``: (low, high); ``zipf``: (a, max).
+        values: ``[M], int64`` samples of ``empirical`` (empty otherwise).
+    """
+
+    kind: str
+    params: tuple[float, ...] = ()
+    values: np.ndarray = attrs.field(factory=lambda: np.zeros(0, np.int64), eq=False)
+
+    def sample(self, count: int, rng: np.random.Generator) -> np.ndarray:
+        """``[count], int64`` lengths, each ``>= 1``."""
+        if self.kind == "fixed":
+            return np.full(count, int(self.params[0]), dtype=np.int64)
+        if self.kind == "uniform":
+            low, high = (int(p) for p in self.params)
+            return rng.integers(low, high + 1, count, dtype=np.int64)
+        if self.kind == "zipf":
+            exponent, largest = self.params
+            weights = np.arange(1, int(largest) + 1, dtype=np.float64) ** -exponent
+            cdf = np.cumsum(weights) / weights.sum()
+            return np.searchsorted(cdf, rng.random(count), side="right").astype(np.int64) + 1
+        return rng.choice(self.values, count).astype(np.int64)
+
+
+def parse_length(text: str, column: str) -> LengthDist:
+    """A :class:`LengthDist` from ``kind:arg[:arg]``; ``column`` (``prompt`` or
+    ``output``) picks the trace column an ``empirical`` distribution resamples."""
+    kind, _, rest = text.partition(":")
+    if kind == "empirical":
+        table = load_trace(Path(rest))
+        values = table.prompt_tokens if column == "prompt" else table.output_tokens
+        return LengthDist("empirical", (), np.asarray(values))
+    arity = {"fixed": 1, "uniform": 2, "zipf": 2}
+    if kind not in arity:
+        raise WorkloadError(f"{column}: unknown length kind {kind!r} (known: {LENGTH_KINDS})")
+    try:
+        params = tuple(float(v) for v in rest.split(":")) if rest else ()
+    except ValueError:
+        raise WorkloadError(f"{column}: {text!r} has a non-numeric parameter") from None
+    if len(params) != arity[kind]:
+        raise WorkloadError(f"{column}: {kind} takes {arity[kind]} parameter(s), got {text!r}")
+    low = params[0] if kind != "zipf" else 1
+    high = params[-1]
+    if low < 1 or high < low or (kind == "zipf" and params[0] <= 0):
+        raise WorkloadError(f"{column}: {text!r} must give lengths >= 1 with low <= high")
+    return LengthDist(kind, params)
+
+
+def synthetic_table(
+    count: int,
+    rate: float,
+    prompt: LengthDist,
+    output: LengthDist,
+    *,
+    cv2: float = 1.0,
+    seed: int = 0,
+    source: str = "synthetic",
+) -> RequestTable:
+    """``count`` synthetic requests (see the module docstring); same seed, same table."""
+    arrival_rng, prompt_rng, output_rng = np.random.default_rng(seed).spawn(3)
+    return RequestTable(
+        arrival_s=arrival_times(count, rate, cv2, arrival_rng),
+        prompt_tokens=prompt.sample(count, prompt_rng),
+        output_tokens=output.sample(count, output_rng),
+        source=source,
+        format="synthetic",
+    )
+
+
+def parse_synthetic(spec: str, seed: int = 0) -> RequestTable:
+    """The table of a ``synthetic:key=value,...`` spec (keys ``n``, ``rate``, ``cv2``,
+    ``prompt``, ``output``; defaults ``n=1000, rate=4, cv2=1, prompt=uniform:128:2048,
+    output=uniform:16:512``)."""
+    fields = {
+        "n": "1000",
+        "rate": "4",
+        "cv2": "1",
+        "prompt": "uniform:128:2048",
+        "output": "uniform:16:512",
+    }
+    body = spec.removeprefix(SYNTHETIC_PREFIX)
+    for item in filter(None, body.split(",")):
+        key, sep, value = item.partition("=")
+        if not sep or key not in fields:
+            raise WorkloadError(f"{item!r}: expected key=value with key in {sorted(fields)}")
+        fields[key] = value
+    try:
+        count, rate, cv2 = int(fields["n"]), float(fields["rate"]), float(fields["cv2"])
+    except ValueError:
+        raise WorkloadError(f"{spec!r}: n, rate and cv2 must be numbers") from None
+    if count < 1:
+        raise WorkloadError(f"n: must be >= 1, got {count}")
+    prompt = parse_length(fields["prompt"], "prompt")
+    output = parse_length(fields["output"], "output")
+    return synthetic_table(count, rate, prompt, output, cv2=cv2, seed=seed, source=spec)
