@@ -62,7 +62,7 @@ def uniforms(seed: int, request_ids: np.ndarray, spec_steps: np.ndarray, width: 
         spec_steps: ``[n], int64`` spec steps the request made before this one.
     """
     key = np.uint64((seed + 1) * int(_GOLDEN) % 2**64)
-    row = _mix(request_ids.astype(np.uint64) * _GOLDEN ^ spec_steps.astype(np.uint64) * _STEP_KEY)
+    row = request_ids.astype(np.uint64) * _GOLDEN ^ spec_steps.astype(np.uint64) * _STEP_KEY
     positions = np.arange(1, width + 1, dtype=np.uint64) * _POS_KEY + key
     bits = _mix(row[:, None] ^ positions[None, :])
     return (bits >> np.uint64(11)).astype(np.float64) * (1.0 / 2**53)
@@ -96,9 +96,10 @@ class PerPosition:
     probs: tuple[float, ...]
     seed: int = 0
 
-    def _probs(self, width: int) -> np.ndarray:
+    def _survival(self, width: int) -> np.ndarray:
+        """``[width], float64``: probability that at least ``j`` drafts are accepted."""
         padded = list(self.probs[:width]) + [self.probs[-1]] * max(0, width - len(self.probs))
-        return np.asarray(padded, dtype=np.float64)
+        return np.cumprod(np.asarray(padded, dtype=np.float64))
 
     def draw(
         self, request_ids: np.ndarray, spec_steps: np.ndarray, drafts: np.ndarray
@@ -106,12 +107,13 @@ class PerPosition:
         width = int(drafts.max()) if drafts.size else 0
         if width == 0:
             return np.zeros(drafts.shape, dtype=np.int64)
-        accepted = uniforms(self.seed, request_ids, spec_steps, width) < self._probs(width)
-        leading = np.cumprod(accepted, axis=1).sum(axis=1)
-        return np.minimum(leading, drafts).astype(np.int64)
+        # one uniform per row, inverted through the survival function (decreasing)
+        u = uniforms(self.seed, request_ids, spec_steps, 1)
+        accepted = (u < self._survival(width)).sum(axis=1)
+        return np.minimum(accepted, drafts).astype(np.int64)
 
     def mean_length(self, drafts: int) -> float:
-        return 1.0 + float(np.cumprod(self._probs(drafts)).sum())
+        return 1.0 + float(self._survival(drafts).sum())
 
 
 @attrs.frozen

@@ -23,7 +23,7 @@ from .cli_report import ERRORS as REPORT_ERRORS
 from .cli_report import add_buckets, add_report, add_report_option, report_after_simulation
 from .config import ConfigError, SimConfig, load_config, with_settings
 from .cost import ProfileError
-from .results import SimResult, summary_rows, write_results
+from .results import SimResult, parquet_available, summary_rows, write_results
 from .run import prepare_requests, simulate
 from .traces import FORMATS, RequestTable, TraceError, load_trace
 from .workloads import SYNTHETIC_PREFIX, WorkloadError, parse_synthetic
@@ -166,7 +166,12 @@ def _add_setting_options(parser: argparse.ArgumentParser) -> None:
     add("--num-groups", type=int, help="layer groups")
     add("--graph-mode", choices=("none", "full", "mixed"))
     add("--graph-sizes", help="CUDA-graph sizes, e.g. 1,2,4,8,16,32 (default: vLLM's)")
-    add("--host-cost", choices=("model", "measured", "seed"))
+    add(
+        "--host-cost",
+        choices=("model", "measured", "seed"),
+        help="host time per step: model (deterministic, default), measured (the planner's "
+        "real time; results then vary run to run) or seed (the seed builder's 250/900 us)",
+    )
     add("--kernel-profile", help="kernel profile JSON")
     add("--acceptance", choices=("per-position", "fixed", "replay", *ACCEPTANCE_PRESETS))
     add("--acceptance-probs", help="per-position acceptance, e.g. 0.9,0.8,0.7")
@@ -185,6 +190,8 @@ def _simulate_one(
 ) -> SimResult:
     with ExitStack() as stack:
         requests = load_requests(args, config, stack)
+    if args.parquet and not parquet_available():
+        print("stepplan: pyarrow is not installed; writing CSV", file=sys.stderr)
     progress = not args.quiet and sys.stderr.isatty()
     if progress and label:
         print(f"simulating {label} ...", file=sys.stderr)
