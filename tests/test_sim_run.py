@@ -183,3 +183,24 @@ def test_summary_config_reads_back_into_the_same_settings(result):
     assert with_settings(SimConfig(), flatten(document)) == changed
     stored = json.loads(json.dumps(result.summary["config"]))
     assert with_settings(SimConfig(), flatten(stored)) == SimConfig()
+
+
+def test_fused_profile_prices_mixed_steps_by_total_bytes(tmp_path):
+    geometry = {"channels": 8192, "kernel_size": 4, "dilation": 3, "dtype_bytes": 2}
+    entries = [
+        {"kind": "decode", "rows": 1, "tokens": 1, "us": 2.0},
+        {"kind": "prefill", "rows": 1, "tokens": 512, "us": 8.0},
+        {"kind": "mixed", "bytes": 1e6, "us": 3.0},
+        {"kind": "mixed", "bytes": 1e9, "us": 300.0},
+    ]
+    path = tmp_path / "fused.json"
+    path.write_text(json.dumps({"geometry": geometry, "entries": entries}))
+    profile = load_profile(path)
+    spec_bytes = profile.geometry.bytes("spec", 64, 256)
+    prefill_bytes = profile.geometry.bytes("prefill", 1, 512)
+    total = spec_bytes + prefill_bytes
+    expected = 3.0 + (300.0 - 3.0) * (total - 1e6) / (1e9 - 1e6)
+    assert profile.time_us((64, 0, 1), (256, 0, 512)) == pytest.approx(expected)
+    # one kind alone uses its own curve; spec falls back to decode's without spec entries
+    assert profile.time_us((0, 0, 1), (0, 0, 512)) == pytest.approx(8.0)
+    assert profile.time_us((1, 0, 0), (1, 0, 0)) == pytest.approx(2.0)
