@@ -66,12 +66,15 @@ def run_bucketing(results: Results, label: str | None = None) -> Bucketing:
     return Bucketing(name, tokens, rows, np.unique(tokens[hit]), np.unique(rows[hit]))
 
 
-def plot_bucketing(results: Results, bucketings: Sequence[Bucketing] = ()) -> Figure:
+def plot_bucketing(
+    results: Results, bucketings: Sequence[Bucketing] = (), title: str | None = None
+) -> Figure:
     """Step sizes (tokens and rows) with the bucket edges of each bucketing drawn over
     them, and the padded share of every bucket.
 
     ``bucketings`` default to the run's own; each must have one entry per step.
-    The histograms split steps into graph replays and eager runs under the first.
+    The histograms split steps into graph replays and eager runs under the first;
+    their counts are on a log scale, so the rare large steps stay visible.
     """
     results.steps.require_rows("the bucketing figure")
     bucketings = tuple(bucketings) or (run_bucketing(results),)
@@ -93,7 +96,7 @@ def plot_bucketing(results: Results, bucketings: Sequence[Bucketing] = ()) -> Fi
         color = EDGE_COLORS[index % len(EDGE_COLORS)]
         top.plot([], [], color=color, linewidth=1, label=f"edges: {bucketing.label}")
     top.legend(loc="upper right", fontsize=8)
-    figure.suptitle(f"Step sizes and CUDA-graph buckets ({len(tokens):,} steps)")
+    figure.suptitle(title or f"Step sizes and CUDA-graph buckets ({len(tokens):,} steps)")
     return figure
 
 
@@ -122,8 +125,9 @@ def _histogram(
             axes.axvline(edge, color=color, linewidth=0.6, linestyle=style, alpha=0.7)
     axes.set_xscale("log", base=2)
     axes.set_xlim(left=0.7)
+    axes.set_yscale("log")
     axes.set_xlabel(xlabel)
-    axes.set_ylabel("steps")
+    axes.set_ylabel("steps (log scale)")
     axes.legend(loc="upper left", fontsize=8)
 
 
