@@ -1,0 +1,417 @@
+"""The executor: one plan upload per step, then every layer's conv, eagerly or by graph replay.
+
+An :class:`Executor` is built once for a layer geometry and a planner config.
+Per step it copies the plan's packed int32 buffer to the device once (pinned,
+asynchronous) and runs the short conv of every layer, each on its own state
+pool, at the slots of its layer group. Plans that carry a graph key replay a CUDA graph captured
+for that key on first use (:class:`StepGraphs`); before a replay the plan's
+:class:`ReplaySignature` must equal the captured one, so a plan never replays
+a graph recorded for another shape.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import attrs
+import numpy as np
+import torch
+
+from stepplan.planner import ExecutionPlan, GraphKey, PlanLayout, PlannerConfig
+
+from .upload import PinnedUpload
+
+BACKENDS = ("triton", "reference")
+
+
+class ReplayMismatchError(RuntimeError):
+    """A plan's signature differs from the one its CUDA graph was captured with."""
+
+
+@attrs.frozen
+class ReplaySignature:
+    """Everything a captured step depends on besides the plan buffer's contents."""
+
+    graph: GraphKey | None
+    layout: PlanLayout
+    query_len_max: int
+    tile_tokens: int
+    launch: Any  # the kernels' LaunchShape: grids and constexprs baked into the graph
+    dtype: torch.dtype
+    channels: int
+    backend: str
+
+    def differences(self, other: ReplaySignature) -> list[str]:
+        """``name: captured A, plan has B`` for every field that differs."""
+        return [
+            f"{field.name}: captured {getattr(self, field.name)}, plan has "
+            f"{getattr(other, field.name)}"
+            for field in attrs.fields(ReplaySignature)
+            if getattr(self, field.name) != getattr(other, field.name)
+        ]
+
+
+def check_replay(captured: ReplaySignature, wanted: ReplaySignature) -> None:
+    """Raise :class:`ReplayMismatchError` naming every field where ``wanted`` differs."""
+    differences = captured.differences(wanted)
+    if differences:
+        raise ReplayMismatchError(
+            f"the plan does not fit the CUDA graph captured for {captured.graph}: "
+            + "; ".join(differences)
+        )
+
+
+def largest_graph_layout(config: PlannerConfig, num_groups: int) -> PlanLayout:
+    """A layout at least as large, field by field, as any graph plan of ``config``.
+
+    Spec graphs hold ``rows * Q`` tokens, mixed ones ``min(rows, tokens // 2) +
+    tokens // tile`` tiles (see the planner's bucket choice).
+    """
+    sizes = config.sizes
+    row_sizes = [s for s in sizes if s <= config.max_num_seqs]
+    if config.graph_mode == "none" or not row_sizes:
+        return PlanLayout(1, 1, 0, num_groups)
+    rows, tokens = row_sizes[-1], sizes[-1]
+    tiles = min(rows, tokens // 2) + tokens // config.prefill_tile_tokens
+    return PlanLayout(max(tokens, rows * config.query_len_max), rows, tiles, num_groups)
+
+
+def inert_packed(layout: PlanLayout) -> np.ndarray:
+    """``[layout.size], int32``: every field at its padding value, a plan that touches nothing."""
+    return np.concatenate(
+        [np.full(field.size, field.pad_value, dtype=np.int32) for field in layout.fields]
+    )
+
+
+@attrs.frozen
+class _Prepared:
+    """The plan the next :meth:`Executor.conv` calls run."""
+
+    plan: ExecutionPlan | None  # None for the inert warm-up plan
+    launch: Any  # kernels.LaunchShape, or None on the reference backend
+    buffer: torch.Tensor | None  # [layout.size] int32 on the device
+
+
+class Executor:
+    """Runs the short conv of every layer of a model for one plan per step.
+
+    Args:
+        weights: one ``[C, K]`` tensor per layer, all of one dtype and device.
+        layer_groups: ``[num_layers]`` layer group of each layer; groups are
+            numbered ``0..G-1`` and a layer reads the slots of its group.
+        conv_states: one ``[num_slots, C, W]`` logical view (any strides) per
+            layer, ``W >= (K - 1) * dilation + Q - 1``, the weights' dtype. Layers
+            of a group share slot numbers, never state (as vLLM's layers of one
+            KV-cache group share a block table).
+        dilation: ``D``.
+        config: the planner config plans are compiled with; it sizes the
+            persistent buffers for the largest graph.
+        backend: ``"triton"`` (the kernels, plan read from the device buffer)
+            or ``"reference"`` (plain PyTorch, any device, never graphed).
+        use_graphs: replay CUDA graphs for plans with a graph key; default:
+            on for the triton backend on a CUDA device.
+    """
+
+    def __init__(
+        self,
+        *,
+        weights: Sequence[torch.Tensor],
+        layer_groups: Sequence[int],
+        conv_states: Sequence[torch.Tensor],
+        dilation: int,
+        config: PlannerConfig,
+        backend: str = "triton",
+        use_graphs: bool | None = None,
+    ) -> None:
+        self.weights = tuple(weights)
+        self.layer_groups = tuple(int(g) for g in layer_groups)
+        self.conv_states = tuple(conv_states)
+        self.dilation = int(dilation)
+        self.config = config
+        self.backend = backend
+        self._check_geometry()
+        self.device, self.dtype = self.weights[0].device, self.weights[0].dtype
+        self.channels = int(self.weights[0].shape[0])
+        on_cuda = self.device.type == "cuda"
+        if use_graphs is None:
+            use_graphs = backend == "triton" and on_cuda
+        if use_graphs and not (backend == "triton" and on_cuda):
+            raise ValueError("use_graphs: CUDA graphs need the triton backend on a CUDA device")
+        self.use_graphs = use_graphs
+        self.capacity = largest_graph_layout(config, self.num_groups)
+        self._upload = (
+            PinnedUpload(4 * self.capacity.size, self.device) if backend == "triton" else None
+        )
+        self._prepared: _Prepared | None = None
+        self._staging: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._step_graphs: StepGraphs | None = None
+        if use_graphs:
+            shape = (self.capacity.num_tokens, self.channels)
+            x = torch.zeros(shape, dtype=self.dtype, device=self.device)
+            self._staging = (x, torch.zeros_like(x))
+            self._step_graphs = StepGraphs(self, self._run_staged)
+
+    @property
+    def num_layers(self) -> int:
+        """Layers, one conv each per step."""
+        return len(self.weights)
+
+    @property
+    def num_groups(self) -> int:
+        """Layer groups ``G``: plans must carry one slot row per group."""
+        return max(self.layer_groups) + 1
+
+    def _check_geometry(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend: must be one of {BACKENDS}, got {self.backend!r}")
+        if not self.weights:
+            raise ValueError("weights: needs at least one layer")
+        first = self.weights[0]
+        if first.ndim != 2:
+            raise ValueError(f"weights[0]: must be [C, K], got {list(first.shape)}")
+        for layer, weight in enumerate(self.weights):
+            if weight.shape != first.shape or weight.dtype != first.dtype:
+                raise ValueError(
+                    f"weights[{layer}]: must be {list(first.shape)} {first.dtype} like layer 0, "
+                    f"got {list(weight.shape)} {weight.dtype}"
+                )
+            if weight.device != first.device:
+                raise ValueError(f"weights[{layer}]: on {weight.device}, layer 0 on {first.device}")
+        for name, values in (
+            ("layer_groups", self.layer_groups),
+            ("conv_states", self.conv_states),
+        ):
+            if len(values) != len(self.weights):
+                raise ValueError(
+                    f"{name}: has {len(values)} entries for {len(self.weights)} layers"
+                )
+        used = set(self.layer_groups)
+        if used != set(range(len(used))):
+            raise ValueError(f"layer_groups: must number groups 0..G-1, got {sorted(used)}")
+        if self.dilation < 1:
+            raise ValueError(f"dilation: must be positive, got {self.dilation}")
+        for layer in range(len(self.conv_states)):
+            self._check_state(layer, self.config.query_len_max)
+
+    def _check_state(self, layer: int, query_len_max: int) -> None:
+        state, weight = self.conv_states[layer], self.weights[0]
+        channels, taps = weight.shape
+        need = (taps - 1) * self.dilation + query_len_max - 1
+        if state.ndim != 3 or state.shape[1] != channels or state.shape[2] < need:
+            raise ValueError(
+                f"conv_states[{layer}]: must be a [num_slots, C={channels}, W >= {need}] view "
+                f"for Q = {query_len_max}, got {list(state.shape)}"
+            )
+        if state.dtype != weight.dtype or state.device != weight.device:
+            raise ValueError(
+                f"conv_states[{layer}]: must be {weight.dtype} on {weight.device} like the "
+                f"weights, got {state.dtype} on {state.device}"
+            )
+
+    def signature(self, plan: ExecutionPlan) -> ReplaySignature:
+        """What a CUDA graph of ``plan`` depends on (the triton backend only)."""
+        return ReplaySignature(
+            graph=plan.graph,
+            layout=plan.layout,
+            query_len_max=plan.query_len_max,
+            tile_tokens=plan.tile_tokens,
+            launch=self._kernels().launch_shape(plan),
+            dtype=self.dtype,
+            channels=self.channels,
+            backend=self.backend,
+        )
+
+    def _kernels(self) -> Any:
+        # Imported on use: the reference backend runs where Triton can't.
+        from . import kernels
+
+        return kernels
+
+    def prepare(self, plan: ExecutionPlan, launch: Any = None) -> None:
+        """Make ``plan`` the one the next :meth:`conv` calls run: one host→device copy.
+
+        ``launch`` is the plan's launch shape where the caller has it already.
+        Plans larger than the largest graph (eager only) go through one plain
+        copy into a fresh device buffer instead of the persistent one.
+        """
+        if plan.num_groups != self.num_groups:
+            raise ValueError(
+                f"plan: has {plan.num_groups} layer groups, the executor has {self.num_groups}"
+            )
+        if plan.query_len_max > self.config.query_len_max:  # the windows were checked for this Q
+            for layer in range(self.num_layers):
+                self._check_state(layer, plan.query_len_max)
+        if self.backend == "reference":
+            self._prepared = _Prepared(plan, None, None)
+            return
+        assert self._upload is not None
+        launch = launch or self._kernels().launch_shape(plan)
+        if plan.packed.size * 4 <= self._upload.capacity_bytes:
+            buffer = self._upload.upload_int32(plan.packed)
+        else:
+            buffer = torch.from_numpy(plan.packed.copy()).to(self.device)
+        self._prepared = _Prepared(plan, launch, buffer)
+
+    def prepare_inert(self, plan: ExecutionPlan) -> None:
+        """Like :meth:`prepare`, with ``plan``'s launch shape but a buffer of padding only.
+
+        Convs run on it read nothing and write nothing: warm-up before capture.
+        """
+        assert self._upload is not None
+        if plan.packed.size * 4 > self._upload.capacity_bytes:
+            raise ValueError(
+                f"plan: graph {plan.graph} has layout {plan.layout}, larger than the persistent "
+                f"buffer sized for {self.capacity}"
+            )
+        launch = self._kernels().launch_shape(plan)
+        buffer = self._upload.upload_int32(inert_packed(plan.layout))
+        self._prepared = _Prepared(None, launch, buffer)
+
+    def conv(self, layer: int, x: torch.Tensor, residual: torch.Tensor) -> None:
+        """Layer ``layer``'s conv over the prepared plan: ``residual += y``, its state updated.
+
+        Args:
+            x: ``[engine_tokens, C]`` in the engine's token order, the executor's dtype.
+            residual: ``[engine_tokens, C]``, like ``x``.
+        """
+        prepared = self._prepared
+        if prepared is None:
+            raise RuntimeError("conv() before prepare(): no plan to run")
+        group = self.layer_groups[layer]
+        state, weight = self.conv_states[layer], self.weights[layer]
+        if self.backend == "reference":
+            from . import reference
+
+            reference.short_conv(
+                prepared.plan, x, residual, state, weight, dilation=self.dilation, group=group
+            )
+            return
+        self._kernels().launch_short_conv(
+            prepared.launch,
+            prepared.buffer,
+            x,
+            residual,
+            state,
+            weight,
+            dilation=self.dilation,
+            group=group,
+        )
+
+    def run_layers(self, x: torch.Tensor, residual: torch.Tensor) -> None:
+        """Every layer's conv over the prepared plan, all on the same ``x`` and ``residual``."""
+        for layer in range(self.num_layers):
+            self.conv(layer, x, residual)
+
+    def staging(self, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Views ``[num_tokens, C]`` of the persistent ``x`` and ``residual`` graphs read.
+
+        Passing these to :meth:`step` saves the copies in and out.
+        """
+        if self._staging is None:
+            raise RuntimeError("staging(): the executor runs without graphs")
+        x, residual = self._staging
+        if num_tokens > x.shape[0]:
+            raise ValueError(f"num_tokens: {num_tokens} exceed the staging {x.shape[0]}")
+        return x[:num_tokens], residual[:num_tokens]
+
+    def step(self, plan: ExecutionPlan, x: torch.Tensor, residual: torch.Tensor) -> None:
+        """One step: upload ``plan``, then every layer's conv on ``x`` into ``residual``.
+
+        Replays the CUDA graph of ``plan.graph`` when graphs are on and the plan
+        has one; else runs eagerly.
+
+        Args:
+            x: ``[engine_tokens >= plan tokens, C]``, the executor's dtype, engine token order.
+            residual: ``[engine_tokens, C]``, like ``x``; every layer adds into it.
+        """
+        self._check_activations(plan, x, residual)
+        if plan.graph is None or self._step_graphs is None:
+            self.prepare(plan)
+            self.run_layers(x, residual)
+            return
+        tokens = plan.batch.num_tokens
+        staged_x, staged_residual = self.staging(plan.graph.num_tokens)
+        # Only live tokens are staged: the plan names no other row, so stale rows are inert.
+        if x.data_ptr() != staged_x.data_ptr():
+            staged_x[:tokens].copy_(x[:tokens])
+        if residual.data_ptr() != staged_residual.data_ptr():
+            staged_residual[:tokens].copy_(residual[:tokens])
+        self._step_graphs.run(plan)
+        if residual.data_ptr() != staged_residual.data_ptr():
+            residual[:tokens].copy_(staged_residual[:tokens])
+
+    def _run_staged(self, num_tokens: int) -> None:
+        x, residual = self.staging(num_tokens)
+        self.run_layers(x, residual)
+
+    def _check_activations(self, plan: ExecutionPlan, x: torch.Tensor, r: torch.Tensor) -> None:
+        tokens = plan.batch.num_tokens
+        for name, tensor in (("x", x), ("residual", r)):
+            if tensor.dtype != self.dtype or tensor.device != self.device:
+                raise ValueError(
+                    f"{name}: must be {self.dtype} on {self.device}, "
+                    f"got {tensor.dtype} on {tensor.device}"
+                )
+            if tensor.ndim != 2 or tensor.shape[1] != self.channels or tensor.shape[0] < tokens:
+                raise ValueError(
+                    f"{name}: must be [engine_tokens >= {tokens}, C={self.channels}], "
+                    f"got {list(tensor.shape)}"
+                )
+
+
+@attrs.frozen
+class _Captured:
+    signature: ReplaySignature
+    graph: Any  # torch.cuda.CUDAGraph
+
+
+class StepGraphs:
+    """CUDA graphs of one forward function, one per graph key, captured on first use.
+
+    ``forward(num_tokens)`` runs a whole step on persistent tensors, reading
+    the plan only through ``executor.conv``; an engine passes its model's
+    forward, :meth:`Executor.step` its layer loop. Before capture it runs
+    once on an inert plan (padding only) so every kernel is compiled outside
+    the capture and no state changes.
+    """
+
+    def __init__(self, executor: Executor, forward: Callable[[int], None]) -> None:
+        if not executor.use_graphs:
+            raise ValueError("executor: built without graphs (use_graphs=False)")
+        self._executor = executor
+        self._forward = forward
+        self._graphs: dict[GraphKey, _Captured] = {}
+        self._pool = torch.cuda.graph_pool_handle()
+
+    @property
+    def captured(self) -> tuple[GraphKey, ...]:
+        """Keys of the graphs captured so far."""
+        return tuple(self._graphs)
+
+    def run(self, plan: ExecutionPlan) -> None:
+        """Upload ``plan`` and replay its graph (captured now if new); needs ``plan.graph``."""
+        if plan.graph is None:
+            raise ValueError("plan: has no graph key (an eager plan); run it eagerly")
+        signature = self._executor.signature(plan)
+        captured = self._graphs.get(plan.graph)
+        if captured is None:
+            captured = self._capture(plan, signature)
+            self._graphs[plan.graph] = captured
+        check_replay(captured.signature, signature)
+        self._executor.prepare(plan, signature.launch)
+        captured.graph.replay()
+
+    def _capture(self, plan: ExecutionPlan, signature: ReplaySignature) -> _Captured:
+        assert plan.graph is not None
+        tokens = plan.graph.num_tokens
+        self._executor.prepare_inert(plan)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            self._forward(tokens)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            self._forward(tokens)
+        return _Captured(signature, graph)

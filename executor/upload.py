@@ -1,0 +1,76 @@
+"""One host→device copy per step into a persistent device buffer, through pinned host memory."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+class PinnedUpload:
+    """A persistent device byte buffer filled by one asynchronous copy per call.
+
+    The host side is a ring of pinned buffers: the copy of step ``n`` may still
+    be queued behind earlier GPU work when the host prepares step ``n + 1``, so
+    each ring entry waits for its own previous copy (an event) before it is
+    written again. On a CPU device there is nothing to pin and the copy is
+    synchronous.
+
+    Attributes:
+        device_buffer: ``[capacity_bytes], uint8`` on ``device``; its address
+            never changes, so CUDA graphs may read it.
+    """
+
+    def __init__(self, capacity_bytes: int, device: torch.device, ring_size: int = 16) -> None:
+        if capacity_bytes < 1 or ring_size < 1:
+            raise ValueError(f"capacity_bytes and ring_size must be positive, got {capacity_bytes}")
+        self.device = torch.device(device)
+        self.capacity_bytes = capacity_bytes
+        self.device_buffer = torch.zeros(capacity_bytes, dtype=torch.uint8, device=self.device)
+        pinned = self.device.type == "cuda"
+        self._host = [
+            torch.zeros(capacity_bytes, dtype=torch.uint8, pin_memory=pinned)
+            for _ in range(ring_size)
+        ]
+        self._events = [torch.cuda.Event() if pinned else None for _ in range(ring_size)]
+        self._next = 0
+        self._open: int | None = None
+
+    def host_bytes(self) -> np.ndarray:
+        """The next host staging buffer, ``[capacity_bytes], uint8``, safe to write now.
+
+        Fill it, then call :meth:`commit` once.
+        """
+        if self._open is not None:
+            raise RuntimeError("host_bytes() called twice without commit()")
+        index = self._next
+        event = self._events[index]
+        if event is not None:
+            event.synchronize()  # its previous copy has left the buffer
+        self._open = index
+        return self._host[index].numpy()
+
+    def commit(self, num_bytes: int) -> torch.Tensor:
+        """Copy the open host buffer's first ``num_bytes`` to the device, on the current stream.
+
+        Returns ``device_buffer[:num_bytes]``.
+        """
+        if self._open is None:
+            raise RuntimeError("commit() without host_bytes()")
+        if not 0 <= num_bytes <= self.capacity_bytes:
+            raise ValueError(f"num_bytes: {num_bytes} is outside 0..{self.capacity_bytes}")
+        index, self._open = self._open, None
+        self._next = (index + 1) % len(self._host)
+        target = self.device_buffer[:num_bytes]
+        target.copy_(self._host[index][:num_bytes], non_blocking=self.device.type == "cuda")
+        event = self._events[index]
+        if event is not None:
+            event.record()
+        return target
+
+    def upload_int32(self, values: np.ndarray) -> torch.Tensor:
+        """Upload one int32 array; returns its device view, ``[len(values)], int32``."""
+        num_bytes = values.size * 4
+        if num_bytes > self.capacity_bytes:
+            raise ValueError(f"values: {values.size} int32 exceed the {self.capacity_bytes} bytes")
+        self.host_bytes()[:num_bytes].view(np.int32)[:] = values
+        return self.commit(num_bytes).view(torch.int32)
