@@ -47,8 +47,11 @@ def plot_host_time(results: Results, num_groups: int | None = None) -> Figure:
     start = steps.column("start_s")
     figure = new_figure(11.0, 3.8)
     series, cdf = figure.subplots(1, 2, width_ratios=[3, 2])
-    series.plot(start, seed, color=COLORS["seed"], linewidth=1, label="seed builder (SPEC §4)")
-    series.plot(start, planner, ".", color=COLORS["planner"], markersize=1.5, label="planner")
+    for values, name, label in (
+        (seed, "seed", "seed builder (SPEC §4)"),
+        (planner, "planner", "planner"),
+    ):
+        series.plot(start, values, ".", color=COLORS[name], markersize=1.5, label=label)
     series.set_yscale("log")
     series.set_xlabel("simulated time (s)")
     series.set_ylabel("host µs per step")
