@@ -150,4 +150,7 @@ def _padded_share(axes: Axes, tokens: np.ndarray, bucketings: Sequence[Bucketing
     axes.set_xlabel("graph bucket (tokens)")
     axes.set_ylabel("padded share of bucket")
     axes.yaxis.set_major_formatter("{x:.0%}")
-    axes.legend(loc="best", fontsize=8)
+    if axes.get_legend_handles_labels()[0]:
+        axes.legend(loc="best", fontsize=8)
+    else:
+        axes.text(0.5, 0.5, "no step replays a graph", ha="center", transform=axes.transAxes)

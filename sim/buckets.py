@@ -525,10 +525,11 @@ def format_table(scores: Sequence[Score]) -> str:
 
 
 def sizes_snippet(sizes: Sequence[int], fmt: str) -> str:
-    """``graph_sizes`` as a TOML line or a JSON object, ready for a config file."""
+    """``planner.graph_sizes`` as a TOML table or a JSON object, ready for a config file
+    (the TOML one is a ``stepplan simulate --config`` file as it is)."""
     values = [int(s) for s in sizes]
     if fmt == "toml":
-        return f"graph_sizes = [{', '.join(map(str, values))}]\n"
+        return f"[planner]\ngraph_sizes = [{', '.join(map(str, values))}]\n"
     if fmt == "json":
-        return json.dumps({"graph_sizes": values}) + "\n"
+        return json.dumps({"planner": {"graph_sizes": values}}) + "\n"
     raise BucketError(f"snippet format must be toml or json, got {fmt!r}")

@@ -138,8 +138,7 @@ def _write_snippet(path: Path, sizes: tuple[int, ...]) -> None:
     fmt = {".toml": "toml", ".json": "json"}.get(path.suffix.lower())
     if fmt is None:
         raise BucketError(f"{path}: --write takes a .toml or .json file")
-    text = sizes_snippet(sizes, fmt)
-    write_atomically(path, ("[planner]\n" + text if fmt == "toml" else text).encode())
+    write_atomically(path, sizes_snippet(sizes, fmt).encode())
     print(f"wrote {path}")
 
 

@@ -88,6 +88,8 @@ def test_bucketing_compares_several_lists(synthetic, tmp_path):
     eager = Bucketing("all eager", np.zeros(steps), np.zeros(steps), (), ())
     assert own.token_edges and set(own.token_edges) <= set(own.graph_tokens.tolist())
     assert_images(plot_bucketing(synthetic, [own, eager]), tmp_path, "two")
+    figure = plot_bucketing(synthetic, [eager])  # nothing replays a graph: said, not failed
+    assert "no step replays a graph" in [t.get_text() for t in figure.axes[2].texts]
 
 
 def test_host_time_uses_the_seed_figures_per_group(synthetic):
