@@ -163,8 +163,10 @@ class Engine:
         self, prompts: Sequence[Sequence[int]], max_new_tokens: int | Sequence[int]
     ) -> list[list[int]]:
         """Serve every prompt to completion; returns each one's generated tokens, in order."""
-        limits = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else []
-        limits = limits or list(max_new_tokens)  # type: ignore[arg-type]
+        if isinstance(max_new_tokens, int):
+            limits = [max_new_tokens] * len(prompts)
+        else:
+            limits = list(max_new_tokens)
         waiting = deque(
             _Sequence(i, len(p), int(n), [int(t) for t in p])
             for i, (p, n) in enumerate(zip(prompts, limits, strict=True))

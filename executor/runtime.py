@@ -54,6 +54,8 @@ class ReplaySignature:
 
 def check_replay(captured: ReplaySignature, wanted: ReplaySignature) -> None:
     """Raise :class:`ReplayMismatchError` naming every field where ``wanted`` differs."""
+    if captured == wanted:
+        return
     differences = captured.differences(wanted)
     if differences:
         raise ReplayMismatchError(
@@ -131,6 +133,8 @@ class Executor:
         self.config = config
         self.backend = backend
         self._check_geometry()
+        #: Layer groups ``G``: plans must carry one slot row per group.
+        self.num_groups = max(self.layer_groups) + 1
         self.device, self.dtype = self.weights[0].device, self.weights[0].dtype
         self.channels = int(self.weights[0].shape[0])
         on_cuda = self.device.type == "cuda"
@@ -145,6 +149,7 @@ class Executor:
         )
         self._prepared: _Prepared | None = None
         self._staging: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._staging_views: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._step_graphs: StepGraphs | None = None
         if use_graphs:
             shape = (self.capacity.num_tokens, self.channels)
@@ -158,9 +163,9 @@ class Executor:
         return len(self.weights)
 
     @property
-    def num_groups(self) -> int:
-        """Layer groups ``G``: plans must carry one slot row per group."""
-        return max(self.layer_groups) + 1
+    def captured_graphs(self) -> tuple[GraphKey, ...]:
+        """Graph keys :meth:`step` has captured so far."""
+        return self._step_graphs.captured if self._step_graphs else ()
 
     def _check_geometry(self) -> None:
         if self.backend not in BACKENDS:
@@ -308,12 +313,18 @@ class Executor:
 
         Passing these to :meth:`step` saves the copies in and out.
         """
+        views = self._staging_views.get(num_tokens)
+        if views is not None:
+            return views
         if self._staging is None:
             raise RuntimeError("staging(): the executor runs without graphs")
         x, residual = self._staging
-        if num_tokens > x.shape[0]:
-            raise ValueError(f"num_tokens: {num_tokens} exceed the staging {x.shape[0]}")
-        return x[:num_tokens], residual[:num_tokens]
+        if not 0 <= num_tokens <= x.shape[0]:
+            raise ValueError(f"num_tokens: {num_tokens} is outside 0..{x.shape[0]}")
+        if len(self._staging_views) >= 256:
+            self._staging_views.clear()
+        views = self._staging_views[num_tokens] = (x[:num_tokens], residual[:num_tokens])
+        return views
 
     def step(self, plan: ExecutionPlan, x: torch.Tensor, residual: torch.Tensor) -> None:
         """One step: upload ``plan``, then every layer's conv on ``x`` into ``residual``.

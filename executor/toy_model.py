@@ -14,7 +14,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from stepplan.planner import ExecutionPlan, PlannerConfig, StepBatch, compile_plan
+from stepplan.planner import ExecutionPlan, GraphKey, PlannerConfig, StepBatch, compile_plan
 
 from .runtime import Executor, StepGraphs
 
@@ -166,6 +166,11 @@ class ToyModelRunner:
             self._ids = torch.zeros(capacity, dtype=torch.int64, device=self.device)
             self._out = torch.zeros(capacity, dtype=torch.int64, device=self.device)
             self._graphs = StepGraphs(self.executor, self._forward_static)
+
+    @property
+    def captured_graphs(self) -> tuple[GraphKey, ...]:
+        """Graph keys whose forward has been captured so far."""
+        return self._graphs.captured if self._graphs else ()
 
     def greedy_tokens(self, batch: StepBatch, token_ids: np.ndarray) -> np.ndarray:
         """Plan ``batch``, run the forward, return every token's greedy next token.

@@ -31,9 +31,13 @@ class PinnedUpload:
             torch.zeros(capacity_bytes, dtype=torch.uint8, pin_memory=pinned)
             for _ in range(ring_size)
         ]
+        self._host_numpy = [host.numpy() for host in self._host]
         self._events = [torch.cuda.Event() if pinned else None for _ in range(ring_size)]
         self._next = 0
         self._open: int | None = None
+        # Slices by length, made once: slicing a tensor costs a microsecond per step.
+        self._slices: dict[int, tuple[torch.Tensor, tuple[torch.Tensor, ...]]] = {}
+        self._int32_views: dict[int, torch.Tensor] = {}
 
     def host_bytes(self) -> np.ndarray:
         """The next host staging buffer, ``[capacity_bytes], uint8``, safe to write now.
@@ -47,7 +51,7 @@ class PinnedUpload:
         if event is not None:
             event.synchronize()  # its previous copy has left the buffer
         self._open = index
-        return self._host[index].numpy()
+        return self._host_numpy[index]
 
     def commit(self, num_bytes: int) -> torch.Tensor:
         """Copy the open host buffer's first ``num_bytes`` to the device, on the current stream.
@@ -60,12 +64,22 @@ class PinnedUpload:
             raise ValueError(f"num_bytes: {num_bytes} is outside 0..{self.capacity_bytes}")
         index, self._open = self._open, None
         self._next = (index + 1) % len(self._host)
-        target = self.device_buffer[:num_bytes]
-        target.copy_(self._host[index][:num_bytes], non_blocking=self.device.type == "cuda")
+        target, sources = self._sliced(num_bytes)
+        target.copy_(sources[index], non_blocking=self.device.type == "cuda")
         event = self._events[index]
         if event is not None:
             event.record()
         return target
+
+    def _sliced(self, num_bytes: int) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """``device_buffer[:num_bytes]`` and every host buffer's ``[:num_bytes]``, cached."""
+        sliced = self._slices.get(num_bytes)
+        if sliced is None:
+            if len(self._slices) >= 256:  # eager steps bring ever new lengths
+                self._slices.clear()
+            sources = tuple(host[:num_bytes] for host in self._host)
+            sliced = self._slices[num_bytes] = (self.device_buffer[:num_bytes], sources)
+        return sliced
 
     def upload_int32(self, values: np.ndarray) -> torch.Tensor:
         """Upload one int32 array; returns its device view, ``[len(values)], int32``."""
@@ -73,4 +87,10 @@ class PinnedUpload:
         if num_bytes > self.capacity_bytes:
             raise ValueError(f"values: {values.size} int32 exceed the {self.capacity_bytes} bytes")
         self.host_bytes()[:num_bytes].view(np.int32)[:] = values
-        return self.commit(num_bytes).view(torch.int32)
+        target = self.commit(num_bytes)
+        view = self._int32_views.get(num_bytes)
+        if view is None:
+            if len(self._int32_views) >= 256:
+                self._int32_views.clear()
+            view = self._int32_views[num_bytes] = target.view(torch.int32)
+        return view

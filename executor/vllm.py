@@ -219,39 +219,22 @@ class PlanMetadataBuilder:
         )
 
     def _upload_view(self, plan: ExecutionPlan, m: Any, drafts: Any) -> PlanMetadata:
-        if plan.packed.size > self.max_plan_layout.size:
-            raise ValueError(
-                f"common_attn_metadata: the step's plan ({plan.layout}) exceeds the builder's "
-                f"capacity ({self.max_plan_layout}); raise max_num_tokens"
-            )
         view = seed_view(plan)
-        host = self._upload.host_bytes()
+        self._check_capacity(plan, view)
         plan_end = self._plan_offset + 4 * plan.packed.size
+        host = self._upload.host_bytes()
         host[self._plan_offset : plan_end].view(np.int32)[:] = plan.packed
         for name, region in self._regions.items():
             value = view[name]
             if value is not None:
-                self._check_fits(name, value, region)
                 stop = region.offset + value.size * region.dtype.itemsize
                 target = host[region.offset : stop]
                 target.view(np.int32 if region.dtype == torch.int32 else np.bool_)[:] = value
         device = self._upload.commit(plan_end)
-        fields = {name: view[name] for name in COUNT_FIELDS}
-        for name, region in self._regions.items():
-            value = view[name]
-            fields[name] = None if value is None else _device_view(device, region, value.size)
         plan_buffer = device[self._plan_offset : plan_end].view(torch.int32)
-        token_map = plan.layout.field("token_map").offset
-        spec_tokens, tokens = plan.num_spec_tokens, plan.num_tokens
-        for name, start, stop in (
-            ("spec_token_indx", 0, spec_tokens),
-            ("non_spec_token_indx", spec_tokens, tokens),
-        ):
-            value = view[name]
-            live = plan_buffer[token_map + start : token_map + stop]
-            fields[name] = None if value is None else live
         return PlanMetadata(
-            **fields,
+            **{name: view[name] for name in COUNT_FIELDS},
+            **self._device_fields(view, device, plan, plan_buffer),
             query_start_loc=m.query_start_loc,
             seq_lens=m.seq_lens,
             num_decode_draft_tokens_cpu=drafts,
@@ -259,13 +242,40 @@ class PlanMetadataBuilder:
             plan_buffer=plan_buffer,
         )
 
-    @staticmethod
-    def _check_fits(name: str, value: np.ndarray, region: _Region) -> None:
-        if value.size > region.capacity:
+    def _check_capacity(self, plan: ExecutionPlan, view: dict[str, Any]) -> None:
+        """Refuse a step that overflows a region, before anything is written."""
+        if plan.packed.size > self.max_plan_layout.size:
             raise ValueError(
-                f"{name}: {value.size} entries exceed the builder's {region.capacity} "
-                "(raise max_num_reqs)"
+                f"common_attn_metadata: the step's plan ({plan.layout}) exceeds the builder's "
+                f"capacity ({self.max_plan_layout}); raise max_num_tokens"
             )
+        for name, region in self._regions.items():
+            value = view[name]
+            if value is not None and value.size > region.capacity:
+                raise ValueError(
+                    f"{name}: {value.size} entries exceed the builder's {region.capacity} "
+                    "(raise max_num_reqs)"
+                )
+
+    def _device_fields(
+        self,
+        view: dict[str, Any],
+        device: torch.Tensor,
+        plan: ExecutionPlan,
+        plan_buffer: torch.Tensor,
+    ) -> dict[str, torch.Tensor | None]:
+        """Device views of every array field; the token lists are slices of the plan's map."""
+        fields: dict[str, torch.Tensor | None] = {}
+        for name, region in self._regions.items():
+            value = view[name]
+            fields[name] = None if value is None else _device_view(device, region, value.size)
+        token_map = plan.layout.field("token_map").offset
+        spec_tokens, tokens = plan.num_spec_tokens, plan.num_tokens
+        spans = ((0, spec_tokens), (spec_tokens, tokens))
+        for name, (start, stop) in zip(TOKEN_FIELDS, spans, strict=True):
+            live = plan_buffer[token_map + start : token_map + stop]
+            fields[name] = None if view[name] is None else live
+        return fields
 
 
 def _device_view(device: torch.Tensor, region: _Region, size: int) -> torch.Tensor:

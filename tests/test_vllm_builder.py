@@ -156,3 +156,5 @@ def test_capacity_is_checked_with_a_clear_error():
     long = fake_metadata(np.array([100]), np.zeros(1), [1])
     with pytest.raises(ValueError, match="raise max_num_tokens"):
         builder.build(0, long)
+    md = builder.build(0, fake_metadata(np.array([3, 1]), np.array([0, 2]), [2, 1]))
+    assert md.num_prefills == 1 and md.state_indices_tensor.tolist() == [1, 2]

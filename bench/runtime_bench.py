@@ -1,0 +1,227 @@
+"""Runtime benchmark (CUDA GPU): host and GPU time per step, 32 layers in 4 groups, graphs vs eager.
+
+For a pure spec step (256 requests x 4 tokens) and a mixed one (128 spec x 4 + 126
+decodes + 2 prefills of 700 tokens), in one process:
+
+- host µs per step: ``compile_plan`` + ``Executor.step`` (one pinned plan upload, then a
+  graph replay or 32 layers of eager launches), measured with the GPU idle so the host
+  never waits on it (p50 / p90);
+- GPU µs per step: steps queued behind a sleep kernel, so launch gaps don't count;
+- the sum of the 32 layers' conv times, each layer measured alone the same way.
+
+Run: ``python3 bench/runtime_bench.py`` (``--channels 2048`` for a quicker run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import attrs
+import numpy as np
+import torch
+import triton
+
+from stepplan.executor import Executor
+from stepplan.planner import PlannerConfig, StepBatch, compile_plan, default_graph_sizes
+
+LAYERS, GROUPS, TAPS, DILATION, SPEC_TOKENS, ROWS = 32, 4, 4, 3, 3, 256
+
+
+def planner_config() -> PlannerConfig:
+    # vLLM's default sizes stop at 512 tokens; two more buckets let the mixed step
+    # (2038 tokens) replay a graph too.
+    sizes = (*default_graph_sizes(ROWS, SPEC_TOKENS), 1024, 2048)
+    return PlannerConfig(
+        num_spec_tokens=SPEC_TOKENS, graph_mode="mixed", graph_sizes=sizes, max_num_seqs=ROWS
+    )
+
+
+def make_batch(rng: np.random.Generator, num_spec: int, num_decode: int, prefills: int):
+    rows = num_spec + num_decode + prefills
+    q = np.array([4] * num_spec + [1] * num_decode + [700] * prefills)
+    drafts = np.array([3] * num_spec + [-1] * (num_decode + prefills))
+    computed = rng.integers(100, 3000, rows)
+    computed[num_spec + num_decode :] = [0, 1400][:prefills]
+    order = rng.permutation(rows)  # kinds interleaved, as an engine hands them over
+    slots = np.stack([rng.permutation(np.arange(1, ROWS + 1))[:rows] for _ in range(GROUPS)])
+    return StepBatch(
+        query_lens=q[order],
+        num_computed_tokens=computed[order],
+        slots=slots,
+        num_draft_tokens=drafts[order],
+        num_accepted_tokens=rng.integers(1, SPEC_TOKENS + 2, rows),
+    )
+
+
+def make_executors(channels: int, config: PlannerConfig) -> dict[str, Executor]:
+    """A graph and an eager executor over the same bf16 weights and state pools."""
+    window = (TAPS - 1) * DILATION + config.query_len_max - 1
+    weights = [
+        torch.randn(channels, TAPS, device="cuda", dtype=torch.bfloat16) for _ in range(LAYERS)
+    ]
+    states = [
+        torch.randn(ROWS + 1, window, channels, device="cuda", dtype=torch.bfloat16).permute(
+            0, 2, 1
+        )
+        for _ in range(LAYERS)
+    ]
+    groups = [layer * GROUPS // LAYERS for layer in range(LAYERS)]
+    return {
+        mode: Executor(
+            weights=weights,
+            layer_groups=groups,
+            conv_states=states,
+            dilation=DILATION,
+            config=config,
+            use_graphs=mode == "graphs",
+        )
+        for mode in ("graphs", "eager")
+    }
+
+
+def sleep_cycles_per_us() -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    torch.cuda._sleep(10_000_000)
+    end.record()
+    end.synchronize()
+    return 10_000_000 / (start.elapsed_time(end) * 1000)
+
+
+def gpu_us(run, reps: int, host_us: float, cycles_per_us: float) -> float:
+    """GPU µs per call: ``reps`` calls queued behind a sleep that outlasts their launching."""
+    samples = []
+    for _ in range(5):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        torch.cuda._sleep(int(cycles_per_us * (2 * reps * host_us + 2000)))
+        start.record()
+        for _ in range(reps):
+            run()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) * 1000 / reps)
+    return statistics.median(samples)
+
+
+def host_us(run, iterations: int) -> list[float]:
+    """Host µs per call, each started with the GPU idle."""
+    samples = []
+    for _ in range(iterations):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        run()
+        samples.append((time.perf_counter() - start) * 1e6)
+    torch.cuda.synchronize()
+    return samples
+
+
+def percentile(samples: list[float], q: float) -> float:
+    return float(np.percentile(samples, q))
+
+
+def measure(name, batch, executor, mode, iterations, cycles_per_us) -> dict:
+    """One row of the table; eager steps use plans compiled without graphs (no padding)."""
+    config = executor.config
+    if mode == "eager":
+        config = attrs.evolve(config, graph_mode="none")
+    plan = compile_plan(batch, config)
+    tokens = batch.num_tokens
+    if mode == "graphs":
+        x, residual = executor.staging(tokens)  # the buffers graphs read: no copies
+    else:
+        x = torch.empty(tokens, executor.channels, device="cuda", dtype=executor.dtype)
+        residual = torch.zeros_like(x)
+    x.normal_()
+
+    def step() -> None:
+        executor.step(compile_plan(batch, config), x, residual)
+
+    for _ in range(3):  # compiles kernels, captures the graph
+        step()
+    total = host_us(step, iterations)
+    plan_only = host_us(lambda: compile_plan(batch, config), iterations)
+    p90 = percentile(total, 90)
+    reps = 12 if mode == "graphs" else 4
+    gpu = gpu_us(lambda: executor.step(plan, x, residual), reps, p90, cycles_per_us)
+    return {
+        "batch": name,
+        "mode": mode,
+        "graph": str(plan.graph) if plan.graph else "eager",
+        "host_p50": percentile(total, 50),
+        "host_p90": p90,
+        "plan_p50": percentile(plan_only, 50),
+        "gpu": gpu,
+        "upload_bytes": plan.packed.nbytes,
+        "plan": plan,
+        "x": x,
+        "residual": residual,
+    }
+
+
+def kernel_sum_us(executor: Executor, row: dict, cycles_per_us: float) -> float:
+    """Sum over layers of one layer's conv GPU time on the row's plan, each layer alone."""
+    executor.prepare(row["plan"])
+    total = 0.0
+    for layer in range(executor.num_layers):
+
+        def conv(layer: int = layer) -> None:
+            executor.conv(layer, row["x"], row["residual"])
+
+        total += gpu_us(conv, 10, 200.0, cycles_per_us)
+    return total
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--channels", type=int, default=8192)
+    parser.add_argument("--iterations", type=int, default=300)
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("runtime_bench needs a CUDA GPU")
+    config = planner_config()
+    rng = np.random.default_rng(0)
+    batches = {
+        "spec 256x4": make_batch(rng, ROWS, 0, 0),
+        "mixed 256": make_batch(rng, ROWS // 2, ROWS // 2 - 2, 2),
+    }
+    executors = make_executors(args.channels, config)
+    cycles_per_us = sleep_cycles_per_us()
+    print(
+        f"{torch.cuda.get_device_name()}  torch {torch.__version__}  triton {triton.__version__}"
+        f"  C={args.channels} K={TAPS} D={DILATION} Q={config.query_len_max} bf16"
+        f"  {LAYERS} layers / {GROUPS} groups"
+    )
+    rows = []
+    for name, batch in batches.items():
+        for mode, executor in executors.items():
+            iterations = args.iterations if mode == "graphs" else max(30, args.iterations // 6)
+            row = measure(name, batch, executor, mode, iterations, cycles_per_us)
+            row["kernels"] = kernel_sum_us(executor, row, cycles_per_us)
+            rows.append(row)
+            print(f"  measured {name} / {mode}", flush=True)
+    print_table(rows)
+
+
+def print_table(rows: list[dict]) -> None:
+    header = (
+        f"{'batch':<11} {'mode':<6} {'graph':<36} {'host p50':>9} {'host p90':>9} "
+        f"{'plan p50':>9} {'GPU/step':>9} {'kern sum':>9} {'GPU/sum':>8} {'upload B':>9}"
+    )
+    print()
+    print("µs per step (host: compile_plan + Executor.step; GPU: all 32 layers + upload)")
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        print(
+            f"{r['batch']:<11} {r['mode']:<6} {r['graph']:<36} {r['host_p50']:>9.1f} "
+            f"{r['host_p90']:>9.1f} {r['plan_p50']:>9.1f} {r['gpu']:>9.1f} "
+            f"{r['kernels']:>9.1f} {r['gpu'] / r['kernels']:>8.3f} {r['upload_bytes']:>9}"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,220 @@
+"""The executor on a CUDA GPU: graph replay == eager == reference, over steps crossing buckets.
+
+Run on the device machine: ``python -m pytest -q -m gpu tests/test_executor_gpu.py``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from stepplan.executor import Executor, ReplayMismatchError
+from stepplan.executor.engine import Engine, EngineConfig
+from stepplan.executor.toy_model import ToyModelConfig, ToyModelRunner
+from stepplan.executor.vllm import PlanMetadataBuilder
+from stepplan.planner import PlannerConfig, StepBatch, compile_plan
+from stepplan.planner.vllm import plan_from_common_metadata, seed_view
+
+pytestmark = pytest.mark.gpu
+
+CHANNELS, TAPS, DILATION, SLOTS = 200, 4, 3, 80
+LAYER_GROUPS = (0, 0, 1, 2, 2, 1)
+CONFIG = PlannerConfig(
+    num_spec_tokens=3,
+    graph_mode="mixed",
+    graph_sizes=(4, 8, 16, 32, 48, 64, 128, 256),
+    max_num_seqs=48,
+    prefill_tile_tokens=16,
+)
+# Rows per step and the kinds they are drawn from (spec, decode, prefill, padding): big then
+# small, pure spec and pure decode (uniform graphs), mixed, and a step beyond every bucket.
+STEPS = (
+    (40, (4, 3, 2, 1)),
+    (2, (4, 3, 2, 1)),
+    (1, (1, 0, 0, 0)),
+    (48, (0, 1, 0, 0)),
+    (3, (0, 1, 0, 0)),
+    (30, (1, 0, 0, 0)),
+    (12, (2, 2, 3, 1)),
+    (6, (0, 0, 1, 0)),  # prefills up to 120 tokens: beyond 256 tokens runs eagerly
+    (1, (0, 1, 0, 0)),
+    (25, (4, 3, 2, 1)),
+    (5, (1, 1, 1, 1)),
+    (48, (1, 0, 0, 0)),
+    (1, (1, 0, 0, 0)),
+)
+
+
+def random_batch(rng: np.random.Generator, rows: int, weights, max_prefill: int) -> StepBatch:
+    kinds = rng.choice(4, size=rows, p=np.array(weights) / sum(weights))
+    q = np.choose(
+        kinds,
+        [
+            1 + rng.integers(0, CONFIG.query_len_max, rows),
+            np.ones(rows, int),
+            rng.integers(2, max_prefill + 1, rows),
+            0 * kinds,
+        ],
+    )
+    computed = rng.integers(0, 50, rows) * (rng.random(rows) < 0.7)
+    computed = np.where(kinds == 0, computed + 1, np.where(kinds == 3, 0, computed))
+    slots = np.stack([rng.permutation(np.arange(1, SLOTS))[:rows] for _ in range(3)])
+    return StepBatch(
+        query_lens=q,
+        num_computed_tokens=computed,
+        slots=np.where(kinds == 3, 0, slots),
+        num_draft_tokens=np.where(kinds == 0, q - 1, -1),
+        num_accepted_tokens=np.where(kinds == 0, rng.integers(1, 5, rows), 1),
+    )
+
+
+def base_operands(dtype: torch.dtype, seed: int = 0):
+    """Weights and states (layer 0 in [slot, C, W] memory, the rest vLLM's [slot, W, C])."""
+    gen = torch.Generator().manual_seed(seed)
+    window = (TAPS - 1) * DILATION + CONFIG.query_len_max - 1
+    weights = [torch.randn(CHANNELS, TAPS, generator=gen).to(dtype) for _ in LAYER_GROUPS]
+    states = [torch.randn(SLOTS, window, CHANNELS, generator=gen).to(dtype) for _ in LAYER_GROUPS]
+    return weights, states
+
+
+def build(backend: str, use_graphs: bool, dtype: torch.dtype) -> Executor:
+    weights, states = base_operands(dtype)
+    views = [
+        s.permute(0, 2, 1).contiguous() if i == 0 else s.permute(0, 2, 1)
+        for i, s in enumerate(states)
+    ]
+    return Executor(
+        weights=[w.cuda() for w in weights],
+        layer_groups=LAYER_GROUPS,
+        conv_states=[v.cuda() for v in views],  # .cuda() keeps each layout's strides
+        dilation=DILATION,
+        config=CONFIG,
+        backend=backend,
+        use_graphs=use_graphs,
+    )
+
+
+def assert_states_close(a: Executor, b: Executor, atol: float, what: str) -> None:
+    for layer, (sa, sb) in enumerate(zip(a.conv_states, b.conv_states, strict=True)):
+        torch.testing.assert_close(sa, sb, atol=atol, rtol=atol, msg=f"{what}: layer {layer}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_graph_replay_equals_eager_equals_reference(dtype):
+    graphs, eager = build("triton", True, dtype), build("triton", False, dtype)
+    reference = build("reference", False, dtype)
+    assert graphs.conv_states[0].stride(2) == 1 and graphs.conv_states[1].stride(1) == 1
+    # bf16: a one-ulp difference of one layer's output shifts later roundings of the sum.
+    atol, rtol = (1e-5, 1e-5) if dtype == torch.float32 else (0.125, 0.04)
+    rng = np.random.default_rng(1)
+    eager_steps = 0
+    for index, (rows, weights) in enumerate(STEPS):
+        batch = random_batch(rng, rows, weights, max_prefill=120 if index == 7 else 24)
+        plan = compile_plan(batch, CONFIG)
+        eager_steps += plan.graph is None
+        tokens = batch.num_tokens
+        x = torch.randn(tokens + 3, CHANNELS, device="cuda").to(dtype)
+        residual = torch.randn_like(x)
+        if plan.graph is not None and index % 2:
+            # Every staged row the plan does not name is NaN: reading one would show.
+            staged_x, staged_r = graphs.staging(graphs.capacity.num_tokens)
+            staged_x.fill_(float("nan"))
+            staged_r.fill_(float("nan"))
+            staged_x[:tokens].copy_(x[:tokens])
+            staged_r[:tokens].copy_(residual[:tokens])
+            graphs.step(plan, *graphs.staging(tokens))
+            out_graph = torch.cat([staged_r[:tokens], residual[tokens:]])
+        else:
+            out_graph = residual.clone()
+            graphs.step(plan, x, out_graph)
+        out_eager, out_reference = residual.clone(), residual.clone()
+        eager.step(plan, x, out_eager)
+        reference.step(plan, x, out_reference)
+        torch.cuda.synchronize()
+        what = f"step {index} ({plan.graph or 'eager'})"
+        assert not out_graph.isnan().any(), what
+        torch.testing.assert_close(out_graph, out_eager, atol=0, rtol=0, msg=what)
+        torch.testing.assert_close(out_eager, out_reference, atol=atol, rtol=rtol, msg=what)
+        assert_states_close(graphs, eager, 0, what)
+        assert_states_close(eager, reference, 0, what)  # states are copies: exact
+    assert len(graphs.captured_graphs) >= 6 and eager_steps >= 1
+    kinds = {key.kind for key in graphs.captured_graphs}
+    assert kinds == {"spec", "decode", "mixed"}, kinds
+
+
+def test_signature_mismatch_refuses_to_replay():
+    graphs = build("triton", True, torch.float32)
+    batch = StepBatch(
+        query_lens=[4, 2, 1],
+        num_computed_tokens=[9, 3, 5],
+        slots=[[1, 2, 3]] * 3,
+        num_draft_tokens=[3, 1, 0],
+        num_accepted_tokens=[2, 4, 1],
+    )
+    x = torch.randn(7, CHANNELS, device="cuda")
+    graphs.step(compile_plan(batch, CONFIG), x, torch.zeros_like(x))
+    other = PlannerConfig(
+        num_spec_tokens=3,
+        graph_mode="mixed",
+        graph_sizes=CONFIG.graph_sizes,
+        max_num_seqs=48,
+        prefill_tile_tokens=32,
+    )
+    plan = compile_plan(batch, other)
+    assert plan.graph in graphs.captured_graphs
+    states = [s.clone() for s in graphs.conv_states]
+    residual = torch.zeros_like(x)
+    with pytest.raises(ReplayMismatchError, match="tile_tokens: captured 16, plan has 32"):
+        graphs.step(plan, x, residual)
+    torch.cuda.synchronize()
+    assert not residual.any()
+    for before, after in zip(states, graphs.conv_states, strict=True):
+        assert torch.equal(before, after)
+
+
+def test_engine_on_gpu_generates_the_cpu_reference_tokens():
+    assert not torch.backends.cuda.matmul.allow_tf32
+    model = ToyModelConfig(vocab_size=64, hidden_size=96, mlp_size=128, num_layers=4)
+    planner = PlannerConfig(num_spec_tokens=3, graph_mode="mixed", max_num_seqs=8)
+    config = EngineConfig(
+        max_num_seqs=4, max_num_batched_tokens=40, prefill_chunk_tokens=16, num_spec_tokens=3
+    )
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(0, 64, n).tolist() for n in (1, 7, 30, 45, 12, 3)]
+    outputs = []
+    for device, backend in (("cpu", "reference"), ("cuda", "triton")):
+        runner = ToyModelRunner(model, planner, num_slots=6, device=device, backend=backend)
+        outputs.append(Engine(runner, config).generate(prompts, 24))
+    assert outputs[0] == outputs[1]
+    assert len(runner.captured_graphs) >= 2, runner.captured_graphs
+
+
+def test_vllm_builder_uploads_to_the_gpu():
+    config = PlannerConfig(num_spec_tokens=3, graph_mode="full", max_num_seqs=16)
+    builder = PlanMetadataBuilder(config, "cuda")
+
+    class Metadata:  # the fields of vLLM's CommonAttentionMetadata the planner reads
+        query_start_loc_cpu = torch.tensor([0, 4, 5, 12, 16], dtype=torch.int32)
+        query_start_loc = query_start_loc_cpu.cuda()
+        seq_lens = torch.tensor([9, 4, 7, 20], dtype=torch.int32).cuda()
+        block_table_tensor = torch.tensor([[3], [1], [2], [7]], dtype=torch.int32).cuda()
+        num_reqs, num_actual_tokens = 4, 16
+
+        def compute_num_computed_tokens(self):
+            return torch.tensor([5, 3, 0, 16], dtype=torch.int32).cuda()
+
+    m = Metadata()
+    accepted = torch.tensor([2, 1, 1, 4], dtype=torch.int32).cuda()
+    drafts = torch.tensor([3, -1, -1, 3], dtype=torch.int32)
+    md = builder.build(0, m, num_accepted_tokens=accepted, num_decode_draft_tokens_cpu=drafts)
+    plan = plan_from_common_metadata(
+        m, num_accepted_tokens=accepted, num_decode_draft_tokens_cpu=drafts, config=config
+    )
+    for name, value in seed_view(plan).items():
+        got = getattr(md, name)
+        if isinstance(value, np.ndarray):
+            assert got.device.type == "cuda", name
+            np.testing.assert_array_equal(got.cpu().numpy(), value, err_msg=name)
+        else:
+            assert got == value, name
