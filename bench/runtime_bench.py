@@ -208,7 +208,7 @@ def main() -> None:
 
 def print_table(rows: list[dict]) -> None:
     header = (
-        f"{'batch':<11} {'mode':<6} {'graph':<36} {'host p50':>9} {'host p90':>9} "
+        f"{'batch':<11} {'mode':<6} {'graph':<42} {'host p50':>9} {'host p90':>9} "
         f"{'plan p50':>9} {'GPU/step':>9} {'kern sum':>9} {'GPU/sum':>8} {'upload B':>9}"
     )
     print()
@@ -217,7 +217,7 @@ def print_table(rows: list[dict]) -> None:
     print("-" * len(header))
     for r in rows:
         print(
-            f"{r['batch']:<11} {r['mode']:<6} {r['graph']:<36} {r['host_p50']:>9.1f} "
+            f"{r['batch']:<11} {r['mode']:<6} {r['graph']:<42} {r['host_p50']:>9.1f} "
             f"{r['host_p90']:>9.1f} {r['plan_p50']:>9.1f} {r['gpu']:>9.1f} "
             f"{r['kernels']:>9.1f} {r['gpu'] / r['kernels']:>8.3f} {r['upload_bytes']:>9}"
         )

@@ -167,6 +167,11 @@ class Executor:
         """Graph keys :meth:`step` has captured so far."""
         return self._step_graphs.captured if self._step_graphs else ()
 
+    def warm_up(self, plans: Sequence[ExecutionPlan]) -> None:
+        """Capture :meth:`step`'s graphs for the keys of ``plans`` ahead of the first step."""
+        if self._step_graphs is not None:
+            self._step_graphs.warm_up(plans)
+
     def _check_geometry(self) -> None:
         if self.backend not in BACKENDS:
             raise ValueError(f"backend: must be one of {BACKENDS}, got {self.backend!r}")
@@ -341,7 +346,7 @@ class Executor:
             self.prepare(plan)
             self.run_layers(x, residual)
             return
-        tokens = plan.batch.num_tokens
+        tokens = plan.num_tokens
         staged_x, staged_residual = self.staging(plan.graph.num_tokens)
         # Only live tokens are staged: the plan names no other row, so stale rows are inert.
         if x.data_ptr() != staged_x.data_ptr():
@@ -357,7 +362,7 @@ class Executor:
         self.run_layers(x, residual)
 
     def _check_activations(self, plan: ExecutionPlan, x: torch.Tensor, r: torch.Tensor) -> None:
-        tokens = plan.batch.num_tokens
+        tokens = plan.num_tokens
         for name, tensor in (("x", x), ("residual", r)):
             if tensor.dtype != self.dtype or tensor.device != self.device:
                 raise ValueError(
@@ -399,6 +404,15 @@ class StepGraphs:
     def captured(self) -> tuple[GraphKey, ...]:
         """Keys of the graphs captured so far."""
         return tuple(self._graphs)
+
+    def warm_up(self, plans: Sequence[ExecutionPlan]) -> None:
+        """Capture the graphs of ``plans``' keys now (eager plans and known keys are skipped).
+
+        Capture runs nothing on the state: the plans only lend their shapes.
+        """
+        for plan in plans:
+            if plan.graph is not None and plan.graph not in self._graphs:
+                self._graphs[plan.graph] = self._capture(plan, self._executor.signature(plan))
 
     def run(self, plan: ExecutionPlan) -> None:
         """Upload ``plan`` and replay its graph (captured now if new); needs ``plan.graph``."""

@@ -187,7 +187,7 @@ class ToyModelRunner:
 
     def run_plan(self, plan: ExecutionPlan, token_ids: np.ndarray) -> np.ndarray:
         """:meth:`greedy_tokens` for an already compiled plan."""
-        tokens = plan.batch.num_tokens
+        tokens = plan.num_tokens
         ids = torch.as_tensor(np.asarray(token_ids, dtype=np.int64))
         if ids.shape != (tokens,):
             raise ValueError(f"token_ids: must be [{tokens}], got {list(ids.shape)}")

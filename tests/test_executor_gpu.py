@@ -153,6 +153,11 @@ def test_signature_mismatch_refuses_to_replay():
         num_accepted_tokens=[2, 4, 1],
     )
     x = torch.randn(7, CHANNELS, device="cuda")
+    states = [s.clone() for s in graphs.conv_states]
+    graphs.warm_up([compile_plan(batch, CONFIG)])  # captures without touching any state
+    assert len(graphs.captured_graphs) == 1
+    for before, after in zip(states, graphs.conv_states, strict=True):
+        assert torch.equal(before, after)
     graphs.step(compile_plan(batch, CONFIG), x, torch.zeros_like(x))
     other = PlannerConfig(
         num_spec_tokens=3,
