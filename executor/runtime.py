@@ -15,10 +15,15 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
-import numpy as np
 import torch
 
-from stepplan.planner import ExecutionPlan, GraphKey, PlanLayout, PlannerConfig
+from stepplan.planner import (
+    ExecutionPlan,
+    GraphKey,
+    PlanLayout,
+    PlannerConfig,
+    largest_graph_layout,
+)
 
 from .upload import PinnedUpload
 
@@ -62,28 +67,6 @@ def check_replay(captured: ReplaySignature, wanted: ReplaySignature) -> None:
             f"the plan does not fit the CUDA graph captured for {captured.graph}: "
             + "; ".join(differences)
         )
-
-
-def largest_graph_layout(config: PlannerConfig, num_groups: int) -> PlanLayout:
-    """A layout at least as large, field by field, as any graph plan of ``config``.
-
-    Spec graphs hold ``rows * Q`` tokens, mixed ones ``min(rows, tokens // 2) +
-    tokens // tile`` tiles (see the planner's bucket choice).
-    """
-    sizes = config.sizes
-    row_sizes = [s for s in sizes if s <= config.max_num_seqs]
-    if config.graph_mode == "none" or not row_sizes:
-        return PlanLayout(1, 1, 0, num_groups)
-    rows, tokens = row_sizes[-1], sizes[-1]
-    tiles = min(rows, tokens // 2) + tokens // config.prefill_tile_tokens
-    return PlanLayout(max(tokens, rows * config.query_len_max), rows, tiles, num_groups)
-
-
-def inert_packed(layout: PlanLayout) -> np.ndarray:
-    """``[layout.size], int32``: every field at its padding value, a plan that touches nothing."""
-    return np.concatenate(
-        [np.full(field.size, field.pad_value, dtype=np.int32) for field in layout.fields]
-    )
 
 
 @attrs.frozen
@@ -143,7 +126,9 @@ class Executor:
         if use_graphs and not (backend == "triton" and on_cuda):
             raise ValueError("use_graphs: CUDA graphs need the triton backend on a CUDA device")
         self.use_graphs = use_graphs
-        self.capacity = largest_graph_layout(config, self.num_groups)
+        self.capacity = largest_graph_layout(config, self.num_groups) or PlanLayout(
+            1, 1, 0, self.num_groups
+        )
         self._upload = (
             PinnedUpload(4 * self.capacity.size, self.device) if backend == "triton" else None
         )
@@ -275,7 +260,7 @@ class Executor:
                 f"buffer sized for {self.capacity}"
             )
         launch = self._kernels().launch_shape(plan)
-        buffer = self._upload.upload_int32(inert_packed(plan.layout))
+        buffer = self._upload.upload_int32(plan.layout.inert_buffer())
         self._prepared = _Prepared(None, launch, buffer)
 
     def conv(self, layer: int, x: torch.Tensor, residual: torch.Tensor) -> None:

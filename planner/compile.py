@@ -117,10 +117,33 @@ def _choose_graph(batch: StepBatch, config: PlannerConfig, num_tokens: int) -> G
     rows = _smallest_fitting(row_sizes, live)
     if tokens is None or rows is None:
         return None
-    # Prefill rows have q >= 2, so a bucket holds at most min(rows, tokens / 2) of them,
-    # and sum(ceil(q / tile)) <= prefill rows + tokens / tile.
-    tiles = min(rows, tokens // 2) + tokens // config.prefill_tile_tokens
-    return GraphKey("mixed", tokens, rows, tiles)
+    return GraphKey("mixed", tokens, rows, _tile_capacity(tokens, rows, config))
+
+
+def _tile_capacity(tokens: int, rows: int, config: PlannerConfig) -> int:
+    """Prefill tiles any batch of a mixed bucket can need.
+
+    Prefill rows have q >= 2, so a bucket holds at most ``min(rows, tokens / 2)``
+    of them, and ``sum(ceil(q / tile)) <= prefill rows + tokens / tile``.
+    """
+    return min(rows, tokens // 2) + tokens // config.prefill_tile_tokens
+
+
+def largest_graph_layout(config: PlannerConfig, num_groups: int) -> PlanLayout | None:
+    """A layout at least as large, field by field, as that of any graph plan of ``config``.
+
+    What an executor sizes its persistent plan buffer by; ``None`` when the
+    config captures no graphs.
+    """
+    sizes = config.sizes
+    rows = sizes[: bisect.bisect_right(sizes, config.max_num_seqs)]
+    if config.graph_mode == "none" or not rows:
+        return None
+    spec_tokens = rows[-1] * config.query_len_max
+    if config.graph_mode == "full":
+        return PlanLayout(spec_tokens, rows[-1], 0, num_groups)
+    tiles = _tile_capacity(sizes[-1], rows[-1], config)
+    return PlanLayout(max(spec_tokens, sizes[-1]), rows[-1], tiles, num_groups)
 
 
 class _Packer:

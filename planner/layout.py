@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import attrs
+import numpy as np
 
 #: Field names in buffer order, with the padding value rows beyond the live ones
 #: carry. Sizes: ``T`` tokens, ``R`` rows, ``G`` layer groups, ``P`` prefill tiles.
@@ -75,6 +76,10 @@ class PlanLayout:
             if candidate.name == name:
                 return candidate
         raise KeyError(name)
+
+    def inert_buffer(self) -> np.ndarray:
+        """``[size], int32``: every field at its padding value, a plan that touches nothing."""
+        return np.repeat(np.array([pad for _, _, pad in FIELDS], dtype=np.int32), self.sizes())
 
     def offsets(self) -> dict[str, tuple[int, int]]:
         """``{name: (offset, size)}`` for every field."""

@@ -188,12 +188,19 @@ class ExecutionPlan:
         )
 
     @property
+    def launch_grids(self) -> tuple[int, int]:
+        """``(rows, tiles)``: programs of the row kernel (spec and decode rows; every
+        padded row in a graph) and of the prefill-tile kernel; 0 skips a launch."""
+        if self.graph:
+            return self.layout.num_rows, self.layout.num_tiles
+        return self.num_spec_rows + self.num_decode_rows, self.layout.num_tiles
+
+    @property
     def ops(self) -> tuple[Op, ...]:
         """The op graph in launch order: one upload, then per layer group the
         kernel over spec and decode rows and the kernel over prefill tiles
         (each skipped when the plan can have no such work)."""
-        rows = self.padded_rows if self.graph else self.num_spec_rows + self.num_decode_rows
-        tiles = self.layout.num_tiles
+        rows, tiles = self.launch_grids
         ops = [Op("upload", "copy_host_to_device", ("plan_host",), ("plan",))]
         for g in range(self.num_groups):
             state = f"conv_state[{g}]"

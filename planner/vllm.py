@@ -48,7 +48,11 @@ def batch_from_common_metadata(
         drafts = np.full(rows, -1)
     else:
         drafts = _host_array(num_decode_draft_tokens_cpu)[:rows]
-    accepted = np.ones(rows) if num_accepted_tokens is None else _host_array(num_accepted_tokens)
+    accepted = (
+        np.ones(rows, dtype=np.int32)
+        if num_accepted_tokens is None
+        else _host_array(num_accepted_tokens)
+    )
     return StepBatch(
         query_lens=query_lens,
         num_computed_tokens=computed,

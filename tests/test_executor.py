@@ -9,7 +9,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stepplan.executor import Executor, ReplayMismatchError, check_replay
-from stepplan.executor.runtime import inert_packed, largest_graph_layout
 from stepplan.executor.upload import PinnedUpload
 from stepplan.planner import PlannerConfig, StepBatch, compile_plan
 
@@ -110,15 +109,6 @@ def test_inert_plan_touches_nothing():
         torch.testing.assert_close(state, before[layer], atol=0, rtol=0)
 
 
-def test_inert_packed_is_padding_of_every_field():
-    config = CONFIGS[0]
-    plan = compile_plan(random_batch(np.random.default_rng(1), 5, 3, groups=2), config)
-    inert = inert_packed(plan.layout)
-    assert inert.shape == plan.packed.shape and inert.dtype == np.int32
-    for field in plan.layout.fields:
-        assert (inert[field.offset : field.offset + field.size] == field.pad_value).all()
-
-
 def test_replay_signature_mismatch_names_the_fields():
     """Same batch, same graph key, other tile size: replaying the first graph would be wrong."""
     base = CONFIGS[0]
@@ -193,38 +183,6 @@ def test_bad_geometry_is_refused():
             Executor(
                 weights=[weight], layer_groups=[0], conv_states=[state], use_graphs=True, **kwargs
             )
-
-
-@settings(max_examples=150, deadline=None)
-@given(
-    seed=st.integers(0, 2**32 - 1),
-    mode=st.sampled_from(["full", "mixed"]),
-    sizes=st.lists(st.integers(1, 96), min_size=1, max_size=6),
-    max_num_seqs=st.integers(1, 40),
-    spec=st.integers(0, 4),
-    weights=st.sampled_from([(1, 0, 0, 0), (0, 1, 0, 0), (1, 1, 0, 1), (1, 1, 1, 1)]),
-)
-def test_largest_graph_layout_bounds_every_graph_plan(
-    seed, mode, sizes, max_num_seqs, spec, weights
-):
-    config = PlannerConfig(
-        num_spec_tokens=spec,
-        graph_mode=mode,
-        graph_sizes=sizes,
-        max_num_seqs=max_num_seqs,
-        prefill_tile_tokens=8,
-    )
-    rng = np.random.default_rng(seed)
-    rows = int(rng.integers(1, max_num_seqs + 1))
-    batch = random_batch(rng, rows, spec + 1, groups=2, kind_weights=weights, max_prefill=6)
-    plan = compile_plan(batch, config)
-    bound = largest_graph_layout(config, 2)
-    if plan.graph is not None:
-        layout = plan.layout
-        assert layout.num_tokens <= bound.num_tokens
-        assert layout.num_rows <= bound.num_rows
-        assert layout.num_tiles <= bound.num_tiles
-        assert layout.size <= bound.size
 
 
 def test_pinned_upload_round_trips_through_its_ring():

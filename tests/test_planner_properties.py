@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from planner_strategies import step_batches
 
-from stepplan.planner import PADDING, SPEC, compile_plan
+from stepplan.planner import PADDING, SPEC, PlanLayout, compile_plan, largest_graph_layout
 
 settings.register_profile("planner", max_examples=150, deadline=None)
 
@@ -153,3 +153,24 @@ def test_plans_are_values(case):
             with pytest.raises(ValueError):
                 view[0] = 7
     assert not batch.query_lens.flags.writeable and not batch.slots.flags.writeable
+
+
+@settings(settings.get_profile("planner"))
+@given(step_batches())
+def test_largest_graph_layout_holds_every_graph_plan(case):
+    batch, config = case
+    plan = compile_plan(batch, config)
+    bound = largest_graph_layout(config, batch.num_groups)
+    if plan.graph is None:
+        return
+    layout = plan.layout
+    assert layout.num_tokens <= bound.num_tokens and layout.num_rows <= bound.num_rows
+    assert layout.num_tiles <= bound.num_tiles and layout.size <= bound.size
+
+
+def test_inert_buffer_is_every_fields_padding():
+    layout = PlanLayout(num_tokens=5, num_rows=3, num_tiles=2, num_groups=2)
+    inert = layout.inert_buffer()
+    assert inert.shape == (layout.size,) and inert.dtype == np.int32
+    for field in layout.fields:
+        assert (inert[field.offset : field.offset + field.size] == field.pad_value).all()

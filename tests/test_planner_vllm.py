@@ -92,3 +92,18 @@ def test_seed_view_is_consistent_with_the_plan(case):
         lens = np.diff(view["query_start_loc_p"])
         assert lens.tolist() == batch.query_lens[prefill_rows].tolist()
         assert view["max_prefill_query_len"] == lens.max()
+
+
+def test_metadata_without_spec_info_plans_every_row_as_non_spec():
+    qsl = torch.tensor([0, 1, 6], dtype=torch.int32)
+    metadata = FakeCommonMetadata(
+        query_start_loc_cpu=qsl,
+        seq_lens=torch.tensor([9, 5], dtype=torch.int32),
+        block_table_tensor=torch.tensor([[2], [4]], dtype=torch.int32),
+        num_reqs=2,
+        num_actual_tokens=6,
+    )
+    plan = plan_from_common_metadata(
+        metadata, num_accepted_tokens=None, num_decode_draft_tokens_cpu=None, config=PlannerConfig()
+    )
+    assert (plan.num_decode_rows, plan.num_prefill_rows, plan.num_spec_rows) == (1, 1, 0)
