@@ -1,0 +1,385 @@
+"""Kernel benchmark (GPU): our Triton short conv against the copy ceiling and plain PyTorch.
+
+Everything runs under CUDA-graph replay, timed with CUDA events (median of many
+replays); each graph rotates through several input sets so the data is not
+L2-resident. For C = 8192 and 2048, K = 4, D = 3, Q = 4, bf16, state in both
+memory layouts, it prints SPEC §4's rows plus a mixed step: µs, the byte floor
+(x read, residual read + write, state read and written once, over the copy
+ceiling), the share of the ceiling, and the vectorized-PyTorch time. Writes a
+JSON profile (``$OUT/kernel_profile.json`` when ``$OUT`` is set, else
+``--profile-out``) for the simulator's cost model.
+
+    python bench/kernel_bench.py [--channels 8192 2048] [--sweep] [--profile-out PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+from collections.abc import Callable
+
+import attrs
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from stepplan.executor import kernels, reference
+from stepplan.planner import SPEC, ExecutionPlan, PlannerConfig, StepBatch, compile_plan
+
+K, D, Q = 4, 3, 4
+L = (K - 1) * D
+W = L + Q - 1
+DTYPE = torch.bfloat16
+DEVICE = "cuda"
+L2_BYTES = 60 << 20
+#: name: (spec rows of Q tokens, decode rows, prefill lengths)
+BATCHES = {
+    "decode 1": (0, 1, []),
+    "decode 256": (0, 256, []),
+    "spec 1x4": (1, 0, []),
+    "spec 64x4": (64, 0, []),
+    "spec 256x4": (256, 0, []),
+    "prefill 1x512": (0, 0, [512]),
+    "prefill 4x4096": (0, 0, [4096] * 4),
+    "mixed": (64, 64, [1024, 1024]),
+}
+#: vLLM's default memory order first; both are logical [slot, channel, window] views.
+LAYOUTS = ("slot,window,channel", "slot,channel,window")
+
+
+def batch_of(name: str, seed: int = 0) -> StepBatch:
+    """Spec and decode rows continue from state (random accepted counts); prefills are new."""
+    spec, decode, prefill = BATCHES[name]
+    rows = spec + decode + len(prefill)
+    rng = np.random.default_rng(seed)
+    return StepBatch(
+        query_lens=[Q] * spec + [1] * decode + prefill,
+        num_computed_tokens=[100] * (spec + decode) + [0] * len(prefill),
+        slots=rng.permutation(np.arange(1, rows + 1)),
+        num_draft_tokens=[Q - 1] * spec + [-1] * (decode + len(prefill)),
+        num_accepted_tokens=rng.integers(1, Q + 1, rows),
+    )
+
+
+def floor_bytes(plan: ExecutionPlan, channels: int) -> int:
+    """SPEC §4's fewest bytes: x read, residual read + write, state read and written once."""
+    entries = 0
+    for row in range(plan.num_rows):
+        q = int(plan.row_query_start[row + 1] - plan.row_query_start[row])
+        slot = int(plan.row_slot[0, row])
+        entries += 3 * q
+        if slot and plan.row_reads_state[row]:
+            entries += L
+        if slot:
+            entries += min(W, L + q - 1) if plan.row_kind[row] == SPEC else L
+    return entries * channels * DTYPE.itemsize
+
+
+@attrs.frozen
+class Operands:
+    """One input set on the device."""
+
+    x: torch.Tensor
+    residual: torch.Tensor
+    state: torch.Tensor
+    weight: torch.Tensor
+
+
+def make_operands(plan: ExecutionPlan, channels: int, layout: str, gen: torch.Generator):
+    tokens, slots = plan.num_tokens, plan.num_rows + 1
+    x = torch.randn(tokens, channels, device=DEVICE, generator=gen).to(DTYPE)
+    residual = torch.randn(tokens, channels, device=DEVICE, generator=gen).to(DTYPE)
+    if layout == LAYOUTS[0]:
+        state = torch.randn(slots, W, channels, device=DEVICE, generator=gen).to(DTYPE)
+        state = state.transpose(1, 2)
+    else:
+        state = torch.randn(slots, channels, W, device=DEVICE, generator=gen).to(DTYPE)
+    weight = (torch.randn(channels, K, device=DEVICE, generator=gen) / 2).to(DTYPE)
+    return Operands(x, residual, state, weight)
+
+
+def set_bytes(ops: Operands) -> int:
+    return sum(t.numel() * t.element_size() for t in (ops.x, ops.residual, ops.state))
+
+
+def graph_us(step: Callable[[int], None], sets: int, reps: int) -> float:
+    """Median µs of one ``step(i)`` inside a graph that runs ``step`` on every set in turn."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm up (compiles) off the capture
+        for i in range(sets):
+            step(i)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(sets):
+            step(i)
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        stop.record()
+        stop.synchronize()
+        times.append(start.elapsed_time(stop) * 1000.0 / sets)
+    del graph
+    return statistics.median(times)
+
+
+def copy_ceiling_tbs(reps: int) -> float:
+    """Device-to-device copy bandwidth, bytes read + written, in TB/s."""
+    src = torch.randn(1 << 29, device=DEVICE).to(DTYPE)  # 1 GiB
+    dst = torch.empty_like(src)
+    us = graph_us(lambda _: dst.copy_(src), 1, reps)
+    return 2 * src.numel() * src.element_size() / us / 1e6
+
+
+class TorchBaseline:
+    """SPEC §2 in vectorized PyTorch: gather every history, one reduction, scatter back.
+
+    The gather indices come from the plan on the host, once; the step itself is
+    graph-capturable (no host sync).
+    """
+
+    def __init__(self, plan: ExecutionPlan) -> None:
+        out, hist, writes, sources = [], [], [], []
+        for row in range(plan.num_rows):
+            kind, slot = int(plan.row_kind[row]), int(plan.row_slot[0, row])
+            if kind != SPEC and slot == 0:
+                continue
+            first = int(plan.row_token_start[row])
+            q = int(plan.row_query_start[row + 1] - plan.row_query_start[row])
+            reads = bool(plan.row_reads_state[row]) and slot != 0
+            origin = (slot, int(plan.row_state_offset[row]), reads, first)
+            out += range(first, first + q)
+            hist += [[self._source(origin, j + k * D) for k in range(K)] for j in range(q)]
+            if slot:
+                count, start = (min(W, L + q - 1), 1) if kind == SPEC else (L, q)
+                writes += [(slot, i) for i in range(count)]
+                sources += [self._source(origin, start + i) for i in range(count)]
+        self.out = torch.tensor(out, dtype=torch.int64, device=DEVICE)
+        self.hist = torch.tensor(hist, dtype=torch.int64, device=DEVICE).reshape(-1, K, 4)
+        self.writes = torch.tensor(writes, dtype=torch.int64, device=DEVICE).reshape(-1, 2)
+        self.sources = torch.tensor(sources, dtype=torch.int64, device=DEVICE).reshape(-1, 4)
+
+    @staticmethod
+    def _source(origin: tuple[int, int, bool, int], pos: int) -> tuple[int, int, int, int]:
+        """``(from_state, x row, slot, window entry)`` of history entry ``pos``; from_state 2:
+        zeros in place of state."""
+        slot, offset, reads, first = origin
+        if pos < L:
+            return (1 if reads else 2, 0, slot, offset + pos)
+        return (0, first + pos - L, 0, 0)
+
+    @staticmethod
+    def _gather(src: torch.Tensor, ops: Operands) -> torch.Tensor:
+        from_x = ops.x[src[..., 1]]
+        from_state = ops.state[src[..., 2], :, src[..., 3]]
+        h = torch.where((src[..., 0] == 0)[..., None], from_x, from_state)
+        return h.masked_fill((src[..., 0] == 2)[..., None], 0)
+
+    def __call__(self, ops: Operands) -> None:
+        h = self._gather(self.hist, ops)  # [N, K, C]
+        acc = torch.einsum("nkc,ck->nc", h.float(), ops.weight.float())
+        ops.residual.index_add_(0, self.out, F.silu(acc.to(DTYPE)))
+        new = self._gather(self.sources, ops)  # every read happens before the write
+        ops.state[self.writes[:, 0], :, self.writes[:, 1]] = new
+
+
+def check(plan: ExecutionPlan, ops: Operands, step: Callable[[Operands], None]) -> None:
+    """``step`` against the reference on copies of one input set."""
+    got = attrs.evolve(ops, residual=ops.residual.clone(), state=ops.state.clone())
+    want = attrs.evolve(ops, residual=ops.residual.clone(), state=ops.state.clone())
+    step(got)
+    reference.short_conv(plan, want.x, want.residual, want.state, want.weight, dilation=D)
+    torch.testing.assert_close(got.residual, want.residual, rtol=2e-2, atol=6e-2)
+    assert torch.equal(got.state, want.state), "state differs from the reference"
+
+
+def measure(
+    name: str,
+    channels: int,
+    layout: str,
+    *,
+    blocks: kernels.Blocks | None = None,
+    reps: int = 40,
+    with_torch: bool = True,
+) -> dict:
+    """One row of the table: our kernels (and PyTorch) on batch ``name``, checked first."""
+    config = PlannerConfig(num_spec_tokens=Q - 1, graph_mode="none", max_num_seqs=512)
+    plan = compile_plan(batch_of(name), config)
+    gen = torch.Generator(device=DEVICE).manual_seed(0)
+    first = make_operands(plan, channels, layout, gen)
+    count = int(min(128, max(2, -(-4 * L2_BYTES // set_bytes(first)))))
+    sets = [first] + [make_operands(plan, channels, layout, gen) for _ in range(count - 1)]
+    shape = kernels.launch_shape(plan)
+    plan_buffer = torch.from_numpy(np.array(plan.packed)).to(DEVICE)
+
+    def ours(ops: Operands) -> None:
+        kernels.launch_short_conv(
+            shape,
+            plan_buffer,
+            ops.x,
+            ops.residual,
+            ops.state,
+            ops.weight,
+            dilation=D,
+            group=0,
+            blocks=blocks,
+        )
+
+    check(plan, first, ours)
+    us = graph_us(lambda i: ours(sets[i]), count, reps)
+    torch_us = None
+    if with_torch:
+        baseline = TorchBaseline(plan)
+        check(plan, first, baseline)
+        torch_us = graph_us(lambda i: baseline(sets[i]), min(count, 8), max(5, reps // 4))
+    floor = floor_bytes(plan, channels)
+    return dict(
+        batch=name,
+        requests=plan.num_rows,
+        tokens=plan.num_tokens,
+        layout=layout,
+        C=channels,
+        us=us,
+        floor_bytes=floor,
+        torch_us=torch_us,
+    )
+
+
+ROW_VARIANTS = ((64, 2), (128, 4), (256, 4), (256, 8), (512, 8))
+TILE_VARIANTS = ((64, 4, 16), (128, 4, 8), (128, 4, 16), (128, 8, 32), (256, 8, 16), (256, 4, 8))
+
+
+def sweep(channels: int, ceiling: float) -> None:
+    """Block sizes per layout and batch, to choose ``kernels.default_blocks`` (no PyTorch)."""
+    default = kernels.default_blocks(channels, False)
+    print(f"\nsweep at C={channels}: us (share of ceiling) per block variant", flush=True)
+    for layout in LAYOUTS:
+        for name in BATCHES:
+            if name == "mixed":
+                continue
+            prefill = name.startswith("prefill")
+            variants = TILE_VARIANTS if prefill else ROW_VARIANTS
+            cells = []
+            for variant in variants:
+                if prefill:
+                    blocks = attrs.evolve(
+                        default,
+                        tiles_channels=variant[0],
+                        tiles_warps=variant[1],
+                        tiles_tokens=variant[2],
+                    )
+                else:
+                    blocks = attrs.evolve(default, rows_channels=variant[0], rows_warps=variant[1])
+                row = measure(name, channels, layout, blocks=blocks, reps=15, with_torch=False)
+                share = row["floor_bytes"] / (ceiling * 1e6) / row["us"]
+                cells.append(f"{'/'.join(map(str, variant))}: {row['us']:.1f} ({share:.0%})")
+            print(f"  {layout:<20} {name:<15} " + "  ".join(cells), flush=True)
+
+
+def table(rows: list[dict], ceiling: float) -> str:
+    head = (
+        f"{'C':>5} {'state memory':<20} {'batch':<15} {'reqs':>4} {'tokens':>6} "
+        f"{'us':>8} {'floor us':>8} {'share':>6} {'torch us':>9} {'torch':>6}"
+    )
+    lines = [head, "-" * len(head)]
+    for row in rows:
+        torch_us = row["torch_us"]
+        torch_cells = f"{torch_us:>9.1f} {row['floor_us'] / torch_us:>6.0%}" if torch_us else ""
+        lines.append(
+            f"{row['C']:>5} {row['layout']:<20} {row['batch']:<15} {row['requests']:>4} "
+            f"{row['tokens']:>6} {row['us']:>8.1f} {row['floor_us']:>8.2f} "
+            f"{row['share']:>6.0%} {torch_cells}"
+        )
+    lines.append(f"copy ceiling {ceiling:.2f} TB/s; share = floor us / us")
+    return "\n".join(lines)
+
+
+def cost_model_view(rows: list[dict]) -> dict:
+    """The rows at the first C, vLLM's state layout, in ``stepplan.sim.cost``'s format."""
+    channels = rows[0]["C"]
+    entries = []
+    for row in rows:
+        if row["C"] == channels and row["layout"] == LAYOUTS[0]:
+            kind = row["batch"].split()[0]
+            entry = dict(kind=kind, rows=row["requests"], tokens=row["tokens"], us=row["us"])
+            if kind == "mixed":  # the cost model prices mixed steps by their total bytes
+                entry["bytes"] = row["floor_bytes"]
+            entries.append(entry)
+    return dict(
+        source="bench/kernel_bench.py: stepplan's Triton kernels under CUDA-graph replay",
+        kernel="stepplan short_conv_rows + short_conv_prefill_tiles, [slot, window, channel] state",
+        geometry=dict(channels=channels, kernel_size=K, dilation=D, dtype_bytes=DTYPE.itemsize),
+        entries=entries,
+    )
+
+
+def write_json(path: str, data: dict) -> None:
+    """Atomically: a temporary file beside ``path``, then a rename."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", dir=folder, delete=False, suffix=".tmp") as f:
+        json.dump(data, f, indent=1)
+    os.replace(f.name, path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--channels", type=int, nargs="+", default=[8192, 2048])
+    parser.add_argument("--batches", nargs="+", default=list(BATCHES), choices=list(BATCHES))
+    parser.add_argument("--reps", type=int, default=40)
+    parser.add_argument("--sweep", action="store_true", help="time block-size variants first")
+    parser.add_argument("--no-torch", action="store_true", help="skip the PyTorch baseline")
+    parser.add_argument(
+        "--profile-out", help="JSON profile path (default $OUT/kernel_profile.json)"
+    )
+    args = parser.parse_args(argv)
+    out = args.profile_out or (
+        os.environ.get("OUT") and os.path.join(os.environ["OUT"], "kernel_profile.json")
+    )
+    if not torch.cuda.is_available():
+        print("kernel_bench needs a CUDA GPU", file=sys.stderr)
+        return 2
+    device = torch.cuda.get_device_name()
+    ceiling = copy_ceiling_tbs(args.reps)
+    print(f"{device}: copy ceiling {ceiling:.2f} TB/s", flush=True)
+    if args.sweep:
+        sweep(args.channels[0], ceiling)
+    rows = []
+    for channels in args.channels:
+        for layout in LAYOUTS:
+            for name in args.batches:
+                row = measure(name, channels, layout, reps=args.reps, with_torch=not args.no_torch)
+                row["floor_us"] = row["floor_bytes"] / (ceiling * 1e6)
+                row["share"] = row["floor_us"] / row["us"]
+                rows.append(row)
+                print(table(rows[-1:], ceiling).splitlines()[2], flush=True)
+    profile = dict(
+        device=device,
+        dtype=str(DTYPE).removeprefix("torch."),
+        C=args.channels,
+        K=K,
+        D=D,
+        Q=Q,
+        copy_ceiling_tbs=ceiling,
+        rows=rows,
+        **cost_model_view(rows),
+    )
+    if out:
+        write_json(out, profile)
+        print(f"profile written to {out}")
+    print()
+    print(table(rows, ceiling))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,513 @@
+"""Triton kernels for SPEC §2's dilated short convolution: any mixed step in two launches.
+
+Launch A (``short_conv_rows``) runs one program per (row, channel block) over the
+spec and decode rows; launch B (``short_conv_prefill_tiles``) one program per
+(prefill tile, channel block). Both read the plan from its packed int32 buffer on
+the device, so one captured CUDA graph replays any plan of the same layout.
+
+Why one launch each is race-free although every program updates state in place:
+the planner refuses one slot on two live rows of a group (slot 0 aside, which no
+program reads or writes), so each slot's channels are read and written by
+exactly one program: launch A's program of its row, or launch B's *first* tile of
+its request (the only tile that reads old state; it also writes the final
+state). Inside that program ``tl.debug_barrier()`` separates the last read of the
+old window from the first write of the new one. Residual rows are disjoint too
+(a token belongs to one row, and to one tile), and ``x`` is only read. So
+outputs need no second pass and the two launches could even overlap.
+"""
+
+# Triton types kernel arguments at launch, not through annotations.
+# ruff: noqa: ANN001
+
+from __future__ import annotations
+
+import attrs
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+
+from stepplan.planner import ExecutionPlan, PlanLayout
+
+from .reference import check_operands
+
+
+@triton.jit
+def _history(
+    x_ptr,
+    x_stride,
+    first_token,
+    past_ptr,
+    state_chan,
+    state_win,
+    state_end,
+    pos,
+    chan,
+    valid,
+    REACH: tl.constexpr,
+):
+    """``h[pos]`` of SPEC §2 on a ``[rows, BLOCK_C]`` tile: state entries below REACH, else x.
+
+    ``past_ptr`` points at the row's window entry ``o``; ``pos`` is ``[rows, 1]``.
+    ``state_end`` is REACH where the row reads state, else 0 (zeros in place of state);
+    an integer, not a bool, because scalar bools in masks break the interpreter.
+    """
+    in_state = pos < REACH
+    past = tl.load(
+        past_ptr + chan[None, :] * state_chan + pos * state_win,
+        mask=valid & (pos < state_end),
+        other=0.0,
+    )
+    token = (first_token + pos - REACH).to(tl.int64)
+    new = tl.load(x_ptr + token * x_stride + chan[None, :], mask=valid & (pos >= REACH), other=0.0)
+    return tl.where(in_state, past, new)
+
+
+@triton.jit
+def _convolve(
+    x_ptr,
+    x_stride,
+    first_token,
+    past_ptr,
+    state_chan,
+    state_win,
+    state_end,
+    pos,
+    chan,
+    chan_ok,
+    valid,
+    weight_ptr,
+    weight_chan,
+    weight_tap,
+    TAPS: tl.constexpr,
+    DILATION: tl.constexpr,
+    ROWS: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    """fp32 ``Σ_k w[:, k] · h[pos + k·D]`` on a ``[ROWS, BLOCK_C]`` tile.
+
+    The K shifted history loads overlap; all but the first hit L1/L2.
+    """
+    reach: tl.constexpr = (TAPS - 1) * DILATION
+    acc = tl.zeros([ROWS, BLOCK_C], dtype=tl.float32)
+    for k in tl.static_range(TAPS):
+        tap = tl.load(weight_ptr + chan * weight_chan + k * weight_tap, mask=chan_ok, other=0.0)
+        h = _history(
+            x_ptr,
+            x_stride,
+            first_token,
+            past_ptr,
+            state_chan,
+            state_win,
+            state_end,
+            pos + k * DILATION,
+            chan,
+            valid,
+            reach,
+        )
+        acc += h.to(tl.float32) * tap.to(tl.float32)[None, :]
+    return acc
+
+
+@triton.jit
+def _add_silu(residual_ptr, residual_stride, token, chan, valid, acc):
+    """``r += silu(round(acc))``, rounding like ``F.conv1d`` then ``F.silu`` then ``+=``."""
+    dtype = residual_ptr.dtype.element_ty
+    y = acc.to(dtype).to(tl.float32)
+    y = (y / (1.0 + tl.exp(-y))).to(dtype).to(tl.float32)
+    ptrs = residual_ptr + token.to(tl.int64) * residual_stride + chan[None, :]
+    r = tl.load(ptrs, mask=valid, other=0.0).to(tl.float32)
+    tl.store(ptrs, (r + y).to(dtype), mask=valid)
+
+
+@triton.jit
+def _short_conv_rows(
+    plan_ptr,
+    x_ptr,
+    residual_ptr,
+    state_ptr,
+    weight_ptr,
+    query_start_at,
+    token_start_at,
+    kind_at,
+    offset_at,
+    reads_at,
+    slot_at,
+    channels,
+    x_stride,
+    residual_stride,
+    state_slot,
+    state_chan,
+    state_win,
+    weight_chan,
+    weight_tap,
+    TAPS: tl.constexpr,
+    DILATION: tl.constexpr,
+    QUERY_BLOCK: tl.constexpr,
+    WRITE_BLOCK: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    CHANNEL_UNIT: tl.constexpr,
+    WINDOW_UNIT: tl.constexpr,
+):
+    """Launch A: one program per (row, channel block) of the spec and decode rows."""
+    row = tl.program_id(0)
+    # Every plan field first, before any branch: one memory round trip, not two.
+    kind = tl.load(plan_ptr + kind_at + row)
+    slot = tl.load(plan_ptr + slot_at + row)
+    first = tl.load(plan_ptr + query_start_at + row)
+    q = tl.load(plan_ptr + query_start_at + row + 1) - first
+    first_token = tl.load(plan_ptr + token_start_at + row)
+    reads = tl.load(plan_ptr + reads_at + row)
+    offset = tl.load(plan_ptr + offset_at + row)
+    # Prefill rows are launch B's, padding rows nobody's; a decode row on the NULL slot adds 0.
+    if (kind > 1) | ((kind == 1) & (slot == 0)):
+        return
+    reach: tl.constexpr = (TAPS - 1) * DILATION
+    # A unit stride as a literal lets Triton coalesce and vectorize along that dimension.
+    s_chan = 1 if CHANNEL_UNIT else state_chan
+    s_win = 1 if WINDOW_UNIT else state_win
+    chan = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    chan_ok = chan < channels
+    # Integer flags (0/1) instead of scalar bools: see _history.
+    has_slot = tl.minimum(slot, 1)
+    state_end = reach * tl.minimum(reads, 1) * has_slot
+    window_ptr = state_ptr + slot.to(tl.int64) * state_slot
+    past_ptr = window_ptr + offset * s_win
+
+    j = tl.arange(0, QUERY_BLOCK)[:, None]
+    live = (j < q) & chan_ok[None, :]
+    acc = _convolve(
+        x_ptr,
+        x_stride,
+        first_token,
+        past_ptr,
+        s_chan,
+        s_win,
+        state_end,
+        j,
+        chan,
+        chan_ok,
+        live,
+        weight_ptr,
+        weight_chan,
+        weight_tap,
+        TAPS,
+        DILATION,
+        QUERY_BLOCK,
+        BLOCK_C,
+    )
+    _add_silu(residual_ptr, residual_stride, first_token + j, chan, live, acc)
+
+    # New window S[:, i] = h[1 + i], i < L + q - 1 (decode: q = 1, so L entries).
+    i = tl.arange(0, WRITE_BLOCK)[:, None]
+    keep = (i < (reach + q - 1) * has_slot) & chan_ok[None, :]
+    new = _history(
+        x_ptr, x_stride, first_token, past_ptr, s_chan, s_win, state_end, i + 1, chan, keep, reach
+    )
+    tl.debug_barrier()  # every thread has read the old window before any overwrites it
+    tl.store(window_ptr + chan[None, :] * s_chan + i * s_win, new, mask=keep)
+
+
+@triton.jit
+def _short_conv_tiles(
+    plan_ptr,
+    x_ptr,
+    residual_ptr,
+    state_ptr,
+    weight_ptr,
+    query_start_at,
+    token_start_at,
+    reads_at,
+    slot_at,
+    tile_row_at,
+    tile_start_at,
+    channels,
+    x_stride,
+    residual_stride,
+    state_slot,
+    state_chan,
+    state_win,
+    weight_chan,
+    weight_tap,
+    TAPS: tl.constexpr,
+    DILATION: tl.constexpr,
+    TILE: tl.constexpr,
+    SUB: tl.constexpr,
+    REACH_BLOCK: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    CHANNEL_UNIT: tl.constexpr,
+    WINDOW_UNIT: tl.constexpr,
+):
+    """Launch B: one program per (prefill tile, channel block); TILE >= L tokens."""
+    tile = tl.program_id(0)
+    row = tl.load(plan_ptr + tile_row_at + tile)
+    if row < 0:
+        return  # a padding tile of a graph plan
+    slot = tl.load(plan_ptr + slot_at + row)
+    if slot == 0:
+        return  # a prefill row on the NULL slot adds 0 and keeps no state
+    reach: tl.constexpr = (TAPS - 1) * DILATION
+    s_chan = 1 if CHANNEL_UNIT else state_chan
+    s_win = 1 if WINDOW_UNIT else state_win
+    chan = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    chan_ok = chan < channels
+    start = tl.load(plan_ptr + tile_start_at + tile)
+    first = tl.load(plan_ptr + query_start_at + row)
+    q = tl.load(plan_ptr + query_start_at + row + 1) - first
+    first_token = tl.load(plan_ptr + token_start_at + row)
+    state_end = reach * tl.minimum(tl.load(plan_ptr + reads_at + row), 1)
+    window_ptr = state_ptr + slot.to(tl.int64) * state_slot  # prefill offset o is 0
+
+    # SUB tokens at a time: a whole [TILE, BLOCK_C] tile spills registers (64-bit
+    # pointers per element); the sub-tiles' overlapping history loads hit L1.
+    for sub in range(0, TILE, SUB):
+        j = start + sub + tl.arange(0, SUB)[:, None]
+        live = (j < q) & chan_ok[None, :]
+        acc = _convolve(
+            x_ptr,
+            x_stride,
+            first_token,
+            window_ptr,
+            s_chan,
+            s_win,
+            state_end,
+            j,
+            chan,
+            chan_ok,
+            live,
+            weight_ptr,
+            weight_chan,
+            weight_tap,
+            TAPS,
+            DILATION,
+            SUB,
+            BLOCK_C,
+        )
+        _add_silu(residual_ptr, residual_stride, first_token + j, chan, live, acc)
+    # Only tile 0 reads old state (later tiles start at >= TILE >= L), so it alone writes
+    # the final state S[:, i] = h[q + i], i < L: no other program reads this slot.
+    if start == 0:
+        i = tl.arange(0, REACH_BLOCK)[:, None]
+        keep = (i < reach) & chan_ok[None, :]
+        new = _history(
+            x_ptr,
+            x_stride,
+            first_token,
+            window_ptr,
+            s_chan,
+            s_win,
+            state_end,
+            q + i,
+            chan,
+            keep,
+            reach,
+        )
+        tl.debug_barrier()  # the tile's reads of the old window come first
+        tl.store(window_ptr + chan[None, :] * s_chan + i * s_win, new, mask=keep)
+
+
+@attrs.frozen
+class LaunchShape:
+    """Everything static a launch needs besides device buffers (one per plan layout).
+
+    Attributes:
+        layout: the packed buffer's layout (field offsets).
+        rows_grid: programs of launch A over rows (0: no launch).
+        tiles_grid: programs of launch B over prefill tiles (0: no launch).
+        query_len_max: ``Q``.
+        tile_tokens: tokens per prefill tile (a power of two, >= L).
+    """
+
+    layout: PlanLayout
+    rows_grid: int
+    tiles_grid: int
+    query_len_max: int
+    tile_tokens: int
+
+
+def launch_shape(plan: ExecutionPlan) -> LaunchShape:
+    """The launch shape of ``plan``: the grids of its ops (``plan.launch_grids``)."""
+    rows, tiles = plan.launch_grids
+    return LaunchShape(
+        layout=plan.layout,
+        rows_grid=rows,
+        tiles_grid=tiles,
+        query_len_max=plan.query_len_max,
+        tile_tokens=plan.tile_tokens,
+    )
+
+
+@attrs.frozen
+class Blocks:
+    """Channels and warps per program of each launch; tokens per step of a tile program."""
+
+    rows_channels: int
+    rows_warps: int
+    tiles_channels: int
+    tiles_warps: int
+    tiles_tokens: int
+
+
+def default_blocks(channels: int, window_contiguous: bool) -> Blocks:
+    """Block sizes for ``channels`` (measured on an H200: ``bench/kernel_notes.md``)."""
+    del window_contiguous
+    rows = min(256, triton.next_power_of_2(channels))
+    tiles = min(128, triton.next_power_of_2(channels))
+    return Blocks(rows, 4, tiles, 4, 16)
+
+
+def launch_short_conv(
+    shape: LaunchShape,
+    plan_buffer: torch.Tensor,
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    conv_state: torch.Tensor,
+    weight: torch.Tensor,
+    *,
+    dilation: int,
+    group: int,
+    blocks: Blocks | None = None,
+) -> None:
+    """One layer of one step on the device: at most two launches, graph-capturable.
+
+    No host sync and no allocation: everything the kernels need about the step is
+    read from ``plan_buffer`` on the device, so a captured graph replays any plan
+    whose :class:`LaunchShape` equals ``shape``.
+
+    Args:
+        shape: :func:`launch_shape` of the plan (or of any plan with its layout).
+        plan_buffer: ``[layout.size], int32`` the plan's ``packed`` array, on x's device.
+        x: ``[num_engine_tokens, C]``, bf16/fp16/fp32, channel stride 1, engine order.
+        residual: ``[num_engine_tokens, C]``, x's dtype, channel stride 1; ``+= y`` in place.
+        conv_state: ``[num_slots, C, W]``, x's dtype, any strides, ``W >= L + Q - 1``.
+        weight: ``[C, K]``, x's dtype, ``K`` in 2..8.
+        dilation: ``D``, 1..8.
+        group: layer group whose slots this layer uses.
+        blocks: block sizes (tuning only); :func:`default_blocks` when ``None``.
+    """
+    layout = shape.layout
+    check_operands(
+        x,
+        residual,
+        conv_state,
+        weight,
+        dilation=dilation,
+        group=group,
+        num_groups=layout.num_groups,
+        query_len_max=shape.query_len_max,
+    )
+    _check_launch(shape, plan_buffer, x, residual, (weight.shape[1] - 1) * dilation)
+    channels = x.shape[1]
+    unit = (conv_state.stride(1) == 1, conv_state.stride(2) == 1)
+    blocks = blocks or default_blocks(channels, unit[1])
+    offsets = {name: at for name, (at, _) in layout.offsets().items()}
+    slot_at = offsets["row_slot"] + group * layout.num_rows
+    strides = (channels, x.stride(0), residual.stride(0), *conv_state.stride(), *weight.stride())
+    buffers = (plan_buffer, x, residual, conv_state, weight)
+    if shape.rows_grid:
+        grid = (shape.rows_grid, triton.cdiv(channels, blocks.rows_channels))
+        _short_conv_rows[grid](
+            *buffers,
+            *(offsets[name] for name in _ROW_FIELDS),
+            slot_at,
+            *strides,
+            TAPS=weight.shape[1],
+            DILATION=dilation,
+            QUERY_BLOCK=triton.next_power_of_2(shape.query_len_max),
+            WRITE_BLOCK=triton.next_power_of_2(
+                (weight.shape[1] - 1) * dilation + shape.query_len_max
+            ),
+            BLOCK_C=blocks.rows_channels,
+            CHANNEL_UNIT=unit[0],
+            WINDOW_UNIT=unit[1],
+            num_warps=blocks.rows_warps,
+        )
+    if shape.tiles_grid:
+        grid = (shape.tiles_grid, triton.cdiv(channels, blocks.tiles_channels))
+        _short_conv_tiles[grid](
+            *buffers,
+            offsets["row_query_start"],
+            offsets["row_token_start"],
+            offsets["row_reads_state"],
+            slot_at,
+            offsets["tile_row"],
+            offsets["tile_start"],
+            *strides,
+            TAPS=weight.shape[1],
+            DILATION=dilation,
+            TILE=shape.tile_tokens,
+            SUB=min(blocks.tiles_tokens, shape.tile_tokens),
+            REACH_BLOCK=triton.next_power_of_2((weight.shape[1] - 1) * dilation),
+            BLOCK_C=blocks.tiles_channels,
+            CHANNEL_UNIT=unit[0],
+            WINDOW_UNIT=unit[1],
+            num_warps=blocks.tiles_warps,
+        )
+
+
+_ROW_FIELDS = (
+    "row_query_start",
+    "row_token_start",
+    "row_kind",
+    "row_state_offset",
+    "row_reads_state",
+)
+
+
+def _check_launch(
+    shape: LaunchShape,
+    plan_buffer: torch.Tensor,
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    reach: int,
+) -> None:
+    size = shape.layout.size
+    if plan_buffer.shape != (size,) or plan_buffer.dtype != torch.int32:
+        raise ValueError(
+            f"plan_buffer: must be [{size}] int32, "
+            f"got {list(plan_buffer.shape)} {plan_buffer.dtype}"
+        )
+    if plan_buffer.device != x.device:
+        raise ValueError(f"plan_buffer: must be on {x.device} like x, got {plan_buffer.device}")
+    for name, tensor in (("x", x), ("residual", residual)):
+        if tensor.stride(1) != 1:
+            raise ValueError(f"{name}: channel stride must be 1, got {tensor.stride(1)}")
+    if shape.tiles_grid and shape.tile_tokens < reach:
+        raise ValueError(
+            f"tile_tokens: prefill tiles of {shape.tile_tokens} tokens are shorter than "
+            f"the reach L = (K - 1) * D = {reach}; raise PlannerConfig.prefill_tile_tokens"
+        )
+
+
+def short_conv(
+    plan: ExecutionPlan,
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    conv_state: torch.Tensor,
+    weight: torch.Tensor,
+    *,
+    dilation: int,
+    group: int = 0,
+    plan_buffer: torch.Tensor | None = None,
+) -> None:
+    """:func:`stepplan.executor.reference.short_conv` on the Triton kernels.
+
+    Same arguments as the reference, plus ``plan_buffer`` (``[layout.size], int32``
+    ``plan.packed`` already on x's device; uploaded here when ``None``).
+    """
+    if x.shape[0] < plan.batch.num_tokens:
+        raise ValueError(
+            f"x: must be [num_engine_tokens >= {plan.batch.num_tokens}, C], got {list(x.shape)}"
+        )
+    if plan_buffer is None:
+        plan_buffer = torch.from_numpy(np.array(plan.packed)).to(x.device)
+    launch_short_conv(
+        launch_shape(plan),
+        plan_buffer,
+        x,
+        residual,
+        conv_state,
+        weight,
+        dilation=dilation,
+        group=group,
+    )

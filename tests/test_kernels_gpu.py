@@ -1,0 +1,99 @@
+"""On the GPU at full size (C = 8192): Triton kernels == reference, and the master invariant."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_kernels import DTYPES, Case, cases, check_against_reference, make_operands
+from test_schedule_invariance import Schedule, run_schedule
+
+from stepplan.executor import kernels
+from stepplan.planner import PlannerConfig, StepBatch, compile_plan
+
+pytestmark = pytest.mark.gpu
+C, K, D, Q = 8192, 4, 3, 4
+
+
+def batch_of(kind: str, rng: np.random.Generator) -> StepBatch:
+    """The SPEC §4 batches, plus mixed ones, on shuffled slots, with some initial state."""
+    spec, decode, prefill = {
+        "decode 1": (0, 1, []),
+        "decode 256": (0, 256, []),
+        "spec 1x4": (1, 0, []),
+        "spec 64x4": (64, 0, []),
+        "spec 256x4": (256, 0, []),
+        "prefill 1x512": (0, 0, [512]),
+        "prefill 4x4096": (0, 0, [4096] * 4),
+        "mixed": (64, 64, [1024, 1024]),
+        "mixed ragged": (5, 7, [3, 200, 77]),
+    }[kind]
+    rows = spec + decode + len(prefill)
+    lens = [Q] * spec + [1] * decode + prefill
+    order = rng.permutation(rows)  # the engine's order is not the group order
+    drafts = np.array([Q - 1] * spec + [-1] * (decode + len(prefill)))[order]
+    return StepBatch(
+        query_lens=np.array(lens)[order],
+        num_computed_tokens=(rng.integers(0, 2, rows) * rng.integers(1, 900, rows)),
+        slots=rng.permutation(np.arange(1, 2 * rows + 1))[:rows],
+        num_draft_tokens=drafts,
+        num_accepted_tokens=rng.integers(1, Q + 1, rows),
+    )
+
+
+KINDS = (
+    "decode 1",
+    "decode 256",
+    "spec 1x4",
+    "spec 64x4",
+    "spec 256x4",
+    "prefill 1x512",
+    "prefill 4x4096",
+    "mixed",
+    "mixed ragged",
+)
+
+
+@pytest.mark.parametrize("layout", ["window_channel", "channel_window"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kind", KINDS)
+def test_kernels_equal_reference_at_full_size(kind, dtype, layout):
+    """Graph plans where a bucket fits (uniform and ragged mixed ones), eager beyond."""
+    rng = np.random.default_rng(KINDS.index(kind))
+    config = PlannerConfig(num_spec_tokens=Q - 1, graph_mode="mixed", max_num_seqs=512)
+    plan = compile_plan(batch_of(kind, rng), config)
+    operands = make_operands(plan, C, K, (K - 1) * D + Q - 1, layout, dtype, "cuda", 7)
+    check_against_reference(Case(plan, *operands, dilation=D, group=0))
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
+@given(cases(channels=st.sampled_from([8192, 2050]), device="cuda", max_prefill=300))
+def test_kernels_equal_reference_on_drawn_steps(case):
+    check_against_reference(case)
+
+
+@pytest.mark.parametrize("window_contiguous", [False, True])
+@pytest.mark.parametrize("seed", [1, 2])
+def test_kernels_keep_the_master_invariant_at_full_size(seed, window_contiguous):
+    schedule = Schedule(
+        seed,
+        C,
+        K,
+        D,
+        Q,
+        num_requests=12,
+        max_len=150,
+        graph_mode="mixed",
+        window_contiguous=window_contiguous,
+    )
+    run_schedule(schedule, kernels.short_conv, device="cuda")
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.integers(0, 2**32 - 1), st.integers(2, 8), st.integers(1, 8), st.integers(1, 8))
+def test_kernels_keep_the_master_invariant_for_any_shape(seed, taps, dilation, q_max):
+    schedule = Schedule(
+        seed, 520, taps, dilation, q_max, num_requests=6, max_len=90, graph_mode="full"
+    )
+    run_schedule(schedule, kernels.short_conv, device="cuda")
