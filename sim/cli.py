@@ -21,7 +21,15 @@ import tomllib
 from .acceptance import DEEPSEEK_MTP_PROBS, EAGLE3_PROBS, AcceptanceError
 from .cli_report import ERRORS as REPORT_ERRORS
 from .cli_report import add_buckets, add_report, add_report_option, report_after_simulation
-from .config import ConfigError, SimConfig, load_config, with_settings
+from .config import (
+    LIVE_BACKENDS,
+    LIVE_DEVICES,
+    LIVE_TIMES,
+    ConfigError,
+    SimConfig,
+    load_config,
+    with_settings,
+)
 from .cost import ProfileError
 from .results import SimResult, parquet_available, summary_rows, write_results
 from .run import prepare_requests, simulate
@@ -55,6 +63,10 @@ OVERRIDES = {
     "slo_tpot_ms": "slo.tpot_ms",
     "seed": "seed",
     "name": "name",
+    "live": "live.enabled",
+    "live_backend": "live.backend",
+    "live_device": "live.device",
+    "live_time": "live.time",
 }
 #: ``--acceptance`` choices: a model, or a preset of per-position probabilities.
 ACCEPTANCE_PRESETS = {"deepseek-mtp": DEEPSEEK_MTP_PROBS, "eagle3": EAGLE3_PROBS}
@@ -183,6 +195,27 @@ def _add_setting_options(parser: argparse.ArgumentParser) -> None:
     add("--rate", type=float, help="req/s for traces without arrival times")
     add("--slo-ttft-ms", type=float)
     add("--slo-tpot-ms", type=float)
+    _add_live_options(parser)
+
+
+def _add_live_options(parser: argparse.ArgumentParser) -> None:
+    add = parser.add_argument
+    add(
+        "--live",
+        action="store_const",
+        const=True,
+        help="live mode: a real toy model (settings: [live]) runs every step and its greedy "
+        "tokens decide what the drafts accept, in place of the acceptance model",
+    )
+    add("--live-backend", choices=LIVE_BACKENDS, help="executor backend (default: reference)")
+    add("--live-device", choices=LIVE_DEVICES, help="where the toy model runs (default: cpu)")
+    add(
+        "--live-time",
+        choices=LIVE_TIMES,
+        help="step time in live mode: model (the cost model, deterministic on a given backend; "
+        "default) or measured (the model run's wall time replaces the model, short-conv and "
+        "launch terms; results then vary run to run)",
+    )
 
 
 def _simulate_one(

@@ -16,6 +16,10 @@ A TOML file has one table per section, each key a field of that section's class:
     [cost]
     host_cost = "seed"
 
+    [live]              # live mode (``live.py``): a real toy model decides acceptance
+    enabled = true
+    backend = "reference"
+
 Unknown sections or keys are errors (a misspelt key must not be silently ignored).
 Overrides use dotted keys, ``scheduler.max_num_seqs = 128``.
 """
@@ -30,6 +34,10 @@ import tomllib
 
 HOST_COSTS = ("model", "measured", "seed")
 ACCEPTANCE_MODELS = ("per-position", "fixed", "replay")
+LIVE_BACKENDS = ("reference", "triton")
+LIVE_DEVICES = ("cpu", "cuda")
+LIVE_TIMES = ("model", "measured")
+LIVE_DTYPES = ("float32", "bfloat16", "float16")
 
 
 class ConfigError(ValueError):
@@ -68,6 +76,13 @@ def _floats(value: object) -> tuple[float, ...]:
     if isinstance(value, int | float):
         value = [value]
     return tuple(float(v) for v in value)  # type: ignore[union-attr]
+
+
+def _flag(value: object, field: attrs.Attribute) -> bool:
+    try:
+        return attrs.converters.to_bool(value)
+    except ValueError:
+        raise ConfigError(f"{field.name}: must be true or false, got {value!r}") from None
 
 
 def _optional(kind: type) -> Any:
@@ -238,6 +253,45 @@ class SloConfig:
     tpot_ms: float = attrs.field(default=50.0, converter=float, validator=_positive)
 
 
+@attrs.frozen
+class LiveConfig:
+    """Live mode (``live.py``): every step runs a real toy model whose greedy tokens
+    verify the drafts, in place of the acceptance model.
+
+    Attributes:
+        enabled: run live (``--live``).
+        backend: the executor's ``reference`` (PyTorch) or ``triton`` kernels.
+        device: ``cpu`` or ``cuda``.
+        time: ``model`` (the cost model's step time, as without live mode:
+            deterministic on a given backend) or ``measured`` (the model run's wall
+            time replaces the model, short-conv and launch terms: not reproducible).
+        dtype: the toy model's precision.
+        vocab_size, hidden_size, mlp_size, num_layers, kernel_size, dilation, seed:
+            the toy model (``stepplan.executor.toy_model.ToyModelConfig``); ``seed``
+            draws its weights.
+        num_groups: the toy model's layer groups; ``None`` follows
+            ``scheduler.num_groups``, which it must equal.
+        ngram_max: longest suffix the prompt-lookup draft proposer matches.
+    """
+
+    enabled: bool = attrs.field(default=False, converter=attrs.Converter(_flag, takes_field=True))
+    backend: str = attrs.field(default="reference", validator=_one_of(LIVE_BACKENDS))
+    device: str = attrs.field(default="cpu", validator=_one_of(LIVE_DEVICES))
+    time: str = attrs.field(default="model", validator=_one_of(LIVE_TIMES))
+    dtype: str = attrs.field(default="float32", validator=_one_of(LIVE_DTYPES))
+    vocab_size: int = attrs.field(default=64, converter=int, validator=_positive)
+    hidden_size: int = attrs.field(default=32, converter=int, validator=_positive)
+    mlp_size: int = attrs.field(default=64, converter=int, validator=_positive)
+    num_layers: int = attrs.field(default=4, converter=int, validator=_positive)
+    num_groups: int | None = attrs.field(
+        default=None, converter=_optional(int), validator=_positive
+    )
+    kernel_size: int = attrs.field(default=4, converter=int, validator=_positive)
+    dilation: int = attrs.field(default=2, converter=int, validator=_positive)
+    seed: int = attrs.field(default=0, converter=int)
+    ngram_max: int = attrs.field(default=3, converter=int, validator=_positive)
+
+
 SECTIONS: dict[str, type] = {
     "scheduler": SchedulerConfig,
     "planner": PlannerSettings,
@@ -247,6 +301,7 @@ SECTIONS: dict[str, type] = {
     "acceptance": AcceptanceConfig,
     "workload": WorkloadConfig,
     "slo": SloConfig,
+    "live": LiveConfig,
 }
 
 
@@ -264,6 +319,7 @@ class SimConfig:
     acceptance: AcceptanceConfig = attrs.Factory(AcceptanceConfig)
     workload: WorkloadConfig = attrs.Factory(WorkloadConfig)
     slo: SloConfig = attrs.Factory(SloConfig)
+    live: LiveConfig = attrs.Factory(LiveConfig)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready dict (tuples become lists)."""

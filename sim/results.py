@@ -39,7 +39,15 @@ does; an older folder of the same name is replaced whole):
                     "accepted_tokens"},
      "host": {"plan_us_p50", "plan_us_p90", "plan_us_mean"} (measured),
      "time_s": {"model", "short_conv", "host", "launch", "busy", "idle"},
-     "run": {"wall_s", "steps_per_s"} (measured)}
+     "run": {"wall_s", "steps_per_s"} (measured),
+     "live": true when a real toy model ran every step (``live.py``; then
+             "acceptance" is its real verification), else false,
+     "live_run": {"backend", "device", "device_name", "dtype", "time",
+                  "reproducible", "model" (the toy model's shape), "slots",
+                  "graphs_captured", "model_wall_s" (measured)} (live runs only)}
+
+In a live run with ``live.time = "measured"``, ``model_s`` is the model run's
+measured wall time and ``conv_s`` and ``launch_s`` are 0 (it includes them).
 
 ITL is the gap between consecutive steps in which a request emitted tokens. A
 request is *good* when its TTFT and TPOT meet the SLOs. Latency statistics of an
@@ -444,6 +452,13 @@ def _cell(value: float | None, digits: int) -> str:
     return "-" if value is None else f"{value:,.{digits}f}"
 
 
+def _live_cell(summary: dict[str, Any]) -> str:
+    run = summary.get("live_run") if summary.get("live") else None
+    if run is None:
+        return "off"
+    return f"{run['backend']} {run['device']} {run['dtype']}, {run['time']} time"
+
+
 def summary_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
     """The summary as ``(label, value)`` text rows, for tables in the CLI and reports."""
     latency, steps, times = summary["latency_ms"], summary["steps"], summary["time_s"]
@@ -461,6 +476,7 @@ def summary_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
         ("steps", f"{steps['count']:,}"),
         ("graph hit rate", _cell(steps["graph_hit_rate"], 3)),
         ("padded token share", _cell(steps["padded_token_share"], 4)),
+        ("live", _live_cell(summary)),
         ("acceptance length", _cell(summary["acceptance"]["mean_acceptance_length"], 3)),
         ("plan us p50 (measured)", _cell(summary["host"]["plan_us_p50"], 1)),
     ]

@@ -23,6 +23,7 @@ from stepplan.planner import ExecutionPlan, PlannerConfig, compile_plan
 from .acceptance import AcceptanceModel, make_acceptance
 from .config import SimConfig
 from .cost import CostModel, StepLoad
+from .live import LiveStepper
 from .results import RequestLog, SimResult, request_columns, step_columns, summarize
 from .scheduler import ScheduledStep, Scheduler
 from .traces import RequestTable
@@ -93,12 +94,41 @@ def _accepted(
     return accepted
 
 
-def simulate(table: RequestTable, config: SimConfig, *, progress: bool = False) -> SimResult:
+def _run_live(
+    step: ScheduledStep,
+    plan: ExecutionPlan,
+    live: LiveStepper,
+    log: RequestLog,
+    costs: tuple[float, ...],
+) -> tuple[np.ndarray, tuple[float, ...]]:
+    """The live model's accepted drafts per row, and the step's cost terms."""
+    outcome = live.run(step, plan)
+    spec = step.is_spec
+    if spec.any():
+        drafts = step.batch.num_draft_tokens[spec].astype(np.int64)
+        log.record_spec(step.request_ids[spec], drafts, outcome.accepted[spec])
+    if live.measured_time:
+        costs = (outcome.wall_s, 0.0, costs[2], 0.0)
+    return outcome.accepted, costs
+
+
+def simulate(
+    table: RequestTable,
+    config: SimConfig,
+    *,
+    progress: bool = False,
+    live: LiveStepper | None = None,
+) -> SimResult:
     """Simulate ``table`` (already windowed; see :func:`prepare_requests`) under
-    ``config``. ``progress`` shows a tqdm bar of finished requests."""
+    ``config``. ``progress`` shows a tqdm bar of finished requests. With
+    ``config.live.enabled`` the steps run on ``live`` (a new stepper when ``None``)."""
     wall_start = time.perf_counter()
     scheduler = Scheduler(table, config.scheduler)
     plan_config = planner_config(config)
+    if live is not None and not config.live.enabled:
+        raise ValueError("live: a stepper was given but config.live.enabled is false")
+    if config.live.enabled and live is None:
+        live = LiveStepper.create(config, plan_config, table.prompt_tokens)
     cost = CostModel.create(config.model, config.gpu, config.cost, config.scheduler.num_groups)
     acceptance = make_acceptance(config.acceptance, config.seed)
     log = RequestLog(table.num_requests)
@@ -116,7 +146,10 @@ def simulate(table: RequestTable, config: SimConfig, *, progress: bool = False) 
         plan = compile_plan(step.batch, plan_config)
         plan_us = (time.perf_counter_ns() - start + step.batch_ns) * 1e-3
         costs = cost.step(plan, StepLoad(step.kv_tokens, step.attention_pairs), plan_us)
-        accepted = _accepted(step, scheduler, acceptance, log)
+        if live is None:
+            accepted = _accepted(step, scheduler, acceptance, log)
+        else:
+            accepted, costs = _run_live(step, plan, live, log, costs)
         emitted, finished = scheduler.commit(step, accepted)
         end = clock + sum(costs)
         log.record(step.request_ids, emitted, finished, end)
@@ -125,7 +158,8 @@ def simulate(table: RequestTable, config: SimConfig, *, progress: bool = False) 
         if len(records) % _PROGRESS_EVERY == 0:
             bar.update(scheduler.num_finished - bar.n)
     bar.close()
-    return _result(table, config, records, log, scheduler, time.perf_counter() - wall_start)
+    wall_s = time.perf_counter() - wall_start
+    return _result(table, config, records, log, scheduler, wall_s, live)
 
 
 def _result(
@@ -135,6 +169,7 @@ def _result(
     log: RequestLog,
     scheduler: Scheduler,
     wall_s: float,
+    live: LiveStepper | None = None,
 ) -> SimResult:
     steps = step_columns(records)
     requests = request_columns(table.arrival_s, table.prompt_tokens, table.output_tokens, log)
@@ -155,4 +190,7 @@ def _result(
         int(scheduler.spec_steps.sum()),
         wall_s,
     )
+    summary["live"] = live is not None
+    if live is not None:
+        summary["live_run"] = live.summary()
     return SimResult(steps=steps, requests=requests, itl_s=itl_s, summary=summary)
