@@ -17,6 +17,7 @@ import argparse
 import os
 import platform
 import time
+from importlib import resources
 
 import numpy as np
 
@@ -24,7 +25,7 @@ from stepplan.sim.config import SimConfig, with_settings
 from stepplan.sim.run import prepare_requests, simulate
 from stepplan.sim.traces import load_trace
 
-AZURE_CODE = "/work/shared/traces/azure_llm_2023_code.csv"
+AZURE_CODE = str(resources.files("stepplan.sim").joinpath("data/azure_llm_2023_code.csv"))
 
 
 def main() -> None:

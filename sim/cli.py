@@ -36,7 +36,10 @@ from .run import prepare_requests, simulate
 from .traces import FORMATS, RequestTable, TraceError, load_trace
 from .workloads import SYNTHETIC_PREFIX, WorkloadError, parse_synthetic
 
-EMBEDDED_TRACE = "data/azure_code_2023_first1000.csv"
+EMBEDDED_TRACE = "data/azure_llm_2023_code.csv"
+#: Requests the default run keeps of the embedded trace (its first 8.7 minutes)
+#: unless ``--limit`` says otherwise; the whole trace is 8,819 requests, 57 minutes.
+EMBEDDED_LIMIT = 1000
 USER_ERRORS = (ConfigError, TraceError, WorkloadError, ProfileError, AcceptanceError, OSError)
 USER_ERRORS += REPORT_ERRORS
 
@@ -111,10 +114,13 @@ def build_config(args: argparse.Namespace, config_path: str | None = None) -> Si
 
 
 def load_requests(args: argparse.Namespace, config: SimConfig, stack: ExitStack) -> RequestTable:
-    """The trace ``args.trace`` names (the embedded slice when absent), prepared."""
+    """The trace ``args.trace`` names (the embedded trace's first requests when absent),
+    prepared."""
     if args.trace is None:
         path = stack.enter_context(resources.as_file(_embedded()))
         table = load_trace(path, "azure")
+        if config.workload.limit is None:
+            table = table.limit(EMBEDDED_LIMIT)
     elif args.trace.startswith(SYNTHETIC_PREFIX):
         table = parse_synthetic(args.trace, seed=config.seed)
     else:
@@ -156,7 +162,7 @@ def _add_trace_options(parser: argparse.ArgumentParser) -> None:
         "trace",
         nargs="?",
         help="trace file (any supported format) or synthetic:key=value,...; "
-        "default: the embedded Azure code slice (1,000 requests)",
+        "default: the first 1,000 requests of the embedded Azure code trace",
     )
     parser.add_argument("--format", choices=FORMATS, help="trace format (default: detected)")
     parser.add_argument("--out", help="results folder (default: results/<name>)")
@@ -252,8 +258,9 @@ def add_simulate(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "simulate",
         help="replay a trace through the scheduler, planner and cost model",
-        description="Replay a trace (default: the embedded Azure code slice) through the "
-        "continuous-batching scheduler with the real planner in every step.",
+        description="Replay a trace (default: the first 1,000 requests of the embedded Azure "
+        "code trace) through the continuous-batching scheduler with the real planner in "
+        "every step.",
     )
     _add_trace_options(parser)
     _add_setting_options(parser)

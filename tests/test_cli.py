@@ -17,10 +17,18 @@ def test_simulate_embedded_trace(tmp_path, capsys):
     out = tmp_path / "run"
     assert cli.main(["simulate", "--limit", "80", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert "azure_code_2023_first1000" in printed and "TTFT p50 ms" in printed
+    assert "azure_llm_2023_code" in printed and "TTFT p50 ms" in printed
     assert sorted(p.name for p in out.iterdir()) == ["requests.csv", "steps.csv", "summary.json"]
     document = summary(out)
     assert document["requests"] == 80 and document["trace"]["format"] == "azure"
+
+
+def test_default_run_keeps_the_first_thousand_requests(tmp_path):
+    out = tmp_path / "run"
+    assert cli.main(["simulate", "--quiet", "--out", str(out), "--end-s", "60"]) == 0
+    document = summary(out)
+    assert document["trace"]["path"].endswith("azure_llm_2023_code.csv")
+    assert 0 < document["requests"] < 1000  # the window applies before the default limit
 
 
 def test_default_out_folder_is_results_name(tmp_path, monkeypatch):

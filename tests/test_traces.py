@@ -131,18 +131,13 @@ def test_lengths_trace_gets_poisson_arrivals(tmp_path):
     np.testing.assert_array_equal(load_trace(path, rate=10.0, seed=4).arrival_s, table.arrival_s)
 
 
-def test_embedded_slice_is_the_start_of_the_azure_trace():
-    path = resources.files("stepplan.sim").joinpath("data/azure_code_2023_first1000.csv")
+def test_embedded_trace_is_the_whole_azure_code_trace():
+    path = resources.files("stepplan.sim").joinpath("data/azure_llm_2023_code.csv")
     with resources.as_file(path) as real:
         table = load_trace(real)
-    assert table.num_requests == 1000 and table.format == "azure"
-    assert 500 < table.span_s < 560
-    full = SHARED / "azure_llm_2023_code.csv"
-    if full.exists():
-        head = load_trace(full).limit(1000)
-        np.testing.assert_array_equal(head.prompt_tokens, table.prompt_tokens)
-        np.testing.assert_array_equal(head.output_tokens, table.output_tokens)
-        np.testing.assert_allclose(head.arrival_s, table.arrival_s, atol=1e-9)
+    assert table.num_requests == 8819 and table.format == "azure"
+    assert 3400 < table.span_s < 3450
+    assert 500 < table.limit(1000).span_s < 560
 
 
 @pytest.mark.skipif(not SHARED.exists(), reason="shared traces not on this machine")
