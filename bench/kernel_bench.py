@@ -106,7 +106,7 @@ def set_bytes(ops: Operands) -> int:
     return sum(t.numel() * t.element_size() for t in (ops.x, ops.residual, ops.state))
 
 
-def graph_us(step: Callable[[int], None], sets: int, reps: int) -> float:
+def graph_us(step: Callable[[int], None], sets: int, reps: int, warmup: int = 3) -> float:
     """Median µs of one ``step(i)`` inside a graph that runs ``step`` on every set in turn."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -118,7 +118,8 @@ def graph_us(step: Callable[[int], None], sets: int, reps: int) -> float:
     with torch.cuda.graph(graph):
         for i in range(sets):
             step(i)
-    graph.replay()
+    for _ in range(warmup):
+        graph.replay()
     torch.cuda.synchronize()
     times = []
     for _ in range(reps):
@@ -136,7 +137,7 @@ def copy_ceiling_tbs(reps: int) -> float:
     """Device-to-device copy bandwidth, bytes read + written, in TB/s."""
     src = torch.randn(1 << 29, device=DEVICE).to(DTYPE)  # 1 GiB
     dst = torch.empty_like(src)
-    us = graph_us(lambda _: dst.copy_(src), 1, reps)
+    us = graph_us(lambda _: dst.copy_(src), 1, reps, warmup=300)  # clocks ramp up first
     return 2 * src.numel() * src.element_size() / us / 1e6
 
 
@@ -254,35 +255,51 @@ def measure(
     )
 
 
-ROW_VARIANTS = ((64, 2), (128, 4), (256, 4), (256, 8), (512, 8))
-TILE_VARIANTS = ((64, 4, 16), (128, 4, 8), (128, 4, 16), (128, 8, 32), (256, 8, 16), (256, 4, 8))
+ROW_VARIANTS = ((128, 2), (128, 4), (256, 4), (256, 8), (512, 8))
+TILE_VARIANTS = (
+    (128, 4, 16),
+    (64, 4, 32),
+    (32, 4, 64),
+    (64, 2, 16),
+    (256, 8, 16),
+    (128, 8, 32),
+    (128, 4, 8),
+    (64, 4, 64),
+)
 
 
-def sweep(channels: int, ceiling: float) -> None:
-    """Block sizes per layout and batch, to choose ``kernels.default_blocks`` (no PyTorch)."""
-    default = kernels.default_blocks(channels, False)
+def sweep(channels: int, ceiling: float) -> dict[str, kernels.Blocks]:
+    """Time block-size variants per layout (no PyTorch); return the best blocks per layout.
+
+    Best: the highest geometric-mean share over the batches each launch serves.
+    """
     print(f"\nsweep at C={channels}: us (share of ceiling) per block variant", flush=True)
+    chosen = {}
     for layout in LAYOUTS:
-        for name in BATCHES:
-            if name == "mixed":
-                continue
-            prefill = name.startswith("prefill")
-            variants = TILE_VARIANTS if prefill else ROW_VARIANTS
-            cells = []
+        blocks = kernels.default_blocks(channels, layout != LAYOUTS[0])
+        for prefill, variants in ((False, ROW_VARIANTS), (True, TILE_VARIANTS)):
+            names = [n for n in BATCHES if n != "mixed" and n.startswith("prefill") == prefill]
+            scores = {}
             for variant in variants:
-                if prefill:
-                    blocks = attrs.evolve(
-                        default,
-                        tiles_channels=variant[0],
-                        tiles_warps=variant[1],
-                        tiles_tokens=variant[2],
-                    )
-                else:
-                    blocks = attrs.evolve(default, rows_channels=variant[0], rows_warps=variant[1])
-                row = measure(name, channels, layout, blocks=blocks, reps=15, with_torch=False)
-                share = row["floor_bytes"] / (ceiling * 1e6) / row["us"]
-                cells.append(f"{'/'.join(map(str, variant))}: {row['us']:.1f} ({share:.0%})")
-            print(f"  {layout:<20} {name:<15} " + "  ".join(cells), flush=True)
+                trial = _with_variant(blocks, prefill, variant)
+                cells = []
+                for name in names:
+                    row = measure(name, channels, layout, blocks=trial, reps=15, with_torch=False)
+                    cells.append(row["floor_bytes"] / (ceiling * 1e6) / row["us"])
+                scores[variant] = float(np.exp(np.mean(np.log(cells))))
+                shown = "  ".join(f"{n}: {c:.0%}" for n, c in zip(names, cells, strict=True))
+                print(f"  {layout:<20} {'/'.join(map(str, variant)):<10} {shown}", flush=True)
+            blocks = _with_variant(blocks, prefill, max(scores, key=scores.get))
+        chosen[layout] = blocks
+        print(f"  {layout}: chose {blocks}", flush=True)
+    return chosen
+
+
+def _with_variant(blocks: kernels.Blocks, prefill: bool, variant: tuple) -> kernels.Blocks:
+    if prefill:
+        channels, warps, tokens = variant
+        return attrs.evolve(blocks, tiles_channels=channels, tiles_warps=warps, tiles_tokens=tokens)
+    return attrs.evolve(blocks, rows_channels=variant[0], rows_warps=variant[1])
 
 
 def table(rows: list[dict], ceiling: float) -> str:
@@ -351,17 +368,25 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.cuda.get_device_name()
     ceiling = copy_ceiling_tbs(args.reps)
     print(f"{device}: copy ceiling {ceiling:.2f} TB/s", flush=True)
-    if args.sweep:
-        sweep(args.channels[0], ceiling)
+    chosen = sweep(args.channels[0], ceiling) if args.sweep else {}
     rows = []
     for channels in args.channels:
         for layout in LAYOUTS:
             for name in args.batches:
-                row = measure(name, channels, layout, reps=args.reps, with_torch=not args.no_torch)
-                row["floor_us"] = row["floor_bytes"] / (ceiling * 1e6)
-                row["share"] = row["floor_us"] / row["us"]
+                row = measure(
+                    name,
+                    channels,
+                    layout,
+                    blocks=chosen.get(layout),
+                    reps=args.reps,
+                    with_torch=not args.no_torch,
+                )
                 rows.append(row)
-                print(table(rows[-1:], ceiling).splitlines()[2], flush=True)
+                print(f"  {channels} {layout} {name}: {row['us']:.1f} us", flush=True)
+    ceiling = max(ceiling, copy_ceiling_tbs(args.reps))  # again, the clocks now warm
+    for row in rows:
+        row["floor_us"] = row["floor_bytes"] / (ceiling * 1e6)
+        row["share"] = row["floor_us"] / row["us"]
     profile = dict(
         device=device,
         dtype=str(DTYPE).removeprefix("torch."),
@@ -370,6 +395,7 @@ def main(argv: list[str] | None = None) -> int:
         D=D,
         Q=Q,
         copy_ceiling_tbs=ceiling,
+        blocks={layout: attrs.asdict(blocks) for layout, blocks in chosen.items()},
         rows=rows,
         **cost_model_view(rows),
     )

@@ -33,34 +33,25 @@ from .reference import check_operands
 
 
 @triton.jit
-def _history(
-    x_ptr,
-    x_stride,
-    first_token,
-    past_ptr,
-    state_chan,
-    state_win,
-    state_end,
-    pos,
-    chan,
-    valid,
-    REACH: tl.constexpr,
-):
-    """``h[pos]`` of SPEC §2 on a ``[rows, BLOCK_C]`` tile: state entries below REACH, else x.
+def _tokens(x_ptr, x_stride, first_token, pos, chan, valid, REACH: tl.constexpr):
+    """``h[pos]`` of SPEC §2 where ``pos >= REACH`` (an input token), 0 elsewhere.
 
-    ``past_ptr`` points at the row's window entry ``o``; ``pos`` is ``[rows, 1]``.
-    ``state_end`` is REACH where the row reads state, else 0 (zeros in place of state);
-    an integer, not a bool, because scalar bools in masks break the interpreter.
+    ``pos`` is ``[rows, 1]``, ``chan`` ``[BLOCK_C]``, ``valid`` ``[rows, BLOCK_C]``.
     """
-    in_state = pos < REACH
-    past = tl.load(
-        past_ptr + chan[None, :] * state_chan + pos * state_win,
-        mask=valid & (pos < state_end),
-        other=0.0,
-    )
     token = (first_token + pos - REACH).to(tl.int64)
-    new = tl.load(x_ptr + token * x_stride + chan[None, :], mask=valid & (pos >= REACH), other=0.0)
-    return tl.where(in_state, past, new)
+    return tl.load(x_ptr + token * x_stride + chan[None, :], mask=valid & (pos >= REACH), other=0.0)
+
+
+@triton.jit
+def _past(past_ptr, state_chan, state_win, state_end, pos, chan, valid):
+    """``h[pos]`` of SPEC §2 where ``pos < state_end`` (a state entry), 0 elsewhere.
+
+    ``past_ptr`` points at the row's window entry ``o``. ``state_end`` is L where the
+    row reads state, else 0 (zeros in place of state): an integer, not a bool,
+    because scalar bools in masks break the interpreter.
+    """
+    ptrs = past_ptr + chan[None, :] * state_chan + pos * state_win
+    return tl.load(ptrs, mask=valid & (pos < state_end), other=0.0)
 
 
 @triton.jit
@@ -83,29 +74,28 @@ def _convolve(
     DILATION: tl.constexpr,
     ROWS: tl.constexpr,
     BLOCK_C: tl.constexpr,
+    WITH_STATE: tl.constexpr,
 ):
     """fp32 ``Σ_k w[:, k] · h[pos + k·D]`` on a ``[ROWS, BLOCK_C]`` tile.
 
-    The K shifted history loads overlap; all but the first hit L1/L2.
+    The K shifted history loads overlap; all but the first hit L1/L2. Token and
+    state taps sum apart and meet once: in the window-contiguous state layout
+    their tiles have different register layouts, and merging every tap would
+    cost a shared-memory shuffle each.
     """
     reach: tl.constexpr = (TAPS - 1) * DILATION
     acc = tl.zeros([ROWS, BLOCK_C], dtype=tl.float32)
+    acc_past = tl.zeros([ROWS, BLOCK_C], dtype=tl.float32)
     for k in tl.static_range(TAPS):
         tap = tl.load(weight_ptr + chan * weight_chan + k * weight_tap, mask=chan_ok, other=0.0)
-        h = _history(
-            x_ptr,
-            x_stride,
-            first_token,
-            past_ptr,
-            state_chan,
-            state_win,
-            state_end,
-            pos + k * DILATION,
-            chan,
-            valid,
-            reach,
-        )
-        acc += h.to(tl.float32) * tap.to(tl.float32)[None, :]
+        tap = tap.to(tl.float32)[None, :]
+        at = pos + k * DILATION
+        acc += _tokens(x_ptr, x_stride, first_token, at, chan, valid, reach).to(tl.float32) * tap
+        if WITH_STATE:
+            h = _past(past_ptr, state_chan, state_win, state_end, at, chan, valid)
+            acc_past += h.to(tl.float32) * tap
+    if WITH_STATE:
+        acc += acc_past
     return acc
 
 
@@ -121,6 +111,32 @@ def _add_silu(residual_ptr, residual_stride, token, chan, valid, acc):
 
 
 @triton.jit
+def _write_window(
+    window_ptr, state_chan, state_win, i, chan, keep, pos, past, tokens, REACH: tl.constexpr
+):
+    """``S[:, i] = h[pos]`` where ``keep``, ``past``/``tokens`` holding the state/token part.
+
+    Two stores with complementary masks, one per source tile: no layout shuffle.
+    """
+    ptrs = window_ptr + chan[None, :] * state_chan + i * state_win
+    tl.store(ptrs, past, mask=keep & (pos < REACH))
+    tl.store(ptrs, tokens, mask=keep & (pos >= REACH))
+
+
+_ROW_OFFSETS = ("query_start_at", "token_start_at", "kind_at", "offset_at", "reads_at", "slot_at")
+_TILE_OFFSETS = (
+    "query_start_at",
+    "token_start_at",
+    "reads_at",
+    "slot_at",
+    "tile_row_at",
+    "tile_start_at",
+)
+
+
+# Plan offsets change with every layout (graph bucket): specializing on their
+# divisibility would compile a kernel per bucket for nothing.
+@triton.jit(do_not_specialize=_ROW_OFFSETS)
 def _short_conv_rows(
     plan_ptr,
     x_ptr,
@@ -149,8 +165,13 @@ def _short_conv_rows(
     CHANNEL_UNIT: tl.constexpr,
     WINDOW_UNIT: tl.constexpr,
 ):
-    """Launch A: one program per (row, channel block) of the spec and decode rows."""
-    row = tl.program_id(0)
+    """Launch A: one program per (row, channel block) of the spec and decode rows.
+
+    Channel blocks run fastest, so the programs in flight stream whole window and
+    token rows through DRAM together.
+    """
+    blocks = tl.cdiv(channels, BLOCK_C)
+    row = tl.program_id(0) // blocks
     # Every plan field first, before any branch: one memory round trip, not two.
     kind = tl.load(plan_ptr + kind_at + row)
     slot = tl.load(plan_ptr + slot_at + row)
@@ -166,10 +187,9 @@ def _short_conv_rows(
     # A unit stride as a literal lets Triton coalesce and vectorize along that dimension.
     s_chan = 1 if CHANNEL_UNIT else state_chan
     s_win = 1 if WINDOW_UNIT else state_win
-    chan = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    chan = (tl.program_id(0) % blocks) * BLOCK_C + tl.arange(0, BLOCK_C)
     chan_ok = chan < channels
-    # Integer flags (0/1) instead of scalar bools: see _history.
-    has_slot = tl.minimum(slot, 1)
+    has_slot = tl.minimum(slot, 1)  # integer flags, not scalar bools: see _past
     state_end = reach * tl.minimum(reads, 1) * has_slot
     window_ptr = state_ptr + slot.to(tl.int64) * state_slot
     past_ptr = window_ptr + offset * s_win
@@ -195,20 +215,21 @@ def _short_conv_rows(
         DILATION,
         QUERY_BLOCK,
         BLOCK_C,
+        True,
     )
-    _add_silu(residual_ptr, residual_stride, first_token + j, chan, live, acc)
-
-    # New window S[:, i] = h[1 + i], i < L + q - 1 (decode: q = 1, so L entries).
+    # The new window S[:, i] = h[1 + i], i < L + q - 1 (decode: q = 1, so L entries), is
+    # loaded before the residual store: stores may alias later loads, so loads after
+    # it would wait for it, a second memory round trip.
     i = tl.arange(0, WRITE_BLOCK)[:, None]
     keep = (i < (reach + q - 1) * has_slot) & chan_ok[None, :]
-    new = _history(
-        x_ptr, x_stride, first_token, past_ptr, s_chan, s_win, state_end, i + 1, chan, keep, reach
-    )
+    past = _past(past_ptr, s_chan, s_win, state_end, i + 1, chan, keep)
+    tokens = _tokens(x_ptr, x_stride, first_token, i + 1, chan, keep, reach)
+    _add_silu(residual_ptr, residual_stride, first_token + j, chan, live, acc)
     tl.debug_barrier()  # every thread has read the old window before any overwrites it
-    tl.store(window_ptr + chan[None, :] * s_chan + i * s_win, new, mask=keep)
+    _write_window(window_ptr, s_chan, s_win, i, chan, keep, i + 1, past, tokens, reach)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_TILE_OFFSETS)
 def _short_conv_tiles(
     plan_ptr,
     x_ptr,
@@ -239,71 +260,86 @@ def _short_conv_tiles(
     WINDOW_UNIT: tl.constexpr,
 ):
     """Launch B: one program per (prefill tile, channel block); TILE >= L tokens."""
-    tile = tl.program_id(0)
+    blocks = tl.cdiv(channels, BLOCK_C)
+    tile = tl.program_id(0) // blocks
     row = tl.load(plan_ptr + tile_row_at + tile)
+    start = tl.load(plan_ptr + tile_start_at + tile)
     if row < 0:
         return  # a padding tile of a graph plan
     slot = tl.load(plan_ptr + slot_at + row)
+    first = tl.load(plan_ptr + query_start_at + row)
+    q = tl.load(plan_ptr + query_start_at + row + 1) - first
+    first_token = tl.load(plan_ptr + token_start_at + row)
+    reads = tl.load(plan_ptr + reads_at + row)
     if slot == 0:
         return  # a prefill row on the NULL slot adds 0 and keeps no state
     reach: tl.constexpr = (TAPS - 1) * DILATION
     s_chan = 1 if CHANNEL_UNIT else state_chan
     s_win = 1 if WINDOW_UNIT else state_win
-    chan = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    chan = (tl.program_id(0) % blocks) * BLOCK_C + tl.arange(0, BLOCK_C)
     chan_ok = chan < channels
-    start = tl.load(plan_ptr + tile_start_at + tile)
-    first = tl.load(plan_ptr + query_start_at + row)
-    q = tl.load(plan_ptr + query_start_at + row + 1) - first
-    first_token = tl.load(plan_ptr + token_start_at + row)
-    state_end = reach * tl.minimum(tl.load(plan_ptr + reads_at + row), 1)
+    state_end = reach * tl.minimum(reads, 1)
     window_ptr = state_ptr + slot.to(tl.int64) * state_slot  # prefill offset o is 0
 
-    # SUB tokens at a time: a whole [TILE, BLOCK_C] tile spills registers (64-bit
-    # pointers per element); the sub-tiles' overlapping history loads hit L1.
+    # SUB tokens at a time: a whole [TILE, BLOCK_C] tile can spill registers. Only the
+    # steps that reach back before the first token load state.
     for sub in range(0, TILE, SUB):
         j = start + sub + tl.arange(0, SUB)[:, None]
         live = (j < q) & chan_ok[None, :]
-        acc = _convolve(
-            x_ptr,
-            x_stride,
-            first_token,
-            window_ptr,
-            s_chan,
-            s_win,
-            state_end,
-            j,
-            chan,
-            chan_ok,
-            live,
-            weight_ptr,
-            weight_chan,
-            weight_tap,
-            TAPS,
-            DILATION,
-            SUB,
-            BLOCK_C,
-        )
+        if start + sub < reach:
+            acc = _convolve(
+                x_ptr,
+                x_stride,
+                first_token,
+                window_ptr,
+                s_chan,
+                s_win,
+                state_end,
+                j,
+                chan,
+                chan_ok,
+                live,
+                weight_ptr,
+                weight_chan,
+                weight_tap,
+                TAPS,
+                DILATION,
+                SUB,
+                BLOCK_C,
+                True,
+            )
+        else:
+            acc = _convolve(
+                x_ptr,
+                x_stride,
+                first_token,
+                window_ptr,
+                s_chan,
+                s_win,
+                state_end,
+                j,
+                chan,
+                chan_ok,
+                live,
+                weight_ptr,
+                weight_chan,
+                weight_tap,
+                TAPS,
+                DILATION,
+                SUB,
+                BLOCK_C,
+                False,
+            )
         _add_silu(residual_ptr, residual_stride, first_token + j, chan, live, acc)
     # Only tile 0 reads old state (later tiles start at >= TILE >= L), so it alone writes
     # the final state S[:, i] = h[q + i], i < L: no other program reads this slot.
     if start == 0:
         i = tl.arange(0, REACH_BLOCK)[:, None]
         keep = (i < reach) & chan_ok[None, :]
-        new = _history(
-            x_ptr,
-            x_stride,
-            first_token,
-            window_ptr,
-            s_chan,
-            s_win,
-            state_end,
-            q + i,
-            chan,
-            keep,
-            reach,
-        )
+        past = _past(window_ptr, s_chan, s_win, state_end, q + i, chan, keep)
+        tokens = _tokens(x_ptr, x_stride, first_token, q + i, chan, keep, reach)
         tl.debug_barrier()  # the tile's reads of the old window come first
-        tl.store(window_ptr + chan[None, :] * s_chan + i * s_win, new, mask=keep)
+        _write_window(window_ptr, s_chan, s_win, i, chan, keep, q + i, past, tokens, reach)
 
 
 @attrs.frozen
@@ -405,7 +441,7 @@ def launch_short_conv(
     strides = (channels, x.stride(0), residual.stride(0), *conv_state.stride(), *weight.stride())
     buffers = (plan_buffer, x, residual, conv_state, weight)
     if shape.rows_grid:
-        grid = (shape.rows_grid, triton.cdiv(channels, blocks.rows_channels))
+        grid = (shape.rows_grid * triton.cdiv(channels, blocks.rows_channels),)
         _short_conv_rows[grid](
             *buffers,
             *(offsets[name] for name in _ROW_FIELDS),
@@ -423,7 +459,7 @@ def launch_short_conv(
             num_warps=blocks.rows_warps,
         )
     if shape.tiles_grid:
-        grid = (shape.tiles_grid, triton.cdiv(channels, blocks.tiles_channels))
+        grid = (shape.tiles_grid * triton.cdiv(channels, blocks.tiles_channels),)
         _short_conv_tiles[grid](
             *buffers,
             offsets["row_query_start"],
