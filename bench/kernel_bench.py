@@ -133,12 +133,35 @@ def graph_us(step: Callable[[int], None], sets: int, reps: int, warmup: int = 3)
     return statistics.median(times)
 
 
+def eager_us(step: Callable[[], None], reps: int) -> float:
+    """Median µs of ``step`` launched eagerly, each call between two events."""
+    for _ in range(3):
+        step()
+    times = []
+    for _ in range(reps):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        step()
+        stop.record()
+        stop.synchronize()
+        times.append(start.elapsed_time(stop) * 1000.0)
+    return statistics.median(times)
+
+
 def copy_ceiling_tbs(reps: int) -> float:
-    """Device-to-device copy bandwidth, bytes read + written, in TB/s."""
+    """Device-to-device copy bandwidth, bytes read + written, in TB/s: the best of a
+    graph-captured memcpy, an elementwise copy kernel on the SMs, and an eager copy."""
     src = torch.randn(1 << 29, device=DEVICE).to(DTYPE)  # 1 GiB
     dst = torch.empty_like(src)
-    us = graph_us(lambda _: dst.copy_(src), 1, reps, warmup=300)  # clocks ramp up first
-    return 2 * src.numel() * src.element_size() / us / 1e6
+    nbytes = 2 * src.numel() * src.element_size()
+    ways = {
+        "graph memcpy": graph_us(lambda _: dst.copy_(src), 1, reps, warmup=300),  # clocks up
+        "graph kernel": graph_us(lambda _: torch.mul(src, 1, out=dst), 1, reps, warmup=30),
+        "eager copy": eager_us(lambda: dst.copy_(src), reps),
+    }
+    shown = ", ".join(f"{way} {nbytes / us / 1e6:.2f}" for way, us in ways.items())
+    print(f"copy TB/s: {shown}", flush=True)
+    return nbytes / min(ways.values()) / 1e6
 
 
 class TorchBaseline:
@@ -255,16 +278,18 @@ def measure(
     )
 
 
-ROW_VARIANTS = ((128, 2), (128, 4), (256, 4), (256, 8), (512, 8))
+#: (channels, warps, channels first) of the row launch; (channels, warps, tokens per
+#: step, channels first) of the tile launch.
+ROW_VARIANTS = tuple((c, w, f) for c, w in ((128, 2), (256, 4), (512, 8)) for f in (False, True))
 TILE_VARIANTS = (
-    (128, 4, 16),
-    (64, 4, 32),
-    (32, 4, 64),
-    (64, 2, 16),
-    (256, 8, 16),
-    (128, 8, 32),
-    (128, 4, 8),
-    (64, 4, 64),
+    (128, 4, 16, False),
+    (128, 4, 16, True),
+    (128, 4, 8, False),
+    (128, 4, 8, True),
+    (64, 2, 16, False),
+    (64, 4, 64, False),
+    (64, 4, 64, True),
+    (32, 4, 64, True),
 )
 
 
@@ -288,7 +313,7 @@ def sweep(channels: int, ceiling: float) -> dict[str, kernels.Blocks]:
                     cells.append(row["floor_bytes"] / (ceiling * 1e6) / row["us"])
                 scores[variant] = float(np.exp(np.mean(np.log(cells))))
                 shown = "  ".join(f"{n}: {c:.0%}" for n, c in zip(names, cells, strict=True))
-                print(f"  {layout:<20} {'/'.join(map(str, variant)):<10} {shown}", flush=True)
+                print(f"  {layout:<20} {'/'.join(map(str, variant)):<20} {shown}", flush=True)
             blocks = _with_variant(blocks, prefill, max(scores, key=scores.get))
         chosen[layout] = blocks
         print(f"  {layout}: chose {blocks}", flush=True)
@@ -297,9 +322,16 @@ def sweep(channels: int, ceiling: float) -> dict[str, kernels.Blocks]:
 
 def _with_variant(blocks: kernels.Blocks, prefill: bool, variant: tuple) -> kernels.Blocks:
     if prefill:
-        channels, warps, tokens = variant
-        return attrs.evolve(blocks, tiles_channels=channels, tiles_warps=warps, tiles_tokens=tokens)
-    return attrs.evolve(blocks, rows_channels=variant[0], rows_warps=variant[1])
+        channels, warps, tokens, first = variant
+        return attrs.evolve(
+            blocks,
+            tiles_channels=channels,
+            tiles_warps=warps,
+            tiles_tokens=tokens,
+            tiles_channels_first=first,
+        )
+    channels, warps, first = variant
+    return attrs.evolve(blocks, rows_channels=channels, rows_warps=warps, rows_channels_first=first)
 
 
 def table(rows: list[dict], ceiling: float) -> str:

@@ -123,6 +123,26 @@ def _write_window(
     tl.store(ptrs, tokens, mask=keep & (pos >= REACH))
 
 
+@triton.jit
+def _program_place(channels, BLOCK_C: tl.constexpr, CHANNELS_FIRST: tl.constexpr):
+    """``(item, first channel)`` of this program: item = row or tile.
+
+    CHANNELS_FIRST: consecutive programs take consecutive channel blocks of one item
+    (they stream whole rows of memory together); else consecutive items of one block.
+    Which is faster depends on the launch and the state layout (bench/kernel_notes.md).
+    """
+    blocks = tl.cdiv(channels, BLOCK_C)
+    pid = tl.program_id(0)
+    if CHANNELS_FIRST:
+        item = pid // blocks
+        block = pid % blocks
+    else:
+        items = tl.num_programs(0) // blocks
+        item = pid % items
+        block = pid // items
+    return item, block * BLOCK_C
+
+
 _ROW_OFFSETS = ("query_start_at", "token_start_at", "kind_at", "offset_at", "reads_at", "slot_at")
 _TILE_OFFSETS = (
     "query_start_at",
@@ -164,14 +184,10 @@ def _short_conv_rows(
     BLOCK_C: tl.constexpr,
     CHANNEL_UNIT: tl.constexpr,
     WINDOW_UNIT: tl.constexpr,
+    CHANNELS_FIRST: tl.constexpr,
 ):
-    """Launch A: one program per (row, channel block) of the spec and decode rows.
-
-    Channel blocks run fastest, so the programs in flight stream whole window and
-    token rows through DRAM together.
-    """
-    blocks = tl.cdiv(channels, BLOCK_C)
-    row = tl.program_id(0) // blocks
+    """Launch A: one program per (row, channel block) of the spec and decode rows."""
+    row, chan0 = _program_place(channels, BLOCK_C, CHANNELS_FIRST)
     # Every plan field first, before any branch: one memory round trip, not two.
     kind = tl.load(plan_ptr + kind_at + row)
     slot = tl.load(plan_ptr + slot_at + row)
@@ -187,7 +203,7 @@ def _short_conv_rows(
     # A unit stride as a literal lets Triton coalesce and vectorize along that dimension.
     s_chan = 1 if CHANNEL_UNIT else state_chan
     s_win = 1 if WINDOW_UNIT else state_win
-    chan = (tl.program_id(0) % blocks) * BLOCK_C + tl.arange(0, BLOCK_C)
+    chan = chan0 + tl.arange(0, BLOCK_C)
     chan_ok = chan < channels
     has_slot = tl.minimum(slot, 1)  # integer flags, not scalar bools: see _past
     state_end = reach * tl.minimum(reads, 1) * has_slot
@@ -258,10 +274,10 @@ def _short_conv_tiles(
     BLOCK_C: tl.constexpr,
     CHANNEL_UNIT: tl.constexpr,
     WINDOW_UNIT: tl.constexpr,
+    CHANNELS_FIRST: tl.constexpr,
 ):
     """Launch B: one program per (prefill tile, channel block); TILE >= L tokens."""
-    blocks = tl.cdiv(channels, BLOCK_C)
-    tile = tl.program_id(0) // blocks
+    tile, chan0 = _program_place(channels, BLOCK_C, CHANNELS_FIRST)
     row = tl.load(plan_ptr + tile_row_at + tile)
     start = tl.load(plan_ptr + tile_start_at + tile)
     if row < 0:
@@ -276,7 +292,7 @@ def _short_conv_tiles(
     reach: tl.constexpr = (TAPS - 1) * DILATION
     s_chan = 1 if CHANNEL_UNIT else state_chan
     s_win = 1 if WINDOW_UNIT else state_win
-    chan = (tl.program_id(0) % blocks) * BLOCK_C + tl.arange(0, BLOCK_C)
+    chan = chan0 + tl.arange(0, BLOCK_C)
     chan_ok = chan < channels
     state_end = reach * tl.minimum(reads, 1)
     window_ptr = state_ptr + slot.to(tl.int64) * state_slot  # prefill offset o is 0
@@ -375,21 +391,34 @@ def launch_shape(plan: ExecutionPlan) -> LaunchShape:
 
 @attrs.frozen
 class Blocks:
-    """Channels and warps per program of each launch; tokens per step of a tile program."""
+    """Per launch: channels and warps per program, program order (see ``_program_place``);
+    tokens per step of a tile program."""
 
     rows_channels: int
     rows_warps: int
     tiles_channels: int
     tiles_warps: int
     tiles_tokens: int
+    rows_channels_first: bool = True
+    tiles_channels_first: bool = False
 
 
 def default_blocks(channels: int, window_contiguous: bool) -> Blocks:
-    """Block sizes for ``channels`` (measured on an H200: ``bench/kernel_notes.md``)."""
-    del window_contiguous
-    rows = min(256, triton.next_power_of_2(channels))
-    tiles = min(128, triton.next_power_of_2(channels))
-    return Blocks(rows, 4, tiles, 4, 16)
+    """Block sizes and program orders for ``channels`` and the state's memory layout.
+
+    Chosen by ``bench/kernel_bench.py --sweep`` on an H200 at C = 8192 (see
+    ``bench/kernel_notes.md``); narrower blocks where C is small.
+    """
+    if window_contiguous:
+        rows, rows_warps, rows_first = 128, 2, False
+        tiles, tiles_warps, tokens, tiles_first = 64, 4, 64, True
+    else:
+        rows, rows_warps, rows_first = 512, 8, True
+        tiles, tiles_warps, tokens, tiles_first = 128, 4, 16, False
+    fit = triton.next_power_of_2(channels)
+    return Blocks(
+        min(rows, fit), rows_warps, min(tiles, fit), tiles_warps, tokens, rows_first, tiles_first
+    )
 
 
 def launch_short_conv(
@@ -456,6 +485,7 @@ def launch_short_conv(
             BLOCK_C=blocks.rows_channels,
             CHANNEL_UNIT=unit[0],
             WINDOW_UNIT=unit[1],
+            CHANNELS_FIRST=blocks.rows_channels_first,
             num_warps=blocks.rows_warps,
         )
     if shape.tiles_grid:
@@ -477,6 +507,7 @@ def launch_short_conv(
             BLOCK_C=blocks.tiles_channels,
             CHANNEL_UNIT=unit[0],
             WINDOW_UNIT=unit[1],
+            CHANNELS_FIRST=blocks.tiles_channels_first,
             num_warps=blocks.tiles_warps,
         )
 

@@ -94,7 +94,7 @@ def step_batches(draw, max_rows: int = 7, max_prefill: int = 90) -> tuple[StepBa
 
 @st.composite
 def cases(draw, channels=None, dtypes=None, device="cpu", max_prefill: int = 90) -> Case:
-    """A drawn step with operands; tile programs step 8 or 64 tokens at a time."""
+    """A drawn step with operands; tile programs step 8 or 64 tokens, in either order."""
     batch, q_max = draw(step_batches(max_prefill=max_prefill))
     taps = draw(st.integers(2, 8))
     dilation = draw(st.integers(1, 8))
@@ -117,7 +117,8 @@ def cases(draw, channels=None, dtypes=None, device="cpu", max_prefill: int = 90)
         plan, channels, taps, window, layout, dtype, device, seed
     )
     group = draw(st.integers(0, batch.num_groups - 1))
-    blocks = kernels.Blocks(64, 4, 64, 4, draw(st.sampled_from([8, 64])))
+    orders = draw(st.tuples(st.booleans(), st.booleans()))
+    blocks = kernels.Blocks(64, 4, 64, 4, draw(st.sampled_from([8, 64])), *orders)
     return Case(plan, x, residual, state, weight, dilation, group, blocks)
 
 
