@@ -410,11 +410,11 @@ def default_blocks(channels: int, window_contiguous: bool) -> Blocks:
     ``bench/kernel_notes.md``); narrower blocks where C is small.
     """
     if window_contiguous:
-        rows, rows_warps, rows_first = 128, 2, False
+        rows, rows_warps, rows_first = 128, 2, True
         tiles, tiles_warps, tokens, tiles_first = 64, 4, 64, True
     else:
         rows, rows_warps, rows_first = 512, 8, True
-        tiles, tiles_warps, tokens, tiles_first = 128, 4, 16, False
+        tiles, tiles_warps, tokens, tiles_first = 128, 4, 16, True
     fit = triton.next_power_of_2(channels)
     return Blocks(
         min(rows, fit), rows_warps, min(tiles, fit), tiles_warps, tokens, rows_first, tiles_first
