@@ -400,7 +400,7 @@ class Blocks:
     tiles_warps: int
     tiles_tokens: int
     rows_channels_first: bool = True
-    tiles_channels_first: bool = False
+    tiles_channels_first: bool = True
 
 
 def default_blocks(channels: int, window_contiguous: bool) -> Blocks:
@@ -462,62 +462,86 @@ def launch_short_conv(
         query_len_max=shape.query_len_max,
     )
     _check_launch(shape, plan_buffer, x, residual, (weight.shape[1] - 1) * dilation)
-    channels = x.shape[1]
-    unit = (conv_state.stride(1) == 1, conv_state.stride(2) == 1)
-    blocks = blocks or default_blocks(channels, unit[1])
+    blocks = blocks or default_blocks(x.shape[1], conv_state.stride(2) == 1)
     offsets = {name: at for name, (at, _) in layout.offsets().items()}
-    slot_at = offsets["row_slot"] + group * layout.num_rows
-    strides = (channels, x.stride(0), residual.stride(0), *conv_state.stride(), *weight.stride())
-    buffers = (plan_buffer, x, residual, conv_state, weight)
+    offsets["row_slot"] += group * layout.num_rows  # this group's slots
+    args = (
+        (plan_buffer, x, residual, conv_state, weight),
+        (x.shape[1], x.stride(0), residual.stride(0), *conv_state.stride(), *weight.stride()),
+        dict(
+            TAPS=weight.shape[1],
+            DILATION=dilation,
+            CHANNEL_UNIT=conv_state.stride(1) == 1,
+            WINDOW_UNIT=conv_state.stride(2) == 1,
+        ),
+    )
     if shape.rows_grid:
-        grid = (shape.rows_grid * triton.cdiv(channels, blocks.rows_channels),)
-        _short_conv_rows[grid](
-            *buffers,
-            *(offsets[name] for name in _ROW_FIELDS),
-            slot_at,
-            *strides,
-            TAPS=weight.shape[1],
-            DILATION=dilation,
-            QUERY_BLOCK=triton.next_power_of_2(shape.query_len_max),
-            WRITE_BLOCK=triton.next_power_of_2(
-                (weight.shape[1] - 1) * dilation + shape.query_len_max
-            ),
-            BLOCK_C=blocks.rows_channels,
-            CHANNEL_UNIT=unit[0],
-            WINDOW_UNIT=unit[1],
-            CHANNELS_FIRST=blocks.rows_channels_first,
-            num_warps=blocks.rows_warps,
-        )
+        _launch_rows(shape, blocks, offsets, *args)
     if shape.tiles_grid:
-        grid = (shape.tiles_grid * triton.cdiv(channels, blocks.tiles_channels),)
-        _short_conv_tiles[grid](
-            *buffers,
-            offsets["row_query_start"],
-            offsets["row_token_start"],
-            offsets["row_reads_state"],
-            slot_at,
-            offsets["tile_row"],
-            offsets["tile_start"],
-            *strides,
-            TAPS=weight.shape[1],
-            DILATION=dilation,
-            TILE=shape.tile_tokens,
-            SUB=min(blocks.tiles_tokens, shape.tile_tokens),
-            REACH_BLOCK=triton.next_power_of_2((weight.shape[1] - 1) * dilation),
-            BLOCK_C=blocks.tiles_channels,
-            CHANNEL_UNIT=unit[0],
-            WINDOW_UNIT=unit[1],
-            CHANNELS_FIRST=blocks.tiles_channels_first,
-            num_warps=blocks.tiles_warps,
-        )
+        _launch_tiles(shape, blocks, offsets, *args)
 
 
+def _launch_rows(
+    shape: LaunchShape,
+    blocks: Blocks,
+    offsets: dict[str, int],
+    buffers: tuple,
+    sizes: tuple,
+    static: dict,
+) -> None:
+    reach = (static["TAPS"] - 1) * static["DILATION"]
+    _short_conv_rows[(shape.rows_grid * triton.cdiv(sizes[0], blocks.rows_channels),)](
+        *buffers,
+        *(offsets[name] for name in _ROW_FIELDS),
+        *sizes,
+        **static,
+        QUERY_BLOCK=triton.next_power_of_2(shape.query_len_max),
+        WRITE_BLOCK=triton.next_power_of_2(reach + shape.query_len_max),
+        BLOCK_C=blocks.rows_channels,
+        CHANNELS_FIRST=blocks.rows_channels_first,
+        num_warps=blocks.rows_warps,
+    )
+
+
+def _launch_tiles(
+    shape: LaunchShape,
+    blocks: Blocks,
+    offsets: dict[str, int],
+    buffers: tuple,
+    sizes: tuple,
+    static: dict,
+) -> None:
+    reach = (static["TAPS"] - 1) * static["DILATION"]
+    _short_conv_tiles[(shape.tiles_grid * triton.cdiv(sizes[0], blocks.tiles_channels),)](
+        *buffers,
+        *(offsets[name] for name in _TILE_FIELDS),
+        *sizes,
+        **static,
+        TILE=shape.tile_tokens,
+        SUB=min(blocks.tiles_tokens, shape.tile_tokens),
+        REACH_BLOCK=triton.next_power_of_2(reach),
+        BLOCK_C=blocks.tiles_channels,
+        CHANNELS_FIRST=blocks.tiles_channels_first,
+        num_warps=blocks.tiles_warps,
+    )
+
+
+# Plan fields each kernel reads, in its argument order (then the group's row_slot).
 _ROW_FIELDS = (
     "row_query_start",
     "row_token_start",
     "row_kind",
     "row_state_offset",
     "row_reads_state",
+    "row_slot",
+)
+_TILE_FIELDS = (
+    "row_query_start",
+    "row_token_start",
+    "row_reads_state",
+    "row_slot",
+    "tile_row",
+    "tile_start",
 )
 
 
