@@ -179,6 +179,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--channels", type=int, default=8192)
     parser.add_argument("--iterations", type=int, default=300)
+    parser.add_argument("--breakdown", action="store_true", help="time the parts of a graph step")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("runtime_bench needs a CUDA GPU")
@@ -203,7 +204,28 @@ def main() -> None:
             row["kernels"] = kernel_sum_us(executor, row, cycles_per_us)
             rows.append(row)
             print(f"  measured {name} / {mode}", flush=True)
+            if args.breakdown and mode == "graphs":
+                parts = host_breakdown(executor, row, args.iterations)
+                print("    host p50 µs: " + ", ".join(f"{k} {v:.1f}" for k, v in parts.items()))
     print_table(rows)
+
+
+def host_breakdown(executor: Executor, row: dict, iterations: int) -> dict[str, float]:
+    """p50 host µs of each part of a graph step, each timed alone with the GPU idle."""
+    plan, x, residual = row["plan"], row["x"], row["residual"]
+    batch, config = plan.batch, plan.config
+    graphs = executor._step_graphs
+    signature = executor.signature(plan)
+    captured = graphs._graphs[plan.graph]
+    parts = {
+        "compile_plan": lambda: compile_plan(batch, config),
+        "signature": lambda: executor.signature(plan),
+        "check": lambda: executor._check_activations(plan, x, residual),
+        "prepare (upload)": lambda: executor.prepare(plan, signature.launch),
+        "graph.replay": lambda: captured.graph.replay(),
+        "step": lambda: executor.step(plan, x, residual),
+    }
+    return {name: percentile(host_us(part, iterations), 50) for name, part in parts.items()}
 
 
 def print_table(rows: list[dict]) -> None:
