@@ -192,8 +192,9 @@ class CostConfig:
             bit-reproducible) or ``seed`` (the seed builder's SPEC §4 figures).
         host_base_us, host_per_row_us, host_mixed_us: the ``model`` terms, calibrated
             from ``bench/planner_bench.py`` (see ``cost.py``).
-        kernel_profile: path of a kernel profile JSON; ``None`` uses
-            ``stepplan/sim/data/kernel_profile.json``.
+        kernel_profile: path of a kernel profile JSON, or ``public`` for SPEC §4's
+            public kernel; ``None`` uses stepplan's kernels as measured on an H200
+            (``stepplan/sim/data/kernel_profile.json``).
     """
 
     host_cost: str = attrs.field(default="model", validator=_one_of(HOST_COSTS))

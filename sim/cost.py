@@ -172,11 +172,19 @@ def _entry_points(path: str, document: dict) -> tuple[ConvGeometry, dict[str, li
     return geometry, points
 
 
+#: Profiles shipped with the package, by name: stepplan's kernels as measured on an
+#: H200 by ``bench/kernel_bench.py`` (the default), and SPEC §4's public kernel.
+PACKAGED_PROFILES = {"stepplan": "kernel_profile.json", "public": "kernel_profile_public.json"}
+
+
 def load_profile(path: str | Path | None = None) -> KernelProfile:
-    """Read a kernel profile JSON; ``None`` reads the packaged default."""
-    if path is None:
-        text = resources.files("stepplan.sim").joinpath("data/kernel_profile.json").read_text()
-        path = "stepplan/sim/data/kernel_profile.json"
+    """Read a kernel profile JSON: a path, a name of :data:`PACKAGED_PROFILES`, or
+    ``None`` for the packaged default (stepplan's kernels)."""
+    name = "stepplan" if path is None else str(path)
+    if name in PACKAGED_PROFILES:
+        file = PACKAGED_PROFILES[name]
+        text = resources.files("stepplan.sim").joinpath("data", file).read_text()
+        path = f"stepplan/sim/data/{file}"
     else:
         try:
             text = Path(path).read_text()

@@ -1,6 +1,6 @@
 """On the GPU at full size (C = 8192): Triton kernels == reference, and the master invariant.
 
-Run in one process (``-p no:xdist``): the whole file takes about a minute on an H200,
+Run in one process (``-p no:xdist``): the whole file takes a minute or two on an H200,
 while under ``pytest -n 8`` or ``-n 12`` the drawn tests did not finish in four minutes
 (2026-11-29; workers compiling side by side on one GPU, cause not pinned down).
 """
