@@ -15,45 +15,7 @@ import numpy as np
 
 from stepplan.planner import default_graph_sizes
 from stepplan.sim.buckets import assign, step_demand
-
-STEP_COLUMNS = (
-    "step",
-    "start_s",
-    "duration_s",
-    "num_spec_rows",
-    "num_decode_rows",
-    "num_prefill_rows",
-    "num_spec_tokens",
-    "num_decode_tokens",
-    "num_prefill_tokens",
-    "num_rows",
-    "num_tokens",
-    "graph_kind",
-    "graph_tokens",
-    "graph_rows",
-    "graph_hit",
-    "padded_tokens",
-    "padded_rows",
-    "plan_us",
-    "model_s",
-    "conv_s",
-    "host_s",
-    "launch_s",
-)
-REQUEST_COLUMNS = (
-    "request_id",
-    "arrival_s",
-    "prompt_tokens",
-    "output_tokens",
-    "first_token_s",
-    "finish_s",
-    "ttft_s",
-    "tpot_s",
-    "e2e_s",
-    "num_steps",
-    "accepted_tokens",
-    "drafted_tokens",
-)
+from stepplan.sim.results import REQUEST_COLUMNS, STEP_COLUMNS
 
 
 def synthetic_steps(num_steps: int, seed: int, num_spec_tokens: int = 3) -> dict[str, np.ndarray]:
