@@ -9,11 +9,10 @@ import numpy as np
 from .batch import DECODE, PADDING, PREFILL, SPEC, StepBatch
 from .config import PlannerConfig
 from .errors import PlanError
-from .layout import FIELDS, PlanLayout
+from .layout import FIELDS, PAD_VALUES, PlanLayout
 from .plan import ExecutionPlan, GraphKey
 
-# Every field's padding value, in buffer order, and the fields of size R.
-_PADS = tuple(pad for _, _, pad in FIELDS)
+# The fields of size R (padded together).
 _ROW_FIELDS = tuple(index for index, (_, size, _) in enumerate(FIELDS) if size == "R")
 _LOOP_TILES_UP_TO_ROWS = 8
 
@@ -40,7 +39,7 @@ def compile_plan(batch: StepBatch, config: PlannerConfig) -> ExecutionPlan:
     else:
         layout = PlanLayout(graph.num_tokens, graph.num_rows, graph.num_tiles, batch.num_groups)
     packer = _Packer(batch, order, lens, num_tokens, config.query_len_max)
-    packed = packer.pack(layout, tiles_per_row, tile)
+    packed = packer.pack(layout, tiles_per_row, num_tiles, tile)
     spec_tokens = int(packed[layout.num_tokens + num_spec])  # row_query_start[num_spec]
     prefill_tokens = num_tokens - spec_tokens - num_decode
     return ExecutionPlan(
@@ -103,8 +102,7 @@ def _choose_graph(batch: StepBatch, config: PlannerConfig, num_tokens: int) -> G
     live = num_spec + num_decode + num_prefill
     if config.graph_mode == "none" or live == 0:
         return None
-    sizes = config.sizes
-    row_sizes = sizes[: bisect.bisect_right(sizes, config.max_num_seqs)]
+    sizes, row_sizes = config.sizes, config.row_sizes
     need_tokens = max(num_tokens, batch.num_padded_tokens or 0)
     if num_spec == live or num_decode == live:
         per_row = config.query_len_max if num_spec else 1
@@ -135,8 +133,7 @@ def largest_graph_layout(config: PlannerConfig, num_groups: int) -> PlanLayout |
     What an executor sizes its persistent plan buffer by; ``None`` when the
     config captures no graphs.
     """
-    sizes = config.sizes
-    rows = sizes[: bisect.bisect_right(sizes, config.max_num_seqs)]
+    sizes, rows = config.sizes, config.row_sizes
     if config.graph_mode == "none" or not rows:
         return None
     spec_tokens = rows[-1] * config.query_len_max
@@ -165,7 +162,9 @@ class _Packer:
         self.batch, self.order, self.lens = batch, order, lens
         self.live, self.num_tokens, self.query_len_max = len(lens), num_tokens, query_len_max
 
-    def pack(self, layout: PlanLayout, tiles_per_row: np.ndarray | None, tile: int) -> np.ndarray:
+    def pack(
+        self, layout: PlanLayout, tiles_per_row: np.ndarray | None, num_tiles: int, tile: int
+    ) -> np.ndarray:
         sizes = layout.sizes()
         packed = np.empty(layout.size, dtype=np.int32)
         views, offset = [], 0
@@ -175,9 +174,8 @@ class _Packer:
         self._tokens(*views[:3], views[7])
         self._rows(*views[3:7])
         self._slots(views[8].reshape(layout.num_groups, -1))
-        num_tiles = 0
         if tiles_per_row is not None:
-            num_tiles = self._tiles(tiles_per_row, tile, *views[9:])
+            self._tiles(tiles_per_row, num_tiles, tile, *views[9:])
         self._pad(views, layout, num_tiles)
         packed.flags.writeable = False
         return packed
@@ -186,14 +184,14 @@ class _Packer:
         """Give the entries past the live part their fields' padding values."""
         live, tokens = self.live, self.num_tokens
         if tokens < layout.num_tokens:
-            views[0][tokens:] = _PADS[0]
+            views[0][tokens:] = PAD_VALUES[0]
         if live < layout.num_rows:  # row_query_start is padded in _tokens
             for index in _ROW_FIELDS:
-                views[index][live:] = _PADS[index]
-            views[8].reshape(layout.num_groups, -1)[:, live:] = _PADS[8]
+                views[index][live:] = PAD_VALUES[index]
+            views[8].reshape(layout.num_groups, -1)[:, live:] = PAD_VALUES[8]
         if num_tiles < layout.num_tiles:
-            views[9][num_tiles:] = _PADS[9]
-            views[10][num_tiles:] = _PADS[10]
+            views[9][num_tiles:] = PAD_VALUES[9]
+            views[10][num_tiles:] = PAD_VALUES[10]
 
     def _slots(self, slots: np.ndarray) -> None:
         """``slots``: ``[G, R]`` view of the buffer."""
@@ -249,9 +247,9 @@ class _Packer:
         row = int(np.argmax(bad))
         raise PlanError("num_accepted_tokens", row, f"{accepted[row]} is outside 1..Q = 1..{q_max}")
 
-    def _tiles(self, tiles_per_row: np.ndarray, tile: int, tile_row: np.ndarray,
-               tile_start: np.ndarray) -> int:  # fmt: skip
-        """Prefill work tiles: which row each covers and its first token; returns their count.
+    def _tiles(self, tiles_per_row: np.ndarray, num_tiles: int, tile: int, tile_row: np.ndarray,
+               tile_start: np.ndarray) -> None:  # fmt: skip
+        """Prefill work tiles: which row each covers and its first token.
 
         Steps rarely carry more than a few prefill rows; a plain loop over them
         costs a third of the six numpy calls it would take, so the vectorized
@@ -264,13 +262,11 @@ class _Packer:
             for row, count in enumerate(tiles_per_row.tolist(), first_prefill):
                 rows += [row] * count
                 starts += range(0, count * tile, tile)
-            tile_row[: len(rows)] = rows
-            tile_start[: len(starts)] = starts
-            return len(rows)
-        num_tiles = int(tiles_per_row.sum())
+            tile_row[:num_tiles] = rows
+            tile_start[:num_tiles] = starts
+            return
         prefill_rows = np.arange(first_prefill, self.live, dtype=np.int32)
         tile_row[:num_tiles] = np.repeat(prefill_rows, tiles_per_row)
         first_tile = np.add.accumulate(tiles_per_row) - tiles_per_row
         tile_index = np.arange(num_tiles, dtype=np.int32) - np.repeat(first_tile, tiles_per_row)
         tile_start[:num_tiles] = tile_index * tile
-        return num_tiles

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import bisect
+
 import attrs
 
 from .errors import PlanError
@@ -49,6 +51,8 @@ class PlannerConfig:
     graph_sizes: tuple[int, ...] | None = attrs.field(default=None, converter=_sizes_converter)
     max_num_seqs: int = 256
     prefill_tile_tokens: int = 64
+    #: The graph sizes usable as row counts (``<= max_num_seqs``); derived.
+    row_sizes: tuple[int, ...] = attrs.field(init=False, eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         if self.num_spec_tokens < 0 or self.num_spec_tokens > 7:
@@ -67,6 +71,8 @@ class PlannerConfig:
             object.__setattr__(self, "graph_sizes", sizes)
         elif not self.graph_sizes or self.graph_sizes[0] < 1:
             raise PlanError("graph_sizes", None, "must be positive integers, at least one")
+        rows = self.sizes[: bisect.bisect_right(self.sizes, self.max_num_seqs)]
+        object.__setattr__(self, "row_sizes", rows)
 
     @property
     def query_len_max(self) -> int:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import MappingProxyType
+
 import attrs
 import numpy as np
 
@@ -20,6 +22,11 @@ FIELDS: tuple[tuple[str, str, int], ...] = (
     ("tile_row", "P", -1),  # prefill work tile -> group-ordered row
     ("tile_start", "P", 0),  # first token of the tile within its request
 )
+
+
+#: Every field's padding value, in buffer order.
+PAD_VALUES: tuple[int, ...] = tuple(pad for _, _, pad in FIELDS)
+_INDEX = MappingProxyType({name: index for index, (name, _, _) in enumerate(FIELDS)})
 
 
 @attrs.frozen
@@ -70,17 +77,20 @@ class PlanLayout:
             offset += size
         return tuple(fields)
 
+    def span(self, name: str) -> tuple[int, int]:
+        """``(offset, size)`` of the field called ``name``; ``KeyError`` if there is none."""
+        index, sizes = _INDEX[name], self.sizes()
+        return sum(sizes[:index]), sizes[index]
+
     def field(self, name: str) -> BufferField:
         """The field called ``name``; ``KeyError`` if there is none."""
-        for candidate in self.fields:
-            if candidate.name == name:
-                return candidate
-        raise KeyError(name)
+        offset, size = self.span(name)
+        return BufferField(name, offset, size, PAD_VALUES[_INDEX[name]])
 
     def inert_buffer(self) -> np.ndarray:
         """``[size], int32``: every field at its padding value, a plan that touches nothing."""
-        return np.repeat(np.array([pad for _, _, pad in FIELDS], dtype=np.int32), self.sizes())
+        return np.repeat(np.array(PAD_VALUES, dtype=np.int32), self.sizes())
 
     def offsets(self) -> dict[str, tuple[int, int]]:
         """``{name: (offset, size)}`` for every field."""
-        return {f.name: (f.offset, f.size) for f in self.fields}
+        return {field.name: (field.offset, field.size) for field in self.fields}

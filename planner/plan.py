@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import numpy as np
 
-from .batch import KIND_NAMES, StepBatch
+from .batch import StepBatch
 from .config import PlannerConfig
 from .layout import PlanLayout
 
@@ -122,8 +122,8 @@ class ExecutionPlan:
 
     def array(self, name: str) -> np.ndarray:
         """The read-only view of field ``name`` (``row_slot`` comes as ``[G, R]``)."""
-        field = self.layout.field(name)
-        view = self.packed[field.offset : field.offset + field.size]
+        offset, size = self.layout.span(name)
+        view = self.packed[offset : offset + size]
         return view.reshape(self.layout.num_groups, -1) if name == "row_slot" else view
 
     @property
@@ -273,7 +273,3 @@ class ExecutionPlan:
         lines.append("  ops:")
         lines.extend(f"    {op.equation()}" for op in self.ops)
         return "\n".join(lines)
-
-    def row_kind_names(self) -> list[str]:
-        """The kind of every padded row as a word (``spec``, ``decode``, ...)."""
-        return [KIND_NAMES[k] for k in self.row_kind]

@@ -195,3 +195,21 @@ def test_describe_and_op_graph():
     ops = [n for n, kind in graph.nodes(data="kind") if kind == "op"]
     assert ops == ["upload", "rows[0]", "tiles[0]", "rows[1]", "tiles[1]"]
     assert graph.has_edge("plan", "rows[1]") and graph.has_edge("tiles[1]", "conv_state[1]")
+
+
+def test_many_prefill_rows_tile_like_a_few():
+    # Up to 8 prefill rows are tiled by a loop, more by numpy; both must agree.
+    lens = [2, 70, 9, 130, 64, 65, 3, 128, 200, 5, 1000]
+    config = PlannerConfig(graph_mode="none", prefill_tile_tokens=64)
+    rows = len(lens)
+    many = compile_plan(batch(lens, [0] * rows, np.arange(1, rows + 1)), config)
+    expected_rows, expected_starts = [], []
+    for row, length in enumerate(lens):
+        starts = list(range(0, length, 64))
+        expected_rows += [row] * len(starts)
+        expected_starts += starts
+    assert many.tile_row.tolist() == expected_rows
+    assert many.tile_start.tolist() == expected_starts
+    few = compile_plan(batch(lens[:8], [0] * 8, np.arange(1, 9)), config)
+    assert few.tile_row.tolist() == expected_rows[: few.num_tiles]
+    assert few.tile_start.tolist() == expected_starts[: few.num_tiles]
