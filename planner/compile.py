@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import bisect
-
 import numpy as np
 
 from .batch import DECODE, PADDING, PREFILL, SPEC, StepBatch
@@ -91,28 +89,22 @@ def _check_limits(batch: StepBatch, config: PlannerConfig) -> None:
         )
 
 
-def _smallest_fitting(sizes: tuple[int, ...], need: int) -> int | None:
-    index = bisect.bisect_left(sizes, need)
-    return sizes[index] if index < len(sizes) else None
-
-
 def _choose_graph(batch: StepBatch, config: PlannerConfig, num_tokens: int) -> GraphKey | None:
     """The smallest bucket that fits, or ``None`` (eager) where none does."""
     num_spec, num_decode, num_prefill, _ = batch.kind_counts
     live = num_spec + num_decode + num_prefill
     if config.graph_mode == "none" or live == 0:
         return None
-    sizes, row_sizes = config.sizes, config.row_sizes
     need_tokens = max(num_tokens, batch.num_padded_tokens or 0)
     if num_spec == live or num_decode == live:
         per_row = config.query_len_max if num_spec else 1
-        rows = _smallest_fitting(row_sizes, max(live, -(-need_tokens // per_row)))
+        rows = config.smallest_size(max(live, -(-need_tokens // per_row)), rows=True)
         if rows is not None:
             return GraphKey("spec" if num_spec else "decode", rows * per_row, rows, 0)
     if config.graph_mode != "mixed":
         return None
-    tokens = _smallest_fitting(sizes, need_tokens)
-    rows = _smallest_fitting(row_sizes, live)
+    tokens = config.smallest_size(need_tokens)
+    rows = config.smallest_size(live, rows=True)
     if tokens is None or rows is None:
         return None
     return GraphKey("mixed", tokens, rows, _tile_capacity(tokens, rows, config))

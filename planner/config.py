@@ -79,6 +79,12 @@ class PlannerConfig:
         """``Q``: the longest spec query (last accepted token plus drafts)."""
         return self.num_spec_tokens + 1
 
+    def smallest_size(self, need: int, *, rows: bool = False) -> int | None:
+        """The smallest graph size ``>= need`` (of :attr:`row_sizes` with ``rows``), or ``None``."""
+        sizes = self.row_sizes if rows else self.sizes
+        index = bisect.bisect_left(sizes, need)
+        return sizes[index] if index < len(sizes) else None
+
     @property
     def sizes(self) -> tuple[int, ...]:
         """The graph sizes, never ``None``."""

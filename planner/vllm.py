@@ -96,10 +96,9 @@ def _seed_pads(plan: ExecutionPlan) -> tuple[int | None, int | None]:
     pure_spec = plan.num_spec_rows and plan.num_rows == plan.num_spec_rows
     if pure_spec and plan.num_spec_rows <= max_rows and plan.num_spec_tokens <= max_tokens:
         spec_pad = max(plan.batch.num_rows, plan.batch.num_padded_rows or 0)
-    if plan.num_decode_rows and plan.num_rows == plan.num_decode_rows:
-        fitting = [s for s in config.sizes if s >= plan.num_decode_rows]
-        if plan.num_decode_rows <= max_rows and fitting:
-            decode_pad = fitting[0]
+    pure_decode = plan.num_decode_rows and plan.num_rows == plan.num_decode_rows
+    if pure_decode and plan.num_decode_rows <= max_rows:
+        decode_pad = config.smallest_size(plan.num_decode_rows)
     return spec_pad, decode_pad
 
 
