@@ -7,7 +7,6 @@ Part of the command line: the one place where simulation results meet the plots
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -39,7 +38,8 @@ if TYPE_CHECKING:
 # The figure modules load matplotlib (about 0.6 s), so they are imported inside the
 # functions that draw: every other command starts without it.
 
-#: Errors the commands report as one line (exit code 2) rather than a traceback.
+#: Errors these commands raise for bad input; ``cli.main`` reports them as one line
+#: (exit code 2) rather than a traceback, as it does for every subcommand.
 ERRORS = (ResultsError, BucketError, ConfigError, OSError)
 
 
@@ -99,27 +99,23 @@ def comparison_table(comparison: Comparison) -> ReportTable:
 
 def run_buckets(args: argparse.Namespace) -> int:
     """``stepplan buckets``: the optimizer against vLLM's and SGLang's default lists."""
-    try:
-        results = load_results(args.results)
-        demand = run_demand(results, args)
-        spec = _flag(args, "num_spec_tokens", run_config(results).scheduler.num_spec_tokens)
-        comparison = compare_to_defaults(demand, num_spec_tokens=spec, max_graphs=args.max_graphs)
-        print(format_table(comparison.scores))
-        best = comparison.recommended
-        print(f"\n{best.label}: graph_sizes = {list(best.sizes)}")
-        if args.write:
-            _write_snippet(Path(args.write), best.sizes)
-        if args.figure:
-            from stepplan.plots.bucketing import plot_bucketing
-            from stepplan.plots.canvas import save_figure
+    results = load_results(args.results)
+    demand = run_demand(results, args)
+    spec = _flag(args, "num_spec_tokens", run_config(results).scheduler.num_spec_tokens)
+    comparison = compare_to_defaults(demand, num_spec_tokens=spec, max_graphs=args.max_graphs)
+    print(format_table(comparison.scores))
+    best = comparison.recommended
+    print(f"\n{best.label}: graph_sizes = {list(best.sizes)}")
+    if args.write:
+        _write_snippet(Path(args.write), best.sizes)
+    if args.figure:
+        from stepplan.plots.bucketing import plot_bucketing
+        from stepplan.plots.canvas import save_figure
 
-            bucketings = [bucketing_of(demand, comparison.scores[0]), bucketing_of(demand, best)]
-            title = f"{_run_title(results, demand, spec)}: steps and CUDA-graph buckets"
-            save_figure(plot_bucketing(results, bucketings, title), args.figure)
-            print(f"figure: {args.figure}")
-    except ERRORS as exc:
-        print(f"stepplan: error: {exc}", file=sys.stderr)
-        return 2
+        bucketings = [bucketing_of(demand, comparison.scores[0]), bucketing_of(demand, best)]
+        title = f"{_run_title(results, demand, spec)}: steps and CUDA-graph buckets"
+        save_figure(plot_bucketing(results, bucketings, title), args.figure)
+        print(f"figure: {args.figure}")
     return 0
 
 
@@ -216,14 +212,10 @@ def build_run_report(
 
 def run_report(args: argparse.Namespace) -> int:
     """``stepplan report``: one self-contained HTML page for a results folder."""
-    try:
-        results = load_results(args.results)
-        others = tuple(load_results(folder) for folder in args.compare or ())
-        path = Path(args.out) if args.out else Path(args.results) / "report.html"
-        build_run_report(results, path, others, args.max_graphs)
-    except ERRORS as exc:
-        print(f"stepplan: error: {exc}", file=sys.stderr)
-        return 2
+    results = load_results(args.results)
+    others = tuple(load_results(folder) for folder in args.compare or ())
+    path = Path(args.out) if args.out else Path(args.results) / "report.html"
+    build_run_report(results, path, others, args.max_graphs)
     print(f"report: {path}")
     return 0
 
