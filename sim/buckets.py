@@ -89,6 +89,7 @@ class StepDemand:
             (``Q`` spec, ``1`` decode); 0 for other steps.
         graph_mode: the planner's graph mode (``none``, ``full``, ``mixed``).
         max_num_seqs: the planner's row limit; row sizes are the sizes up to it.
+        num_spec_tokens: drafts per spec row (``Q - 1``) the demand was read with.
     """
 
     rows: np.ndarray
@@ -97,6 +98,7 @@ class StepDemand:
     per_unit: np.ndarray
     graph_mode: str
     max_num_seqs: int
+    num_spec_tokens: int
 
     @property
     def num_steps(self) -> int:
@@ -133,7 +135,9 @@ def step_demand(
     safe_unit = np.maximum(per_unit, 1)
     need = np.where(per_unit > 0, np.maximum(live_rows, -(-live_tokens // safe_unit)), 0)
     frozen = [_frozen(a) for a in (live_rows, live_tokens, need, per_unit)]
-    return StepDemand(*frozen, graph_mode=graph_mode, max_num_seqs=max_num_seqs)
+    return StepDemand(
+        *frozen, graph_mode=graph_mode, max_num_seqs=max_num_seqs, num_spec_tokens=num_spec_tokens
+    )
 
 
 def _int_column(steps: Mapping[str, np.ndarray], name: str) -> np.ndarray:
@@ -432,9 +436,7 @@ class Comparison:
     recommended: Score
 
 
-def compare_to_defaults(
-    demand: StepDemand, *, num_spec_tokens: int, max_graphs: int | None = None
-) -> Comparison:
+def compare_to_defaults(demand: StepDemand, *, max_graphs: int | None = None) -> Comparison:
     """Padding and hits of vLLM's and SGLang's default lists and of the optimizer's.
 
     The comparison is fair by construction: each default list is first cut to
@@ -448,7 +450,7 @@ def compare_to_defaults(
     """
     if max_graphs is not None and max_graphs < 1:
         raise BucketError(f"max_graphs must be positive, got {max_graphs}")
-    defaults = default_lists(demand.max_num_seqs, num_spec_tokens)
+    defaults = default_lists(demand.max_num_seqs, demand.num_spec_tokens)
     lists = [(name, usable_sizes(demand, sizes)) for name, sizes in defaults]
     scores: list[Score] = []
     for name, usable in lists:

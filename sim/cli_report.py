@@ -51,9 +51,10 @@ def run_config(results: Results) -> SimConfig:
         raise ResultsError(f"{results.label}: summary.json config: {exc}") from None
 
 
-def run_demand(results: Results, args: argparse.Namespace | None = None) -> StepDemand:
-    """Every step's demand under the run's planner settings (flags in ``args`` win)."""
-    config = run_config(results)
+def run_demand(
+    results: Results, config: SimConfig, args: argparse.Namespace | None = None
+) -> StepDemand:
+    """Every step's demand under the run's settings ``config`` (flags in ``args`` win)."""
     return step_demand(
         results.steps.columns,
         num_spec_tokens=_flag(args, "num_spec_tokens", config.scheduler.num_spec_tokens),
@@ -100,9 +101,8 @@ def comparison_table(comparison: Comparison) -> ReportTable:
 def run_buckets(args: argparse.Namespace) -> int:
     """``stepplan buckets``: the optimizer against vLLM's and SGLang's default lists."""
     results = load_results(args.results)
-    demand = run_demand(results, args)
-    spec = _flag(args, "num_spec_tokens", run_config(results).scheduler.num_spec_tokens)
-    comparison = compare_to_defaults(demand, num_spec_tokens=spec, max_graphs=args.max_graphs)
+    demand = run_demand(results, run_config(results), args)
+    comparison = compare_to_defaults(demand, max_graphs=args.max_graphs)
     print(format_table(comparison.scores))
     best = comparison.recommended
     print(f"\n{best.label}: graph_sizes = {list(best.sizes)}")
@@ -113,17 +113,17 @@ def run_buckets(args: argparse.Namespace) -> int:
         from stepplan.plots.canvas import save_figure
 
         bucketings = [bucketing_of(demand, comparison.scores[0]), bucketing_of(demand, best)]
-        title = f"{_run_title(results, demand, spec)}: steps and CUDA-graph buckets"
+        title = f"{_run_title(results, demand)}: steps and CUDA-graph buckets"
         save_figure(plot_bucketing(results, bucketings, title), args.figure)
         print(f"figure: {args.figure}")
     return 0
 
 
-def _run_title(results: Results, demand: StepDemand, num_spec_tokens: int) -> str:
+def _run_title(results: Results, demand: StepDemand) -> str:
     trace = results.summary.get("trace", {})
     source = Path(str(trace.get("path", results.label))).stem if isinstance(trace, dict) else ""
     return (
-        f"{source or results.label}, {demand.num_steps:,} steps, Q = {num_spec_tokens + 1}, "
+        f"{source or results.label}, {demand.num_steps:,} steps, Q = {demand.num_spec_tokens + 1}, "
         f"{demand.graph_mode} graphs"
     )
 
@@ -200,9 +200,8 @@ def build_run_report(
     config = run_config(results)
     tables, bucketings = [], [run_bucketing(results)]
     if config.planner.graph_mode != "none":
-        demand = run_demand(results)
-        spec = config.scheduler.num_spec_tokens
-        comparison = compare_to_defaults(demand, num_spec_tokens=spec, max_graphs=max_graphs)
+        demand = run_demand(results, config)
+        comparison = compare_to_defaults(demand, max_graphs=max_graphs)
         tables.append(comparison_table(comparison))
         bucketings.append(bucketing_of(demand, comparison.recommended))
     plan = example_plan(results, config)

@@ -120,7 +120,7 @@ def test_optimal_lists_never_worse_than_the_defaults_they_are_compared_with(tabl
     )
     if mode == "mixed" and budget == 1:
         budget = 2  # a mixed-mode list must keep its largest size and its largest row size
-    comparison = compare_to_defaults(demand, num_spec_tokens=num_spec_tokens, max_graphs=budget)
+    comparison = compare_to_defaults(demand, max_graphs=budget)
     scores = {s.label: s for s in comparison.scores}
     defaults = [s for s in comparison.scores if "default" in s.label]
     assert len(defaults) == 2
