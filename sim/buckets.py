@@ -43,9 +43,7 @@ from collections.abc import Mapping, Sequence
 import attrs
 import numpy as np
 
-from stepplan.planner import default_graph_sizes
-
-GRAPH_MODES_WITH_GRAPHS = ("full", "mixed")
+from stepplan.planner import GRAPH_MODES, default_graph_sizes
 
 
 class BucketError(ValueError):
@@ -126,8 +124,8 @@ def step_demand(
     lengths = {len(column) for column in rows + tokens}
     if len(lengths) != 1:
         raise BucketError(f"step columns have different lengths: {sorted(lengths)}")
-    if graph_mode not in ("none", *GRAPH_MODES_WITH_GRAPHS):
-        raise BucketError(f"graph_mode must be none, full or mixed, got {graph_mode!r}")
+    if graph_mode not in GRAPH_MODES:
+        raise BucketError(f"graph_mode must be one of {GRAPH_MODES}, got {graph_mode!r}")
     live_rows, live_tokens = rows[0] + rows[1] + rows[2], tokens[0] + tokens[1] + tokens[2]
     pure_spec = (rows[0] == live_rows) & (live_rows > 0)
     pure_decode = (rows[1] == live_rows) & (live_rows > 0)
