@@ -7,15 +7,13 @@ the folder is internally consistent without running the simulator.
 
 from __future__ import annotations
 
-import csv
-import json
 from pathlib import Path
 
 import numpy as np
 
 from stepplan.planner import default_graph_sizes
 from stepplan.sim.buckets import assign, step_demand
-from stepplan.sim.results import REQUEST_COLUMNS, STEP_COLUMNS
+from stepplan.sim.results import REQUEST_COLUMNS, STEP_COLUMNS, SimResult, write_results
 
 
 def synthetic_steps(num_steps: int, seed: int, num_spec_tokens: int = 3) -> dict[str, np.ndarray]:
@@ -142,23 +140,17 @@ def synthetic_summary(steps: dict, requests: dict, num_spec_tokens: int = 3) -> 
     }
 
 
-def _write_csv(path: Path, columns: dict[str, np.ndarray], order: list[str]) -> None:
-    with path.open("w", newline="") as file:
-        writer = csv.writer(file)
-        writer.writerow(order)
-        for row in zip(*(columns[name] for name in order), strict=True):
-            writer.writerow(["" if isinstance(v, float) and np.isnan(v) else v for v in row])
-
-
 def write_synthetic_results(
     folder: Path, num_steps: int = 300, num_requests: int = 40, seed: int = 0
 ) -> Path:
-    """Write ``steps.csv``, ``requests.csv`` and ``summary.json`` into ``folder``."""
-    folder.mkdir(parents=True, exist_ok=True)
+    """Write ``steps.csv``, ``requests.csv`` and ``summary.json`` into ``folder`` with the
+    simulator's own writer."""
     steps = synthetic_steps(num_steps, seed)
     requests = synthetic_requests(num_requests, seed)
-    _write_csv(folder / "steps.csv", steps, STEP_COLUMNS)
-    _write_csv(folder / "requests.csv", requests, REQUEST_COLUMNS)
-    summary = synthetic_summary(steps, requests)
-    (folder / "summary.json").write_text(json.dumps(summary, indent=1))
-    return folder
+    result = SimResult(
+        steps={name: steps[name] for name in STEP_COLUMNS},
+        requests={name: requests[name] for name in REQUEST_COLUMNS},
+        itl_s=np.zeros(0),
+        summary=synthetic_summary(steps, requests),
+    )
+    return write_results(result, folder)
