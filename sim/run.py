@@ -24,11 +24,18 @@ from .acceptance import AcceptanceModel, make_acceptance
 from .config import SimConfig
 from .cost import CostModel, StepLoad
 from .live import LiveStepper
-from .results import RequestLog, SimResult, request_columns, step_columns, summarize
+from .results import (
+    GRAPH_KINDS,
+    RequestLog,
+    SimResult,
+    request_columns,
+    step_columns,
+    summarize,
+)
 from .scheduler import ScheduledStep, Scheduler
 from .traces import RequestTable
 
-_GRAPH_CODES = {"spec": 1, "decode": 2, "mixed": 3}
+_GRAPH_CODES = {kind: code for code, kind in enumerate(GRAPH_KINDS)}  # steps.csv graph_kind
 _PROGRESS_EVERY = 512  # steps between progress-bar refreshes
 
 
