@@ -18,10 +18,14 @@ from typing import Any
 
 import tomllib
 
+from stepplan.planner import GRAPH_MODES
+
 from .acceptance import DEEPSEEK_MTP_PROBS, EAGLE3_PROBS, AcceptanceError
 from .cli_report import ERRORS as REPORT_ERRORS
 from .cli_report import add_buckets, add_report, add_report_option, report_after_simulation
 from .config import (
+    ACCEPTANCE_MODELS,
+    HOST_COSTS,
     LIVE_BACKENDS,
     LIVE_DEVICES,
     LIVE_TIMES,
@@ -182,16 +186,16 @@ def _add_setting_options(parser: argparse.ArgumentParser) -> None:
     add("--max-num-batched-tokens", type=int)
     add("--slot-capacity", type=int, help="conv-state slots (default: max-num-seqs)")
     add("--num-groups", type=int, help="layer groups")
-    add("--graph-mode", choices=("none", "full", "mixed"))
+    add("--graph-mode", choices=GRAPH_MODES)
     add("--graph-sizes", help="CUDA-graph sizes, e.g. 1,2,4,8,16,32 (default: vLLM's)")
     add(
         "--host-cost",
-        choices=("model", "measured", "seed"),
+        choices=HOST_COSTS,
         help="host time per step: model (deterministic, default), measured (the planner's "
         "real time; results then vary run to run) or seed (the seed builder's 250/900 us)",
     )
     add("--kernel-profile", help="kernel profile JSON")
-    add("--acceptance", choices=("per-position", "fixed", "replay", *ACCEPTANCE_PRESETS))
+    add("--acceptance", choices=(*ACCEPTANCE_MODELS, *ACCEPTANCE_PRESETS))
     add("--acceptance-probs", help="per-position acceptance, e.g. 0.9,0.8,0.7")
     add("--acceptance-length", type=float, help="mean acceptance length for 'fixed'")
     add("--acceptance-trace", help="JSONL of accepted counts for 'replay'")
@@ -307,8 +311,8 @@ def add_compare(subparsers: Any) -> None:
         add(f"--{side}-label", help=f"column title of run {side.upper()}")
         add(f"--{side}-config", help=f"TOML settings of run {side.upper()}")
         add(f"--{side}-set", action="append", metavar="SECTION.KEY=VALUE")
-        add(f"--{side}-host-cost", choices=("model", "measured", "seed"))
-        add(f"--{side}-graph-mode", choices=("none", "full", "mixed"))
+        add(f"--{side}-host-cost", choices=HOST_COSTS)
+        add(f"--{side}-graph-mode", choices=GRAPH_MODES)
         add(f"--{side}-graph-sizes", help="CUDA-graph sizes, e.g. 1,2,4,8")
     parser.set_defaults(handler=run_compare)
 

@@ -32,6 +32,8 @@ from typing import Any
 import attrs
 import tomllib
 
+from stepplan.planner import GRAPH_MODES
+
 HOST_COSTS = ("model", "measured", "seed")
 ACCEPTANCE_MODELS = ("per-position", "fixed", "replay")
 LIVE_BACKENDS = ("reference", "triton")
@@ -127,7 +129,7 @@ class PlannerSettings:
         prefill_tile_tokens: tokens per prefill work tile of the kernels.
     """
 
-    graph_mode: str = attrs.field(default="full", validator=_one_of(("none", "full", "mixed")))
+    graph_mode: str = attrs.field(default="full", validator=_one_of(GRAPH_MODES))
     graph_sizes: tuple[int, ...] | None = attrs.field(default=None, converter=_optional_ints)
     prefill_tile_tokens: int = attrs.field(default=64, converter=int)
 
