@@ -18,10 +18,10 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from stepplan.planner import ExecutionPlan, PlannerConfig, compile_plan
+from stepplan.planner import ExecutionPlan, PlanError, PlannerConfig, compile_plan
 
 from .acceptance import AcceptanceModel, make_acceptance
-from .config import SimConfig
+from .config import ConfigError, SimConfig
 from .cost import CostModel, StepLoad
 from .live import LiveStepper
 from .results import (
@@ -40,14 +40,19 @@ _PROGRESS_EVERY = 512  # steps between progress-bar refreshes
 
 
 def planner_config(config: SimConfig) -> PlannerConfig:
-    """The ``PlannerConfig`` the simulation compiles every step with."""
-    return PlannerConfig(
-        num_spec_tokens=config.scheduler.num_spec_tokens,
-        graph_mode=config.planner.graph_mode,
-        graph_sizes=config.planner.graph_sizes,
-        max_num_seqs=config.scheduler.max_num_seqs,
-        prefill_tile_tokens=config.planner.prefill_tile_tokens,
-    )
+    """The ``PlannerConfig`` the simulation compiles every step with; a setting the
+    planner refuses is a :class:`ConfigError` naming it (``scheduler.num_spec_tokens``)."""
+    try:
+        return PlannerConfig(
+            num_spec_tokens=config.scheduler.num_spec_tokens,
+            graph_mode=config.planner.graph_mode,
+            graph_sizes=config.planner.graph_sizes,
+            max_num_seqs=config.scheduler.max_num_seqs,
+            prefill_tile_tokens=config.planner.prefill_tile_tokens,
+        )
+    except PlanError as exc:
+        section = "scheduler" if exc.field in ("num_spec_tokens", "max_num_seqs") else "planner"
+        raise ConfigError(f"{section}.{exc}") from None
 
 
 def prepare_requests(table: RequestTable, config: SimConfig) -> RequestTable:

@@ -96,6 +96,8 @@ def test_compare_two_bucket_sets(tmp_path):
         (["simulate", "--max-num-seqs", "0"], "max_num_seqs: must be positive"),
         (["simulate", "missing.csv"], "missing.csv: cannot open"),
         (["simulate", "synthetic:prompt=bad:1"], "unknown length kind"),
+        (["simulate", "--num-spec-tokens", "9"], "scheduler.num_spec_tokens: must be in 0..7"),
+        (["simulate", "--graph-sizes", "0,4"], "planner.graph_sizes: must be positive"),
     ],
 )
 def test_user_errors_exit_2_with_one_line(argv, message, capsys):
