@@ -17,7 +17,7 @@ from stepplan.sim.results import REQUEST_COLUMNS, STEP_COLUMNS, SimResult, write
 
 
 def synthetic_steps(num_steps: int, seed: int, num_spec_tokens: int = 3) -> dict[str, np.ndarray]:
-    """Step columns of ``steps.csv`` (``[S]`` each)."""
+    """Step columns of ``steps.csv`` (``[S]`` each), in its order."""
     rng = np.random.default_rng(seed)
     q = num_spec_tokens + 1
     spec_rows = rng.integers(1, 120, num_steps)
@@ -54,11 +54,12 @@ def synthetic_steps(num_steps: int, seed: int, num_spec_tokens: int = 3) -> dict
         host_s=duration * 0.03,
         launch_s=duration * 0.02,
     )
-    return columns
+    return {name: columns[name] for name in STEP_COLUMNS}
 
 
 def synthetic_requests(num_requests: int, seed: int) -> dict[str, np.ndarray]:
-    """Request columns of ``requests.csv`` (``[n]`` each); the first has one output token."""
+    """Request columns of ``requests.csv`` (``[n]`` each), in its order; the first request
+    has one output token."""
     rng = np.random.default_rng(seed + 1)
     arrival = np.sort(rng.uniform(0.0, 5.0, num_requests))
     ttft = rng.uniform(0.02, 0.4, num_requests)
@@ -66,7 +67,7 @@ def synthetic_requests(num_requests: int, seed: int) -> dict[str, np.ndarray]:
     output[0] = 1
     tpot = np.where(output > 1, rng.uniform(0.005, 0.03, num_requests), np.nan)
     e2e = ttft + np.nan_to_num(tpot) * (output - 1)
-    return {
+    columns = {
         "request_id": np.arange(num_requests),
         "arrival_s": arrival,
         "prompt_tokens": rng.integers(10, 4000, num_requests),
@@ -80,6 +81,7 @@ def synthetic_requests(num_requests: int, seed: int) -> dict[str, np.ndarray]:
         "accepted_tokens": output,
         "drafted_tokens": output * 2,
     }
+    return {name: columns[name] for name in REQUEST_COLUMNS}
 
 
 def synthetic_summary(steps: dict, requests: dict, num_spec_tokens: int = 3) -> dict:
@@ -147,10 +149,5 @@ def write_synthetic_results(
     simulator's own writer."""
     steps = synthetic_steps(num_steps, seed)
     requests = synthetic_requests(num_requests, seed)
-    result = SimResult(
-        steps={name: steps[name] for name in STEP_COLUMNS},
-        requests={name: requests[name] for name in REQUEST_COLUMNS},
-        itl_s=np.zeros(0),
-        summary=synthetic_summary(steps, requests),
-    )
-    return write_results(result, folder)
+    summary = synthetic_summary(steps, requests)
+    return write_results(SimResult(steps, requests, np.zeros(0), summary), folder)

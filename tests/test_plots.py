@@ -8,7 +8,7 @@ import csv
 import networkx as nx
 import numpy as np
 import pytest
-from synthetic_results import write_synthetic_results
+from synthetic_results import synthetic_requests, synthetic_steps, write_synthetic_results
 
 from stepplan.planner import PlannerConfig, StepBatch, compile_plan
 from stepplan.plots.bucketing import Bucketing, plot_bucketing, run_bucketing
@@ -25,12 +25,18 @@ from stepplan.sim.workloads import parse_synthetic
 
 
 @pytest.fixture(scope="module")
-def simulated(tmp_path_factory):
-    """A small real simulation (60 requests, Q = 4) written and read back."""
+def simulation():
+    """A small real simulation (60 requests, Q = 4), as the simulator returns it."""
     config = with_settings(SimConfig(), {"scheduler.num_spec_tokens": 3, "scheduler.num_groups": 2})
     table = parse_synthetic("synthetic:n=60,rate=20,prompt=uniform:16:600,output=uniform:2:60")
+    return simulate(table, config)
+
+
+@pytest.fixture(scope="module")
+def simulated(simulation, tmp_path_factory):
+    """That simulation written and read back."""
     folder = tmp_path_factory.mktemp("sim") / "run"
-    write_results(simulate(table, config), folder)
+    write_results(simulation, folder)
     return load_results(folder)
 
 
@@ -170,10 +176,24 @@ def test_loading_names_the_file_line_and_column(synthetic, tmp_path):
         load_results(tmp_path / "nowhere")
 
 
-def test_loaded_columns_match_what_was_written(simulated):
-    steps = simulated.steps
-    assert steps.column("num_tokens").dtype == np.int64
-    assert steps.column("plan_us").dtype == np.float64
-    total = sum(steps.column(f"num_{k}_tokens") for k in ("spec", "decode", "prefill"))
-    assert np.array_equal(total, steps.column("num_tokens"))
-    assert not steps.column("num_tokens").flags.writeable
+def assert_same_columns(table, written):
+    """``table`` (read back by the plots) holds every written column, in order, with the
+    simulator's type and values: what keeps the reader's column types on the schema."""
+    assert list(table.columns) == list(written), table.name
+    for name, column in written.items():
+        loaded = table.column(name)
+        assert not loaded.flags.writeable
+        if column.dtype.kind in "OU":  # graph_kind
+            assert loaded.dtype.kind == "U" and loaded.tolist() == column.tolist(), name
+        else:
+            assert loaded.dtype == column.dtype, name
+            assert np.array_equal(loaded, column, equal_nan=column.dtype.kind == "f"), name
+
+
+def test_loaded_columns_match_what_was_written(simulation, simulated, synthetic):
+    assert_same_columns(simulated.steps, simulation.steps)
+    assert_same_columns(simulated.requests, simulation.requests)
+    # The synthetic folder has what a short run may lack: a one-token output (TPOT empty).
+    assert np.isnan(synthetic.requests.column("tpot_s")).any()
+    assert_same_columns(synthetic.steps, synthetic_steps(300, 0))
+    assert_same_columns(synthetic.requests, synthetic_requests(40, 0))
