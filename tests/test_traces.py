@@ -163,12 +163,15 @@ def test_take_keeps_prefix_blocks():
         arrival_s=[0, 1, 2],
         prompt_tokens=[1, 2, 3],
         output_tokens=[1, 1, 1],
-        prefix_offsets=np.array([0, 2, 2, 5]),
+        prefix_offsets=np.array([0, 2, 3, 5]),
         prefix_blocks=np.array([7, 8, 9, 10, 11]),
     )
-    taken = table.take(np.array([0, 2]))
-    assert taken.prefix_offsets.tolist() == [0, 2, 5]
-    assert taken.prefix_blocks.tolist() == [7, 8, 9, 10, 11]
+    taken = table.take(np.array([0, 2]))  # request 1's block 9 must go
+    assert taken.prefix_offsets.tolist() == [0, 2, 4]
+    assert taken.prefix_blocks.tolist() == [7, 8, 10, 11]
+    assert taken.prompt_tokens.tolist() == [1, 3]
+    last = table.take(np.array([1]))
+    assert last.prefix_offsets.tolist() == [0, 1] and last.prefix_blocks.tolist() == [9]
 
 
 # ----------------------------------------------------------------------------- workloads
