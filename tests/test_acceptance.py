@@ -8,6 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stepplan.sim.acceptance import (
+    DEEPSEEK_MTP_PROBS,
+    EAGLE3_PROBS,
     AcceptanceError,
     FixedLength,
     PerPosition,
@@ -56,8 +58,9 @@ def test_per_position_rates_match_probabilities(probs):
     assert abs(length - model.mean_length(3)) < 5 * accepted.std() / np.sqrt(N)
 
 
-def test_eagle3_preset_gives_documented_length():
-    assert PerPosition((0.74,)).mean_length(7) == pytest.approx(3.50, abs=0.01)
+def test_presets_give_documented_figures():
+    assert PerPosition(EAGLE3_PROBS).mean_length(7) == pytest.approx(3.50, abs=0.01)
+    assert all(0.85 <= p <= 0.90 for p in DEEPSEEK_MTP_PROBS)  # DeepSeek-V3's MTP range
 
 
 def test_fixed_length_mean_and_cap():
