@@ -1,7 +1,7 @@
 """Read a simulation results folder (``steps.csv``, ``requests.csv``, ``summary.json``).
 
-Only the standard library and numpy: the folder is the contract between the
-simulator and everything that draws or analyses its output.
+The folder is the contract between the simulator and everything that draws or
+analyses its output, so this module reads files and never imports the simulator.
 """
 
 from __future__ import annotations
@@ -16,8 +16,12 @@ from types import MappingProxyType
 import attrs
 import numpy as np
 
-#: Columns whose type the schema fixes; any other column is read as numbers
-#: when every value parses as one, and as text otherwise.
+#: Columns whose type the schema fixes (``stepplan.sim.results``, which plots may
+#: not import); any other column is read as numbers when every value parses as
+#: one, and as text otherwise. Listed, not inferred: a bad cell in a schema column
+#: must be an error naming its line, and an all-empty column (no TPOT, or every
+#: step eager in ``graph_kind``) does not say its type. ``tests/test_plots.py``
+#: checks these lists against what the simulator writes.
 INT_COLUMNS = frozenset(
     {
         "step",
