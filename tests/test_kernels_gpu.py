@@ -21,19 +21,25 @@ pytestmark = pytest.mark.gpu
 C, K, D, Q = 8192, 4, 3, 4
 
 
+#: name -> (spec rows of Q tokens, decode rows, prefill lengths): the batches
+#: bench/kernel_bench.py times (SPEC §4's and a mixed one), plus a ragged mixed one.
+BATCHES = {
+    "decode 1": (0, 1, []),
+    "decode 256": (0, 256, []),
+    "spec 1x4": (1, 0, []),
+    "spec 64x4": (64, 0, []),
+    "spec 256x4": (256, 0, []),
+    "prefill 1x512": (0, 0, [512]),
+    "prefill 4x4096": (0, 0, [4096] * 4),
+    "mixed": (64, 64, [1024, 1024]),
+    "mixed ragged": (5, 7, [3, 200, 77]),
+}
+KINDS = tuple(BATCHES)
+
+
 def batch_of(kind: str, rng: np.random.Generator) -> StepBatch:
-    """The SPEC §4 batches, plus mixed ones, on shuffled slots, with some initial state."""
-    spec, decode, prefill = {
-        "decode 1": (0, 1, []),
-        "decode 256": (0, 256, []),
-        "spec 1x4": (1, 0, []),
-        "spec 64x4": (64, 0, []),
-        "spec 256x4": (256, 0, []),
-        "prefill 1x512": (0, 0, [512]),
-        "prefill 4x4096": (0, 0, [4096] * 4),
-        "mixed": (64, 64, [1024, 1024]),
-        "mixed ragged": (5, 7, [3, 200, 77]),
-    }[kind]
+    """Batch ``kind`` of :data:`BATCHES` on shuffled slots, with some initial state."""
+    spec, decode, prefill = BATCHES[kind]
     rows = spec + decode + len(prefill)
     lens = [Q] * spec + [1] * decode + prefill
     order = rng.permutation(rows)  # the engine's order is not the group order
@@ -45,19 +51,6 @@ def batch_of(kind: str, rng: np.random.Generator) -> StepBatch:
         num_draft_tokens=drafts,
         num_accepted_tokens=rng.integers(1, Q + 1, rows),
     )
-
-
-KINDS = (
-    "decode 1",
-    "decode 256",
-    "spec 1x4",
-    "spec 64x4",
-    "spec 256x4",
-    "prefill 1x512",
-    "prefill 4x4096",
-    "mixed",
-    "mixed ragged",
-)
 
 
 @pytest.mark.parametrize("layout", ["window_channel", "channel_window"])
