@@ -75,6 +75,8 @@ OVERRIDES = {
     "live_device": "live.device",
     "live_time": "live.time",
 }
+#: ``compare``'s per-side flags (``--a-host-cost``, ...), each overriding its ``OVERRIDES`` key.
+SIDE_FLAGS = ("host_cost", "graph_mode", "graph_sizes")
 #: ``--acceptance`` choices: a model, or a preset of per-position probabilities.
 ACCEPTANCE_PRESETS = {"deepseek-mtp": DEEPSEEK_MTP_PROBS, "eagle3": EAGLE3_PROBS}
 
@@ -257,27 +259,36 @@ def run_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_run_command(
+    subparsers: Any, name: str, handler: Callable[[argparse.Namespace], int], **texts: str
+) -> argparse.ArgumentParser:
+    """A subcommand that simulates a trace: its parser with the trace and setting options."""
+    parser = subparsers.add_parser(name, **texts)
+    _add_trace_options(parser)
+    _add_setting_options(parser)
+    parser.set_defaults(handler=handler)
+    return parser
+
+
 def add_simulate(subparsers: Any) -> None:
     """``simulate [TRACE] [options]``."""
-    parser = subparsers.add_parser(
+    parser = _add_run_command(
+        subparsers,
         "simulate",
+        run_simulate,
         help="replay a trace through the scheduler, planner and cost model",
         description="Replay a trace (default: the first 1,000 requests of the embedded Azure "
         "code trace) through the continuous-batching scheduler with the real planner in "
         "every step.",
     )
-    _add_trace_options(parser)
-    _add_setting_options(parser)
     add_report_option(parser)
-    parser.set_defaults(handler=run_simulate)
 
 
 def _side_config(args: argparse.Namespace, side: str) -> SimConfig:
     config = build_config(args, getattr(args, f"{side}_config") or args.config)
     settings = parse_assignments(getattr(args, f"{side}_set"))
-    for flag, key in (("host_cost", "cost.host_cost"), ("graph_sizes", "planner.graph_sizes")):
-        settings[key] = getattr(args, f"{side}_{flag}")
-    settings["planner.graph_mode"] = getattr(args, f"{side}_graph_mode")
+    for flag in SIDE_FLAGS:
+        settings[OVERRIDES[flag]] = getattr(args, f"{side}_{flag}")
     return with_settings(config, settings)
 
 
@@ -298,14 +309,14 @@ def run_compare(args: argparse.Namespace) -> int:
 
 def add_compare(subparsers: Any) -> None:
     """``compare [TRACE] --a-... --b-...``."""
-    parser = subparsers.add_parser(
+    parser = _add_run_command(
+        subparsers,
         "compare",
+        run_compare,
         help="run two configurations on the same trace and print them side by side",
         description="Shared options apply to both runs; --a-*/--b-* options to one side "
         "(for example --b-host-cost seed, or --a-graph-sizes/--b-graph-sizes).",
     )
-    _add_trace_options(parser)
-    _add_setting_options(parser)
     for side in ("a", "b"):
         add = parser.add_argument
         add(f"--{side}-label", help=f"column title of run {side.upper()}")
@@ -314,7 +325,6 @@ def add_compare(subparsers: Any) -> None:
         add(f"--{side}-host-cost", choices=HOST_COSTS)
         add(f"--{side}-graph-mode", choices=GRAPH_MODES)
         add(f"--{side}-graph-sizes", help="CUDA-graph sizes, e.g. 1,2,4,8")
-    parser.set_defaults(handler=run_compare)
 
 
 #: One entry per subcommand (see the module docstring).

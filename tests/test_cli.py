@@ -83,9 +83,11 @@ def test_compare_two_bucket_sets(tmp_path):
     out = tmp_path / "cmp"
     argv = ["compare", "--limit", "40", "--out", str(out), "--quiet"]
     argv += ["--a-graph-sizes", "1,2,4,8", "--b-graph-sizes", "1,2,4,8,16,32,64,128"]
+    argv += ["--b-graph-mode", "mixed"]
     assert cli.main(argv) == 0
-    assert summary(out / "a")["config"]["planner"]["graph_sizes"] == [1, 2, 4, 8]
-    assert summary(out / "b")["config"]["planner"]["graph_sizes"][-1] == 128
+    a, b = summary(out / "a")["config"]["planner"], summary(out / "b")["config"]["planner"]
+    assert a["graph_sizes"] == [1, 2, 4, 8] and b["graph_sizes"][-1] == 128
+    assert a["graph_mode"] == "full" and b["graph_mode"] == "mixed"
 
 
 @pytest.mark.parametrize(
