@@ -21,6 +21,8 @@ outputs need no second pass and the two launches could even overlap.
 
 from __future__ import annotations
 
+import functools
+
 import attrs
 import numpy as np
 import torch
@@ -358,7 +360,27 @@ def _short_conv_tiles(
         _write_window(window_ptr, s_chan, s_win, i, chan, keep, q + i, past, tokens, reach)
 
 
-@attrs.frozen
+# Plan fields each kernel reads, in its argument order (row_slot: the launch group's row).
+_ROW_FIELDS = (
+    "row_query_start",
+    "row_token_start",
+    "row_kind",
+    "row_state_offset",
+    "row_reads_state",
+    "row_slot",
+)
+_TILE_FIELDS = (
+    "row_query_start",
+    "row_token_start",
+    "row_reads_state",
+    "row_slot",
+    "tile_row",
+    "tile_start",
+)
+
+
+# slots=False: functools.cached_property needs an instance __dict__ before attrs 23.2.
+@attrs.frozen(slots=False)
 class LaunchShape:
     """Everything static a launch needs besides device buffers (one per plan layout).
 
@@ -375,6 +397,19 @@ class LaunchShape:
     tiles_grid: int
     query_len_max: int
     tile_tokens: int
+
+    @functools.cached_property
+    def plan_offsets(self) -> tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]:
+        """Per layer group: the plan-field offsets of launch A and of launch B, in their
+        argument order. Made on the first launch, not per launch (nor per graph replay)."""
+        at = {name: offset for name, (offset, _) in self.layout.offsets().items()}
+        slots, per_group = at["row_slot"], []
+        for group in range(self.layout.num_groups):
+            at["row_slot"] = slots + group * self.layout.num_rows  # this group's [R] slots
+            per_group.append(
+                (tuple(at[name] for name in _ROW_FIELDS), tuple(at[name] for name in _TILE_FIELDS))
+            )
+        return tuple(per_group)
 
 
 def launch_shape(plan: ExecutionPlan) -> LaunchShape:
@@ -463,8 +498,7 @@ def launch_short_conv(
     )
     _check_launch(shape, plan_buffer, x, residual, (weight.shape[1] - 1) * dilation)
     blocks = blocks or default_blocks(x.shape[1], conv_state.stride(2) == 1)
-    offsets = {name: at for name, (at, _) in layout.offsets().items()}
-    offsets["row_slot"] += group * layout.num_rows  # this group's slots
+    rows_offsets, tiles_offsets = shape.plan_offsets[group]
     args = (
         (plan_buffer, x, residual, conv_state, weight),
         (x.shape[1], x.stride(0), residual.stride(0), *conv_state.stride(), *weight.stride()),
@@ -476,15 +510,15 @@ def launch_short_conv(
         ),
     )
     if shape.rows_grid:
-        _launch_rows(shape, blocks, offsets, *args)
+        _launch_rows(shape, blocks, rows_offsets, *args)
     if shape.tiles_grid:
-        _launch_tiles(shape, blocks, offsets, *args)
+        _launch_tiles(shape, blocks, tiles_offsets, *args)
 
 
 def _launch_rows(
     shape: LaunchShape,
     blocks: Blocks,
-    offsets: dict[str, int],
+    offsets: tuple[int, ...],
     buffers: tuple,
     sizes: tuple,
     static: dict,
@@ -492,7 +526,7 @@ def _launch_rows(
     reach = (static["TAPS"] - 1) * static["DILATION"]
     _short_conv_rows[(shape.rows_grid * triton.cdiv(sizes[0], blocks.rows_channels),)](
         *buffers,
-        *(offsets[name] for name in _ROW_FIELDS),
+        *offsets,
         *sizes,
         **static,
         QUERY_BLOCK=triton.next_power_of_2(shape.query_len_max),
@@ -506,7 +540,7 @@ def _launch_rows(
 def _launch_tiles(
     shape: LaunchShape,
     blocks: Blocks,
-    offsets: dict[str, int],
+    offsets: tuple[int, ...],
     buffers: tuple,
     sizes: tuple,
     static: dict,
@@ -514,7 +548,7 @@ def _launch_tiles(
     reach = (static["TAPS"] - 1) * static["DILATION"]
     _short_conv_tiles[(shape.tiles_grid * triton.cdiv(sizes[0], blocks.tiles_channels),)](
         *buffers,
-        *(offsets[name] for name in _TILE_FIELDS),
+        *offsets,
         *sizes,
         **static,
         TILE=shape.tile_tokens,
@@ -524,25 +558,6 @@ def _launch_tiles(
         CHANNELS_FIRST=blocks.tiles_channels_first,
         num_warps=blocks.tiles_warps,
     )
-
-
-# Plan fields each kernel reads, in its argument order (then the group's row_slot).
-_ROW_FIELDS = (
-    "row_query_start",
-    "row_token_start",
-    "row_kind",
-    "row_state_offset",
-    "row_reads_state",
-    "row_slot",
-)
-_TILE_FIELDS = (
-    "row_query_start",
-    "row_token_start",
-    "row_reads_state",
-    "row_slot",
-    "tile_row",
-    "tile_start",
-)
 
 
 def _check_launch(
