@@ -450,10 +450,19 @@ def default_blocks(channels: int, window_contiguous: bool) -> Blocks:
     else:
         rows, rows_warps, rows_first = 512, 8, True
         tiles, tiles_warps, tokens, tiles_first = 128, 4, 16, True
-    fit = triton.next_power_of_2(channels)
+    fit = _power_of_two_at_least(channels)
     return Blocks(
         min(rows, fit), rows_warps, min(tiles, fit), tiles_warps, tokens, rows_first, tiles_first
     )
+
+
+def _power_of_two_at_least(n: int) -> int:
+    """The smallest power of two ``>= n`` (``n >= 1``).
+
+    In plain ints because ``triton.next_power_of_2`` and ``triton.cdiv`` are
+    ``constexpr_function`` wrappers that cost microseconds per host call.
+    """
+    return 1 << (n - 1).bit_length()
 
 
 def launch_short_conv(
@@ -524,13 +533,13 @@ def _launch_rows(
     static: dict,
 ) -> None:
     reach = (static["TAPS"] - 1) * static["DILATION"]
-    _short_conv_rows[(shape.rows_grid * triton.cdiv(sizes[0], blocks.rows_channels),)](
+    _short_conv_rows[(shape.rows_grid * -(-sizes[0] // blocks.rows_channels),)](
         *buffers,
         *offsets,
         *sizes,
         **static,
-        QUERY_BLOCK=triton.next_power_of_2(shape.query_len_max),
-        WRITE_BLOCK=triton.next_power_of_2(reach + shape.query_len_max),
+        QUERY_BLOCK=_power_of_two_at_least(shape.query_len_max),
+        WRITE_BLOCK=_power_of_two_at_least(reach + shape.query_len_max),
         BLOCK_C=blocks.rows_channels,
         CHANNELS_FIRST=blocks.rows_channels_first,
         num_warps=blocks.rows_warps,
@@ -546,14 +555,14 @@ def _launch_tiles(
     static: dict,
 ) -> None:
     reach = (static["TAPS"] - 1) * static["DILATION"]
-    _short_conv_tiles[(shape.tiles_grid * triton.cdiv(sizes[0], blocks.tiles_channels),)](
+    _short_conv_tiles[(shape.tiles_grid * -(-sizes[0] // blocks.tiles_channels),)](
         *buffers,
         *offsets,
         *sizes,
         **static,
         TILE=shape.tile_tokens,
         SUB=min(blocks.tiles_tokens, shape.tile_tokens),
-        REACH_BLOCK=triton.next_power_of_2(reach),
+        REACH_BLOCK=_power_of_two_at_least(reach),
         BLOCK_C=blocks.tiles_channels,
         CHANNELS_FIRST=blocks.tiles_channels_first,
         num_warps=blocks.tiles_warps,
