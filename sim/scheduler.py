@@ -166,12 +166,14 @@ class Scheduler:
     ) -> ScheduledStep:
         slots = self.slot[ids]
         groups = self.config.num_groups
-        drafts = np.where(is_spec, q - 1, -1)
+        # int32 arrays, as an engine hands them over (StepBatch then only copies them)
+        q32, computed32 = q.astype(np.int32), computed.astype(np.int32)
+        drafts = np.where(is_spec, q32 - 1, -1)
         accepted = np.where(is_spec, self.last_accepted[ids], 1)
         start = time.perf_counter_ns()
         batch = StepBatch(
-            query_lens=q,
-            num_computed_tokens=computed,
+            query_lens=q32,
+            num_computed_tokens=computed32,
             slots=slots if groups == 1 else np.broadcast_to(slots, (groups, slots.size)),
             num_draft_tokens=drafts,
             num_accepted_tokens=accepted,
