@@ -69,6 +69,14 @@ def check_replay(captured: ReplaySignature, wanted: ReplaySignature) -> None:
         )
 
 
+def _import_kernels() -> Any:
+    """The Triton kernels module, imported on use: the reference backend runs where
+    Triton can't."""
+    from . import kernels
+
+    return kernels
+
+
 @attrs.frozen
 class _Prepared:
     """The plan the next :meth:`Executor.conv` calls run."""
@@ -126,6 +134,15 @@ class Executor:
         if use_graphs and not (backend == "triton" and on_cuda):
             raise ValueError("use_graphs: CUDA graphs need the triton backend on a CUDA device")
         self.use_graphs = use_graphs
+        self._kernels: Any = None
+        self._blocks: tuple[Any, ...] = ()  # kernels.Blocks per layer
+        if backend == "triton":
+            self._kernels = _import_kernels()
+            # Chosen once, not per launch: they depend only on C and the state's memory layout.
+            self._blocks = tuple(
+                self._kernels.default_blocks(self.channels, state.stride(2) == 1)
+                for state in self.conv_states
+            )
         self.capacity = largest_graph_layout(config, self.num_groups) or PlanLayout(
             1, 1, 0, self.num_groups
         )
@@ -211,17 +228,11 @@ class Executor:
             layout=plan.layout,
             query_len_max=plan.query_len_max,
             tile_tokens=plan.tile_tokens,
-            launch=self._kernels().launch_shape(plan),
+            launch=(self._kernels or _import_kernels()).launch_shape(plan),
             dtype=self.dtype,
             channels=self.channels,
             backend=self.backend,
         )
-
-    def _kernels(self) -> Any:
-        # Imported on use: the reference backend runs where Triton can't.
-        from . import kernels
-
-        return kernels
 
     def prepare(self, plan: ExecutionPlan, launch: Any = None) -> None:
         """Make ``plan`` the one the next :meth:`conv` calls run: one host→device copy.
@@ -241,7 +252,7 @@ class Executor:
             self._prepared = _Prepared(plan, None, None)
             return
         assert self._upload is not None
-        launch = launch or self._kernels().launch_shape(plan)
+        launch = launch or self._kernels.launch_shape(plan)
         if plan.packed.size * 4 <= self._upload.capacity_bytes:
             buffer = self._upload.upload_int32(plan.packed)
         else:
@@ -259,7 +270,7 @@ class Executor:
                 f"plan: graph {plan.graph} has layout {plan.layout}, larger than the persistent "
                 f"buffer sized for {self.capacity}"
             )
-        launch = self._kernels().launch_shape(plan)
+        launch = self._kernels.launch_shape(plan)
         buffer = self._upload.upload_int32(plan.layout.inert_buffer())
         self._prepared = _Prepared(None, launch, buffer)
 
@@ -282,7 +293,7 @@ class Executor:
                 prepared.plan, x, residual, state, weight, dilation=self.dilation, group=group
             )
             return
-        self._kernels().launch_short_conv(
+        self._kernels.launch_short_conv(
             prepared.launch,
             prepared.buffer,
             x,
@@ -291,6 +302,7 @@ class Executor:
             weight,
             dilation=self.dilation,
             group=group,
+            blocks=self._blocks[layer],
         )
 
     def run_layers(self, x: torch.Tensor, residual: torch.Tensor) -> None:
