@@ -476,6 +476,7 @@ def launch_short_conv(
     dilation: int,
     group: int,
     blocks: Blocks | None = None,
+    min_tokens: int = 0,
 ) -> None:
     """One layer of one step on the device: at most two launches, graph-capturable.
 
@@ -493,6 +494,7 @@ def launch_short_conv(
         dilation: ``D``, 1..8.
         group: layer group whose slots this layer uses.
         blocks: block sizes (tuning only); :func:`default_blocks` when ``None``.
+        min_tokens: the fewest rows ``x`` may have (the plan's live tokens, when known).
     """
     layout = shape.layout
     check_operands(
@@ -504,6 +506,7 @@ def launch_short_conv(
         group=group,
         num_groups=layout.num_groups,
         query_len_max=shape.query_len_max,
+        min_tokens=min_tokens,
     )
     _check_launch(shape, plan_buffer, x, residual, (weight.shape[1] - 1) * dilation)
     blocks = blocks or default_blocks(x.shape[1], conv_state.stride(2) == 1)
@@ -610,10 +613,6 @@ def short_conv(
     Same arguments as the reference, plus ``plan_buffer`` (``[layout.size], int32``
     ``plan.packed`` already on x's device; uploaded here when ``None``).
     """
-    if x.shape[0] < plan.batch.num_tokens:
-        raise ValueError(
-            f"x: must be [num_engine_tokens >= {plan.batch.num_tokens}, C], got {list(x.shape)}"
-        )
     if plan_buffer is None:
         plan_buffer = torch.from_numpy(np.array(plan.packed)).to(x.device)
     launch_short_conv(
@@ -625,4 +624,5 @@ def short_conv(
         weight,
         dilation=dilation,
         group=group,
+        min_tokens=plan.batch.num_tokens,
     )

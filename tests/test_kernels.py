@@ -242,3 +242,5 @@ def test_bad_launches_are_refused_by_name():
     wide = torch.zeros(x.shape[0], 16)
     with pytest.raises(ValueError, match=r"^x"):
         kernels.short_conv(plan, wide[:, ::2], residual, state, weight, dilation=2)
+    with pytest.raises(ValueError, match=r"^x: must be \[num_engine_tokens >= 35, C\]"):
+        kernels.short_conv(plan, x[:34], residual[:34], state, weight, dilation=2)
