@@ -196,9 +196,11 @@ def _csv_rows(path: Path, handle: Iterator[str]) -> Iterator[tuple[int, dict[str
         yield line, row
 
 
-def _read_csv(path: Path, handle: Iterator[str], fmt: str, header: list[str]) -> _Rows:
+def _read_csv(
+    path: Path, handle: Iterator[str], fmt: str, columns: tuple[str, str, str | None]
+) -> _Rows:
     rows = _Rows([], [], [], None)
-    prompt_col, output_col, time_col = _csv_columns(fmt, header)
+    prompt_col, output_col, time_col = columns
     first_day = None
     for line, row in _csv_rows(path, handle):
         if fmt == "azure":
@@ -301,16 +303,16 @@ def _open(path: Path) -> Iterator[str]:
         raise TraceError(path, None, f"cannot open ({exc.strerror})") from None
 
 
-def _check_header(path: Path, fmt: str, header: list[str]) -> None:
-    if fmt in ("mooncake", "llmservingsim"):
-        return
+def _header_columns(path: Path, fmt: str, header: list[str]) -> tuple[str, str, str | None]:
+    """The (prompt, output, time) columns of a ``fmt`` CSV, checked against its header."""
     try:
-        needed = [c for c in _csv_columns(fmt, header) if c is not None]
+        columns = _csv_columns(fmt, header)
     except ValueError:
         raise TraceError(path, 1, f"no prompt/output length columns in {header}") from None
-    missing = [c for c in needed if c not in header]
+    missing = [c for c in columns if c is not None and c not in header]
     if missing:
         raise TraceError(path, 1, f"{fmt} trace needs columns {missing}, header is {header}")
+    return columns
 
 
 def load_trace(
@@ -338,9 +340,8 @@ def load_trace(
             rows = _read_jsonl(path, handle, fmt, 1)
         else:
             first = handle.readline()
-            header = next(csv.reader([first]), [])
-            _check_header(path, fmt, header)
-            rows = _read_csv(path, _prepend(first, handle), fmt, header)
+            columns = _header_columns(path, fmt, next(csv.reader([first]), []))
+            rows = _read_csv(path, _prepend(first, handle), fmt, columns)
     if fmt == "lengths" and rate is not None:
         gaps = np.random.default_rng(seed).exponential(1.0 / rate, len(rows.prompt))
         rows = attrs.evolve(rows, arrival=list(np.cumsum(gaps) - gaps[0]))
