@@ -154,7 +154,8 @@ class Replay:
         self, request_ids: np.ndarray, spec_steps: np.ndarray, drafts: np.ndarray
     ) -> np.ndarray:
         sequence = request_ids % (self.offsets.shape[0] - 1)
-        start, length = self.offsets[sequence], np.diff(self.offsets)[sequence]
+        start = self.offsets[sequence]
+        length = self.offsets[sequence + 1] - start  # the rows' sequences only, not all S
         return np.minimum(self.values[start + spec_steps % length], drafts).astype(np.int64)
 
     def mean_length(self, drafts: int) -> float:
