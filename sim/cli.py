@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
-from contextlib import ExitStack
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -119,12 +118,12 @@ def build_config(args: argparse.Namespace, config_path: str | None = None) -> Si
     return with_settings(config, flags)
 
 
-def load_requests(args: argparse.Namespace, config: SimConfig, stack: ExitStack) -> RequestTable:
+def load_requests(args: argparse.Namespace, config: SimConfig) -> RequestTable:
     """The trace ``args.trace`` names (the embedded trace's first requests when absent),
     prepared."""
     if args.trace is None:
-        path = stack.enter_context(resources.as_file(_embedded()))
-        table = load_trace(path, "azure")
+        with resources.as_file(resources.files("stepplan.sim").joinpath(EMBEDDED_TRACE)) as path:
+            table = load_trace(path, "azure")
         if config.workload.limit is None:
             table = table.limit(EMBEDDED_LIMIT)
     elif args.trace.startswith(SYNTHETIC_PREFIX):
@@ -132,10 +131,6 @@ def load_requests(args: argparse.Namespace, config: SimConfig, stack: ExitStack)
     else:
         table = load_trace(args.trace, args.format, rate=config.workload.rate, seed=config.seed)
     return prepare_requests(table, config)
-
-
-def _embedded() -> Any:
-    return resources.files("stepplan.sim").joinpath(EMBEDDED_TRACE)
 
 
 def _run_name(args: argparse.Namespace, config: SimConfig) -> str:
@@ -233,8 +228,7 @@ def _add_live_options(parser: argparse.ArgumentParser) -> None:
 def _simulate_one(
     args: argparse.Namespace, config: SimConfig, out: Path, label: str = ""
 ) -> SimResult:
-    with ExitStack() as stack:
-        requests = load_requests(args, config, stack)
+    requests = load_requests(args, config)
     if args.parquet and not parquet_available():
         print("stepplan: pyarrow is not installed; writing CSV", file=sys.stderr)
     progress = not args.quiet and sys.stderr.isatty()
