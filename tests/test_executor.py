@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stepplan.executor import Executor, ReplayMismatchError, check_replay
+from stepplan.executor import BACKENDS, Executor, ReplayMismatchError, check_replay
 from stepplan.executor.upload import PinnedUpload
 from stepplan.planner import PlannerConfig, StepBatch, compile_plan
 
@@ -130,9 +130,9 @@ def test_replay_signature_mismatch_names_the_fields():
     with pytest.raises(ReplayMismatchError, match="tile_tokens: captured 8, plan has 16"):
         check_replay(captured, executor.signature(second))
     mixed = compile_plan(random_batch(np.random.default_rng(9), 9, 3, groups=2), base)
-    if mixed.graph != first.graph:
-        with pytest.raises(ReplayMismatchError, match="layout"):
-            check_replay(captured, executor.signature(mixed))
+    assert mixed.graph is not None and mixed.graph != first.graph
+    with pytest.raises(ReplayMismatchError, match="layout"):
+        check_replay(captured, executor.signature(mixed))
 
 
 def test_bad_plans_and_operands_are_refused():
@@ -178,10 +178,14 @@ def test_bad_geometry_is_refused():
         Executor(
             weights=[weight], layer_groups=[0], conv_states=[state], **{**kwargs, "backend": "x"}
         )
-    if not torch.cuda.is_available():
+    for backend in BACKENDS:  # graphs need the triton backend on CUDA tensors; these are CPU
         with pytest.raises(ValueError, match="use_graphs"):
             Executor(
-                weights=[weight], layer_groups=[0], conv_states=[state], use_graphs=True, **kwargs
+                weights=[weight],
+                layer_groups=[0],
+                conv_states=[state],
+                use_graphs=True,
+                **{**kwargs, "backend": backend},
             )
 
 
