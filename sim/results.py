@@ -188,17 +188,14 @@ class SimResult:
 def step_columns(records: list[tuple[float, ...]]) -> dict[str, np.ndarray]:
     """``steps.csv`` columns from the loop's per-step tuples (``STEP_RECORD`` order)."""
     table = np.array(records, dtype=np.float64).reshape(len(records), len(STEP_RECORD))
-    raw = {name: table[:, i] for i, name in enumerate(STEP_RECORD)}
-    ints = {k: v.astype(np.int64) for k, v in raw.items() if k not in _FLOAT_STEP_COLUMNS}
-    code = ints.pop("graph_code")
-    columns: dict[str, np.ndarray] = {"step": np.arange(len(records), dtype=np.int64)}
-    for name in STEP_COLUMNS[1:]:
-        if name in _FLOAT_STEP_COLUMNS:
-            columns[name] = raw[name]
-        elif name in ints:
-            columns[name] = ints[name]
-    columns["num_rows"] = sum(ints[f"num_{k}_rows"] for k in ("spec", "decode", "prefill"))
-    columns["num_tokens"] = sum(ints[f"num_{k}_tokens"] for k in ("spec", "decode", "prefill"))
+    columns = {
+        name: table[:, i] if name in _FLOAT_STEP_COLUMNS else table[:, i].astype(np.int64)
+        for i, name in enumerate(STEP_RECORD)
+    }
+    code = columns.pop("graph_code")
+    columns["step"] = np.arange(len(records), dtype=np.int64)
+    columns["num_rows"] = sum(columns[f"num_{k}_rows"] for k in ("spec", "decode", "prefill"))
+    columns["num_tokens"] = sum(columns[f"num_{k}_tokens"] for k in ("spec", "decode", "prefill"))
     columns["graph_kind"] = np.asarray(GRAPH_KINDS, dtype=object)[code]
     columns["graph_hit"] = (code > 0).astype(np.int64)
     return {name: columns[name] for name in STEP_COLUMNS}
