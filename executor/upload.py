@@ -21,8 +21,9 @@ class PinnedUpload:
     """
 
     def __init__(self, capacity_bytes: int, device: torch.device, ring_size: int = 16) -> None:
-        if capacity_bytes < 1 or ring_size < 1:
-            raise ValueError(f"capacity_bytes and ring_size must be positive, got {capacity_bytes}")
+        for name, value in (("capacity_bytes", capacity_bytes), ("ring_size", ring_size)):
+            if value < 1:
+                raise ValueError(f"{name}: must be positive, got {value}")
         self.device = torch.device(device)
         self.capacity_bytes = capacity_bytes
         self.device_buffer = torch.zeros(capacity_bytes, dtype=torch.uint8, device=self.device)

@@ -203,3 +203,7 @@ def test_pinned_upload_round_trips_through_its_ring():
     upload.host_bytes()
     with pytest.raises(RuntimeError, match="twice"):
         upload.host_bytes()
+    with pytest.raises(ValueError, match=r"^ring_size: must be positive, got 0"):
+        PinnedUpload(64, torch.device("cpu"), ring_size=0)
+    with pytest.raises(ValueError, match=r"^capacity_bytes: must be positive, got 0"):
+        PinnedUpload(0, torch.device("cpu"))
