@@ -242,11 +242,12 @@ def _simulate_one(
 def run_simulate(args: argparse.Namespace) -> int:
     """``stepplan simulate``: one simulation, results written, summary printed."""
     config = build_config(args)
-    out = Path(args.out or Path("results") / _run_name(args, config))
+    name = _run_name(args, config)
+    out = Path(args.out or Path("results") / name)
     result = _simulate_one(args, config, out)
     report = report_after_simulation(result, out, args.report)
     if not args.quiet:
-        print(format_table([(_run_name(args, config), result.summary)]))
+        print(format_table([(name, result.summary)]))
         print(f"\nresults: {out}/ (wall {result.summary['run']['wall_s']:.1f} s)")
         if report is not None:
             print(f"report: {report}")
