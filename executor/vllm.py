@@ -21,8 +21,13 @@ import attrs
 import numpy as np
 import torch
 
-from stepplan.planner import ExecutionPlan, PlanLayout, PlannerConfig
-from stepplan.planner.vllm import plan_from_common_metadata, seed_view
+from stepplan.planner import ExecutionPlan, PlannerConfig, layout_capacity
+from stepplan.planner.vllm import (
+    host_array,
+    plan_from_common_metadata,
+    seed_graph_limits,
+    seed_view,
+)
 
 from .upload import PinnedUpload
 
@@ -147,8 +152,7 @@ class PlanMetadataBuilder:
         self.max_num_reqs = max(max_num_reqs or config.max_num_seqs, sizes[-1])
         rows = self.max_num_reqs
         tokens = max(max_num_tokens, sizes[-1], rows * config.query_len_max)
-        tiles = rows + tokens // config.prefill_tile_tokens
-        self.max_plan_layout = PlanLayout(tokens, rows, tiles, 1)
+        self.max_plan_layout = layout_capacity(config, tokens, rows, 1)
         self._regions: dict[str, _Region] = {}
         offset = 0
         for names, dtype, item in ((INT32_FIELDS, torch.int32, 4), (BOOL_FIELDS, torch.bool, 1)):
@@ -158,10 +162,7 @@ class PlanMetadataBuilder:
         self._plan_offset = offset
         self._upload = PinnedUpload(offset + 4 * self.max_plan_layout.size, torch.device(device))
         # Largest uniform batch the seed captures full graphs for.
-        self.decode_cudagraph_max_bs = min(config.max_num_seqs, sizes[-1])
-        self.decode_cudagraph_max_tokens = min(
-            config.max_num_seqs * config.query_len_max, sizes[-1]
-        )
+        self.decode_cudagraph_max_bs, self.decode_cudagraph_max_tokens = seed_graph_limits(config)
 
     def build(
         self,
@@ -213,7 +214,7 @@ class PlanMetadataBuilder:
             )
         if self.config.num_spec_tokens == 0:
             return self.build(0, m)
-        query_lens = np.diff(_host(m.query_start_loc_cpu)[: rows + 1])
+        query_lens = np.diff(host_array(m.query_start_loc_cpu).astype(np.int64)[: rows + 1])
         return self.build(
             0, m, num_accepted_tokens=query_lens, num_decode_draft_tokens_cpu=query_lens - 1
         )
@@ -281,9 +282,3 @@ class PlanMetadataBuilder:
 def _device_view(device: torch.Tensor, region: _Region, size: int) -> torch.Tensor:
     stop = region.offset + size * region.dtype.itemsize
     return device[region.offset : stop].view(region.dtype)
-
-
-def _host(value: Any) -> np.ndarray:
-    if hasattr(value, "detach"):
-        value = value.detach().to("cpu").numpy()
-    return np.asarray(value).astype(np.int64)

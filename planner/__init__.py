@@ -4,7 +4,7 @@ Imports nothing else of stepplan. See ``SPEC.md`` §1 and §3.
 """
 
 from .batch import DECODE, KIND_NAMES, PADDING, PREFILL, SPEC, StepBatch
-from .compile import compile_plan, largest_graph_layout
+from .compile import compile_plan, largest_graph_layout, layout_capacity
 from .config import GRAPH_MODES, PlannerConfig, default_graph_sizes
 from .errors import PlanError
 from .layout import FIELDS, BufferField, PlanLayout
@@ -29,4 +29,5 @@ __all__ = [
     "compile_plan",
     "default_graph_sizes",
     "largest_graph_layout",
+    "layout_capacity",
 ]

@@ -119,6 +119,16 @@ def _tile_capacity(tokens: int, rows: int, config: PlannerConfig) -> int:
     return min(rows, tokens // 2) + tokens // config.prefill_tile_tokens
 
 
+def layout_capacity(
+    config: PlannerConfig, num_tokens: int, num_rows: int, num_groups: int
+) -> PlanLayout:
+    """A layout at least as large, field by field, as that of any plan (graph or
+    eager) of at most ``num_tokens`` tokens and ``num_rows`` live rows."""
+    return PlanLayout(
+        num_tokens, num_rows, _tile_capacity(num_tokens, num_rows, config), num_groups
+    )
+
+
 def largest_graph_layout(config: PlannerConfig, num_groups: int) -> PlanLayout | None:
     """A layout at least as large, field by field, as that of any graph plan of ``config``.
 
@@ -131,8 +141,7 @@ def largest_graph_layout(config: PlannerConfig, num_groups: int) -> PlanLayout |
     spec_tokens = rows[-1] * config.query_len_max
     if config.graph_mode == "full":
         return PlanLayout(spec_tokens, rows[-1], 0, num_groups)
-    tiles = _tile_capacity(sizes[-1], rows[-1], config)
-    return PlanLayout(max(spec_tokens, sizes[-1]), rows[-1], tiles, num_groups)
+    return layout_capacity(config, max(spec_tokens, sizes[-1]), rows[-1], num_groups)
 
 
 class _Packer:

@@ -19,7 +19,7 @@ from .config import PlannerConfig
 from .plan import ExecutionPlan
 
 
-def _host_array(value: Any) -> np.ndarray:
+def host_array(value: Any) -> np.ndarray:
     """A numpy copy of a host or device tensor, list or array."""
     if hasattr(value, "detach"):
         value = value.detach().to("cpu").numpy()
@@ -40,18 +40,18 @@ def batch_from_common_metadata(
     ``m.compute_num_computed_tokens()``. Rows without drafts info are not spec.
     """
     rows = int(m.num_reqs)
-    query_start = _host_array(m.query_start_loc_cpu)[: rows + 1].astype(np.int64)
+    query_start = host_array(m.query_start_loc_cpu)[: rows + 1].astype(np.int64)
     query_lens = np.diff(query_start)
-    computed = _host_array(m.compute_num_computed_tokens())[:rows]
-    slots = _host_array(m.block_table_tensor)[:rows, 0]
+    computed = host_array(m.compute_num_computed_tokens())[:rows]
+    slots = host_array(m.block_table_tensor)[:rows, 0]
     if num_decode_draft_tokens_cpu is None:
         drafts = np.full(rows, -1)
     else:
-        drafts = _host_array(num_decode_draft_tokens_cpu)[:rows]
+        drafts = host_array(num_decode_draft_tokens_cpu)[:rows]
     accepted = (
         np.ones(rows, dtype=np.int32)
         if num_accepted_tokens is None
-        else _host_array(num_accepted_tokens)
+        else host_array(num_accepted_tokens)
     )
     return StepBatch(
         query_lens=query_lens,
@@ -79,19 +79,26 @@ def plan_from_common_metadata(
     return compile_plan(batch, config)
 
 
+def seed_graph_limits(config: PlannerConfig) -> tuple[int, int]:
+    """``(rows, tokens)``: the largest uniform batch the seed captures a full graph for,
+    ``min(max_num_seqs, largest size)`` rows and ``min(max_num_seqs * Q, largest size)``
+    tokens."""
+    largest = config.sizes[-1]
+    return min(config.max_num_seqs, largest), min(
+        config.max_num_seqs * config.query_len_max, largest
+    )
+
+
 def _seed_pads(plan: ExecutionPlan) -> tuple[int | None, int | None]:
     """Rows the seed pads a pure-spec and a pure-decode batch to (``None``: no padding).
 
-    The seed captures full graphs only for uniform batches, within
-    ``min(max_num_seqs, largest size)`` rows and ``min(max_num_seqs * Q,
-    largest size)`` spec tokens; decode rows pad to the smallest capture size.
+    The seed captures full graphs only for uniform batches within
+    :func:`seed_graph_limits`; decode rows pad to the smallest capture size.
     """
     config = plan.config
     if config.graph_mode == "none":
         return None, None
-    largest = config.sizes[-1]
-    max_rows = min(config.max_num_seqs, largest)
-    max_tokens = min(config.max_num_seqs * config.query_len_max, largest)
+    max_rows, max_tokens = seed_graph_limits(config)
     spec_pad = decode_pad = None
     pure_spec = plan.num_spec_rows and plan.num_rows == plan.num_spec_rows
     if pure_spec and plan.num_spec_rows <= max_rows and plan.num_spec_tokens <= max_tokens:
