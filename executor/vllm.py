@@ -154,6 +154,7 @@ class PlanMetadataBuilder:
         tokens = max(max_num_tokens, sizes[-1], rows * config.query_len_max)
         self.max_plan_layout = layout_capacity(config, tokens, rows, 1)
         self._regions: dict[str, _Region] = {}
+        self._views: dict[tuple[str, int], torch.Tensor] = {}
         offset = 0
         for names, dtype, item in ((INT32_FIELDS, torch.int32, 4), (BOOL_FIELDS, torch.bool, 1)):
             for name in names:
@@ -235,7 +236,7 @@ class PlanMetadataBuilder:
         plan_buffer = device[self._plan_offset : plan_end].view(torch.int32)
         return PlanMetadata(
             **{name: view[name] for name in COUNT_FIELDS},
-            **self._device_fields(view, device, plan, plan_buffer),
+            **self._device_fields(view, plan, plan_buffer),
             query_start_loc=m.query_start_loc,
             seq_lens=m.seq_lens,
             num_decode_draft_tokens_cpu=drafts,
@@ -258,27 +259,35 @@ class PlanMetadataBuilder:
                     "(raise max_num_reqs)"
                 )
 
+    def _device_view(self, name: str, size: int) -> torch.Tensor:
+        """``[size]`` of field ``name`` in the persistent device buffer, made once per size:
+        slicing and viewing a tensor costs microseconds per field per step."""
+        key = (name, size)
+        cached = self._views.get(key)
+        if cached is None:
+            if len(self._views) >= 4096:  # ever new sizes: start over rather than grow
+                self._views.clear()
+            region = self._regions[name]
+            stop = region.offset + size * region.dtype.itemsize
+            persistent = self._upload.device_buffer
+            cached = self._views[key] = persistent[region.offset : stop].view(region.dtype)
+        return cached
+
     def _device_fields(
         self,
         view: dict[str, Any],
-        device: torch.Tensor,
         plan: ExecutionPlan,
         plan_buffer: torch.Tensor,
     ) -> dict[str, torch.Tensor | None]:
         """Device views of every array field; the token lists are slices of the plan's map."""
         fields: dict[str, torch.Tensor | None] = {}
-        for name, region in self._regions.items():
+        for name in self._regions:
             value = view[name]
-            fields[name] = None if value is None else _device_view(device, region, value.size)
-        token_map = plan.layout.field("token_map").offset
+            fields[name] = None if value is None else self._device_view(name, value.size)
+        token_map, _ = plan.layout.span("token_map")
         spec_tokens, tokens = plan.num_spec_tokens, plan.num_tokens
         spans = ((0, spec_tokens), (spec_tokens, tokens))
         for name, (start, stop) in zip(TOKEN_FIELDS, spans, strict=True):
             live = plan_buffer[token_map + start : token_map + stop]
             fields[name] = None if view[name] is None else live
         return fields
-
-
-def _device_view(device: torch.Tensor, region: _Region, size: int) -> torch.Tensor:
-    stop = region.offset + size * region.dtype.itemsize
-    return device[region.offset : stop].view(region.dtype)
