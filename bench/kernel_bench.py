@@ -278,18 +278,27 @@ def measure(
     )
 
 
-#: (channels, warps, channels first) of the row launch; (channels, warps, tokens per
-#: step, channels first) of the tile launch.
-ROW_VARIANTS = tuple((c, w, f) for c, w in ((128, 2), (256, 4), (512, 8)) for f in (False, True))
+#: (channels, warps, channels first, the layout's own window store: a tile where windows
+#: are contiguous, entry by entry where channels are) of the row launch; (channels,
+#: warps, tokens per program, channels first) of the tile launch.
+ROW_VARIANTS = (
+    (64, 1, True, True),
+    (128, 1, False, True),
+    (128, 1, True, True),
+    (128, 1, True, False),
+    (256, 1, True, True),
+    (256, 2, True, True),
+    (512, 2, True, True),
+    (512, 4, True, True),
+)
 TILE_VARIANTS = (
-    (128, 4, 16, False),
-    (128, 4, 16, True),
-    (128, 4, 8, False),
     (128, 4, 8, True),
-    (64, 2, 16, False),
-    (64, 4, 64, False),
-    (64, 4, 64, True),
-    (32, 4, 64, True),
+    (128, 4, 8, False),
+    (128, 4, 16, True),
+    (128, 2, 8, True),
+    (64, 1, 8, True),
+    (64, 2, 16, True),
+    (256, 4, 8, True),
 )
 
 
@@ -330,8 +339,15 @@ def _with_variant(blocks: kernels.Blocks, prefill: bool, variant: tuple) -> kern
             tiles_tokens=tokens,
             tiles_channels_first=first,
         )
-    channels, warps, first = variant
-    return attrs.evolve(blocks, rows_channels=channels, rows_warps=warps, rows_channels_first=first)
+    channels, warps, first, own_store = variant
+    window_tile = blocks.rows_window_tile == own_store  # defaults hold each layout's own
+    return attrs.evolve(
+        blocks,
+        rows_channels=channels,
+        rows_warps=warps,
+        rows_channels_first=first,
+        rows_window_tile=window_tile,
+    )
 
 
 def table(rows: list[dict], ceiling: float) -> str:

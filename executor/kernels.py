@@ -102,11 +102,17 @@ def _convolve(
 
 
 @triton.jit
-def _add_silu(residual_ptr, residual_stride, token, chan, valid, acc):
-    """``r += silu(round(acc))``, rounding like ``F.conv1d`` then ``F.silu`` then ``+=``."""
-    dtype = residual_ptr.dtype.element_ty
+def _silu_rounded(acc, dtype: tl.constexpr):
+    """``silu(round(acc))`` rounded to ``dtype``, in fp32: like ``F.conv1d`` then ``F.silu``."""
     y = acc.to(dtype).to(tl.float32)
-    y = (y / (1.0 + tl.exp(-y))).to(dtype).to(tl.float32)
+    return (y / (1.0 + tl.exp(-y))).to(dtype).to(tl.float32)
+
+
+@triton.jit
+def _add_silu(residual_ptr, residual_stride, token, chan, valid, acc):
+    """``r += silu(round(acc))`` on a ``[rows, BLOCK_C]`` tile, rounding like ``+=``."""
+    dtype = residual_ptr.dtype.element_ty
+    y = _silu_rounded(acc, dtype)
     ptrs = residual_ptr + token.to(tl.int64) * residual_stride + chan[None, :]
     r = tl.load(ptrs, mask=valid, other=0.0).to(tl.float32)
     tl.store(ptrs, (r + y).to(dtype), mask=valid)
@@ -158,6 +164,53 @@ _TILE_OFFSETS = (
 
 # Plan offsets change with every layout (graph bucket): specializing on their
 # divisibility would compile a kernel per bucket for nothing.
+@triton.jit
+def _live(chan_ok, index, bound):
+    """``chan_ok & (index < bound)``: a constant ``index``, a scalar ``bound``.
+
+    The comparison is made on a vector: the interpreter cannot AND a vector
+    with a scalar bool (the compiler folds the extra zeros away).
+    """
+    return chan_ok & (chan_ok.to(tl.int32) * 0 + index < bound)
+
+
+@triton.jit
+def _load_history(
+    x_ptr,
+    x_stride,
+    first_token,
+    q,
+    past_ptr,
+    s_chan,
+    s_win,
+    state_end,
+    chan,
+    chan_ok,
+    REACH: tl.constexpr,
+    QUERY_MAX: tl.constexpr,
+):
+    """``(h[0], ..., h[REACH + QUERY_MAX - 1])`` of SPEC §2 as ``[BLOCK_C]`` vectors.
+
+    Each entry is loaded once, all before any store, so the row costs one memory
+    round trip; a tuple of 1-D vectors (not a ``[rows, BLOCK_C]`` tile) keeps
+    every thread busy on every entry: a 2-D tile spreads its rows over warps,
+    and a decode row would leave three quarters of them idle.
+    """
+    history = ()
+    for p in tl.static_range(REACH + QUERY_MAX):
+        if p < REACH:
+            mask = _live(chan_ok, p, state_end)
+            entry = tl.load(past_ptr + chan * s_chan + p * s_win, mask=mask, other=0.0)
+        else:
+            token = (first_token + p - REACH).to(tl.int64)
+            mask = _live(chan_ok, p - REACH, q)
+            entry = tl.load(x_ptr + token * x_stride + chan, mask=mask, other=0.0)
+        history = history + (entry,)  # noqa: RUF005 (no * in Triton)
+    return history
+
+
+# Plan offsets change with every layout (graph bucket): specializing on their
+# divisibility would compile a kernel per bucket for nothing.
 @triton.jit(do_not_specialize=_ROW_OFFSETS)
 def _short_conv_rows(
     plan_ptr,
@@ -181,8 +234,9 @@ def _short_conv_rows(
     weight_tap,
     TAPS: tl.constexpr,
     DILATION: tl.constexpr,
-    QUERY_BLOCK: tl.constexpr,
-    WRITE_BLOCK: tl.constexpr,
+    QUERY_MAX: tl.constexpr,
+    WINDOW_BLOCK: tl.constexpr,
+    WINDOW_TILE: tl.constexpr,
     BLOCK_C: tl.constexpr,
     CHANNEL_UNIT: tl.constexpr,
     WINDOW_UNIT: tl.constexpr,
@@ -210,41 +264,56 @@ def _short_conv_rows(
     has_slot = tl.minimum(slot, 1)  # integer flags, not scalar bools: see _past
     state_end = reach * tl.minimum(reads, 1) * has_slot
     window_ptr = state_ptr + slot.to(tl.int64) * state_slot
-    past_ptr = window_ptr + offset * s_win
-
-    j = tl.arange(0, QUERY_BLOCK)[:, None]
-    live = (j < q) & chan_ok[None, :]
-    acc = _convolve(
+    history = _load_history(
         x_ptr,
         x_stride,
         first_token,
-        past_ptr,
+        q,
+        window_ptr + offset * s_win,
         s_chan,
         s_win,
         state_end,
-        j,
         chan,
         chan_ok,
-        live,
-        weight_ptr,
-        weight_chan,
-        weight_tap,
-        TAPS,
-        DILATION,
-        QUERY_BLOCK,
-        BLOCK_C,
-        True,
+        reach,
+        QUERY_MAX,
     )
-    # The new window S[:, i] = h[1 + i], i < L + q - 1 (decode: q = 1, so L entries), is
-    # loaded before the residual store: stores may alias later loads, so loads after
-    # it would wait for it, a second memory round trip.
-    i = tl.arange(0, WRITE_BLOCK)[:, None]
-    keep = (i < (reach + q - 1) * has_slot) & chan_ok[None, :]
-    past = _past(past_ptr, s_chan, s_win, state_end, i + 1, chan, keep)
-    tokens = _tokens(x_ptr, x_stride, first_token, i + 1, chan, keep, reach)
-    _add_silu(residual_ptr, residual_stride, first_token + j, chan, live, acc)
-    tl.debug_barrier()  # every thread has read the old window before any overwrites it
-    _write_window(window_ptr, s_chan, s_win, i, chan, keep, i + 1, past, tokens, reach)
+    taps = ()
+    for k in tl.static_range(TAPS):
+        tap = tl.load(weight_ptr + chan * weight_chan + k * weight_tap, mask=chan_ok, other=0.0)
+        taps = taps + (tap.to(tl.float32),)  # noqa: RUF005
+    residuals = ()
+    for j in tl.static_range(QUERY_MAX):
+        ptrs = residual_ptr + (first_token + j).to(tl.int64) * residual_stride + chan
+        r = tl.load(ptrs, mask=_live(chan_ok, j, q), other=0.0)
+        residuals = residuals + (r,)  # noqa: RUF005
+    # The new window S[:, i] = h[1 + i], i < L + q - 1 (decode: q = 1, so L entries).
+    keep = (reach + q - 1) * has_slot
+    if WINDOW_TILE:
+        # Window-contiguous state: one [W, BLOCK_C] tile, each channel's window stored
+        # as one contiguous run; entry-by-entry stores would write 2 of every 2W bytes.
+        # Its loads hit the lines the history just brought in.
+        i = tl.arange(0, WINDOW_BLOCK)[:, None]
+        kept = (i < keep) & chan_ok[None, :]
+        past = _past(window_ptr + offset * s_win, s_chan, s_win, state_end, i + 1, chan, kept)
+        tokens = _tokens(x_ptr, x_stride, first_token, i + 1, chan, kept, reach)
+    dtype = residual_ptr.dtype.element_ty
+    for j in tl.static_range(QUERY_MAX):
+        acc = tl.zeros([BLOCK_C], dtype=tl.float32)
+        for k in tl.static_range(TAPS):
+            acc += history[j + k * DILATION].to(tl.float32) * taps[k]
+        ptrs = residual_ptr + (first_token + j).to(tl.int64) * residual_stride + chan
+        total = residuals[j].to(tl.float32) + _silu_rounded(acc, dtype)
+        tl.store(ptrs, total.to(dtype), mask=_live(chan_ok, j, q))
+    # The stores' register layout may differ from the loads': every thread must have
+    # read the old window before any thread overwrites it.
+    tl.debug_barrier()
+    if WINDOW_TILE:
+        _write_window(window_ptr, s_chan, s_win, i, chan, kept, i + 1, past, tokens, reach)
+    else:
+        for i in tl.static_range(reach + QUERY_MAX - 1):
+            ptrs = window_ptr + chan * s_chan + i * s_win
+            tl.store(ptrs, history[i + 1], mask=_live(chan_ok, i, keep))
 
 
 @triton.jit(do_not_specialize=_TILE_OFFSETS)
@@ -278,10 +347,18 @@ def _short_conv_tiles(
     WINDOW_UNIT: tl.constexpr,
     CHANNELS_FIRST: tl.constexpr,
 ):
-    """Launch B: one program per (prefill tile, channel block); TILE >= L tokens."""
-    tile, chan0 = _program_place(channels, BLOCK_C, CHANNELS_FIRST)
+    """Launch B: one program per (SUB-token chunk of a prefill tile, channel block).
+
+    One chunk per program, not a loop over the tile's chunks: a loop's next loads
+    may alias its residual store, so each chunk would wait a memory round trip
+    for the last; separate programs keep those round trips in flight together.
+    SUB >= L, so only a request's first chunk reads old state.
+    """
+    item, chan0 = _program_place(channels, BLOCK_C, CHANNELS_FIRST)
+    chunks: tl.constexpr = TILE // SUB
+    tile = item // chunks
     row = tl.load(plan_ptr + tile_row_at + tile)
-    start = tl.load(plan_ptr + tile_start_at + tile)
+    start = tl.load(plan_ptr + tile_start_at + tile) + (item % chunks) * SUB
     if row < 0:
         return  # a padding tile of a graph plan
     slot = tl.load(plan_ptr + slot_at + row)
@@ -289,8 +366,8 @@ def _short_conv_tiles(
     q = tl.load(plan_ptr + query_start_at + row + 1) - first
     first_token = tl.load(plan_ptr + token_start_at + row)
     reads = tl.load(plan_ptr + reads_at + row)
-    if slot == 0:
-        return  # a prefill row on the NULL slot adds 0 and keeps no state
+    if (slot == 0) | (start >= q):
+        return  # the NULL slot adds 0 and keeps no state; or past the request's end
     reach: tl.constexpr = (TAPS - 1) * DILATION
     s_chan = 1 if CHANNEL_UNIT else state_chan
     s_win = 1 if WINDOW_UNIT else state_win
@@ -298,65 +375,27 @@ def _short_conv_tiles(
     chan_ok = chan < channels
     state_end = reach * tl.minimum(reads, 1)
     window_ptr = state_ptr + slot.to(tl.int64) * state_slot  # prefill offset o is 0
-
-    # SUB tokens at a time: a whole [TILE, BLOCK_C] tile can spill registers. Only the
-    # steps that reach back before the first token load state.
-    for sub in range(0, TILE, SUB):
-        j = start + sub + tl.arange(0, SUB)[:, None]
-        live = (j < q) & chan_ok[None, :]
-        if start + sub < reach:
-            acc = _convolve(
-                x_ptr,
-                x_stride,
-                first_token,
-                window_ptr,
-                s_chan,
-                s_win,
-                state_end,
-                j,
-                chan,
-                chan_ok,
-                live,
-                weight_ptr,
-                weight_chan,
-                weight_tap,
-                TAPS,
-                DILATION,
-                SUB,
-                BLOCK_C,
-                True,
-            )
-        else:
-            acc = _convolve(
-                x_ptr,
-                x_stride,
-                first_token,
-                window_ptr,
-                s_chan,
-                s_win,
-                state_end,
-                j,
-                chan,
-                chan_ok,
-                live,
-                weight_ptr,
-                weight_chan,
-                weight_tap,
-                TAPS,
-                DILATION,
-                SUB,
-                BLOCK_C,
-                False,
-            )
-        _add_silu(residual_ptr, residual_stride, first_token + j, chan, live, acc)
-    # Only tile 0 reads old state (later tiles start at >= TILE >= L), so it alone writes
-    # the final state S[:, i] = h[q + i], i < L: no other program reads this slot.
+    j = start + tl.arange(0, SUB)[:, None]
+    live = (j < q) & chan_ok[None, :]
+    if start < reach:
+        acc = _convolve(
+            x_ptr, x_stride, first_token, window_ptr, s_chan, s_win, state_end, j, chan,
+            chan_ok, live, weight_ptr, weight_chan, weight_tap, TAPS, DILATION, SUB, BLOCK_C, True,
+        )  # fmt: skip
+    else:  # the same without the state taps' code: this chunk cannot reach back that far
+        acc = _convolve(
+            x_ptr, x_stride, first_token, window_ptr, s_chan, s_win, state_end, j, chan,
+            chan_ok, live, weight_ptr, weight_chan, weight_tap, TAPS, DILATION, SUB, BLOCK_C, False,
+        )  # fmt: skip
+    _add_silu(residual_ptr, residual_stride, first_token + j, chan, live, acc)
+    # Only chunk 0 reads old state, so it alone writes the final state
+    # S[:, i] = h[q + i], i < L: no other program reads this slot.
     if start == 0:
         i = tl.arange(0, REACH_BLOCK)[:, None]
         keep = (i < reach) & chan_ok[None, :]
         past = _past(window_ptr, s_chan, s_win, state_end, q + i, chan, keep)
         tokens = _tokens(x_ptr, x_stride, first_token, q + i, chan, keep, reach)
-        tl.debug_barrier()  # the tile's reads of the old window come first
+        tl.debug_barrier()  # the chunk's reads of the old window come first
         _write_window(window_ptr, s_chan, s_win, i, chan, keep, q + i, past, tokens, reach)
 
 
@@ -427,7 +466,8 @@ def launch_shape(plan: ExecutionPlan) -> LaunchShape:
 @attrs.frozen
 class Blocks:
     """Per launch: channels and warps per program, program order (see ``_program_place``);
-    tokens per step of a tile program."""
+    tokens per tile program (a chunk of a plan tile); whether rows store the new window
+    as one 2-D tile (for window-contiguous state) or entry by entry."""
 
     rows_channels: int
     rows_warps: int
@@ -436,6 +476,7 @@ class Blocks:
     tiles_tokens: int
     rows_channels_first: bool = True
     tiles_channels_first: bool = True
+    rows_window_tile: bool = False
 
 
 def default_blocks(channels: int, window_contiguous: bool) -> Blocks:
@@ -445,14 +486,21 @@ def default_blocks(channels: int, window_contiguous: bool) -> Blocks:
     ``bench/kernel_notes.md``); narrower blocks where C is small.
     """
     if window_contiguous:
-        rows, rows_warps, rows_first = 128, 2, True
-        tiles, tiles_warps, tokens, tiles_first = 64, 4, 64, True
+        rows, rows_warps, rows_first = 128, 1, True
+        tiles, tiles_warps, tokens, tiles_first = 128, 4, 8, True
     else:
-        rows, rows_warps, rows_first = 512, 8, True
-        tiles, tiles_warps, tokens, tiles_first = 128, 4, 16, True
+        rows, rows_warps, rows_first = 128, 1, True
+        tiles, tiles_warps, tokens, tiles_first = 128, 4, 8, True
     fit = _power_of_two_at_least(channels)
     return Blocks(
-        min(rows, fit), rows_warps, min(tiles, fit), tiles_warps, tokens, rows_first, tiles_first
+        min(rows, fit),
+        rows_warps,
+        min(tiles, fit),
+        tiles_warps,
+        tokens,
+        rows_first,
+        tiles_first,
+        rows_window_tile=window_contiguous,
     )
 
 
@@ -541,8 +589,9 @@ def _launch_rows(
         *offsets,
         *sizes,
         **static,
-        QUERY_BLOCK=_power_of_two_at_least(shape.query_len_max),
-        WRITE_BLOCK=_power_of_two_at_least(reach + shape.query_len_max),
+        QUERY_MAX=shape.query_len_max,
+        WINDOW_BLOCK=_power_of_two_at_least(reach + shape.query_len_max),
+        WINDOW_TILE=blocks.rows_window_tile,
         BLOCK_C=blocks.rows_channels,
         CHANNELS_FIRST=blocks.rows_channels_first,
         num_warps=blocks.rows_warps,
@@ -558,13 +607,16 @@ def _launch_tiles(
     static: dict,
 ) -> None:
     reach = (static["TAPS"] - 1) * static["DILATION"]
-    _short_conv_tiles[(shape.tiles_grid * -(-sizes[0] // blocks.tiles_channels),)](
+    # Chunks of at least L tokens: then only a request's first chunk reads old state.
+    sub = min(shape.tile_tokens, max(blocks.tiles_tokens, _power_of_two_at_least(reach)))
+    items = shape.tiles_grid * (shape.tile_tokens // sub)
+    _short_conv_tiles[(items * -(-sizes[0] // blocks.tiles_channels),)](
         *buffers,
         *offsets,
         *sizes,
         **static,
         TILE=shape.tile_tokens,
-        SUB=min(blocks.tiles_tokens, shape.tile_tokens),
+        SUB=sub,
         REACH_BLOCK=_power_of_two_at_least(reach),
         BLOCK_C=blocks.tiles_channels,
         CHANNELS_FIRST=blocks.tiles_channels_first,
