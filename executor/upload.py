@@ -1,6 +1,14 @@
-"""One host→device copy per step into a persistent device buffer, through pinned host memory."""
+"""One host→device copy per step into a persistent device buffer, through pinned host memory.
+
+:class:`PinnedUpload` issues the copy itself (eager steps, the vLLM builder);
+:class:`StagingRing` holds the host buffers a captured CUDA graph copies from
+when it replays (graph steps), so the copy costs the host nothing but a write.
+"""
 
 from __future__ import annotations
+
+import mmap
+import weakref
 
 import numpy as np
 import torch
@@ -95,3 +103,97 @@ class PinnedUpload:
                 self._int32_views.clear()
             view = self._int32_views[num_bytes] = target.view(torch.int32)
         return view
+
+
+class StagingRing:
+    """Pinned host buffers that captured CUDA graphs copy their plan from, used in turn.
+
+    A graph captured over entry ``i`` reads entry ``i``'s host memory when it
+    *replays*, which may be long after the host launched it. So before the host
+    writes entry ``i`` again, :meth:`claim` waits for the event :meth:`release`
+    recorded after that entry's last replay. Two entries let the host fill step
+    ``n + 1`` while step ``n`` is still queued.
+
+    The memory is page-locked with ``cudaHostRegister`` rather than taken from
+    ``pin_memory=True``: torch's caching host allocator tracks the streams that
+    used a block and, at free, records events on them only, yet a captured copy
+    runs on whatever stream replays the graph (not the capture stream), so the
+    allocator could hand the block to someone else while a replay still reads
+    it. A copy from registered memory is a plain ``cudaMemcpyAsync`` that
+    capture records as a graph node (the allocator's ``record_event`` finds no
+    block of its own and does nothing), and this ring decides when the memory
+    may go: after every recorded replay has finished.
+    On a CPU device nothing is pinned and there are no events.
+    """
+
+    def __init__(self, capacity_bytes: int, device: torch.device, ring_size: int = 2) -> None:
+        for name, value in (("capacity_bytes", capacity_bytes), ("ring_size", ring_size)):
+            if value < 1:
+                raise ValueError(f"{name}: must be positive, got {value}")
+        self.device = torch.device(device)
+        self.capacity_bytes = capacity_bytes
+        self.ring_size = ring_size
+        on_cuda = self.device.type == "cuda"
+        page = mmap.PAGESIZE
+        stride = -(-capacity_bytes // page) * page  # entries on pages of their own
+        # One page of slack to start on a page boundary: a registration covers whole
+        # pages, and two registrations may not share one.
+        base = torch.zeros(stride * ring_size + page, dtype=torch.uint8)
+        start = -base.data_ptr() % page
+        span = base[start : start + stride * ring_size]
+        self._hosts = tuple(
+            span[i * stride : i * stride + capacity_bytes] for i in range(ring_size)
+        )
+        self._events = tuple(torch.cuda.Event() if on_cuda else None for _ in range(ring_size))
+        self._next = 0
+        if on_cuda:
+            _register(span)
+            # At interpreter exit the process takes the pinning with it; CUDA may be gone.
+            weakref.finalize(self, _unregister, span, base, self._events).atexit = False
+
+    def claim(self) -> int:
+        """The next entry's index, once no queued replay reads it any more."""
+        index = self._next
+        self._next = (index + 1) % self.ring_size
+        event = self._events[index]
+        if event is not None:
+            event.synchronize()  # returns at once when the GPU is past its last replay
+        return index
+
+    def release(self, index: int) -> None:
+        """Mark entry ``index`` as read by the work queued so far on the current stream."""
+        event = self._events[index]
+        if event is not None:
+            event.record()
+
+    def wait_all(self) -> None:
+        """Wait until no queued work reads any entry (before rewriting them all)."""
+        for event in self._events:
+            if event is not None:
+                event.synchronize()
+
+    def host_int32(self, index: int, size: int) -> tuple[torch.Tensor, np.ndarray]:
+        """Entry ``index``'s first ``size`` int32 as a tensor and a numpy view of the same memory,
+        ``[size], int32`` each."""
+        if not 0 <= size * 4 <= self.capacity_bytes:
+            raise ValueError(f"size: {size} int32 exceed the {self.capacity_bytes} bytes")
+        tensor = self._hosts[index][: size * 4].view(torch.int32)
+        return tensor, tensor.numpy()
+
+
+def _register(span: torch.Tensor) -> None:
+    error = int(torch.cuda.cudart().cudaHostRegister(span.data_ptr(), span.numel(), 0))
+    if error != 0:
+        raise RuntimeError(
+            f"cudaHostRegister of {span.numel()} staging bytes failed: error {error}"
+        )
+
+
+def _unregister(span: torch.Tensor, base: torch.Tensor, events: tuple) -> None:
+    """Unpin once no replay reads the memory any more.
+
+    ``base``, the allocation, is an argument only so that it outlives the registration.
+    """
+    for event in events:
+        event.synchronize()
+    torch.cuda.cudart().cudaHostUnregister(span.data_ptr())
