@@ -4,9 +4,10 @@ An :class:`Executor` is built once for a layer geometry and a planner config.
 Per step it copies the plan's packed int32 buffer to the device once (pinned,
 asynchronous) and runs the short conv of every layer, each on its own state
 pool, at the slots of its layer group. Plans that carry a graph key replay a CUDA graph captured
-for that key on first use (:class:`StepGraphs`); before a replay the plan's
-:class:`ReplaySignature` must equal the captured one, so a plan never replays
-a graph recorded for another shape.
+for that key on first use (:class:`StepGraphs`); the graph's first node is the
+plan's upload, so a graph step costs the host a write into pinned memory and one
+launch. Before a replay the plan's :class:`ReplaySignature` must equal the
+captured one, so a plan never replays a graph recorded for another shape.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
+import numpy as np
 import torch
 
 from stepplan.planner import (
@@ -25,7 +27,7 @@ from stepplan.planner import (
     largest_graph_layout,
 )
 
-from .upload import PinnedUpload
+from .upload import PinnedUpload, StagingRing
 
 BACKENDS = ("triton", "reference")
 
@@ -149,6 +151,8 @@ class Executor:
         self._prepared: _Prepared | None = None
         self._staging: tuple[torch.Tensor, torch.Tensor] | None = None
         self._staging_views: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        # id(x view) -> (x view, residual view, tokens) for step's no-copy, no-check path
+        self._staged_by_id: dict[int, tuple[torch.Tensor, torch.Tensor, int]] = {}
         self._step_graphs: StepGraphs | None = None
         if use_graphs:
             shape = (self.capacity.num_tokens, self.channels)
@@ -238,13 +242,7 @@ class Executor:
         Plans larger than the largest graph (eager only) go through one plain
         copy into a fresh device buffer instead of the persistent one.
         """
-        if plan.num_groups != self.num_groups:
-            raise ValueError(
-                f"plan: has {plan.num_groups} layer groups, the executor has {self.num_groups}"
-            )
-        if plan.query_len_max > self.config.query_len_max:  # the windows were checked for this Q
-            for layer in range(self.num_layers):
-                self._check_state(layer, plan.query_len_max)
+        self._check_plan(plan)
         if self.backend == "reference":
             self._prepared = _Prepared(plan, None, None)
             return
@@ -261,15 +259,43 @@ class Executor:
 
         Convs run on it read nothing and write nothing: warm-up before capture.
         """
+        self.graph_plan_buffer(plan)  # refuses a plan beyond the persistent buffer
         assert self._upload is not None
+        self.prepare_graphed(plan, self._upload.upload_int32(plan.layout.inert_buffer()))
+
+    def graph_plan_buffer(self, plan: ExecutionPlan) -> torch.Tensor:
+        """``[layout.size], int32``: the persistent device buffer that graphs of ``plan``'s
+        layout read their plan from; its address never changes."""
+        self._check_plan(plan)
+        if self._upload is None:
+            raise RuntimeError("graph_plan_buffer(): the reference backend has no plan buffer")
         if plan.packed.size * 4 > self._upload.capacity_bytes:
             raise ValueError(
                 f"plan: graph {plan.graph} has layout {plan.layout}, larger than the persistent "
                 f"buffer sized for {self.capacity}"
             )
-        launch = self._kernels.launch_shape(plan)
-        buffer = self._upload.upload_int32(plan.layout.inert_buffer())
-        self._prepared = _Prepared(None, launch, buffer)
+        return self._upload.device_buffer[: plan.packed.size * 4].view(torch.int32)
+
+    def prepare_graphed(self, plan: ExecutionPlan, buffer: torch.Tensor) -> None:
+        """Make the next :meth:`conv` calls read a plan of ``plan``'s launch shape from
+        ``buffer`` (:meth:`graph_plan_buffer`), whatever it holds when they run: for capture."""
+        self._prepared = _Prepared(None, self._kernels.launch_shape(plan), buffer)
+
+    def forget_prepared(self) -> None:
+        """No plan is prepared: :meth:`conv` refuses to run until the next :meth:`prepare`.
+
+        A graph replay overwrites the plan buffer, so a plan prepared before it is gone.
+        """
+        self._prepared = None
+
+    def _check_plan(self, plan: ExecutionPlan) -> None:
+        if plan.num_groups != self.num_groups:
+            raise ValueError(
+                f"plan: has {plan.num_groups} layer groups, the executor has {self.num_groups}"
+            )
+        if plan.query_len_max > self.config.query_len_max:  # the windows were checked for this Q
+            for layer in range(self.num_layers):
+                self._check_state(layer, plan.query_len_max)
 
     def conv(self, layer: int, x: torch.Tensor, residual: torch.Tensor) -> None:
         """Layer ``layer``'s conv over the prepared plan: ``residual += y``, its state updated.
@@ -310,7 +336,8 @@ class Executor:
     def staging(self, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Views ``[num_tokens, C]`` of the persistent ``x`` and ``residual`` graphs read.
 
-        Passing these to :meth:`step` saves the copies in and out.
+        Passing these very views to :meth:`step` saves the copies in and out and the
+        operand checks (the executor made them).
         """
         views = self._staging_views.get(num_tokens)
         if views is not None:
@@ -322,7 +349,10 @@ class Executor:
             raise ValueError(f"num_tokens: {num_tokens} is outside 0..{x.shape[0]}")
         if len(self._staging_views) >= 256:
             self._staging_views.clear()
+            self._staged_by_id.clear()
         views = self._staging_views[num_tokens] = (x[:num_tokens], residual[:num_tokens])
+        # Keyed by id: the cached views stay alive, so their ids are not reused meanwhile.
+        self._staged_by_id[id(views[0])] = (*views, num_tokens)
         return views
 
     def step(self, plan: ExecutionPlan, x: torch.Tensor, residual: torch.Tensor) -> None:
@@ -335,11 +365,26 @@ class Executor:
             x: ``[engine_tokens >= plan tokens, C]``, the executor's dtype, engine token order.
             residual: ``[engine_tokens, C]``, like ``x``; every layer adds into it.
         """
-        self._check_activations(plan, x, residual)
-        if plan.graph is None or self._step_graphs is None:
+        graphs = self._step_graphs
+        if graphs is None or plan.graph is None:
+            self._check_activations(plan, x, residual)
             self.prepare(plan)
             self.run_layers(x, residual)
             return
+        staged = self._staged_by_id.get(id(x))
+        if staged is not None and staged[1] is residual and staged[0] is x:
+            if staged[2] < plan.num_tokens:
+                self._check_activations(plan, x, residual)  # raises: too few rows
+            graphs.run(plan)  # the graph reads exactly these buffers: nothing to copy
+            return
+        self._step_copied(graphs, plan, x, residual)
+
+    def _step_copied(
+        self, graphs: StepGraphs, plan: ExecutionPlan, x: torch.Tensor, residual: torch.Tensor
+    ) -> None:
+        """A graph step on the caller's own tensors: copied into the staging buffers and back."""
+        self._check_activations(plan, x, residual)
+        assert plan.graph is not None
         tokens = plan.num_tokens
         staged_x, staged_residual = self.staging(plan.graph.num_tokens)
         # Only live tokens are staged: the plan names no other row, so stale rows are inert.
@@ -347,7 +392,7 @@ class Executor:
             staged_x[:tokens].copy_(x[:tokens])
         if residual.data_ptr() != staged_residual.data_ptr():
             staged_residual[:tokens].copy_(residual[:tokens])
-        self._step_graphs.run(plan)
+        graphs.run(plan)
         if residual.data_ptr() != staged_residual.data_ptr():
             residual[:tokens].copy_(staged_residual[:tokens])
 
@@ -372,8 +417,15 @@ class Executor:
 
 @attrs.frozen
 class _Captured:
+    """The graphs of one key, one per staging-ring entry, and what a replay must match."""
+
     signature: ReplaySignature
-    graph: Any  # torch.cuda.CUDAGraph
+    # A plan of this config and layout has this signature (see StepGraphs.entry): checked
+    # with an identity and one attrs comparison instead of building its signature.
+    config: PlannerConfig
+    layout: PlanLayout
+    graphs: tuple[Any, ...]  # torch.cuda.CUDAGraph per ring entry
+    hosts: tuple[np.ndarray, ...]  # [layout.size] int32 per ring entry: the pinned plan source
 
 
 class StepGraphs:
@@ -381,18 +433,32 @@ class StepGraphs:
 
     ``forward(num_tokens)`` runs a whole step on persistent tensors, reading
     the plan only through ``executor.conv``; an engine passes its model's
-    forward, :meth:`Executor.step` its layer loop. Before capture it runs
-    once on an inert plan (padding only) so every kernel is compiled outside
-    the capture and no state changes.
+    forward, :meth:`Executor.step` its layer loop. Each graph starts with the
+    plan's upload, a copy from a pinned staging buffer into the executor's
+    persistent plan buffer, so a replay is: write the plan into the staging
+    buffer, launch. A key is captured once per entry of a :class:`StagingRing`
+    (each graph copies from its own entry), so the host can write step
+    ``n + 1``'s plan while step ``n``'s copy is still queued.
+
+    Before capture the forward runs once on an inert plan (padding only) so
+    every kernel is compiled outside the capture and no state changes.
+
+    Args:
+        executor: runs the convs; built with graphs.
+        forward: the step on persistent tensors, ``forward(num_tokens)``.
+        ring_size: staging buffers (and graphs per key) used in turn.
     """
 
-    def __init__(self, executor: Executor, forward: Callable[[int], None]) -> None:
+    def __init__(
+        self, executor: Executor, forward: Callable[[int], None], ring_size: int = 2
+    ) -> None:
         if not executor.use_graphs:
             raise ValueError("executor: built without graphs (use_graphs=False)")
         self._executor = executor
         self._forward = forward
         self._graphs: dict[GraphKey, _Captured] = {}
         self._pool = torch.cuda.graph_pool_handle()
+        self._ring = StagingRing(4 * executor.capacity.size, executor.device, ring_size)
 
     @property
     def captured(self) -> tuple[GraphKey, ...]:
@@ -406,31 +472,70 @@ class StepGraphs:
         """
         for plan in plans:
             if plan.graph is not None and plan.graph not in self._graphs:
-                self._graphs[plan.graph] = self._capture(plan, self._executor.signature(plan))
+                self._graphs[plan.graph] = self._capture(plan)
 
     def run(self, plan: ExecutionPlan) -> None:
-        """Upload ``plan`` and replay its graph (captured now if new); needs ``plan.graph``."""
-        if plan.graph is None:
-            raise ValueError("plan: has no graph key (an eager plan); run it eagerly")
-        signature = self._executor.signature(plan)
-        captured = self._graphs.get(plan.graph)
-        if captured is None:
-            captured = self._capture(plan, signature)
-            self._graphs[plan.graph] = captured
-        check_replay(captured.signature, signature)
-        self._executor.prepare(plan, signature.launch)
-        captured.graph.replay()
+        """Upload ``plan`` and replay its graph (captured now if new); needs ``plan.graph``.
 
-    def _capture(self, plan: ExecutionPlan, signature: ReplaySignature) -> _Captured:
+        Nothing waits for the GPU unless the staging entry to write is still
+        read by a replay queued two steps ago (a ring of two).
+        """
+        captured = self.entry(plan)
+        ring = self._ring
+        index = ring.claim()
+        np.copyto(captured.hosts[index], plan.packed)
+        self._executor.forget_prepared()
+        captured.graphs[index].replay()
+        ring.release(index)
+
+    def entry(self, plan: ExecutionPlan) -> _Captured:
+        """The captured graphs ``plan`` replays (captured now if new), its signature checked.
+
+        Raises :class:`ReplayMismatchError` naming every field that differs.
+        """
+        key = plan.graph
+        if key is None:
+            raise ValueError("plan: has no graph key (an eager plan); run it eagerly")
+        captured = self._graphs.get(key)
+        if captured is None:
+            captured = self._graphs[key] = self._capture(plan)
+        elif (plan.config is not captured.config and plan.config != captured.config) or (
+            plan.layout is not captured.layout and plan.layout != captured.layout
+        ):
+            # The signature is a function of the key, the layout and the config's Q and
+            # tile size (a graph plan's launch shape reads no live count; a CPU test pins
+            # this): equal config and layout mean an equal signature. Anything else is
+            # checked in full, which names every differing field.
+            check_replay(captured.signature, self._executor.signature(plan))
+        return captured
+
+    def _capture(self, plan: ExecutionPlan) -> _Captured:
         assert plan.graph is not None
-        tokens = plan.graph.num_tokens
-        self._executor.prepare_inert(plan)
+        executor, tokens, size = self._executor, plan.graph.num_tokens, plan.packed.size
+        device = executor.graph_plan_buffer(plan)
+        # Queued replays may still read the staging entries rewritten below.
+        self._ring.wait_all()
+        hosts = [self._ring.host_int32(index, size) for index in range(self._ring.ring_size)]
+        np.copyto(hosts[0][1], plan.layout.inert_buffer())
+        executor.prepare_graphed(plan, device)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
+        with torch.cuda.stream(side):  # compiles every kernel; the inert plan changes nothing
+            device.copy_(hosts[0][0], non_blocking=True)
             self._forward(tokens)
         torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
-            self._forward(tokens)
-        return _Captured(signature, graph)
+        side.synchronize()  # the warm-up copy has read the staging entry
+        graphs = []
+        for host, _ in hosts:
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._pool):
+                # non_blocking: a plain cudaMemcpyAsync, recorded as the graph's first node
+                # (a blocking copy would synchronize, which capture forbids).
+                device.copy_(host, non_blocking=True)
+                self._forward(tokens)
+            graphs.append(graph)
+        executor.forget_prepared()
+        signature = executor.signature(plan)
+        return _Captured(
+            signature, plan.config, plan.layout, tuple(graphs), tuple(h for _, h in hosts)
+        )

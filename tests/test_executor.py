@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
+import attrs
 import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stepplan.executor import BACKENDS, Executor, ReplayMismatchError, check_replay
-from stepplan.executor.upload import PinnedUpload
+from stepplan.executor import (
+    BACKENDS,
+    Executor,
+    ReplayMismatchError,
+    StepGraphs,
+    check_replay,
+    runtime,
+)
+from stepplan.executor.kernels import launch_shape
+from stepplan.executor.upload import PinnedUpload, StagingRing
 from stepplan.planner import PlannerConfig, StepBatch, compile_plan
 
 CHANNELS, TAPS, DILATION, SLOTS = 12, 3, 2, 24
@@ -207,3 +216,139 @@ def test_pinned_upload_round_trips_through_its_ring():
         PinnedUpload(64, torch.device("cpu"), ring_size=0)
     with pytest.raises(ValueError, match=r"^capacity_bytes: must be positive, got 0"):
         PinnedUpload(0, torch.device("cpu"))
+
+
+def test_staging_ring_takes_turns_over_separate_memory():
+    ring = StagingRing(40, torch.device("cpu"), ring_size=3)
+    assert [ring.claim() for _ in range(7)] == [0, 1, 2, 0, 1, 2, 0]
+    views = [ring.host_int32(index, 10) for index in range(3)]
+    for index, (tensor, array) in enumerate(views):
+        array[:] = index + 1  # the numpy view and the tensor are one memory
+        assert tensor.tolist() == [index + 1] * 10
+    assert [tensor[0].item() for tensor, _ in views] == [1, 2, 3]  # entries don't overlap
+    with pytest.raises(ValueError, match="size: 11 int32 exceed the 40 bytes"):
+        ring.host_int32(0, 11)
+    with pytest.raises(ValueError, match=r"^ring_size: must be positive, got 0"):
+        StagingRing(40, torch.device("cpu"), ring_size=0)
+
+
+@settings(max_examples=4, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1))
+def test_graph_plans_of_one_config_and_layout_launch_alike(seed):
+    """StepGraphs checks a replay by config and layout only: the launch shape (baked into
+    the graph) must follow from them, never from a plan's live counts."""
+    config = CONFIGS[0]
+    rng = np.random.default_rng(seed)
+    shapes: dict = {}
+    for _ in range(40):
+        rows = int(rng.integers(1, 13))
+        plan = compile_plan(random_batch(rng, rows, config.query_len_max, groups=2), config)
+        if plan.graph is not None:
+            shape = shapes.setdefault((plan.graph, plan.layout), launch_shape(plan))
+            assert launch_shape(plan) == shape, plan.graph
+    assert len(shapes) >= 3
+
+
+class _EmulatedGraph:
+    """A captured step replayed on the CPU: the staging entry is read at replay, like the
+    graph's first node, then the forward runs with the launch shape of capture."""
+
+    def __init__(self, graphs: StepGraphs, plan, host: torch.Tensor) -> None:
+        self.executor, self.forward = graphs._executor, graphs._forward
+        self.plan, self.host = plan, host
+        self.device = self.executor.graph_plan_buffer(plan)
+
+    def replay(self) -> None:
+        self.device.copy_(self.host)
+        self.executor.prepare_graphed(self.plan, self.device)
+        self.forward(self.plan.graph.num_tokens)
+
+
+class _EmulatedStepGraphs(StepGraphs):
+    """StepGraphs with the capture emulated, so its replay path runs without CUDA."""
+
+    def __init__(self, executor: Executor) -> None:
+        self._executor, self._forward, self._graphs = executor, executor._run_staged, {}
+        self._ring = StagingRing(4 * executor.capacity.size, executor.device)
+        self.captures = 0
+
+    def _capture(self, plan) -> runtime._Captured:
+        self.captures += 1
+        views = [self._ring.host_int32(i, plan.packed.size) for i in range(self._ring.ring_size)]
+        graphs = tuple(_EmulatedGraph(self, plan, tensor) for tensor, _ in views)
+        return runtime._Captured(
+            self._executor.signature(plan),
+            plan.config,
+            plan.layout,
+            graphs,
+            tuple(array for _, array in views),
+        )
+
+
+def emulated_graph_executor(config: PlannerConfig) -> Executor:
+    executor = make_executor("triton", config)
+    shape = (executor.capacity.num_tokens, CHANNELS)
+    executor._staging = (torch.zeros(shape), torch.zeros(shape))
+    executor._step_graphs = _EmulatedStepGraphs(executor)
+    return executor
+
+
+def test_graph_step_path_equals_reference_over_buckets():
+    """The replay path (staging ring, signature check, staged views or copies) on emulated
+    graphs: large steps then small ones, each bucket replayed from both ring entries."""
+    config = CONFIGS[0]
+    graphs, reference = emulated_graph_executor(config), make_executor("reference", config)
+    rng = np.random.default_rng(5)
+    for index, rows in enumerate((12, 2, 12, 1, 5, 2, 9, 1)):
+        batch = random_batch(rng, rows, config.query_len_max, groups=2)
+        plan = compile_plan(batch, config)
+        tokens = batch.num_tokens
+        x = torch.randn(tokens + 2, CHANNELS)
+        residual = torch.randn_like(x)
+        want = residual.clone()
+        reference.step(plan, x, want)
+        if plan.graph is not None and index % 2:
+            staged_x, staged_r = graphs.staging(graphs.capacity.num_tokens)
+            staged_x.fill_(float("nan"))  # rows the plan does not name must stay unread
+            staged_r.fill_(float("nan"))
+            staged_x[:tokens] = x[:tokens]
+            staged_r[:tokens] = residual[:tokens]
+            graphs.step(plan, *graphs.staging(tokens))
+            got = torch.cat([staged_r[:tokens], residual[tokens:]])
+        else:
+            got = residual.clone()
+            graphs.step(plan, x, got)
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5, msg=f"step {index}")
+        assert_same_state(graphs, reference)
+    assert graphs._step_graphs.captures == len(graphs.captured_graphs) >= 3
+
+
+def test_graph_step_refuses_a_mismatched_plan_before_touching_anything():
+    base, other = (
+        CONFIGS[0],
+        PlannerConfig(
+            num_spec_tokens=2, graph_mode="mixed", max_num_seqs=16, prefill_tile_tokens=16
+        ),
+    )
+    graphs = emulated_graph_executor(base)
+    batch = StepBatch(  # pure spec: a spec graph, whose key has no tiles
+        query_lens=[3, 1, 3],
+        num_computed_tokens=[4, 2, 9],
+        slots=[[1, 2, 3], [4, 5, 6]],
+        num_draft_tokens=[2, 0, 2],
+        num_accepted_tokens=[1, 1, 3],
+    )
+    x = torch.randn(batch.num_tokens, CHANNELS)
+    graphs.step(compile_plan(batch, base), x, torch.zeros_like(x))
+    same = attrs.evolve(base)  # an equal config, another object: replays
+    graphs.step(compile_plan(batch, same), x, torch.zeros_like(x))
+    states = [s.clone() for s in graphs.conv_states]
+    ring = graphs._step_graphs._ring
+    turn = ring.claim()
+    residual = torch.zeros_like(x)
+    with pytest.raises(ReplayMismatchError, match="tile_tokens: captured 8, plan has 16"):
+        graphs.step(compile_plan(batch, other), x, residual)
+    assert ring.claim() == (turn + 1) % ring.ring_size  # the refused step took no turn
+    assert not residual.any()
+    for before, after in zip(states, graphs.conv_states, strict=True):
+        assert torch.equal(before, after)
