@@ -126,7 +126,7 @@ class StagingRing:
     On a CPU device nothing is pinned and there are no events.
     """
 
-    def __init__(self, capacity_bytes: int, device: torch.device, ring_size: int = 2) -> None:
+    def __init__(self, capacity_bytes: int, device: torch.device | str, ring_size: int = 2) -> None:
         for name, value in (("capacity_bytes", capacity_bytes), ("ring_size", ring_size)):
             if value < 1:
                 raise ValueError(f"{name}: must be positive, got {value}")

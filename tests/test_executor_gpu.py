@@ -5,6 +5,8 @@ Run on the device machine: ``python -m pytest -q -m gpu tests/test_executor_gpu.
 
 from __future__ import annotations
 
+import gc
+
 import numpy as np
 import pytest
 import torch
@@ -12,6 +14,7 @@ import torch
 from stepplan.executor import Executor, ReplayMismatchError
 from stepplan.executor.engine import Engine, EngineConfig
 from stepplan.executor.toy_model import ToyModelConfig, ToyModelRunner
+from stepplan.executor.upload import StagingRing
 from stepplan.executor.vllm import PlanMetadataBuilder
 from stepplan.planner import PlannerConfig, StepBatch, compile_plan
 from stepplan.planner.vllm import plan_from_common_metadata, seed_view
@@ -141,6 +144,62 @@ def test_graph_replay_equals_eager_equals_reference(dtype):
     assert len(graphs.captured_graphs) >= 6 and eager_steps >= 1
     kinds = {key.kind for key in graphs.captured_graphs}
     assert kinds == {"spec", "decode", "mixed"}, kinds
+
+
+def test_many_steps_without_host_syncs_reuse_the_staging_ring_safely():
+    """Thirty steps queued behind a sleeping GPU: the host runs ahead until each staging
+    entry's last replay blocks it, so an entry rewritten too early would change results."""
+    graphs, eager = build("triton", True, torch.float32), build("triton", False, torch.float32)
+    rng = np.random.default_rng(7)
+    kinds = ((4, 3, 2, 1), (1, 0, 0, 0), (0, 1, 0, 0), (0, 0, 1, 0))
+    plans = [  # index 3: long prefills, beyond every bucket (eager between replays)
+        compile_plan(random_batch(rng, rows, kinds[i % 4], max_prefill=24 + 96 * (i == 3)), CONFIG)
+        for i, rows in enumerate((40, 2, 30, 6, 12, 48, 5, 3))
+    ]
+    assert sum(plan.graph is not None for plan in plans) >= 6
+    assert any(plan.graph is None and plan.num_tokens for plan in plans)
+    graphs.warm_up(plans)
+    order = rng.integers(0, len(plans), 30)
+    steps = []
+    for index in order:
+        tokens = plans[index].num_tokens
+        x = torch.randn(tokens, CHANNELS, device="cuda")
+        steps.append((plans[index], x, torch.randn_like(x)))
+    torch.cuda.synchronize()
+    torch.cuda._sleep(200_000_000)  # ~0.1 s: every replay below is queued behind it
+    outs = []
+    for plan, x, residual in steps:
+        outs.append(residual.clone())
+        graphs.step(plan, x, outs[-1])
+    torch.cuda.synchronize()
+    for number, (plan, x, residual) in enumerate(steps):
+        want = residual.clone()
+        eager.step(plan, x, want)
+        torch.testing.assert_close(outs[number], want, atol=0, rtol=0, msg=f"step {number}")
+    assert_states_close(graphs, eager, 0, "after the queued steps")
+
+
+def test_staging_ring_is_pinned_and_lets_go_cleanly():
+    rings = [StagingRing(5000, torch.device("cuda")) for _ in range(3)]  # no page shared
+    tensor, array = rings[0].host_int32(1, 1000)
+    assert tensor.is_pinned()
+    array[:] = np.arange(1000)
+    device = torch.zeros(1000, dtype=torch.int32, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        device.copy_(tensor, non_blocking=True)
+    assert not device.any()  # captured, not run
+    graph.replay()
+    rings[0].release(1)
+    torch.cuda.synchronize()
+    assert device.tolist() == list(range(1000))
+    array[:] = 7  # the replay reads the memory as it is at replay time
+    graph.replay()
+    torch.cuda.synchronize()
+    assert device.tolist() == [7] * 1000
+    del graph, tensor, array, rings  # unregisters after the last recorded replay
+    gc.collect()
+    torch.cuda.synchronize()
 
 
 def test_signature_mismatch_refuses_to_replay():
