@@ -3,9 +3,10 @@
 For a pure spec step (256 requests x 4 tokens) and a mixed one (128 spec x 4 + 126
 decodes + 2 prefills of 700 tokens), in one process:
 
-- host µs per step: ``compile_plan`` + ``Executor.step`` (one pinned plan upload, then a
-  graph replay or 32 layers of eager launches), measured with the GPU idle so the host
-  never waits on it (p50 / p90);
+- host µs per step: ``compile_plan`` + ``Executor.step`` (graphs: the plan written into
+  pinned staging memory, then one replay whose first node uploads it; eager: one pinned
+  upload, then 32 layers of launches), measured with the GPU idle so the host never
+  waits on it (p50 / p90); ``--breakdown`` times each part of a graph step alone;
 - GPU µs per step: steps queued behind a sleep kernel, so launch gaps don't count;
 - the sum of the 32 layers' conv times, each layer measured alone the same way.
 
@@ -211,19 +212,32 @@ def main() -> None:
 
 
 def host_breakdown(executor: Executor, row: dict, iterations: int) -> dict[str, float]:
-    """p50 host µs of each part of a graph step, each timed alone with the GPU idle."""
+    """p50 host µs of each part of a graph step, each timed alone with the GPU idle.
+
+    A graph step is ``entry`` (graph lookup and signature check), a ring turn
+    (wait for the staging entry's last replay, then record its event), the staging
+    write (the plan into pinned memory; the graph's first node uploads it) and the
+    replay launch. ``full signature`` is what a replay costs to check when the plan's
+    config or layout is not the captured one (and what every step paid before).
+    """
     plan, x, residual = row["plan"], row["x"], row["residual"]
     batch, config = plan.batch, plan.config
     graphs = executor._step_graphs
-    signature = executor.signature(plan)
-    captured = graphs._graphs[plan.graph]
+    captured = graphs.entry(plan)
+    ring = graphs._ring
+
+    def ring_turn() -> None:
+        ring.release(ring.claim())
+
     parts = {
         "compile_plan": lambda: compile_plan(batch, config),
-        "signature": lambda: executor.signature(plan),
-        "check": lambda: executor._check_activations(plan, x, residual),
-        "prepare (upload)": lambda: executor.prepare(plan, signature.launch),
-        "graph.replay": lambda: captured.graph.replay(),
-        "step": lambda: executor.step(plan, x, residual),
+        "entry (lookup+check)": lambda: graphs.entry(plan),
+        "full signature": lambda: executor.signature(plan),
+        "ring turn": ring_turn,
+        "staging write": lambda: np.copyto(captured.hosts[0], plan.packed),
+        "graph.replay": lambda: captured.graphs[0].replay(),
+        "StepGraphs.run": lambda: graphs.run(plan),
+        "Executor.step": lambda: executor.step(plan, x, residual),
     }
     return {name: percentile(host_us(part, iterations), 50) for name, part in parts.items()}
 
