@@ -57,65 +57,10 @@ def _past(past_ptr, state_chan, state_win, state_end, pos, chan, valid):
 
 
 @triton.jit
-def _convolve(
-    x_ptr,
-    x_stride,
-    first_token,
-    past_ptr,
-    state_chan,
-    state_win,
-    state_end,
-    pos,
-    chan,
-    chan_ok,
-    valid,
-    weight_ptr,
-    weight_chan,
-    weight_tap,
-    TAPS: tl.constexpr,
-    DILATION: tl.constexpr,
-    ROWS: tl.constexpr,
-    BLOCK_C: tl.constexpr,
-    WITH_STATE: tl.constexpr,
-):
-    """fp32 ``Σ_k w[:, k] · h[pos + k·D]`` on a ``[ROWS, BLOCK_C]`` tile.
-
-    The K shifted history loads overlap; all but the first hit L1/L2. Token and
-    state taps sum apart and meet once: in the window-contiguous state layout
-    their tiles have different register layouts, and merging every tap would
-    cost a shared-memory shuffle each.
-    """
-    reach: tl.constexpr = (TAPS - 1) * DILATION
-    acc = tl.zeros([ROWS, BLOCK_C], dtype=tl.float32)
-    acc_past = tl.zeros([ROWS, BLOCK_C], dtype=tl.float32)
-    for k in tl.static_range(TAPS):
-        tap = tl.load(weight_ptr + chan * weight_chan + k * weight_tap, mask=chan_ok, other=0.0)
-        tap = tap.to(tl.float32)[None, :]
-        at = pos + k * DILATION
-        acc += _tokens(x_ptr, x_stride, first_token, at, chan, valid, reach).to(tl.float32) * tap
-        if WITH_STATE:
-            h = _past(past_ptr, state_chan, state_win, state_end, at, chan, valid)
-            acc_past += h.to(tl.float32) * tap
-    if WITH_STATE:
-        acc += acc_past
-    return acc
-
-
-@triton.jit
 def _silu_rounded(acc, dtype: tl.constexpr):
     """``silu(round(acc))`` rounded to ``dtype``, in fp32: like ``F.conv1d`` then ``F.silu``."""
     y = acc.to(dtype).to(tl.float32)
     return (y / (1.0 + tl.exp(-y))).to(dtype).to(tl.float32)
-
-
-@triton.jit
-def _add_silu(residual_ptr, residual_stride, token, chan, valid, acc):
-    """``r += silu(round(acc))`` on a ``[rows, BLOCK_C]`` tile, rounding like ``+=``."""
-    dtype = residual_ptr.dtype.element_ty
-    y = _silu_rounded(acc, dtype)
-    ptrs = residual_ptr + token.to(tl.int64) * residual_stride + chan[None, :]
-    r = tl.load(ptrs, mask=valid, other=0.0).to(tl.float32)
-    tl.store(ptrs, (r + y).to(dtype), mask=valid)
 
 
 @triton.jit
@@ -162,8 +107,6 @@ _TILE_OFFSETS = (
 )
 
 
-# Plan offsets change with every layout (graph bucket): specializing on their
-# divisibility would compile a kernel per bucket for nothing.
 @triton.jit
 def _live(chan_ok, index, bound):
     """``chan_ok & (index < bound)``: a constant ``index``, a scalar ``bound``.
@@ -176,37 +119,71 @@ def _live(chan_ok, index, bound):
 
 @triton.jit
 def _load_history(
-    x_ptr,
-    x_stride,
-    first_token,
-    q,
-    past_ptr,
-    s_chan,
-    s_win,
-    state_end,
-    chan,
-    chan_ok,
-    REACH: tl.constexpr,
-    QUERY_MAX: tl.constexpr,
-):
-    """``(h[0], ..., h[REACH + QUERY_MAX - 1])`` of SPEC §2 as ``[BLOCK_C]`` vectors.
+    x_ptr, x_stride, first_token, q, past_ptr, s_chan, s_win, state_end, start, chan, chan_ok,
+    REACH: tl.constexpr, COUNT: tl.constexpr, ANY_START: tl.constexpr,
+):  # fmt: skip
+    """``(h[start], ..., h[start + COUNT - 1])`` of SPEC §2 as ``[BLOCK_C]`` vectors.
 
-    Each entry is loaded once, all before any store, so the row costs one memory
-    round trip; a tuple of 1-D vectors (not a ``[rows, BLOCK_C]`` tile) keeps
-    every thread busy on every entry: a 2-D tile spreads its rows over warps,
-    and a decode row would leave three quarters of them idle.
+    Each entry is loaded once, all before any store, so a program costs one memory
+    round trip; 1-D vectors in a tuple (not a ``[rows, BLOCK_C]`` tile) keep every
+    thread busy on every entry (a tile spreads its rows over warps, and a decode
+    row would leave three quarters of them idle), and the K taps of an output
+    share the registers instead of loading their shifted rows K times.
+    ``ANY_START``: ``start`` may be > 0 (prefill chunks); else it is 0 (rows).
     """
     history = ()
-    for p in tl.static_range(REACH + QUERY_MAX):
+    for p in tl.static_range(COUNT):
+        token = (first_token + start + p - REACH).to(tl.int64)
+        token_ptrs = x_ptr + token * x_stride + chan
+        in_query = _live(chan_ok, p, q + REACH - start)
         if p < REACH:
-            mask = _live(chan_ok, p, state_end)
-            entry = tl.load(past_ptr + chan * s_chan + p * s_win, mask=mask, other=0.0)
+            past_ptrs = past_ptr + chan * s_chan + p * s_win
+            past = tl.load(past_ptrs, mask=_live(chan_ok, p, state_end - start), other=0.0)
+            if ANY_START:  # h[start + p] is a token once start + p >= L
+                is_token = in_query & _live(chan_ok, REACH - 1 - p, start)
+                entry = tl.load(token_ptrs, mask=is_token, other=0.0)
+                entry = tl.where(is_token, entry, past)
+            else:
+                entry = past
         else:
-            token = (first_token + p - REACH).to(tl.int64)
-            mask = _live(chan_ok, p - REACH, q)
-            entry = tl.load(x_ptr + token * x_stride + chan, mask=mask, other=0.0)
-        history = history + (entry,)  # noqa: RUF005 (no * in Triton)
+            entry = tl.load(token_ptrs, mask=in_query, other=0.0)
+        history = history + (entry,)  # noqa: RUF005 (Triton has no starred tuples)
     return history
+
+
+@triton.jit
+def _add_silu_rows(
+    residual_ptr, residual_stride, first_token, live_rows, chan, chan_ok, history, taps,
+    ROWS: tl.constexpr, TAPS: tl.constexpr, DILATION: tl.constexpr, BLOCK_C: tl.constexpr,
+):  # fmt: skip
+    """``r[first_token + j] += silu(Σ_k w_k · history[j + k·D])`` for ``j < live_rows``.
+
+    Every residual row is loaded before the first store: a store may alias later
+    loads, so loads after it would wait for it.
+    """
+    residuals = ()
+    for j in tl.static_range(ROWS):
+        ptrs = residual_ptr + (first_token + j).to(tl.int64) * residual_stride + chan
+        r = tl.load(ptrs, mask=_live(chan_ok, j, live_rows), other=0.0)
+        residuals = residuals + (r,)  # noqa: RUF005
+    dtype = residual_ptr.dtype.element_ty
+    for j in tl.static_range(ROWS):
+        acc = tl.zeros([BLOCK_C], dtype=tl.float32)
+        for k in tl.static_range(TAPS):
+            acc += history[j + k * DILATION].to(tl.float32) * taps[k]
+        ptrs = residual_ptr + (first_token + j).to(tl.int64) * residual_stride + chan
+        total = residuals[j].to(tl.float32) + _silu_rounded(acc, dtype)
+        tl.store(ptrs, total.to(dtype), mask=_live(chan_ok, j, live_rows))
+
+
+@triton.jit
+def _load_taps(weight_ptr, weight_chan, weight_tap, chan, chan_ok, TAPS: tl.constexpr):
+    """``(w[:, 0], ..., w[:, K - 1])`` in fp32, ``[BLOCK_C]`` each."""
+    taps = ()
+    for k in tl.static_range(TAPS):
+        tap = tl.load(weight_ptr + chan * weight_chan + k * weight_tap, mask=chan_ok, other=0.0)
+        taps = taps + (tap.to(tl.float32),)  # noqa: RUF005
+    return taps
 
 
 # Plan offsets change with every layout (graph bucket): specializing on their
@@ -265,28 +242,10 @@ def _short_conv_rows(
     state_end = reach * tl.minimum(reads, 1) * has_slot
     window_ptr = state_ptr + slot.to(tl.int64) * state_slot
     history = _load_history(
-        x_ptr,
-        x_stride,
-        first_token,
-        q,
-        window_ptr + offset * s_win,
-        s_chan,
-        s_win,
-        state_end,
-        chan,
-        chan_ok,
-        reach,
-        QUERY_MAX,
-    )
-    taps = ()
-    for k in tl.static_range(TAPS):
-        tap = tl.load(weight_ptr + chan * weight_chan + k * weight_tap, mask=chan_ok, other=0.0)
-        taps = taps + (tap.to(tl.float32),)  # noqa: RUF005
-    residuals = ()
-    for j in tl.static_range(QUERY_MAX):
-        ptrs = residual_ptr + (first_token + j).to(tl.int64) * residual_stride + chan
-        r = tl.load(ptrs, mask=_live(chan_ok, j, q), other=0.0)
-        residuals = residuals + (r,)  # noqa: RUF005
+        x_ptr, x_stride, first_token, q, window_ptr + offset * s_win, s_chan, s_win, state_end,
+        0, chan, chan_ok, reach, reach + QUERY_MAX, False,
+    )  # fmt: skip
+    taps = _load_taps(weight_ptr, weight_chan, weight_tap, chan, chan_ok, TAPS)
     # The new window S[:, i] = h[1 + i], i < L + q - 1 (decode: q = 1, so L entries).
     keep = (reach + q - 1) * has_slot
     if WINDOW_TILE:
@@ -297,14 +256,10 @@ def _short_conv_rows(
         kept = (i < keep) & chan_ok[None, :]
         past = _past(window_ptr + offset * s_win, s_chan, s_win, state_end, i + 1, chan, kept)
         tokens = _tokens(x_ptr, x_stride, first_token, i + 1, chan, kept, reach)
-    dtype = residual_ptr.dtype.element_ty
-    for j in tl.static_range(QUERY_MAX):
-        acc = tl.zeros([BLOCK_C], dtype=tl.float32)
-        for k in tl.static_range(TAPS):
-            acc += history[j + k * DILATION].to(tl.float32) * taps[k]
-        ptrs = residual_ptr + (first_token + j).to(tl.int64) * residual_stride + chan
-        total = residuals[j].to(tl.float32) + _silu_rounded(acc, dtype)
-        tl.store(ptrs, total.to(dtype), mask=_live(chan_ok, j, q))
+    _add_silu_rows(
+        residual_ptr, residual_stride, first_token, q, chan, chan_ok, history, taps,
+        QUERY_MAX, TAPS, DILATION, BLOCK_C,
+    )  # fmt: skip
     # The stores' register layout may differ from the loads': every thread must have
     # read the old window before any thread overwrites it.
     tl.debug_barrier()
@@ -352,7 +307,9 @@ def _short_conv_tiles(
     One chunk per program, not a loop over the tile's chunks: a loop's next loads
     may alias its residual store, so each chunk would wait a memory round trip
     for the last; separate programs keep those round trips in flight together.
-    SUB >= L, so only a request's first chunk reads old state.
+    A chunk loads its SUB + L history rows once (the L before it come from the
+    previous chunk's rows, mostly from L2). SUB >= L, so only a request's first
+    chunk reads old state.
     """
     item, chan0 = _program_place(channels, BLOCK_C, CHANNELS_FIRST)
     chunks: tl.constexpr = TILE // SUB
@@ -375,19 +332,15 @@ def _short_conv_tiles(
     chan_ok = chan < channels
     state_end = reach * tl.minimum(reads, 1)
     window_ptr = state_ptr + slot.to(tl.int64) * state_slot  # prefill offset o is 0
-    j = start + tl.arange(0, SUB)[:, None]
-    live = (j < q) & chan_ok[None, :]
-    if start < reach:
-        acc = _convolve(
-            x_ptr, x_stride, first_token, window_ptr, s_chan, s_win, state_end, j, chan,
-            chan_ok, live, weight_ptr, weight_chan, weight_tap, TAPS, DILATION, SUB, BLOCK_C, True,
-        )  # fmt: skip
-    else:  # the same without the state taps' code: this chunk cannot reach back that far
-        acc = _convolve(
-            x_ptr, x_stride, first_token, window_ptr, s_chan, s_win, state_end, j, chan,
-            chan_ok, live, weight_ptr, weight_chan, weight_tap, TAPS, DILATION, SUB, BLOCK_C, False,
-        )  # fmt: skip
-    _add_silu(residual_ptr, residual_stride, first_token + j, chan, live, acc)
+    history = _load_history(
+        x_ptr, x_stride, first_token, q, window_ptr, s_chan, s_win, state_end, start, chan,
+        chan_ok, reach, reach + SUB, True,
+    )  # fmt: skip
+    taps = _load_taps(weight_ptr, weight_chan, weight_tap, chan, chan_ok, TAPS)
+    _add_silu_rows(
+        residual_ptr, residual_stride, first_token + start, q - start, chan, chan_ok, history,
+        taps, SUB, TAPS, DILATION, BLOCK_C,
+    )  # fmt: skip
     # Only chunk 0 reads old state, so it alone writes the final state
     # S[:, i] = h[q + i], i < L: no other program reads this slot.
     if start == 0:
