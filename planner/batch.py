@@ -10,17 +10,32 @@ from .errors import PlanError
 #: Row kinds, in group order. Padding rows (not spec, ``q == 0``) join no group.
 SPEC, DECODE, PREFILL, PADDING = 0, 1, 2, 3
 KIND_NAMES = ("spec", "decode", "prefill", "padding")
+_BAD_SPEC = 4  # a spec row whose query length is not num_draft_tokens + 1
 
 
-# Kind of a non-spec row by query length 0, 1, >= 2 (read-only lookup table).
-_KIND_OF_QUERY_LEN = np.array([PADDING, DECODE, PREFILL], dtype=np.int8)
-_KIND_OF_QUERY_LEN.flags.writeable = False
+def _constant(value: int, dtype: type = np.int32) -> np.ndarray:
+    """A read-only 0-d array: numpy's cheapest operand (a Python int costs a conversion)."""
+    array = np.array(value, dtype=dtype)
+    array.flags.writeable = False
+    return array
+
+
+_THREE = _constant(3, np.uint32)
+_SIGN_SHIFT = _constant(31)
+# Row kind by key ``min(q - drafts, 3) ^ (drafts >> 31)`` (the min taken unsigned, so a
+# negative difference counts as 3): a spec row (drafts >= 0) keys ``q - drafts`` itself,
+# 1 when valid; a non-spec row keys ``~min(q + 1, 3)``, -2, -3, -4 for q = 0, 1, >= 2.
+_KIND_OF_KEY = np.array(
+    [_BAD_SPEC, SPEC, _BAD_SPEC, _BAD_SPEC, PREFILL, DECODE, PADDING, _BAD_SPEC], dtype=np.intp
+)
+_KIND_OF_KEY.flags.writeable = False
+_INT32 = np.dtype(np.int32)
 _INT32_MAX = 2**31 - 1
 
 
 def _frozen_int32(field: str, value: object, ndim: int) -> np.ndarray:
     """A read-only int32 copy of ``value``; the copy keeps later edits by the caller out."""
-    if isinstance(value, np.ndarray) and value.dtype == np.int32 and value.ndim == ndim:
+    if type(value) is np.ndarray and value.dtype == _INT32 and value.ndim == ndim:
         array = value.copy()  # fast path: what engines pass every step
     else:
         array = _checked_int_array(field, value, ndim)
@@ -44,7 +59,7 @@ def _checked_int_array(field: str, value: object, ndim: int) -> np.ndarray:
     return np.array(array, dtype=np.int32)
 
 
-def _slots_2d(value: object) -> np.ndarray:
+def _frozen_slots(value: object) -> np.ndarray:
     if isinstance(value, np.ndarray) and value.ndim == 1:
         value = value[None]
     elif not isinstance(value, np.ndarray):
@@ -82,13 +97,15 @@ class StepBatch:
         kinds: ``[R], int8`` derived row kind (:data:`SPEC`, :data:`DECODE`,
             :data:`PREFILL`, :data:`PADDING`).
         kind_counts: rows of each kind, in that order.
+        query_start: ``[R + 1], int32`` derived engine token offsets: row ``r``'s
+            tokens are the engine's token rows ``query_start[r] : query_start[r + 1]``.
     """
 
     query_lens: np.ndarray = attrs.field(converter=lambda v: _frozen_int32("query_lens", v, 1))
     num_computed_tokens: np.ndarray = attrs.field(
         converter=lambda v: _frozen_int32("num_computed_tokens", v, 1)
     )
-    slots: np.ndarray = attrs.field(converter=_slots_2d)
+    slots: np.ndarray = attrs.field(converter=_frozen_slots)
     num_draft_tokens: np.ndarray = attrs.field(
         converter=lambda v: _frozen_int32("num_draft_tokens", v, 1)
     )
@@ -100,24 +117,26 @@ class StepBatch:
     allow_null_slots: bool = False
     kinds: np.ndarray = attrs.field(init=False)
     kind_counts: tuple[int, int, int, int] = attrs.field(init=False)
+    query_start: np.ndarray = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
+        # Each check is one cheap vectorized pass; only a failing one looks for the row.
         self._check_shapes()
         q, drafts = self.query_lens, self.num_draft_tokens
-        if q.size and (
-            np.minimum.reduce(np.minimum(q, self.num_computed_tokens)) < 0
-            or np.minimum.reduce(drafts) < -1
-        ):
-            self._raise_negative()
-        spec = drafts >= 0
-        kinds = _KIND_OF_QUERY_LEN[np.minimum(q, 2)]
-        kinds[spec] = SPEC
+        if q.shape[0]:
+            computed = self.num_computed_tokens
+            if q[q.argmin()] < 0 or computed[computed.argmin()] < 0 or drafts[drafts.argmin()] < -1:
+                self._raise_negative()
+        object.__setattr__(self, "query_start", self._token_offsets())
+        key = np.minimum((q - drafts).view(np.uint32), _THREE).view(np.int32)
+        kinds = _KIND_OF_KEY.take(key ^ (drafts >> _SIGN_SHIFT))
+        counts = np.bincount(kinds, minlength=5).tolist()
+        if counts[_BAD_SPEC]:
+            self._raise_spec_length(drafts >= 0)
+        kinds = kinds.astype(np.int8)
         kinds.flags.writeable = False
-        counts = tuple(np.bincount(kinds, minlength=4).tolist())
         object.__setattr__(self, "kinds", kinds)
-        object.__setattr__(self, "kind_counts", counts)
-        if counts[SPEC] and np.count_nonzero((q - drafts != 1) & spec):
-            self._raise_spec_length(spec)
+        object.__setattr__(self, "kind_counts", tuple(counts[:4]))
         self._check_slots(None if counts[PADDING] == 0 else kinds != PADDING)
         self._check_padding()
 
@@ -134,7 +153,7 @@ class StepBatch:
     @property
     def num_tokens(self) -> int:
         """Live tokens: ``sum(query_lens)``."""
-        return int(self.query_lens.sum())
+        return int(self.query_start[-1])
 
     def _check_shapes(self) -> None:
         rows = self.query_lens.shape[0]
@@ -146,6 +165,19 @@ class StepBatch:
             raise PlanError("slots", None, f"must be [G, {rows}], got {list(self.slots.shape)}")
         if self.slots.shape[0] < 1:
             raise PlanError("slots", None, "needs at least one layer group")
+
+    def _token_offsets(self) -> np.ndarray:
+        """``[R + 1], int32`` running total of the (non-negative) query lengths."""
+        q = self.query_lens
+        offsets = np.empty(q.shape[0] + 1, dtype=np.int32)
+        offsets[0] = 0
+        if q.shape[0]:
+            np.add.accumulate(q, 0, None, offsets[1:])
+            # A total past int32 wraps, and its first wrapped partial sum is negative.
+            if offsets[offsets.argmin()] < 0:
+                raise PlanError("query_lens", None, f"total {q.sum()} tokens do not fit int32")
+        offsets.flags.writeable = False
+        return offsets
 
     def _raise_negative(self) -> None:
         for name, array, low in (
@@ -172,18 +204,27 @@ class StepBatch:
         ``live`` is ``None`` when every row is live (no copy needed then).
         """
         slots = self.slots if live is None else self.slots[:, live]
-        if slots.size == 0:
+        rows = slots.shape[1]
+        if rows == 0:
             return
         ordered = np.sort(slots, axis=1)
-        lowest = np.minimum.reduce(ordered[:, 0])
+        first = ordered[:, 0]
+        lowest = first[first.argmin()]
         if lowest < 0:
             group, row = np.argwhere(self.slots < 0)[0]
             raise PlanError("slots", int(row), f"negative slot {lowest} in group {group}")
         if lowest == 0 and not self.allow_null_slots:
             self._raise_null_slot(live)
-        repeated = ordered[:, 1:] == ordered[:, :-1]
-        if np.count_nonzero(repeated) and np.count_nonzero(repeated & (ordered[:, 1:] != 0)):
-            self._raise_repeated_slot(ordered, repeated, live)
+        if rows == 1:
+            return
+        # Neighbours in one flat pass; the pairs that straddle two groups don't count.
+        flat = ordered.ravel()
+        same = flat[1:] == flat[:-1]
+        same[rows - 1 :: rows] = False
+        if same[same.argmax()]:
+            repeated = ordered[:, 1:] == ordered[:, :-1]
+            if np.count_nonzero(repeated & (ordered[:, 1:] != 0)):  # NULL may repeat
+                self._raise_repeated_slot(ordered, repeated, live)
 
     def _raise_null_slot(self, live: np.ndarray | None) -> None:
         live = np.ones(self.num_rows, dtype=bool) if live is None else live

@@ -74,6 +74,11 @@ def test_more_live_rows_than_capacity():
         compile_plan(StepBatch(**fields), CONFIG)
 
 
+def test_a_token_total_past_int32_is_refused():
+    with pytest.raises(PlanError, match=r"query_lens: total \d+ tokens do not fit int32"):
+        StepBatch(**good(query_lens=[2**31 - 1, 1, 6, 0]))
+
+
 def test_messages_say_what_is_wrong():
     assert "already used by live row 0" in refused("slots", 2, slots=[[1, 2, 3, 0], [5, 6, 5, 0]])
     assert "NULL slot 0" in refused("slots", 1, slots=[[1, 0, 3, 0], [5, 6, 7, 0]])
