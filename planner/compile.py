@@ -7,11 +7,20 @@ import numpy as np
 from .batch import DECODE, PADDING, PREFILL, SPEC, StepBatch
 from .config import PlannerConfig
 from .errors import PlanError
-from .layout import FIELDS, PAD_VALUES, PlanLayout
+from .layout import FIELDS, PlanLayout
 from .plan import ExecutionPlan, GraphKey
 
-# The fields of size R (padded together).
-_ROW_FIELDS = tuple(index for index, (_, size, _) in enumerate(FIELDS) if size == "R")
+
+def _read_only(values: object, shape: tuple[int, ...] = ()) -> np.ndarray:
+    array = np.array(values, dtype=np.int32).reshape(shape)
+    array.flags.writeable = False
+    return array
+
+
+_ZERO, _ONE = _read_only(0), _read_only(1)
+# Padding of the six [R] fields from row_token_start to row_request, as one column.
+_ROW_PADS = _read_only([pad for _, size, pad in FIELDS if size == "R"], (6, 1))
+_TILE_PADS = _read_only([pad for name, _, pad in FIELDS if name.startswith("tile_")], (2, 1))
 _LOOP_TILES_UP_TO_ROWS = 8
 
 
@@ -22,60 +31,79 @@ def compile_plan(batch: StepBatch, config: PlannerConfig) -> ExecutionPlan:
     (drafts beyond ``num_spec_tokens``, accepted counts outside ``1..Q``,
     more live rows than ``max_num_seqs``).
     """
+    return _compile(batch, config, in_engine_order=_rows_in_group_order(batch))
+
+
+def _rows_in_group_order(batch: StepBatch) -> bool:
+    """Whether the engine's rows already run ``[spec | decode | prefill | padding]``.
+
+    Then the live rows are the first ones in the engine's order and every
+    gather of the general path is a plain prefix (vLLM puts decode-like rows
+    before prefills, so most steps without speculation come this way).
+    Group by group: once the earlier groups hold all rows of their kinds, a
+    group's range is all of its kind exactly when no row in it is of a later
+    kind, so one ``argmax`` per group decides (and the first mismatch stops).
+    """
+    kinds, stop = batch.kinds, 0
+    if batch.num_rows in batch.kind_counts:
+        return True
+    for kind, count in enumerate(batch.kind_counts[:PADDING]):
+        if count:
+            part = kinds[stop : stop + count]
+            if part.item(part.argmax()) != kind:
+                return False
+            stop += count
+    return True
+
+
+def _compile(batch: StepBatch, config: PlannerConfig, *, in_engine_order: bool) -> ExecutionPlan:
+    """``compile_plan`` with the row order given; ``in_engine_order=False`` (sorting the
+    rows by kind) gives the same plan for any batch, and is what the tests compare with."""
     num_spec, num_decode, num_prefill, _ = batch.kind_counts
     _check_limits(batch, config)
     live = num_spec + num_decode + num_prefill
-    order = _group_order(batch)
-    lens = batch.query_lens[order]
-    tile = config.prefill_tile_tokens
-    tiles_per_row = (lens[num_spec + num_decode :] + (tile - 1)) // tile if num_prefill else None
-    num_tiles = int(tiles_per_row.sum()) if num_prefill else 0
-    num_tokens = int(np.add.reduce(lens))
+    order = None if in_engine_order else batch.kinds.argsort(kind="stable")[:live]
+    lens = batch.query_lens[:live] if order is None else batch.query_lens.take(order)
+    prefill_lens = lens[num_spec + num_decode :]
+    num_tiles = _count_tiles(prefill_lens, config.prefill_tile_tokens)
+    num_tokens = batch.num_tokens  # padding rows have no tokens
     graph = _choose_graph(batch, config, num_tokens)
     if graph is None:
         layout = PlanLayout(num_tokens, live, num_tiles, batch.num_groups)
     else:
         layout = PlanLayout(graph.num_tokens, graph.num_rows, graph.num_tiles, batch.num_groups)
-    packer = _Packer(batch, order, lens, num_tokens, config.query_len_max)
-    packed = packer.pack(layout, tiles_per_row, num_tiles, tile)
-    spec_tokens = int(packed[layout.num_tokens + num_spec])  # row_query_start[num_spec]
-    prefill_tokens = num_tokens - spec_tokens - num_decode
+    packed = _pack(batch, config, order, lens, layout, prefill_lens, num_tiles)
+    spec_tokens = num_tokens if num_spec == live else int(packed[layout.num_tokens + num_spec])
     return ExecutionPlan(
-        batch=batch,
-        config=config,
-        num_spec_rows=num_spec,
-        num_decode_rows=num_decode,
-        num_prefill_rows=num_prefill,
-        num_spec_tokens=spec_tokens,
-        num_decode_tokens=num_decode,
-        num_prefill_tokens=prefill_tokens,
-        max_prefill_query_len=int(lens[num_spec + num_decode :].max()) if num_prefill else 0,
-        num_tiles=num_tiles,
-        graph=graph,
-        layout=layout,
-        packed=packed,
+        batch,
+        config,
+        num_spec,
+        num_decode,
+        num_prefill,
+        spec_tokens,
+        num_decode,
+        num_tokens - spec_tokens - num_decode,
+        int(prefill_lens[prefill_lens.argmax()]) if num_prefill else 0,
+        num_tiles,
+        graph,
+        layout,
+        packed,
     )
 
 
-def _group_order(batch: StepBatch) -> np.ndarray | slice:
-    """Engine rows in group order, padding rows dropped.
-
-    A slice for uniform batches without padding rows (the engine's order is
-    the group order then), so that every gather below is a free view.
-    """
-    num_spec, num_decode, num_prefill, num_padding = batch.kind_counts
-    rows = batch.num_rows
-    if num_spec == rows or num_decode == rows or num_prefill == rows:
-        return slice(0, rows)
-    return np.argsort(batch.kinds, kind="stable")[: rows - num_padding]
+def _count_tiles(prefill_lens: np.ndarray, tile: int) -> int:
+    """Prefill work tiles of ``tile`` tokens the rows of ``prefill_lens`` need."""
+    if prefill_lens.shape[0] <= _LOOP_TILES_UP_TO_ROWS:  # a few rows: plain ints are cheaper
+        return sum([(q + tile - 1) // tile for q in prefill_lens.tolist()])
+    return int(((prefill_lens + (tile - 1)) // tile).sum())
 
 
 def _check_limits(batch: StepBatch, config: PlannerConfig) -> None:
     num_spec, num_decode, num_prefill, _ = batch.kind_counts
     if num_spec:
         drafts = batch.num_draft_tokens
-        if np.maximum.reduce(drafts) > config.num_spec_tokens:
-            row = int(np.argmax(drafts))
+        row = int(drafts.argmax())
+        if drafts.item(row) > config.num_spec_tokens:
             raise PlanError(
                 "num_draft_tokens",
                 row,
@@ -144,130 +172,187 @@ def largest_graph_layout(config: PlannerConfig, num_groups: int) -> PlanLayout |
     return layout_capacity(config, max(spec_tokens, sizes[-1]), rows[-1], num_groups)
 
 
-class _Packer:
-    """Writes one plan's arrays into a fresh int32 buffer; used once, inside compile_plan.
+def _pack(
+    batch: StepBatch,
+    config: PlannerConfig,
+    order: np.ndarray | None,
+    lens: np.ndarray,
+    layout: PlanLayout,
+    prefill_lens: np.ndarray,
+    num_tiles: int,
+) -> np.ndarray:
+    """Write one plan's fields into a fresh int32 buffer, laid out as ``layout`` says.
 
     Rows arrive in group order, so each group is a contiguous range and most
-    fields are filled per range instead of gathered per row; entries past the
-    live part get their field's padding value (``layout.FIELDS``).
+    fields are filled per range, each straight into its slice of the buffer;
+    entries past the live part get their field's padding value
+    (``layout.FIELDS``). ``order`` maps group-ordered rows to engine rows;
+    ``None`` when they coincide (then every gather is a prefix view).
     """
+    tokens, rows, groups = layout.num_tokens, layout.num_rows, layout.num_groups
+    at_rows = tokens + rows + 1  # row_token_start, then the other [R] fields
+    at_slots = at_rows + 6 * rows
+    at_tiles = at_slots + groups * rows
+    packed = np.empty(at_tiles + 2 * layout.num_tiles, dtype=np.int32)
+    live = lens.shape[0]
+    if order is None:
+        _engine_order_tokens(packed, batch, live, tokens, rows, config.index_ramp)
+    else:
+        _regrouped_tokens(packed, batch, order, lens, tokens, rows, config.index_ramp)
+    _row_fields(packed, batch, order, at_rows, rows, config.query_len_max)
+    _slot_field(packed[at_slots:at_tiles], batch.slots, order, live, groups, rows)
+    if layout.num_tiles:
+        tile_fields = packed[at_tiles:].reshape(2, layout.num_tiles)
+        tile = config.prefill_tile_tokens
+        _tile_fields(tile_fields, prefill_lens, live, num_tiles, tile, config.index_ramp)
+    num_tokens = batch.num_tokens
+    if num_tokens < tokens:
+        packed[num_tokens:tokens] = -1
+    if live < rows:  # zero-length padding rows: query starts repeat the total
+        packed[tokens + live + 1 : at_rows] = num_tokens
+        packed[at_rows:at_slots].reshape(6, rows)[:, live:] = _ROW_PADS
+    packed.flags.writeable = False
+    return packed
 
-    def __init__(
-        self,
-        batch: StepBatch,
-        order: np.ndarray | slice,
-        lens: np.ndarray,
-        num_tokens: int,
-        query_len_max: int,
-    ) -> None:
-        self.batch, self.order, self.lens = batch, order, lens
-        self.live, self.num_tokens, self.query_len_max = len(lens), num_tokens, query_len_max
 
-    def pack(
-        self, layout: PlanLayout, tiles_per_row: np.ndarray | None, num_tiles: int, tile: int
-    ) -> np.ndarray:
-        sizes = layout.sizes()
-        packed = np.empty(layout.size, dtype=np.int32)
-        views, offset = [], 0
-        for size in sizes:
-            views.append(packed[offset : offset + size])
-            offset += size
-        self._tokens(*views[:3], views[7])
-        self._rows(*views[3:7])
-        self._slots(views[8].reshape(layout.num_groups, -1))
-        if tiles_per_row is not None:
-            self._tiles(tiles_per_row, num_tiles, tile, *views[9:])
-        self._pad(views, layout, num_tiles)
-        packed.flags.writeable = False
-        return packed
+def _engine_order_tokens(
+    packed: np.ndarray, batch: StepBatch, live: int, tokens: int, rows: int, ramp: np.ndarray
+) -> None:
+    """Token map, query starts, token starts and requests when group order is engine order."""
+    num_tokens, starts = batch.num_tokens, batch.query_start
+    packed[tokens : tokens + live + 1] = starts[: live + 1]
+    at = tokens + rows + 1  # row_token_start
+    packed[at : at + live] = starts[:live]
+    if num_tokens > ramp.shape[0]:
+        ramp = np.arange(num_tokens, dtype=np.int32)
+    packed[:num_tokens] = ramp[:num_tokens]
+    at += 5 * rows  # row_request
+    packed[at : at + live] = ramp[:live]
 
-    def _pad(self, views: list[np.ndarray], layout: PlanLayout, num_tiles: int) -> None:
-        """Give the entries past the live part their fields' padding values."""
-        live, tokens = self.live, self.num_tokens
-        if tokens < layout.num_tokens:
-            views[0][tokens:] = PAD_VALUES[0]
-        if live < layout.num_rows:  # row_query_start is padded in _tokens
-            for index in _ROW_FIELDS:
-                views[index][live:] = PAD_VALUES[index]
-            views[8].reshape(layout.num_groups, -1)[:, live:] = PAD_VALUES[8]
-        if num_tiles < layout.num_tiles:
-            views[9][num_tiles:] = PAD_VALUES[9]
-            views[10][num_tiles:] = PAD_VALUES[10]
 
-    def _slots(self, slots: np.ndarray) -> None:
-        """``slots``: ``[G, R]`` view of the buffer."""
-        order, live = self.order, self.live
-        if isinstance(order, slice):
-            slots[:, :live] = self.batch.slots[:, order]
-        else:
-            np.take(self.batch.slots, order, axis=1, out=slots[:, :live])
+def _regrouped_tokens(
+    packed: np.ndarray,
+    batch: StepBatch,
+    order: np.ndarray,
+    lens: np.ndarray,
+    tokens: int,
+    rows: int,
+    ramp: np.ndarray,
+) -> None:
+    """Token map, query starts, token starts and requests of rows taken in ``order``."""
+    num_tokens, live = batch.num_tokens, order.shape[0]
+    query_start = packed[tokens : tokens + live + 1]
+    query_start[0] = 0
+    np.add.accumulate(lens, 0, None, query_start[1:])
+    starts = batch.query_start.take(order)
+    at = tokens + rows + 1  # row_token_start
+    packed[at : at + live] = starts
+    shifts = (starts - query_start[:live]).repeat(lens)
+    if num_tokens > ramp.shape[0]:
+        ramp = np.arange(num_tokens, dtype=np.int32)
+    np.add(shifts, ramp[:num_tokens], packed[:num_tokens])
+    at += 5 * rows  # row_request
+    packed[at : at + live] = order
 
-    def _tokens(self, token_map: np.ndarray, query_start: np.ndarray, token_start: np.ndarray,
-                request: np.ndarray) -> None:  # fmt: skip
-        """The token permutation and where each row's tokens sit, logically and in the engine."""
-        order, live, tokens = self.order, self.live, self.num_tokens
-        query_start[0] = 0
-        np.add.accumulate(self.lens, out=query_start[1 : live + 1])
-        query_start[live + 1 :] = tokens
-        if isinstance(order, slice):  # already in group order: identity permutation
-            token_start[:live] = query_start[:live]
-            token_map[:tokens] = np.arange(tokens, dtype=np.int32)
-            request[:live] = np.arange(live, dtype=np.int32)
-        else:
-            engine_start = np.zeros(self.batch.num_rows + 1, dtype=np.int32)
-            np.add.accumulate(self.batch.query_lens, out=engine_start[1:])
-            token_start[:live] = engine_start[order]
-            token_map[:tokens] = np.repeat(token_start[:live] - query_start[:live], self.lens)
-            token_map[:tokens] += np.arange(tokens, dtype=np.int32)
-            request[:live] = order
 
-    def _rows(self, kind: np.ndarray, state_offset: np.ndarray, reads_state: np.ndarray,
-              accepted: np.ndarray) -> None:  # fmt: skip
-        """Per-row kind, state offset, has-state flag and accepted count, group by group."""
-        batch, order, live = self.batch, self.order, self.live
-        spec, decode, _, _ = batch.kind_counts
-        kind[:spec] = SPEC
-        kind[spec : spec + decode] = DECODE
-        kind[spec + decode : live] = PREFILL
-        accepted[spec:] = 1  # non-spec rows; also the padding value
-        state_offset[spec:] = 0
-        if spec:
-            accepted[:spec] = batch.num_accepted_tokens[order][:spec]
-            np.subtract(accepted[:spec], 1, out=state_offset[:spec])
-            # One unsigned compare tests 1 <= accepted <= Q (accepted - 1 wraps below 1).
-            if np.count_nonzero(state_offset[:spec].view(np.uint32) >= self.query_len_max):
-                self._raise_accepted()
-            reads_state[:spec] = 1
-        if spec < live:
-            computed = batch.num_computed_tokens[order][spec:]
-            np.greater(computed, 0, out=reads_state[spec:live], casting="unsafe")
+def _row_fields(
+    packed: np.ndarray,
+    batch: StepBatch,
+    order: np.ndarray | None,
+    at: int,
+    rows: int,
+    query_len_max: int,
+) -> None:
+    """Per-row kind, state offset, has-state flag and accepted count, group by group.
 
-    def _raise_accepted(self) -> None:
-        accepted, q_max = self.batch.num_accepted_tokens, self.query_len_max
-        bad = (self.batch.kinds == SPEC) & ((accepted < 1) | (accepted > q_max))
-        row = int(np.argmax(bad))
-        raise PlanError("num_accepted_tokens", row, f"{accepted[row]} is outside 1..Q = 1..{q_max}")
+    ``at`` is row_token_start's offset; the four fields follow it, ``rows`` apart.
+    """
+    spec, decode, prefill, _ = batch.kind_counts
+    live = spec + decode + prefill
+    kind, offset, reads, accepted = at + rows, at + 2 * rows, at + 3 * rows, at + 4 * rows
+    if spec:
+        counts = batch.num_accepted_tokens
+        counts = counts[:spec] if order is None else counts.take(order[:spec])
+        offsets = counts - _ONE
+        # One unsigned test checks 1 <= accepted <= Q (accepted - 1 wraps below 1).
+        unsigned = offsets.view(np.uint32)
+        if unsigned.item(unsigned.argmax()) >= query_len_max:
+            _raise_accepted(batch, query_len_max)
+        packed[kind : kind + spec] = SPEC
+        packed[offset : offset + spec] = offsets
+        packed[reads : reads + spec] = 1
+        packed[accepted : accepted + spec] = counts
+    if spec < live:
+        packed[kind + spec : kind + spec + decode] = DECODE
+        packed[kind + spec + decode : kind + live] = PREFILL
+        packed[offset + spec : offset + live] = 0
+        computed = batch.num_computed_tokens
+        computed = computed[spec:live] if order is None else computed.take(order[spec:])
+        packed[reads + spec : reads + live] = computed > _ZERO
+        packed[accepted + spec : accepted + live] = 1
 
-    def _tiles(self, tiles_per_row: np.ndarray, num_tiles: int, tile: int, tile_row: np.ndarray,
-               tile_start: np.ndarray) -> None:  # fmt: skip
-        """Prefill work tiles: which row each covers and its first token.
 
-        Steps rarely carry more than a few prefill rows; a plain loop over them
-        costs a third of the six numpy calls it would take, so the vectorized
-        form is kept for many rows only.
-        """
-        first_prefill = self.live - len(tiles_per_row)
-        if len(tiles_per_row) <= _LOOP_TILES_UP_TO_ROWS:
-            rows: list[int] = []
-            starts: list[int] = []
-            for row, count in enumerate(tiles_per_row.tolist(), first_prefill):
-                rows += [row] * count
-                starts += range(0, count * tile, tile)
-            tile_row[:num_tiles] = rows
-            tile_start[:num_tiles] = starts
-            return
-        prefill_rows = np.arange(first_prefill, self.live, dtype=np.int32)
-        tile_row[:num_tiles] = np.repeat(prefill_rows, tiles_per_row)
+def _raise_accepted(batch: StepBatch, query_len_max: int) -> None:
+    accepted = batch.num_accepted_tokens
+    bad = (batch.kinds == SPEC) & ((accepted < 1) | (accepted > query_len_max))
+    row = int(np.argmax(bad))
+    raise PlanError(
+        "num_accepted_tokens", row, f"{accepted[row]} is outside 1..Q = 1..{query_len_max}"
+    )
+
+
+def _slot_field(
+    field: np.ndarray,
+    slots: np.ndarray,
+    order: np.ndarray | None,
+    live: int,
+    groups: int,
+    rows: int,
+) -> None:
+    """``row_slot``: ``[G, R]`` (``field`` is its flat slice), padded with the NULL slot."""
+    if order is not None:
+        slots = slots.take(order, axis=1)
+    elif live < slots.shape[1]:
+        slots = slots[:, :live]
+    if live == rows:
+        field[:] = slots.reshape(-1)
+        return
+    field = field.reshape(groups, rows)
+    field[:, :live] = slots
+    field[:, live:] = 0
+
+
+def _tile_fields(
+    fields: np.ndarray,
+    prefill_lens: np.ndarray,
+    live: int,
+    num_tiles: int,
+    tile: int,
+    ramp: np.ndarray,
+) -> None:
+    """``tile_row`` and ``tile_start`` (``fields`` is ``[2, P]``): which group-ordered row
+    each prefill work tile covers and its first token; -1 and 0 past the live tiles.
+
+    Steps rarely carry more than a few prefill rows; two slice writes per row
+    cost less than the six numpy calls of the vectorized form, which is kept
+    for many rows only.
+    """
+    first_prefill = live - prefill_lens.shape[0]
+    if prefill_lens.shape[0] <= _LOOP_TILES_UP_TO_ROWS:
+        start = 0
+        for row, q in enumerate(prefill_lens.tolist(), first_prefill):
+            stop = start + (q + tile - 1) // tile
+            fields[0, start:stop] = row
+            span = (stop - start) * tile
+            starts = ramp[:span:tile] if span <= ramp.shape[0] else range(0, span, tile)
+            fields[1, start:stop] = starts
+            start = stop
+    else:
+        tiles_per_row = (prefill_lens + (tile - 1)) // tile
+        prefill_rows = np.arange(first_prefill, live, dtype=np.int32)
+        fields[0, :num_tiles] = prefill_rows.repeat(tiles_per_row)
         first_tile = np.add.accumulate(tiles_per_row) - tiles_per_row
-        tile_index = np.arange(num_tiles, dtype=np.int32) - np.repeat(first_tile, tiles_per_row)
-        tile_start[:num_tiles] = tile_index * tile
+        tile_index = np.arange(num_tiles, dtype=np.int32) - first_tile.repeat(tiles_per_row)
+        fields[1, :num_tiles] = tile_index * tile
+    if num_tiles < fields.shape[1]:
+        fields[:, num_tiles:] = _TILE_PADS

@@ -5,6 +5,7 @@ from __future__ import annotations
 import bisect
 
 import attrs
+import numpy as np
 
 from .errors import PlanError
 
@@ -12,6 +13,7 @@ from .errors import PlanError
 #: for uniform batches (pure spec, pure decode). ``mixed``: a graph for any batch
 #: that fits a (tokens, rows) bucket, since the kernels read the plan from buffers.
 GRAPH_MODES = ("none", "full", "mixed")
+_RAMP_MIN = 8192
 
 
 def default_graph_sizes(max_num_seqs: int, num_spec_tokens: int) -> tuple[int, ...]:
@@ -53,6 +55,9 @@ class PlannerConfig:
     prefill_tile_tokens: int = 64
     #: The graph sizes usable as row counts (``<= max_num_seqs``); derived.
     row_sizes: tuple[int, ...] = attrs.field(init=False, eq=False, repr=False)
+    #: ``[N], int32`` read-only ``0, 1, ..., N - 1``, long enough for any graph's tokens
+    #: and most eager steps: plans slice their identity maps from it; derived.
+    index_ramp: np.ndarray = attrs.field(init=False, eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         if self.num_spec_tokens < 0 or self.num_spec_tokens > 7:
@@ -73,6 +78,9 @@ class PlannerConfig:
             raise PlanError("graph_sizes", None, "must be positive integers, at least one")
         rows = self.sizes[: bisect.bisect_right(self.sizes, self.max_num_seqs)]
         object.__setattr__(self, "row_sizes", rows)
+        ramp = np.arange(max(_RAMP_MIN, self.sizes[-1] * self.query_len_max), dtype=np.int32)
+        ramp.flags.writeable = False
+        object.__setattr__(self, "index_ramp", ramp)
 
     @property
     def query_len_max(self) -> int:

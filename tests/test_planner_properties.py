@@ -7,7 +7,15 @@ import pytest
 from hypothesis import given, settings
 from planner_strategies import step_batches
 
-from stepplan.planner import PADDING, SPEC, PlanLayout, compile_plan, largest_graph_layout
+from stepplan.planner import (
+    PADDING,
+    SPEC,
+    PlanLayout,
+    StepBatch,
+    compile_plan,
+    largest_graph_layout,
+)
+from stepplan.planner.compile import _compile
 
 settings.register_profile("planner", max_examples=150, deadline=None)
 
@@ -166,6 +174,31 @@ def test_largest_graph_layout_holds_every_graph_plan(case):
     layout = plan.layout
     assert layout.num_tokens <= bound.num_tokens and layout.num_rows <= bound.num_rows
     assert layout.num_tiles <= bound.num_tiles and layout.size <= bound.size
+
+
+def rows_by_kind(batch):
+    """The same batch with its rows sorted into group order (the engine-order fast path)."""
+    order = np.argsort(batch.kinds, kind="stable")
+    return StepBatch(
+        query_lens=batch.query_lens[order],
+        num_computed_tokens=batch.num_computed_tokens[order],
+        slots=batch.slots[:, order],
+        num_draft_tokens=batch.num_draft_tokens[order],
+        num_accepted_tokens=batch.num_accepted_tokens[order],
+        num_padded_tokens=batch.num_padded_tokens,
+    )
+
+
+@settings(settings.get_profile("planner"))
+@given(step_batches())
+def test_engine_order_fast_path_equals_the_general_path(case):
+    batch, config = case
+    for step in (batch, rows_by_kind(batch)):  # the second always takes the fast path
+        fast = compile_plan(step, config)
+        general = _compile(step, config, in_engine_order=False)
+        assert fast == general
+        assert fast.packed.tobytes() == general.packed.tobytes()
+        assert (fast.graph, fast.layout) == (general.graph, general.layout)
 
 
 def test_inert_buffer_is_every_fields_padding():
