@@ -7,7 +7,6 @@ when it replays (graph steps), so the copy costs the host nothing but a write.
 
 from __future__ import annotations
 
-import mmap
 import weakref
 
 import numpy as np
@@ -114,15 +113,13 @@ class StagingRing:
     recorded after that entry's last replay. Two entries let the host fill step
     ``n + 1`` while step ``n`` is still queued.
 
-    The memory is page-locked with ``cudaHostRegister`` rather than taken from
-    ``pin_memory=True``: torch's caching host allocator tracks the streams that
-    used a block and, at free, records events on them only, yet a captured copy
-    runs on whatever stream replays the graph (not the capture stream), so the
-    allocator could hand the block to someone else while a replay still reads
-    it. A copy from registered memory is a plain ``cudaMemcpyAsync`` that
-    capture records as a graph node (the allocator's ``record_event`` finds no
-    block of its own and does nothing), and this ring decides when the memory
-    may go: after every recorded replay has finished.
+    The memory comes from ``pin_memory=True`` (torch's caching host allocator):
+    torch refuses to capture a copy from host memory it did not pin itself
+    (``cudaHostRegister`` pages included, torch 2.11). That allocator, at free,
+    waits only for the streams it saw use a block, and a captured copy runs on
+    whatever stream replays the graph; so the ring holds the block for its whole
+    life and, when it goes, first waits for every replay it recorded: the block
+    is handed back only once nothing reads it.
     On a CPU device nothing is pinned and there are no events.
     """
 
@@ -134,22 +131,15 @@ class StagingRing:
         self.capacity_bytes = capacity_bytes
         self.ring_size = ring_size
         on_cuda = self.device.type == "cuda"
-        page = mmap.PAGESIZE
-        stride = -(-capacity_bytes // page) * page  # entries on pages of their own
-        # One page of slack to start on a page boundary: a registration covers whole
-        # pages, and two registrations may not share one.
-        base = torch.zeros(stride * ring_size + page, dtype=torch.uint8)
-        start = -base.data_ptr() % page
-        span = base[start : start + stride * ring_size]
+        base = torch.zeros(capacity_bytes * ring_size, dtype=torch.uint8, pin_memory=on_cuda)
         self._hosts = tuple(
-            span[i * stride : i * stride + capacity_bytes] for i in range(ring_size)
+            base[i * capacity_bytes : (i + 1) * capacity_bytes] for i in range(ring_size)
         )
         self._events = tuple(torch.cuda.Event() if on_cuda else None for _ in range(ring_size))
         self._next = 0
         if on_cuda:
-            _register(span)
-            # At interpreter exit the process takes the pinning with it; CUDA may be gone.
-            weakref.finalize(self, _unregister, span, base, self._events).atexit = False
+            # At interpreter exit the process takes the memory with it; CUDA may be gone.
+            weakref.finalize(self, _release_after_replays, base, self._events).atexit = False
 
     def claim(self) -> int:
         """The next entry's index, once no queued replay reads it any more."""
@@ -181,19 +171,8 @@ class StagingRing:
         return tensor, tensor.numpy()
 
 
-def _register(span: torch.Tensor) -> None:
-    error = int(torch.cuda.cudart().cudaHostRegister(span.data_ptr(), span.numel(), 0))
-    if error != 0:
-        raise RuntimeError(
-            f"cudaHostRegister of {span.numel()} staging bytes failed: error {error}"
-        )
-
-
-def _unregister(span: torch.Tensor, base: torch.Tensor, events: tuple) -> None:
-    """Unpin once no replay reads the memory any more.
-
-    ``base``, the allocation, is an argument only so that it outlives the registration.
-    """
+def _release_after_replays(base: torch.Tensor, events: tuple) -> None:
+    """Wait for every recorded replay; then ``base`` (an argument only so that it lives
+    until now) may go back to the allocator."""
     for event in events:
         event.synchronize()
-    torch.cuda.cudart().cudaHostUnregister(span.data_ptr())

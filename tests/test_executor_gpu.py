@@ -180,7 +180,7 @@ def test_many_steps_without_host_syncs_reuse_the_staging_ring_safely():
 
 
 def test_staging_ring_is_pinned_and_lets_go_cleanly():
-    rings = [StagingRing(5000, torch.device("cuda")) for _ in range(3)]  # no page shared
+    rings = [StagingRing(5000, torch.device("cuda")) for _ in range(3)]
     tensor, array = rings[0].host_int32(1, 1000)
     assert tensor.is_pinned()
     array[:] = np.arange(1000)
@@ -197,7 +197,7 @@ def test_staging_ring_is_pinned_and_lets_go_cleanly():
     graph.replay()
     torch.cuda.synchronize()
     assert device.tolist() == [7] * 1000
-    del graph, tensor, array, rings  # unregisters after the last recorded replay
+    del graph, tensor, array, rings  # freed after the last recorded replay
     gc.collect()
     torch.cuda.synchronize()
 
