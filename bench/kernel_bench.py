@@ -98,7 +98,8 @@ def make_operands(plan: ExecutionPlan, channels: int, layout: str, gen: torch.Ge
         state = state.transpose(1, 2)
     else:
         state = torch.randn(slots, channels, W, device=DEVICE, generator=gen).to(DTYPE)
-    weight = (torch.randn(channels, K, device=DEVICE, generator=gen) / 2).to(DTYPE)
+    # Channel-contiguous taps, as the Executor keeps them: each tap loads as a vector.
+    weight = (torch.randn(K, channels, device=DEVICE, generator=gen) / 2).to(DTYPE).t()
     return Operands(x, residual, state, weight)
 
 
@@ -292,14 +293,14 @@ ROW_VARIANTS = (
     (512, 4, True, True),
 )
 TILE_VARIANTS = (
-    (128, 1, 8, True),
-    (128, 1, 16, True),
-    (64, 1, 16, True),
-    (64, 1, 16, False),
-    (64, 1, 32, True),
     (128, 2, 16, True),
+    (128, 2, 16, False),
+    (128, 1, 16, True),
+    (128, 1, 8, True),
+    (256, 1, 8, True),
     (256, 2, 16, True),
-    (128, 2, 32, True),
+    (512, 4, 16, True),
+    (64, 1, 16, True),
 )
 
 

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import libdevice
 
 from stepplan.planner import ExecutionPlan, PlanLayout
 
@@ -57,10 +58,16 @@ def _past(past_ptr, state_chan, state_win, state_end, pos, chan, valid):
 
 
 @triton.jit
-def _silu_rounded(acc, dtype: tl.constexpr):
-    """``silu(round(acc))`` rounded to ``dtype``, in fp32: like ``F.conv1d`` then ``F.silu``."""
+def _silu_rounded(acc, dtype: tl.constexpr, FAST: tl.constexpr):
+    """``silu(round(acc))`` rounded to ``dtype``, in fp32: like ``F.conv1d`` then ``F.silu``.
+
+    FAST (compiled kernels): ``div.approx`` (2 ulp of fp32, far below the rounding
+    to ``dtype``) instead of the full-range division, whose range fix-ups made the
+    prefill launch issue-bound. The interpreter has no libdevice: plain division.
+    """
     y = acc.to(dtype).to(tl.float32)
-    return (y / (1.0 + tl.exp(-y))).to(dtype).to(tl.float32)
+    silu = libdevice.fast_dividef(y, 1.0 + tl.exp(-y)) if FAST else y / (1.0 + tl.exp(-y))
+    return silu.to(dtype).to(tl.float32)
 
 
 @triton.jit
@@ -120,7 +127,7 @@ def _live(chan_ok, index, bound):
 @triton.jit
 def _load_history(
     x_ptr, x_stride, first_token, q, past_ptr, s_chan, s_win, state_end, start, chan, chan_ok,
-    REACH: tl.constexpr, COUNT: tl.constexpr, ANY_START: tl.constexpr,
+    REACH: tl.constexpr, COUNT: tl.constexpr, STATE: tl.constexpr, TOKENS: tl.constexpr,
 ):  # fmt: skip
     """``(h[start], ..., h[start + COUNT - 1])`` of SPEC §2 as ``[BLOCK_C]`` vectors.
 
@@ -129,24 +136,24 @@ def _load_history(
     thread busy on every entry (a tile spreads its rows over warps, and a decode
     row would leave three quarters of them idle), and the K taps of an output
     share the registers instead of loading their shifted rows K times.
-    ``ANY_START``: ``start`` may be > 0 (prefill chunks); else it is 0 (rows).
+    The first L entries may be state (STATE) and/or tokens (TOKENS): a row starts
+    at h[0] (state only), a prefill chunk that starts before L may hold either, a
+    later chunk tokens only; each case compiles only the loads it needs.
     """
     history = ()
     for p in tl.static_range(COUNT):
         token = (first_token + start + p - REACH).to(tl.int64)
         token_ptrs = x_ptr + token * x_stride + chan
         in_query = _live(chan_ok, p, q + REACH - start)
-        if p < REACH:
-            past_ptrs = past_ptr + chan * s_chan + p * s_win
-            past = tl.load(past_ptrs, mask=_live(chan_ok, p, state_end - start), other=0.0)
-            if ANY_START:  # h[start + p] is a token once start + p >= L
-                is_token = in_query & _live(chan_ok, REACH - 1 - p, start)
-                entry = tl.load(token_ptrs, mask=is_token, other=0.0)
-                entry = tl.where(is_token, entry, past)
-            else:
-                entry = past
-        else:
+        if p >= REACH or not STATE:
             entry = tl.load(token_ptrs, mask=in_query, other=0.0)
+        else:
+            past_ptrs = past_ptr + chan * s_chan + p * s_win
+            entry = tl.load(past_ptrs, mask=_live(chan_ok, p, state_end - start), other=0.0)
+            if TOKENS:  # h[start + p] is a token once start + p >= L
+                is_token = in_query & _live(chan_ok, REACH - 1 - p, start)
+                token_entry = tl.load(token_ptrs, mask=is_token, other=0.0)
+                entry = tl.where(is_token, token_entry, entry)
         history = history + (entry,)  # noqa: RUF005 (Triton has no starred tuples)
     return history
 
@@ -155,6 +162,7 @@ def _load_history(
 def _add_silu_rows(
     residual_ptr, residual_stride, first_token, live_rows, chan, chan_ok, history, taps,
     ROWS: tl.constexpr, TAPS: tl.constexpr, DILATION: tl.constexpr, BLOCK_C: tl.constexpr,
+    FAST: tl.constexpr,
 ):  # fmt: skip
     """``r[first_token + j] += silu(Σ_k w_k · history[j + k·D])`` for ``j < live_rows``.
 
@@ -172,7 +180,7 @@ def _add_silu_rows(
         for k in tl.static_range(TAPS):
             acc += history[j + k * DILATION].to(tl.float32) * taps[k]
         ptrs = residual_ptr + (first_token + j).to(tl.int64) * residual_stride + chan
-        total = residuals[j].to(tl.float32) + _silu_rounded(acc, dtype)
+        total = residuals[j].to(tl.float32) + _silu_rounded(acc, dtype, FAST)
         tl.store(ptrs, total.to(dtype), mask=_live(chan_ok, j, live_rows))
 
 
@@ -184,6 +192,45 @@ def _load_taps(weight_ptr, weight_chan, weight_tap, chan, chan_ok, TAPS: tl.cons
         tap = tl.load(weight_ptr + chan * weight_chan + k * weight_tap, mask=chan_ok, other=0.0)
         taps = taps + (tap.to(tl.float32),)  # noqa: RUF005
     return taps
+
+
+@triton.jit
+def _update_row(
+    x_ptr, x_stride, residual_ptr, residual_stride, weight_ptr, weight_chan, weight_tap,
+    first_token, q, window_ptr, past_ptr, s_chan, s_win, state_end, has_slot, chan, chan_ok,
+    TAPS: tl.constexpr, DILATION: tl.constexpr, ROWS: tl.constexpr, WINDOW_BLOCK: tl.constexpr,
+    WINDOW_TILE: tl.constexpr, BLOCK_C: tl.constexpr, FAST: tl.constexpr,
+):  # fmt: skip
+    """One spec or decode row of ``q <= ROWS`` tokens: its outputs, then its new window."""
+    reach: tl.constexpr = (TAPS - 1) * DILATION
+    history = _load_history(
+        x_ptr, x_stride, first_token, q, past_ptr, s_chan, s_win, state_end, 0, chan,
+        chan_ok, reach, reach + ROWS, True, False,
+    )  # fmt: skip
+    taps = _load_taps(weight_ptr, weight_chan, weight_tap, chan, chan_ok, TAPS)
+    # The new window S[:, i] = h[1 + i], i < L + q - 1 (decode: q = 1, so L entries).
+    keep = (reach + q - 1) * has_slot
+    if WINDOW_TILE:
+        # Window-contiguous state: one [W, BLOCK_C] tile, each channel's window stored
+        # as one contiguous run; entry-by-entry stores would write 2 of every 2W bytes.
+        # Its loads hit the lines the history just brought in.
+        i = tl.arange(0, WINDOW_BLOCK)[:, None]
+        kept = (i < keep) & chan_ok[None, :]
+        past = _past(past_ptr, s_chan, s_win, state_end, i + 1, chan, kept)
+        tokens = _tokens(x_ptr, x_stride, first_token, i + 1, chan, kept, reach)
+    _add_silu_rows(
+        residual_ptr, residual_stride, first_token, q, chan, chan_ok, history, taps,
+        ROWS, TAPS, DILATION, BLOCK_C, FAST,
+    )  # fmt: skip
+    # The stores' register layout may differ from the loads': every thread must have
+    # read the old window before any thread overwrites it.
+    tl.debug_barrier()
+    if WINDOW_TILE:
+        _write_window(window_ptr, s_chan, s_win, i, chan, kept, i + 1, past, tokens, reach)
+    else:
+        for i in tl.static_range(reach + ROWS - 1):
+            ptrs = window_ptr + chan * s_chan + i * s_win
+            tl.store(ptrs, history[i + 1], mask=_live(chan_ok, i, keep))
 
 
 # Plan offsets change with every layout (graph bucket): specializing on their
@@ -218,6 +265,7 @@ def _short_conv_rows(
     CHANNEL_UNIT: tl.constexpr,
     WINDOW_UNIT: tl.constexpr,
     CHANNELS_FIRST: tl.constexpr,
+    FAST: tl.constexpr,
 ):
     """Launch A: one program per (row, channel block) of the spec and decode rows."""
     row, chan0 = _program_place(channels, BLOCK_C, CHANNELS_FIRST)
@@ -241,34 +289,41 @@ def _short_conv_rows(
     has_slot = tl.minimum(slot, 1)  # integer flags, not scalar bools: see _past
     state_end = reach * tl.minimum(reads, 1) * has_slot
     window_ptr = state_ptr + slot.to(tl.int64) * state_slot
+    past_ptr = window_ptr + offset * s_win
+    # Decode rows (and spec rows without drafts) compile apart: q = 1 needs a quarter
+    # of the math and loads of a q = Q row, and the kernel is issue-bound.
+    if q == 1:
+        _update_row(
+            x_ptr, x_stride, residual_ptr, residual_stride, weight_ptr, weight_chan, weight_tap,
+            first_token, q, window_ptr, past_ptr, s_chan, s_win, state_end, has_slot, chan,
+            chan_ok, TAPS, DILATION, 1, WINDOW_BLOCK, WINDOW_TILE, BLOCK_C, FAST,
+        )  # fmt: skip
+    else:
+        _update_row(
+            x_ptr, x_stride, residual_ptr, residual_stride, weight_ptr, weight_chan, weight_tap,
+            first_token, q, window_ptr, past_ptr, s_chan, s_win, state_end, has_slot, chan,
+            chan_ok, TAPS, DILATION, QUERY_MAX, WINDOW_BLOCK, WINDOW_TILE, BLOCK_C, FAST,
+        )  # fmt: skip
+
+
+@triton.jit
+def _update_chunk(
+    x_ptr, x_stride, residual_ptr, residual_stride, weight_ptr, weight_chan, weight_tap,
+    first_token, q, start, window_ptr, s_chan, s_win, state_end, chan, chan_ok,
+    TAPS: tl.constexpr, DILATION: tl.constexpr, SUB: tl.constexpr, BLOCK_C: tl.constexpr,
+    STATE: tl.constexpr, FAST: tl.constexpr,
+):  # fmt: skip
+    """Outputs ``start .. start + SUB - 1`` of one prefill row (those below ``q``)."""
+    reach: tl.constexpr = (TAPS - 1) * DILATION
     history = _load_history(
-        x_ptr, x_stride, first_token, q, window_ptr + offset * s_win, s_chan, s_win, state_end,
-        0, chan, chan_ok, reach, reach + QUERY_MAX, False,
+        x_ptr, x_stride, first_token, q, window_ptr, s_chan, s_win, state_end, start, chan,
+        chan_ok, reach, reach + SUB, STATE, True,
     )  # fmt: skip
     taps = _load_taps(weight_ptr, weight_chan, weight_tap, chan, chan_ok, TAPS)
-    # The new window S[:, i] = h[1 + i], i < L + q - 1 (decode: q = 1, so L entries).
-    keep = (reach + q - 1) * has_slot
-    if WINDOW_TILE:
-        # Window-contiguous state: one [W, BLOCK_C] tile, each channel's window stored
-        # as one contiguous run; entry-by-entry stores would write 2 of every 2W bytes.
-        # Its loads hit the lines the history just brought in.
-        i = tl.arange(0, WINDOW_BLOCK)[:, None]
-        kept = (i < keep) & chan_ok[None, :]
-        past = _past(window_ptr + offset * s_win, s_chan, s_win, state_end, i + 1, chan, kept)
-        tokens = _tokens(x_ptr, x_stride, first_token, i + 1, chan, kept, reach)
     _add_silu_rows(
-        residual_ptr, residual_stride, first_token, q, chan, chan_ok, history, taps,
-        QUERY_MAX, TAPS, DILATION, BLOCK_C,
+        residual_ptr, residual_stride, first_token + start, q - start, chan, chan_ok, history,
+        taps, SUB, TAPS, DILATION, BLOCK_C, FAST,
     )  # fmt: skip
-    # The stores' register layout may differ from the loads': every thread must have
-    # read the old window before any thread overwrites it.
-    tl.debug_barrier()
-    if WINDOW_TILE:
-        _write_window(window_ptr, s_chan, s_win, i, chan, kept, i + 1, past, tokens, reach)
-    else:
-        for i in tl.static_range(reach + QUERY_MAX - 1):
-            ptrs = window_ptr + chan * s_chan + i * s_win
-            tl.store(ptrs, history[i + 1], mask=_live(chan_ok, i, keep))
 
 
 @triton.jit(do_not_specialize=_TILE_OFFSETS)
@@ -301,6 +356,7 @@ def _short_conv_tiles(
     CHANNEL_UNIT: tl.constexpr,
     WINDOW_UNIT: tl.constexpr,
     CHANNELS_FIRST: tl.constexpr,
+    FAST: tl.constexpr,
 ):
     """Launch B: one program per (SUB-token chunk of a prefill tile, channel block).
 
@@ -332,15 +388,18 @@ def _short_conv_tiles(
     chan_ok = chan < channels
     state_end = reach * tl.minimum(reads, 1)
     window_ptr = state_ptr + slot.to(tl.int64) * state_slot  # prefill offset o is 0
-    history = _load_history(
-        x_ptr, x_stride, first_token, q, window_ptr, s_chan, s_win, state_end, start, chan,
-        chan_ok, reach, reach + SUB, True,
-    )  # fmt: skip
-    taps = _load_taps(weight_ptr, weight_chan, weight_tap, chan, chan_ok, TAPS)
-    _add_silu_rows(
-        residual_ptr, residual_stride, first_token + start, q - start, chan, chan_ok, history,
-        taps, SUB, TAPS, DILATION, BLOCK_C,
-    )  # fmt: skip
+    if start < reach:  # a chunk whose history starts in the state
+        _update_chunk(
+            x_ptr, x_stride, residual_ptr, residual_stride, weight_ptr, weight_chan, weight_tap,
+            first_token, q, start, window_ptr, s_chan, s_win, state_end, chan, chan_ok,
+            TAPS, DILATION, SUB, BLOCK_C, True, FAST,
+        )  # fmt: skip
+    else:  # tokens only: compiled without the state loads and selects
+        _update_chunk(
+            x_ptr, x_stride, residual_ptr, residual_stride, weight_ptr, weight_chan, weight_tap,
+            first_token, q, start, window_ptr, s_chan, s_win, state_end, chan, chan_ok,
+            TAPS, DILATION, SUB, BLOCK_C, False, FAST,
+        )  # fmt: skip
     # Only chunk 0 reads old state, so it alone writes the final state
     # S[:, i] = h[q + i], i < L: no other program reads this slot.
     if start == 0:
@@ -520,6 +579,7 @@ def launch_short_conv(
             DILATION=dilation,
             CHANNEL_UNIT=conv_state.stride(1) == 1,
             WINDOW_UNIT=conv_state.stride(2) == 1,
+            FAST=x.is_cuda,  # compiled, not interpreted: see _silu_rounded
         ),
     )
     if shape.rows_grid:

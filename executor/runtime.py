@@ -89,7 +89,10 @@ class Executor:
     """Runs the short conv of every layer of a model for one plan per step.
 
     Args:
-        weights: one ``[C, K]`` tensor per layer, all of one dtype and device.
+        weights: one ``[C, K]`` tensor per layer, all of one dtype and device. The
+            triton backend keeps a channel-contiguous copy (``[K, C]`` memory), made
+            here once: its taps then load as vectors, like the activations; later
+            in-place changes to the caller's tensors are not seen.
         layer_groups: ``[num_layers]`` layer group of each layer; groups are
             numbered ``0..G-1`` and a layer reads the slots of its group.
         conv_states: one ``[num_slots, C, W]`` logical view (any strides) per
@@ -123,6 +126,8 @@ class Executor:
         self.config = config
         self.backend = backend
         self._check_geometry()
+        if backend == "triton":
+            self.weights = tuple(w if w.stride(0) == 1 else w.t().contiguous().t() for w in weights)
         #: Layer groups ``G``: plans must carry one slot row per group.
         self.num_groups = max(self.layer_groups) + 1
         self.device, self.dtype = self.weights[0].device, self.weights[0].dtype
