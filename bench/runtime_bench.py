@@ -6,7 +6,9 @@ decodes + 2 prefills of 700 tokens), in one process:
 - host µs per step: ``compile_plan`` + ``Executor.step`` (graphs: the plan written into
   pinned staging memory, then one replay whose first node uploads it; eager: one pinned
   upload, then 32 layers of launches), measured with the GPU idle so the host never
-  waits on it (p50 / p90); ``--breakdown`` times each part of a graph step alone;
+  waits on it and the host core busy just before, as in an engine's loop (p50 / p90;
+  ``cold``: started straight out of a ``synchronize``); ``--breakdown`` times each part
+  of a graph step alone;
 - GPU µs per step: steps queued behind a sleep kernel, so launch gaps don't count;
 - the sum of the 32 layers' conv times, each layer measured alone the same way.
 
@@ -108,11 +110,17 @@ def gpu_us(run, reps: int, host_us: float, cycles_per_us: float) -> float:
     return statistics.median(samples)
 
 
-def host_us(run, iterations: int) -> list[float]:
-    """Host µs per call, each started with the GPU idle."""
+def host_us(run, iterations: int, warm_us: float = 300.0) -> list[float]:
+    """Host µs per call, each started with the GPU idle and, unless ``warm_us`` is 0,
+    the host core kept busy that long first: an engine's host works between steps,
+    while a core that slept in ``synchronize`` runs the next microseconds slowly (the
+    ``cold`` column measures that case)."""
     samples = []
     for _ in range(iterations):
         torch.cuda.synchronize()
+        spin_until = time.perf_counter() + warm_us * 1e-6
+        while time.perf_counter() < spin_until:
+            pass
         start = time.perf_counter()
         run()
         samples.append((time.perf_counter() - start) * 1e6)
@@ -144,6 +152,7 @@ def measure(name, batch, executor, mode, iterations, cycles_per_us) -> dict:
     for _ in range(3):  # compiles kernels, captures the graph
         step()
     total = host_us(step, iterations)
+    cold = host_us(step, iterations, warm_us=0.0)
     plan_only = host_us(lambda: compile_plan(batch, config), iterations)
     p90 = percentile(total, 90)
     reps = 12 if mode == "graphs" else 4
@@ -154,6 +163,7 @@ def measure(name, batch, executor, mode, iterations, cycles_per_us) -> dict:
         "graph": str(plan.graph) if plan.graph else "eager",
         "host_p50": percentile(total, 50),
         "host_p90": p90,
+        "cold_p50": percentile(cold, 50),
         "plan_p50": percentile(plan_only, 50),
         "gpu": gpu,
         "upload_bytes": plan.packed.nbytes,
@@ -244,7 +254,7 @@ def host_breakdown(executor: Executor, row: dict, iterations: int) -> dict[str, 
 
 def print_table(rows: list[dict]) -> None:
     header = (
-        f"{'batch':<11} {'mode':<6} {'graph':<42} {'host p50':>9} {'host p90':>9} "
+        f"{'batch':<11} {'mode':<6} {'graph':<42} {'host p50':>9} {'host p90':>9} {'cold p50':>9} "
         f"{'plan p50':>9} {'GPU/step':>9} {'kern sum':>9} {'GPU/sum':>8} {'upload B':>9}"
     )
     print()
@@ -254,7 +264,7 @@ def print_table(rows: list[dict]) -> None:
     for r in rows:
         print(
             f"{r['batch']:<11} {r['mode']:<6} {r['graph']:<42} {r['host_p50']:>9.1f} "
-            f"{r['host_p90']:>9.1f} {r['plan_p50']:>9.1f} {r['gpu']:>9.1f} "
+            f"{r['host_p90']:>9.1f} {r['cold_p50']:>9.1f} {r['plan_p50']:>9.1f} {r['gpu']:>9.1f} "
             f"{r['kernels']:>9.1f} {r['gpu'] / r['kernels']:>8.3f} {r['upload_bytes']:>9}"
         )
 
