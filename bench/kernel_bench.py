@@ -280,31 +280,28 @@ def measure(
 
 
 #: (channels, warps, channels first, the layout's own window store: a tile where windows
-#: are contiguous, entry by entry where channels are) of the row launch; (channels,
-#: warps, tokens per program, channels first) of the tile launch.
+#: are contiguous, entry by entry where channels are) of the row launch.
 ROW_VARIANTS = (
     (64, 1, True, True),
     (128, 1, False, True),
     (128, 1, True, True),
-    (128, 1, True, False),
-    (256, 1, True, True),
+    (128, 1, False, False),
     (256, 2, True, True),
-    (512, 2, True, True),
-    (512, 4, True, True),
 )
+#: (channels, warps, tokens per chunk, channels first, chunks per program) of the tile launch.
 TILE_VARIANTS = (
-    (128, 2, 16, True),
-    (128, 2, 16, False),
-    (128, 1, 16, True),
-    (128, 1, 8, True),
-    (256, 1, 8, True),
-    (256, 2, 16, True),
-    (512, 4, 16, True),
-    (64, 1, 16, True),
+    (128, 2, 16, True, 1),
+    (64, 1, 16, True, 1),
+    (128, 2, 8, True, 8),
+    (64, 1, 8, True, 8),
+    (128, 2, 8, True, 4),
+    (128, 2, 16, True, 2),
+    (256, 2, 8, True, 8),
+    (128, 4, 8, True, 8),
 )
 
 
-def sweep(channels: int, ceiling: float) -> dict[str, kernels.Blocks]:
+def sweep(channels: int, ceiling: float, launches: str) -> dict[str, kernels.Blocks]:
     """Time block-size variants per layout (no PyTorch); return the best blocks per layout.
 
     Best: the highest geometric-mean share over the batches of many requests each launch
@@ -315,6 +312,8 @@ def sweep(channels: int, ceiling: float) -> dict[str, kernels.Blocks]:
     for layout in LAYOUTS:
         blocks = kernels.default_blocks(channels, layout != LAYOUTS[0])
         for prefill, variants in ((False, ROW_VARIANTS), (True, TILE_VARIANTS)):
+            if launches != "both" and prefill != (launches == "tiles"):
+                continue
             names = [n for n in BATCHES if n != "mixed" and n.startswith("prefill") == prefill]
             scores = {}
             for variant in variants:
@@ -341,13 +340,14 @@ def _requests(name: str) -> int:
 
 def _with_variant(blocks: kernels.Blocks, prefill: bool, variant: tuple) -> kernels.Blocks:
     if prefill:
-        channels, warps, tokens, first = variant
+        channels, warps, tokens, first, chunks = variant
         return attrs.evolve(
             blocks,
             tiles_channels=channels,
             tiles_warps=warps,
             tiles_tokens=tokens,
             tiles_channels_first=first,
+            tiles_chunks=chunks,
         )
     channels, warps, first, own_store = variant
     window_tile = blocks.rows_window_tile == own_store  # defaults hold each layout's own
@@ -411,7 +411,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--channels", type=int, nargs="+", default=[8192, 2048])
     parser.add_argument("--batches", nargs="+", default=list(BATCHES), choices=list(BATCHES))
     parser.add_argument("--reps", type=int, default=40)
-    parser.add_argument("--sweep", action="store_true", help="time block-size variants first")
+    parser.add_argument(
+        "--sweep",
+        nargs="?",
+        const="both",
+        choices=("rows", "tiles", "both"),
+        help="time block-size variants of these launches first",
+    )
     parser.add_argument("--no-torch", action="store_true", help="skip the PyTorch baseline")
     parser.add_argument(
         "--profile-out", help="JSON profile path (default $OUT/kernel_profile.json)"
@@ -426,7 +432,7 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.cuda.get_device_name()
     ceiling = copy_ceiling_tbs(args.reps)
     print(f"{device}: copy ceiling {ceiling:.2f} TB/s", flush=True)
-    chosen = sweep(args.channels[0], ceiling) if args.sweep else {}
+    chosen = sweep(args.channels[0], ceiling, args.sweep) if args.sweep else {}
     rows = []
     for channels in args.channels:
         for layout in LAYOUTS:
