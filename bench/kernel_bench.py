@@ -288,16 +288,14 @@ ROW_VARIANTS = (
     (128, 1, False, False),
     (256, 2, True, True),
 )
-#: (channels, warps, tokens per chunk, channels first, chunks per program) of the tile launch.
+#: (channels, warps, tokens per program, channels first) of the tile launch.
 TILE_VARIANTS = (
-    (128, 2, 16, True, 1),
-    (64, 1, 16, True, 1),
-    (128, 2, 8, True, 8),
-    (64, 1, 8, True, 8),
-    (128, 2, 8, True, 4),
-    (128, 2, 16, True, 2),
-    (256, 2, 8, True, 8),
-    (128, 4, 8, True, 8),
+    (128, 2, 16, True),
+    (128, 2, 16, False),
+    (64, 1, 16, True),
+    (128, 1, 8, True),
+    (256, 1, 8, True),
+    (256, 2, 16, True),
 )
 
 
@@ -340,14 +338,13 @@ def _requests(name: str) -> int:
 
 def _with_variant(blocks: kernels.Blocks, prefill: bool, variant: tuple) -> kernels.Blocks:
     if prefill:
-        channels, warps, tokens, first, chunks = variant
+        channels, warps, tokens, first = variant
         return attrs.evolve(
             blocks,
             tiles_channels=channels,
             tiles_warps=warps,
             tiles_tokens=tokens,
             tiles_channels_first=first,
-            tiles_chunks=chunks,
         )
     channels, warps, first, own_store = variant
     window_tile = blocks.rows_window_tile == own_store  # defaults hold each layout's own

@@ -159,27 +159,21 @@ def _load_history(
 
 
 @triton.jit
-def _load_rows(ptr, stride, first_token, first, q, chan, chan_ok, COUNT: tl.constexpr):
-    """Rows ``first .. first + COUNT - 1`` of a request (those below ``q``) of ``x`` or
-    the residual, ``[BLOCK_C]`` each; 0 past ``q``."""
-    rows = ()
-    for j in tl.static_range(COUNT):
-        ptrs = ptr + (first_token + first + j).to(tl.int64) * stride + chan
-        rows = rows + (tl.load(ptrs, mask=_live(chan_ok, j, q - first), other=0.0),)  # noqa: RUF005
-    return rows
-
-
-@triton.jit
-def _store_outputs(
+def _add_silu_rows(
     residual_ptr, residual_stride, first_token, live_rows, chan, chan_ok, history, taps,
-    residuals, ROWS: tl.constexpr, TAPS: tl.constexpr, DILATION: tl.constexpr,
-    BLOCK_C: tl.constexpr, FAST: tl.constexpr,
+    ROWS: tl.constexpr, TAPS: tl.constexpr, DILATION: tl.constexpr, BLOCK_C: tl.constexpr,
+    FAST: tl.constexpr,
 ):  # fmt: skip
-    """``r[first_token + j] = residuals[j] + silu(Σ_k w_k · history[j + k·D])``, ``j < live_rows``.
+    """``r[first_token + j] += silu(Σ_k w_k · history[j + k·D])`` for ``j < live_rows``.
 
-    The caller loads ``residuals`` before any store: a store may alias later
+    Every residual row is loaded before the first store: a store may alias later
     loads, so loads after it would wait for it.
     """
+    residuals = ()
+    for j in tl.static_range(ROWS):
+        ptrs = residual_ptr + (first_token + j).to(tl.int64) * residual_stride + chan
+        r = tl.load(ptrs, mask=_live(chan_ok, j, live_rows), other=0.0)
+        residuals = residuals + (r,)  # noqa: RUF005
     dtype = residual_ptr.dtype.element_ty
     for j in tl.static_range(ROWS):
         acc = tl.zeros([BLOCK_C], dtype=tl.float32)
@@ -224,9 +218,8 @@ def _update_row(
         kept = (i < keep) & chan_ok[None, :]
         past = _past(past_ptr, s_chan, s_win, state_end, i + 1, chan, kept)
         tokens = _tokens(x_ptr, x_stride, first_token, i + 1, chan, kept, reach)
-    residuals = _load_rows(residual_ptr, residual_stride, first_token, 0, q, chan, chan_ok, ROWS)
-    _store_outputs(
-        residual_ptr, residual_stride, first_token, q, chan, chan_ok, history, taps, residuals,
+    _add_silu_rows(
+        residual_ptr, residual_stride, first_token, q, chan, chan_ok, history, taps,
         ROWS, TAPS, DILATION, BLOCK_C, FAST,
     )  # fmt: skip
     # The stores' register layout may differ from the loads': every thread must have
@@ -314,45 +307,23 @@ def _short_conv_rows(
 
 
 @triton.jit
-def _update_chunks(
+def _update_chunk(
     x_ptr, x_stride, residual_ptr, residual_stride, weight_ptr, weight_chan, weight_tap,
     first_token, q, start, window_ptr, s_chan, s_win, state_end, chan, chan_ok,
-    TAPS: tl.constexpr, DILATION: tl.constexpr, SUB: tl.constexpr, CHUNKS: tl.constexpr,
-    BLOCK_C: tl.constexpr, STATE: tl.constexpr, FAST: tl.constexpr,
+    TAPS: tl.constexpr, DILATION: tl.constexpr, SUB: tl.constexpr, BLOCK_C: tl.constexpr,
+    STATE: tl.constexpr, FAST: tl.constexpr,
 ):  # fmt: skip
-    """Outputs ``start .. start + CHUNKS·SUB - 1`` of one prefill row (those below ``q``),
-    SUB at a time.
-
-    Each chunk's loads go out before the previous chunk's stores (a store may
-    alias later loads, which would then wait for it), and a chunk takes its
-    first L history rows from the previous chunk's registers: every token row is
-    loaded once per program.
-    """
+    """Outputs ``start .. start + SUB - 1`` of one prefill row (those below ``q``)."""
     reach: tl.constexpr = (TAPS - 1) * DILATION
     history = _load_history(
         x_ptr, x_stride, first_token, q, window_ptr, s_chan, s_win, state_end, start, chan,
         chan_ok, reach, reach + SUB, STATE, True,
     )  # fmt: skip
     taps = _load_taps(weight_ptr, weight_chan, weight_tap, chan, chan_ok, TAPS)
-    residuals = _load_rows(residual_ptr, residual_stride, first_token, start, q, chan, chan_ok, SUB)
-    for c in tl.static_range(CHUNKS):
-        first = start + c * SUB
-        if c + 1 < CHUNKS:
-            fresh = _load_rows(x_ptr, x_stride, first_token, first + SUB, q, chan, chan_ok, SUB)
-            following = _load_rows(
-                residual_ptr, residual_stride, first_token, first + SUB, q, chan, chan_ok, SUB
-            )
-        if first < q:  # a request's last tile may end early: skip the empty chunks' math
-            _store_outputs(
-                residual_ptr, residual_stride, first_token + first, q - first, chan, chan_ok,
-                history, taps, residuals, SUB, TAPS, DILATION, BLOCK_C, FAST,
-            )  # fmt: skip
-        if c + 1 < CHUNKS:
-            kept = ()
-            for p in tl.static_range(SUB, SUB + reach):
-                kept = kept + (history[p],)  # noqa: RUF005
-            history = kept + fresh
-            residuals = following
+    _add_silu_rows(
+        residual_ptr, residual_stride, first_token + start, q - start, chan, chan_ok, history,
+        taps, SUB, TAPS, DILATION, BLOCK_C, FAST,
+    )  # fmt: skip
 
 
 @triton.jit(do_not_specialize=_TILE_OFFSETS)
@@ -380,7 +351,6 @@ def _short_conv_tiles(
     DILATION: tl.constexpr,
     TILE: tl.constexpr,
     SUB: tl.constexpr,
-    CHUNKS: tl.constexpr,
     REACH_BLOCK: tl.constexpr,
     BLOCK_C: tl.constexpr,
     CHANNEL_UNIT: tl.constexpr,
@@ -388,18 +358,20 @@ def _short_conv_tiles(
     CHANNELS_FIRST: tl.constexpr,
     FAST: tl.constexpr,
 ):
-    """Launch B: one program per (CHUNKS chunks of SUB tokens of a prefill tile, channel block).
+    """Launch B: one program per (SUB-token chunk of a prefill tile, channel block).
 
-    Either many short programs (CHUNKS = 1: each loads its SUB + L history rows,
-    the first L mostly from L2) or fewer that walk a tile (see ``_update_chunks``);
-    ``bench/kernel_bench.py --sweep`` picks. SUB >= L, so only a request's first
-    chunk reads old state, and the program that holds it writes the new state.
+    One chunk per program, not a loop over the tile's chunks: a loop's next loads
+    may alias its residual store, so each chunk would wait a memory round trip
+    for the last; separate programs keep those round trips in flight together.
+    A chunk loads its SUB + L history rows once (the L before it come from the
+    previous chunk's rows, mostly from L2). SUB >= L, so only a request's first
+    chunk reads old state.
     """
     item, chan0 = _program_place(channels, BLOCK_C, CHANNELS_FIRST)
-    per_tile: tl.constexpr = TILE // (SUB * CHUNKS)
-    tile = item // per_tile
+    chunks: tl.constexpr = TILE // SUB
+    tile = item // chunks
     row = tl.load(plan_ptr + tile_row_at + tile)
-    start = tl.load(plan_ptr + tile_start_at + tile) + (item % per_tile) * (SUB * CHUNKS)
+    start = tl.load(plan_ptr + tile_start_at + tile) + (item % chunks) * SUB
     if row < 0:
         return  # a padding tile of a graph plan
     slot = tl.load(plan_ptr + slot_at + row)
@@ -416,20 +388,20 @@ def _short_conv_tiles(
     chan_ok = chan < channels
     state_end = reach * tl.minimum(reads, 1)
     window_ptr = state_ptr + slot.to(tl.int64) * state_slot  # prefill offset o is 0
-    if start < reach:  # the history starts in the state
-        _update_chunks(
+    if start < reach:  # a chunk whose history starts in the state
+        _update_chunk(
             x_ptr, x_stride, residual_ptr, residual_stride, weight_ptr, weight_chan, weight_tap,
             first_token, q, start, window_ptr, s_chan, s_win, state_end, chan, chan_ok,
-            TAPS, DILATION, SUB, CHUNKS, BLOCK_C, True, FAST,
+            TAPS, DILATION, SUB, BLOCK_C, True, FAST,
         )  # fmt: skip
     else:  # tokens only: compiled without the state loads and selects
-        _update_chunks(
+        _update_chunk(
             x_ptr, x_stride, residual_ptr, residual_stride, weight_ptr, weight_chan, weight_tap,
             first_token, q, start, window_ptr, s_chan, s_win, state_end, chan, chan_ok,
-            TAPS, DILATION, SUB, CHUNKS, BLOCK_C, False, FAST,
+            TAPS, DILATION, SUB, BLOCK_C, False, FAST,
         )  # fmt: skip
-    # Only the first chunk reads old state, so its program alone writes the final
-    # state S[:, i] = h[q + i], i < L: no other program reads this slot.
+    # Only chunk 0 reads old state, so it alone writes the final state
+    # S[:, i] = h[q + i], i < L: no other program reads this slot.
     if start == 0:
         i = tl.arange(0, REACH_BLOCK)[:, None]
         keep = (i < reach) & chan_ok[None, :]
@@ -506,9 +478,8 @@ def launch_shape(plan: ExecutionPlan) -> LaunchShape:
 @attrs.frozen
 class Blocks:
     """Per launch: channels and warps per program, program order (see ``_program_place``);
-    tokens per chunk of a tile program; whether rows store the new window as one 2-D
-    tile (for window-contiguous state) or entry by entry; chunks per tile program
-    (powers of two)."""
+    tokens per tile program (a chunk of a plan tile); whether rows store the new window
+    as one 2-D tile (for window-contiguous state) or entry by entry."""
 
     rows_channels: int
     rows_warps: int
@@ -518,7 +489,6 @@ class Blocks:
     rows_channels_first: bool = True
     tiles_channels_first: bool = True
     rows_window_tile: bool = False
-    tiles_chunks: int = 1
 
 
 def default_blocks(channels: int, window_contiguous: bool) -> Blocks:
@@ -652,8 +622,7 @@ def _launch_tiles(
     reach = (static["TAPS"] - 1) * static["DILATION"]
     # Chunks of at least L tokens: then only a request's first chunk reads old state.
     sub = min(shape.tile_tokens, max(blocks.tiles_tokens, _power_of_two_at_least(reach)))
-    chunks = min(blocks.tiles_chunks, shape.tile_tokens // sub)
-    items = shape.tiles_grid * (shape.tile_tokens // (sub * chunks))
+    items = shape.tiles_grid * (shape.tile_tokens // sub)
     _short_conv_tiles[(items * -(-sizes[0] // blocks.tiles_channels),)](
         *buffers,
         *offsets,
@@ -661,7 +630,6 @@ def _launch_tiles(
         **static,
         TILE=shape.tile_tokens,
         SUB=sub,
-        CHUNKS=chunks,
         REACH_BLOCK=_power_of_two_at_least(reach),
         BLOCK_C=blocks.tiles_channels,
         CHANNELS_FIRST=blocks.tiles_channels_first,

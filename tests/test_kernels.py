@@ -118,16 +118,8 @@ def cases(draw, channels=None, dtypes=None, device="cpu", max_prefill: int = 90)
     )
     group = draw(st.integers(0, batch.num_groups - 1))
     orders = draw(st.tuples(st.booleans(), st.booleans()))
-    blocks = kernels.Blocks(
-        64,
-        4,
-        64,
-        4,
-        draw(st.sampled_from([8, 16, 64])),
-        *orders,
-        rows_window_tile=draw(st.booleans()),
-        tiles_chunks=draw(st.sampled_from([1, 2, 4])),
-    )
+    tokens = draw(st.sampled_from([8, 16, 64]))
+    blocks = kernels.Blocks(64, 4, 64, 4, tokens, *orders, rows_window_tile=draw(st.booleans()))
     return Case(plan, x, residual, state, weight, dilation, group, blocks)
 
 
