@@ -388,7 +388,8 @@ def cost_model_view(rows: list[dict]) -> dict:
             entries.append(entry)
     return dict(
         source="bench/kernel_bench.py: stepplan's Triton kernels under CUDA-graph replay",
-        kernel="stepplan short_conv_rows + short_conv_prefill_tiles, [slot, window, channel] state",
+        kernel="stepplan _short_conv_rows + _short_conv_tiles (default blocks), "
+        "[slot, window, channel] state",
         geometry=dict(channels=channels, kernel_size=K, dilation=D, dtype_bytes=DTYPE.itemsize),
         entries=entries,
     )
