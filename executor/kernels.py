@@ -29,7 +29,6 @@ import numpy as np
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import libdevice
 
 from stepplan.planner import ExecutionPlan, PlanLayout
 
@@ -62,12 +61,24 @@ def _past(past_ptr, state_chan, state_win, state_end, pos, chan, valid):
 def _silu_rounded(acc, dtype: tl.constexpr, FAST: tl.constexpr):
     """``silu(round(acc))`` rounded to ``dtype``, in fp32: like ``F.conv1d`` then ``F.silu``.
 
-    FAST (compiled kernels): ``div.approx`` (2 ulp of fp32, far below the rounding
-    to ``dtype``) instead of the full-range division, whose range fix-ups made the
-    prefill launch issue-bound. The interpreter has no libdevice: plain division.
+    FAST (compiled kernels): the exponential and the reciprocal straight from the
+    special-function unit (``ex2.approx.ftz``, ``rcp.approx.ftz``: about 1 ulp of fp32,
+    far below the rounding to ``dtype``) instead of ``tl.exp`` and a division, whose
+    range fix-ups made the kernels issue-bound. The interpreter runs no PTX: ``tl.exp``
+    and ``/`` there.
     """
     y = acc.to(dtype).to(tl.float32)
-    silu = libdevice.fast_dividef(y, 1.0 + tl.exp(-y)) if FAST else y / (1.0 + tl.exp(-y))
+    if FAST:
+        # e^-y = 2^(-y·log2 e), inf for y < -88: the reciprocal is then 0
+        power = tl.inline_asm_elementwise(
+            "ex2.approx.ftz.f32 $0, $1;", "=f,f", [y * -1.4426950408889634], tl.float32, True, 1
+        )
+        inverse = tl.inline_asm_elementwise(
+            "rcp.approx.ftz.f32 $0, $1;", "=f,f", [1.0 + power], tl.float32, True, 1
+        )
+        silu = y * inverse
+    else:
+        silu = y / (1.0 + tl.exp(-y))
     return silu.to(dtype).to(tl.float32)
 
 
