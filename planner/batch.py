@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import attrs
 import numpy as np
 
@@ -39,8 +41,21 @@ def _frozen_int32(field: str, value: object, ndim: int) -> np.ndarray:
         array = value.copy()  # fast path: what engines pass every step
     else:
         array = _checked_int_array(field, value, ndim)
-    array.flags.writeable = False
+    array.setflags(write=False)
     return array
+
+
+def _int32_field(field: str) -> Callable[[object], np.ndarray]:
+    """The converter of 1-D field ``field``: one call per field (attrs calls it per step)."""
+
+    def convert(value: object) -> np.ndarray:
+        if type(value) is np.ndarray and value.dtype is _INT32 and value.ndim == 1:
+            array = value.copy()
+            array.setflags(write=False)
+            return array
+        return _frozen_int32(field, value, 1)
+
+    return convert
 
 
 def _checked_int_array(field: str, value: object, ndim: int) -> np.ndarray:
@@ -101,17 +116,11 @@ class StepBatch:
             tokens are the engine's token rows ``query_start[r] : query_start[r + 1]``.
     """
 
-    query_lens: np.ndarray = attrs.field(converter=lambda v: _frozen_int32("query_lens", v, 1))
-    num_computed_tokens: np.ndarray = attrs.field(
-        converter=lambda v: _frozen_int32("num_computed_tokens", v, 1)
-    )
+    query_lens: np.ndarray = attrs.field(converter=_int32_field("query_lens"))
+    num_computed_tokens: np.ndarray = attrs.field(converter=_int32_field("num_computed_tokens"))
     slots: np.ndarray = attrs.field(converter=_frozen_slots)
-    num_draft_tokens: np.ndarray = attrs.field(
-        converter=lambda v: _frozen_int32("num_draft_tokens", v, 1)
-    )
-    num_accepted_tokens: np.ndarray = attrs.field(
-        converter=lambda v: _frozen_int32("num_accepted_tokens", v, 1)
-    )
+    num_draft_tokens: np.ndarray = attrs.field(converter=_int32_field("num_draft_tokens"))
+    num_accepted_tokens: np.ndarray = attrs.field(converter=_int32_field("num_accepted_tokens"))
     num_padded_rows: int | None = None
     num_padded_tokens: int | None = None
     allow_null_slots: bool = False
@@ -125,7 +134,11 @@ class StepBatch:
         q, drafts = self.query_lens, self.num_draft_tokens
         if q.shape[0]:
             computed = self.num_computed_tokens
-            if q[q.argmin()] < 0 or computed[computed.argmin()] < 0 or drafts[drafts.argmin()] < -1:
+            if (
+                q.item(q.argmin()) < 0
+                or computed.item(computed.argmin()) < 0
+                or drafts.item(drafts.argmin()) < -1
+            ):
                 self._raise_negative()
         object.__setattr__(self, "query_start", self._token_offsets())
         key = np.minimum((q - drafts).view(np.uint32), _THREE).view(np.int32)
@@ -134,7 +147,7 @@ class StepBatch:
         if counts[_BAD_SPEC]:
             self._raise_spec_length(drafts >= 0)
         kinds = kinds.astype(np.int8)
-        kinds.flags.writeable = False
+        kinds.setflags(write=False)
         object.__setattr__(self, "kinds", kinds)
         object.__setattr__(self, "kind_counts", tuple(counts[:4]))
         self._check_slots(None if counts[PADDING] == 0 else kinds != PADDING)
@@ -174,9 +187,9 @@ class StepBatch:
         if q.shape[0]:
             np.add.accumulate(q, 0, None, offsets[1:])
             # A total past int32 wraps, and its first wrapped partial sum is negative.
-            if offsets[offsets.argmin()] < 0:
+            if offsets.item(offsets.argmin()) < 0:
                 raise PlanError("query_lens", None, f"total {q.sum()} tokens do not fit int32")
-        offsets.flags.writeable = False
+        offsets.setflags(write=False)
         return offsets
 
     def _raise_negative(self) -> None:
@@ -209,7 +222,7 @@ class StepBatch:
             return
         ordered = np.sort(slots, axis=1)
         first = ordered[:, 0]
-        lowest = first[first.argmin()]
+        lowest = first.item(first.argmin())
         if lowest < 0:
             group, row = np.argwhere(self.slots < 0)[0]
             raise PlanError("slots", int(row), f"negative slot {lowest} in group {group}")
@@ -221,7 +234,7 @@ class StepBatch:
         flat = ordered.ravel()
         same = flat[1:] == flat[:-1]
         same[rows - 1 :: rows] = False
-        if same[same.argmax()]:
+        if same.item(same.argmax()):
             repeated = ordered[:, 1:] == ordered[:, :-1]
             if np.count_nonzero(repeated & (ordered[:, 1:] != 0)):  # NULL may repeat
                 self._raise_repeated_slot(ordered, repeated, live)
