@@ -9,6 +9,7 @@ from .config import GRAPH_MODES, PlannerConfig, default_graph_sizes
 from .errors import PlanError
 from .layout import FIELDS, BufferField, PlanLayout
 from .plan import ExecutionPlan, GraphKey, Op
+from .planner import Planner
 
 __all__ = [
     "DECODE",
@@ -24,6 +25,7 @@ __all__ = [
     "Op",
     "PlanError",
     "PlanLayout",
+    "Planner",
     "PlannerConfig",
     "StepBatch",
     "compile_plan",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from .batch import DECODE, PADDING, PREFILL, SPEC, StepBatch
@@ -9,6 +11,9 @@ from .config import PlannerConfig
 from .errors import PlanError
 from .layout import FIELDS, PlanLayout
 from .plan import ExecutionPlan, GraphKey
+
+if TYPE_CHECKING:
+    from .planner import Planner
 
 
 def _read_only(values: object, shape: tuple[int, ...] = ()) -> np.ndarray:
@@ -56,9 +61,16 @@ def _rows_in_group_order(batch: StepBatch) -> bool:
     return True
 
 
-def _compile(batch: StepBatch, config: PlannerConfig, *, in_engine_order: bool) -> ExecutionPlan:
+def _compile(
+    batch: StepBatch,
+    config: PlannerConfig,
+    *,
+    in_engine_order: bool,
+    shapes: Planner | None = None,
+) -> ExecutionPlan:
     """``compile_plan`` with the row order given; ``in_engine_order=False`` (sorting the
-    rows by kind) gives the same plan for any batch, and is what the tests compare with."""
+    rows by kind) gives the same plan for any batch, and is what the tests compare with.
+    ``shapes`` lends its kept graph keys, layouts and row templates (same values)."""
     num_spec, num_decode, num_prefill, _ = batch.kind_counts
     _check_limits(batch, config)
     live = num_spec + num_decode + num_prefill
@@ -67,12 +79,17 @@ def _compile(batch: StepBatch, config: PlannerConfig, *, in_engine_order: bool) 
     prefill_lens = lens[num_spec + num_decode :]
     num_tiles = _count_tiles(prefill_lens, config.prefill_tile_tokens)
     num_tokens = batch.num_tokens  # padding rows have no tokens
-    graph = _choose_graph(batch, config, num_tokens)
-    if graph is None:
-        layout = PlanLayout(num_tokens, live, num_tiles, batch.num_groups)
+    groups = batch.num_groups
+    if shapes is None:
+        bucket = _choose_graph(batch, config, num_tokens)
+        graph, layout = graph_and_layout(bucket, num_tokens, live, num_tiles, groups)
+        template = None
     else:
-        layout = PlanLayout(graph.num_tokens, graph.num_rows, graph.num_tiles, batch.num_groups)
-    packed = _pack(batch, config, order, lens, layout, prefill_lens, num_tiles)
+        graph, layout = shapes.graph_and_layout(batch, num_tokens, num_tiles)
+        template = shapes.template(
+            layout, (num_spec, num_decode, num_prefill), order is None, graph
+        )
+    packed = _pack(batch, config, order, lens, layout, prefill_lens, num_tiles, template)
     spec_tokens = num_tokens if num_spec == live else int(packed[layout.num_tokens + num_spec])
     return ExecutionPlan(
         batch,
@@ -94,6 +111,8 @@ def _compile(batch: StepBatch, config: PlannerConfig, *, in_engine_order: bool) 
 def _count_tiles(prefill_lens: np.ndarray, tile: int) -> int:
     """Prefill work tiles of ``tile`` tokens the rows of ``prefill_lens`` need."""
     if prefill_lens.shape[0] <= _LOOP_TILES_UP_TO_ROWS:  # a few rows: plain ints are cheaper
+        if not prefill_lens.shape[0]:
+            return 0
         return sum([(q + tile - 1) // tile for q in prefill_lens.tolist()])
     return int(((prefill_lens + (tile - 1)) // tile).sum())
 
@@ -117,8 +136,11 @@ def _check_limits(batch: StepBatch, config: PlannerConfig) -> None:
         )
 
 
-def _choose_graph(batch: StepBatch, config: PlannerConfig, num_tokens: int) -> GraphKey | None:
-    """The smallest bucket that fits, or ``None`` (eager) where none does."""
+def _choose_graph(
+    batch: StepBatch, config: PlannerConfig, num_tokens: int
+) -> tuple[str, int, int, int] | None:
+    """The smallest bucket that fits as ``(kind, tokens, rows, tiles)``, or ``None``
+    (eager) where none does."""
     num_spec, num_decode, num_prefill, _ = batch.kind_counts
     live = num_spec + num_decode + num_prefill
     if config.graph_mode == "none" or live == 0:
@@ -128,14 +150,28 @@ def _choose_graph(batch: StepBatch, config: PlannerConfig, num_tokens: int) -> G
         per_row = config.query_len_max if num_spec else 1
         rows = config.smallest_size(max(live, -(-need_tokens // per_row)), rows=True)
         if rows is not None:
-            return GraphKey("spec" if num_spec else "decode", rows * per_row, rows, 0)
+            return ("spec" if num_spec else "decode", rows * per_row, rows, 0)
     if config.graph_mode != "mixed":
         return None
     tokens = config.smallest_size(need_tokens)
     rows = config.smallest_size(live, rows=True)
     if tokens is None or rows is None:
         return None
-    return GraphKey("mixed", tokens, rows, _tile_capacity(tokens, rows, config))
+    return ("mixed", tokens, rows, _tile_capacity(tokens, rows, config))
+
+
+def graph_and_layout(
+    bucket: tuple[str, int, int, int] | None,
+    num_tokens: int,
+    live: int,
+    num_tiles: int,
+    groups: int,
+) -> tuple[GraphKey | None, PlanLayout]:
+    """The graph of ``bucket`` (``None``: eager) and the plan's buffer layout."""
+    if bucket is None:
+        return None, PlanLayout(num_tokens, live, num_tiles, groups)
+    kind, tokens, rows, tiles = bucket
+    return GraphKey(kind, tokens, rows, tiles), PlanLayout(tokens, rows, tiles, groups)
 
 
 def _tile_capacity(tokens: int, rows: int, config: PlannerConfig) -> int:
@@ -180,6 +216,7 @@ def _pack(
     layout: PlanLayout,
     prefill_lens: np.ndarray,
     num_tiles: int,
+    template: np.ndarray | None = None,
 ) -> np.ndarray:
     """Write one plan's fields into a fresh int32 buffer, laid out as ``layout`` says.
 
@@ -188,37 +225,84 @@ def _pack(
     entries past the live part get their field's padding value
     (``layout.FIELDS``). ``order`` maps group-ordered rows to engine rows;
     ``None`` when they coincide (then every gather is a prefix view).
+    ``template`` (copied, never written) holds what :func:`shape_rows` writes
+    for this plan's shape: the row section alone, or the whole buffer with the
+    token map at -1; ``None`` writes those entries here.
     """
     tokens, rows, groups = layout.num_tokens, layout.num_rows, layout.num_groups
-    at_rows = tokens + rows + 1  # row_token_start, then the other [R] fields
-    at_slots = at_rows + 6 * rows
-    at_tiles = at_slots + groups * rows
-    packed = np.empty(at_tiles + 2 * layout.num_tiles, dtype=np.int32)
-    live = lens.shape[0]
+    at_tiles = tokens + (7 + groups) * rows + 1
+    num_tokens = batch.num_tokens
+    whole = template is not None and template.shape[0] > at_tiles - tokens
+    if whole:
+        packed = template.copy()  # type: ignore[union-attr]
+        section = packed[tokens:at_tiles]
+    else:
+        packed = np.empty(at_tiles + 2 * layout.num_tiles, dtype=np.int32)
+        section = packed[tokens:at_tiles]
+        if template is None:
+            counts = batch.kind_counts[:PADDING]
+            shape_rows(section, rows, groups, counts, order is None, config.index_ramp)
+        else:
+            section[:] = template
+        if num_tokens < tokens:
+            packed[num_tokens:tokens] = -1
     if order is None:
-        _engine_order_tokens(packed, batch, live, tokens, rows, config.index_ramp)
+        _engine_order_tokens(packed, batch, lens.shape[0], tokens, rows, config.index_ramp)
     else:
         _regrouped_tokens(packed, batch, order, lens, tokens, rows, config.index_ramp)
-    _row_fields(packed, batch, order, at_rows, rows, config.query_len_max)
-    _slot_field(packed[at_slots:at_tiles], batch.slots, order, live, groups, rows)
+    _step_rows(section, batch, order, rows, groups, config.query_len_max)
     if layout.num_tiles:
         tile_fields = packed[at_tiles:].reshape(2, layout.num_tiles)
         tile = config.prefill_tile_tokens
-        _tile_fields(tile_fields, prefill_lens, live, num_tiles, tile, config.index_ramp)
-    num_tokens = batch.num_tokens
-    if num_tokens < tokens:
-        packed[num_tokens:tokens] = -1
-    if live < rows:  # zero-length padding rows: query starts repeat the total
-        packed[tokens + live + 1 : at_rows] = num_tokens
-        packed[at_rows:at_slots].reshape(6, rows)[:, live:] = _ROW_PADS
+        _tile_fields(tile_fields, prefill_lens, lens.shape[0], num_tiles, tile, config.index_ramp)
     packed.flags.writeable = False
     return packed
+
+
+def shape_rows(
+    section: np.ndarray,
+    rows: int,
+    groups: int,
+    counts: tuple[int, int, int],
+    in_engine_order: bool,
+    ramp: np.ndarray,
+) -> None:
+    """The row section's entries that only the plan's shape decides.
+
+    ``section`` is ``[R + 1 + 6 R + G R], int32``, row_query_start to row_slot;
+    ``counts`` are the live rows per group. Writes the leading query start,
+    every row kind, the constant parts of state offsets, has-state flags and
+    accepted counts, the requests when rows keep the engine's order, and every
+    padding entry (the leading query start only for regrouped rows);
+    :func:`_step_rows` and the token writers write the rest.
+    """
+    spec, decode, prefill = counts
+    live = spec + decode + prefill
+    if not in_engine_order:  # the engine-order token writer copies the leading 0 itself
+        section[0] = 0
+    kind, offset, reads = 2 * rows + 1, 3 * rows + 1, 4 * rows + 1
+    accepted, request = 5 * rows + 1, 6 * rows + 1
+    if live < rows:
+        section[rows + 1 : 7 * rows + 1].reshape(6, rows)[:, live:] = _ROW_PADS
+        section[7 * rows + 1 :].reshape(groups, rows)[:, live:] = 0
+    if spec:
+        section[kind : kind + spec] = SPEC
+        section[reads : reads + spec] = 1  # spec rows read their state
+    if spec < live:
+        if decode:
+            section[kind + spec : kind + spec + decode] = DECODE
+        if prefill:
+            section[kind + spec + decode : kind + live] = PREFILL
+        section[offset + spec : offset + live] = 0
+        section[accepted + spec : accepted + live] = 1
+    if in_engine_order:
+        section[request : request + live] = ramp[:live]
 
 
 def _engine_order_tokens(
     packed: np.ndarray, batch: StepBatch, live: int, tokens: int, rows: int, ramp: np.ndarray
 ) -> None:
-    """Token map, query starts, token starts and requests when group order is engine order."""
+    """Token map, query starts and token starts when group order is engine order."""
     num_tokens, starts = batch.num_tokens, batch.query_start
     packed[tokens : tokens + live + 1] = starts[: live + 1]
     at = tokens + rows + 1  # row_token_start
@@ -226,8 +310,6 @@ def _engine_order_tokens(
     if num_tokens > ramp.shape[0]:
         ramp = np.arange(num_tokens, dtype=np.int32)
     packed[:num_tokens] = ramp[:num_tokens]
-    at += 5 * rows  # row_request
-    packed[at : at + live] = ramp[:live]
 
 
 def _regrouped_tokens(
@@ -242,7 +324,6 @@ def _regrouped_tokens(
     """Token map, query starts, token starts and requests of rows taken in ``order``."""
     num_tokens, live = batch.num_tokens, order.shape[0]
     query_start = packed[tokens : tokens + live + 1]
-    query_start[0] = 0
     np.add.accumulate(lens, 0, None, query_start[1:])
     starts = batch.query_start.take(order)
     at = tokens + rows + 1  # row_token_start
@@ -255,41 +336,44 @@ def _regrouped_tokens(
     packed[at : at + live] = order
 
 
-def _row_fields(
-    packed: np.ndarray,
+def _step_rows(
+    section: np.ndarray,
     batch: StepBatch,
     order: np.ndarray | None,
-    at: int,
     rows: int,
+    groups: int,
     query_len_max: int,
 ) -> None:
-    """Per-row kind, state offset, has-state flag and accepted count, group by group.
-
-    ``at`` is row_token_start's offset; the four fields follow it, ``rows`` apart.
-    """
+    """The row section's per-step entries the token writers leave: query starts of
+    padding rows, spec rows' state offsets and accepted counts, the other rows'
+    has-state flags, and the slots. ``section`` as in :func:`shape_rows`."""
     spec, decode, prefill, _ = batch.kind_counts
     live = spec + decode + prefill
-    kind, offset, reads, accepted = at + rows, at + 2 * rows, at + 3 * rows, at + 4 * rows
+    if live < rows:  # zero-length padding rows: query starts repeat the total
+        section[live + 1 : rows + 1] = batch.num_tokens
     if spec:
         counts = batch.num_accepted_tokens
         counts = counts[:spec] if order is None else counts.take(order[:spec])
-        offsets = counts - _ONE
+        offsets = section[3 * rows + 1 : 3 * rows + 1 + spec]
+        np.subtract(counts, _ONE, offsets)
         # One unsigned test checks 1 <= accepted <= Q (accepted - 1 wraps below 1).
         unsigned = offsets.view(np.uint32)
         if unsigned.item(unsigned.argmax()) >= query_len_max:
             _raise_accepted(batch, query_len_max)
-        packed[kind : kind + spec] = SPEC
-        packed[offset : offset + spec] = offsets
-        packed[reads : reads + spec] = 1
-        packed[accepted : accepted + spec] = counts
+        section[5 * rows + 1 : 5 * rows + 1 + spec] = counts
     if spec < live:
-        packed[kind + spec : kind + spec + decode] = DECODE
-        packed[kind + spec + decode : kind + live] = PREFILL
-        packed[offset + spec : offset + live] = 0
         computed = batch.num_computed_tokens
         computed = computed[spec:live] if order is None else computed.take(order[spec:])
-        packed[reads + spec : reads + live] = computed > _ZERO
-        packed[accepted + spec : accepted + live] = 1
+        section[4 * rows + 1 + spec : 4 * rows + 1 + live] = computed > _ZERO
+    slots = batch.slots
+    if order is not None:
+        slots = slots.take(order, axis=1)
+    elif live < slots.shape[1]:
+        slots = slots[:, :live]
+    if live == rows:
+        section[7 * rows + 1 :] = slots.reshape(-1)
+    else:
+        section[7 * rows + 1 :].reshape(groups, rows)[:, :live] = slots
 
 
 def _raise_accepted(batch: StepBatch, query_len_max: int) -> None:
@@ -299,27 +383,6 @@ def _raise_accepted(batch: StepBatch, query_len_max: int) -> None:
     raise PlanError(
         "num_accepted_tokens", row, f"{accepted[row]} is outside 1..Q = 1..{query_len_max}"
     )
-
-
-def _slot_field(
-    field: np.ndarray,
-    slots: np.ndarray,
-    order: np.ndarray | None,
-    live: int,
-    groups: int,
-    rows: int,
-) -> None:
-    """``row_slot``: ``[G, R]`` (``field`` is its flat slice), padded with the NULL slot."""
-    if order is not None:
-        slots = slots.take(order, axis=1)
-    elif live < slots.shape[1]:
-        slots = slots[:, :live]
-    if live == rows:
-        field[:] = slots.reshape(-1)
-        return
-    field = field.reshape(groups, rows)
-    field[:, :live] = slots
-    field[:, live:] = 0
 
 
 def _tile_fields(

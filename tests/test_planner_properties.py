@@ -5,12 +5,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from hypothesis import given, settings
+from hypothesis import strategies as st
 from planner_strategies import step_batches
 
 from stepplan.planner import (
     PADDING,
     SPEC,
     PlanLayout,
+    Planner,
+    PlannerConfig,
     StepBatch,
     compile_plan,
     largest_graph_layout,
@@ -199,6 +202,49 @@ def test_engine_order_fast_path_equals_the_general_path(case):
         assert fast == general
         assert fast.packed.tobytes() == general.packed.tobytes()
         assert (fast.graph, fast.layout) == (general.graph, general.layout)
+
+
+@settings(settings.get_profile("planner"), max_examples=40)
+@given(st.lists(step_batches(max_rows=24), min_size=1, max_size=6), st.integers(1, 3))
+def test_planner_compiles_exactly_what_compile_plan_does(cases, max_templates):
+    # One planner per config, fed a stream of steps; repeat steps hit its kept shapes.
+    planners, plans = {}, []
+    for batch, config in cases + cases[:2]:
+        planner = planners.setdefault(config, Planner(config, max_templates))
+        for step in (batch, rows_by_kind(batch)):
+            kept = planner.compile(step)
+            fresh = compile_plan(step, config)
+            assert kept == fresh
+            assert kept.packed.tobytes() == fresh.packed.tobytes()
+            assert (kept.graph, kept.layout, kept.batch) == (fresh.graph, fresh.layout, step)
+            assert not kept.packed.flags.writeable
+            plans.append(kept)
+    for planner in planners.values():
+        assert len(planner._templates) <= max_templates
+        for template in planner._templates.values():
+            assert not template.flags.writeable
+            assert not any(np.shares_memory(template, plan.packed) for plan in plans)
+
+
+def test_a_kept_template_is_never_handed_out():
+    batch, config = (
+        StepBatch(
+            query_lens=[4, 4],
+            num_computed_tokens=[3, 0],
+            slots=[1, 2],
+            num_draft_tokens=[3, 3],
+            num_accepted_tokens=[2, 4],
+        ),
+        PlannerConfig(num_spec_tokens=3),
+    )
+    planner = Planner(config)
+    first, second = planner.compile(batch), planner.compile(batch)
+    assert first == second == compile_plan(batch, config)
+    assert not np.shares_memory(first.packed, second.packed)
+    (template,) = planner._templates.values()
+    assert not template.flags.writeable
+    with pytest.raises(ValueError):
+        Planner(config, max_templates=0)
 
 
 def test_inert_buffer_is_every_fields_padding():
