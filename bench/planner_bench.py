@@ -1,4 +1,5 @@
-"""Host time of the planner per step: StepBatch validation, compile_plan (compile + pack).
+"""Host time of the planner per step: StepBatch validation, compile_plan (compile + pack),
+and the same step through a kept ``Planner`` (its graph keys, layouts and row templates).
 
 Each case is a stream of >= 1000 distinct steps (fresh slots, accepted counts and
 draft counts each step, as an engine would hand over), 4 layer groups. Prints p50
@@ -16,7 +17,7 @@ import time
 
 import numpy as np
 
-from stepplan.planner import PlannerConfig, StepBatch, compile_plan
+from stepplan.planner import Planner, PlannerConfig, StepBatch, compile_plan
 
 NUM_SPEC_TOKENS = 3  # Q = 4
 SEED_US_PER_GROUP = {"spec": 250.0, "decode": 250.0, "mixed": 900.0}
@@ -55,8 +56,8 @@ CASES = {
 }
 
 
-def time_case(inputs: list[dict], config: PlannerConfig) -> dict[str, np.ndarray]:
-    batch_ns, compile_ns = [], []
+def time_case(inputs: list[dict], config: PlannerConfig, planner: Planner) -> dict[str, np.ndarray]:
+    batch_ns, compile_ns, planner_ns = [], [], []
     clock = time.perf_counter_ns
     for kw in inputs:
         t0 = clock()
@@ -64,10 +65,19 @@ def time_case(inputs: list[dict], config: PlannerConfig) -> dict[str, np.ndarray
         t1 = clock()
         compile_plan(batch, config)
         t2 = clock()
+        planner.compile(batch)
+        t3 = clock()
         batch_ns.append(t1 - t0)
         compile_ns.append(t2 - t1)
+        planner_ns.append(t3 - t2)
     batch_us, compile_us = np.array(batch_ns) / 1e3, np.array(compile_ns) / 1e3
-    return {"batch": batch_us, "compile": compile_us, "total": batch_us + compile_us}
+    planner_us = np.array(planner_ns) / 1e3
+    return {
+        "batch": batch_us,
+        "compile": compile_us,
+        "total": batch_us + compile_us,
+        "planner": planner_us,
+    }
 
 
 def main() -> None:
@@ -85,20 +95,23 @@ def main() -> None:
     )
     header = (
         f"{'case':<14} {'compile+pack p50':>16} {'p90':>7} {'validate p50':>13} {'p90':>7} "
-        f"{'total p50':>10} {'p90':>7} {'seed (all groups)':>18} {'speed-up':>9}"
+        f"{'total p50':>10} {'p90':>7} {'seed (all groups)':>18} {'speed-up':>9} "
+        f"{'Planner p50':>12} {'p90':>7}"
     )
     print(header)
     for name, (kind, spec, decode, prefills) in CASES.items():
         inputs = [step_inputs(rng, spec, decode, prefills, args.groups) for _ in range(args.steps)]
-        time_case(inputs[:200], config)  # warm-up
-        times = time_case(inputs, config)
+        planner = Planner(config)
+        time_case(inputs[:200], config, planner)  # warm-up
+        times = time_case(inputs, config, planner)
         p = {k: np.percentile(v, [50, 90]) for k, v in times.items()}
         seed = SEED_US_PER_GROUP[kind] * args.groups
         print(
             f"{name:<14} {p['compile'][0]:>16.1f} {p['compile'][1]:>7.1f} "
             f"{p['batch'][0]:>13.1f} {p['batch'][1]:>7.1f} "
             f"{p['total'][0]:>10.1f} {p['total'][1]:>7.1f} "
-            f"{seed:>18.0f} {seed / p['total'][0]:>8.0f}x"
+            f"{seed:>18.0f} {seed / p['total'][0]:>8.0f}x "
+            f"{p['planner'][0]:>12.1f} {p['planner'][1]:>7.1f}"
         )
 
 
