@@ -17,6 +17,7 @@ from .batch import StepBatch
 from .compile import compile_plan
 from .config import PlannerConfig
 from .plan import ExecutionPlan
+from .planner import Planner
 
 
 def host_array(value: Any) -> np.ndarray:
@@ -69,14 +70,21 @@ def plan_from_common_metadata(
     num_accepted_tokens: Any | None,
     num_decode_draft_tokens_cpu: Any | None,
     config: PlannerConfig,
+    planner: Planner | None = None,
 ) -> ExecutionPlan:
-    """Compile the plan of one vLLM step from its ``CommonAttentionMetadata``."""
+    """Compile the plan of one vLLM step from its ``CommonAttentionMetadata``.
+
+    ``planner`` (built for ``config``), kept by the engine across steps, gives
+    the same plan as ``compile_plan`` in less host time.
+    """
+    if planner is not None and planner.config != config:
+        raise ValueError("planner was built for another config")
     batch = batch_from_common_metadata(
         m,
         num_accepted_tokens=num_accepted_tokens,
         num_decode_draft_tokens_cpu=num_decode_draft_tokens_cpu,
     )
-    return compile_plan(batch, config)
+    return compile_plan(batch, config) if planner is None else planner.compile(batch)
 
 
 def seed_graph_limits(config: PlannerConfig) -> tuple[int, int]:

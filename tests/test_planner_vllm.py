@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import attrs
 import numpy as np
+import pytest
 import torch
 from hypothesis import given, settings
 from planner_strategies import step_batches
 
-from stepplan.planner import PlannerConfig, compile_plan
+from stepplan.planner import Planner, PlannerConfig, compile_plan
 from stepplan.planner.vllm import plan_from_common_metadata, seed_view
 
 
@@ -51,6 +52,25 @@ def test_plan_from_common_metadata_reads_vllms_fields():
     assert view["spec_state_indices_tensor"].tolist() == [3]
     assert view["has_initial_states_d"].tolist() == [True]
     assert view["has_initial_states_p"].tolist() == [False]
+    config = plan.config
+    planner = Planner(config)
+    for _ in range(2):  # the second step reuses the planner's kept shape
+        kept = plan_from_common_metadata(
+            metadata,
+            num_accepted_tokens=torch.tensor([2, 1, 1, 1]),
+            num_decode_draft_tokens_cpu=torch.tensor([3, -1, -1, -1]),
+            config=config,
+            planner=planner,
+        )
+        assert kept == plan and kept.packed.tobytes() == plan.packed.tobytes()
+    with pytest.raises(ValueError, match="another config"):
+        plan_from_common_metadata(
+            metadata,
+            num_accepted_tokens=None,
+            num_decode_draft_tokens_cpu=None,
+            config=PlannerConfig(),
+            planner=planner,
+        )
 
 
 @settings(max_examples=100, deadline=None)
