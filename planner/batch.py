@@ -27,8 +27,8 @@ _SIGN_SHIFT = _constant(31)
 # Row kind by key ``min(q - drafts, 3) ^ (drafts >> 31)`` (the min taken unsigned, so a
 # negative difference counts as 3): a spec row (drafts >= 0) keys ``q - drafts`` itself,
 # 1 when valid; a non-spec row keys ``~min(q + 1, 3)``, -2, -3, -4 for q = 0, 1, >= 2.
-_KIND_OF_KEY = np.array(
-    [_BAD_SPEC, SPEC, _BAD_SPEC, _BAD_SPEC, PREFILL, DECODE, PADDING, _BAD_SPEC], dtype=np.intp
+_KIND_OF_KEY = np.array(  # int8: the lookup hands back the kinds array as stored
+    [_BAD_SPEC, SPEC, _BAD_SPEC, _BAD_SPEC, PREFILL, DECODE, PADDING, _BAD_SPEC], dtype=np.int8
 )
 _KIND_OF_KEY.flags.writeable = False
 _INT32 = np.dtype(np.int32)
@@ -146,7 +146,6 @@ class StepBatch:
         counts = np.bincount(kinds, minlength=5).tolist()
         if counts[_BAD_SPEC]:
             self._raise_spec_length(drafts >= 0)
-        kinds = kinds.astype(np.int8)
         kinds.setflags(write=False)
         object.__setattr__(self, "kinds", kinds)
         object.__setattr__(self, "kind_counts", tuple(counts[:4]))
