@@ -20,13 +20,13 @@ class Planner:
     """Compiles steps for one config; ``compile(batch)`` equals ``compile_plan(batch, config)``.
 
     An engine's steps repeat their shape: the same graph bucket, and often the
-    same rows per group. The planner keeps the graph keys and layouts of the
-    buckets it has met, and for the last ``max_templates`` row shapes (live rows
-    per group, the layout of a graph plan or the padded rows and layer groups of
-    an eager one, whether rows come in engine order) the entries that shape alone
-    decides (:func:`shape_rows`), so a step copies them in one write and fills
-    only its own entries. Kept templates are
-    read-only and only ever copied; plans never share memory with them.
+    same rows per group. The planner keeps its graph choices (graph plans only),
+    and for the last ``max_templates`` shapes (live rows per group, the layout
+    of a graph plan or the padded rows and layer groups of an eager one, whether
+    rows come in engine order) the entries that shape alone decides
+    (:func:`shape_rows`), so a step copies them in one write and fills only its
+    own entries. Templates are read-only and only ever copied: plans never
+    share memory with them. Instance state only; one planner per engine thread.
     """
 
     def __init__(self, config: PlannerConfig, max_templates: int = 8) -> None:
