@@ -3,7 +3,7 @@
 For a pure spec step (256 requests x 4 tokens) and a mixed one (128 spec x 4 + 126
 decodes + 2 prefills of 700 tokens), in one process:
 
-- host µs per step: ``compile_plan`` + ``Executor.step`` (graphs: the plan written into
+- host µs per step: ``Planner.compile`` + ``Executor.step`` (graphs: the plan written into
   pinned staging memory, then one replay whose first node uploads it; eager: one pinned
   upload, then 32 layers of launches), measured with the GPU idle so the host never
   waits on it and the host core busy just before, as in an engine's loop (p50 / p90;
@@ -27,7 +27,7 @@ import torch
 import triton
 
 from stepplan.executor import Executor
-from stepplan.planner import PlannerConfig, StepBatch, compile_plan, default_graph_sizes
+from stepplan.planner import Planner, PlannerConfig, StepBatch, compile_plan, default_graph_sizes
 
 LAYERS, GROUPS, TAPS, DILATION, SPEC_TOKENS, ROWS = 32, 4, 4, 3, 3, 256
 
@@ -146,14 +146,16 @@ def measure(name, batch, executor, mode, iterations, cycles_per_us) -> dict:
         residual = torch.zeros_like(x)
     x.normal_()
 
+    planner = Planner(config)  # as an engine keeps one: equal plans to compile_plan's
+
     def step() -> None:
-        executor.step(compile_plan(batch, config), x, residual)
+        executor.step(planner.compile(batch), x, residual)
 
     for _ in range(3):  # compiles kernels, captures the graph
         step()
     total = host_us(step, iterations)
     cold = host_us(step, iterations, warm_us=0.0)
-    plan_only = host_us(lambda: compile_plan(batch, config), iterations)
+    plan_only = host_us(lambda: planner.compile(batch), iterations)
     p90 = percentile(total, 90)
     reps = 12 if mode == "graphs" else 4
     gpu = gpu_us(lambda: executor.step(plan, x, residual), reps, p90, cycles_per_us)
@@ -232,6 +234,7 @@ def host_breakdown(executor: Executor, row: dict, iterations: int) -> dict[str, 
     """
     plan, x, residual = row["plan"], row["x"], row["residual"]
     batch, config = plan.batch, plan.config
+    planner = Planner(config)
     graphs = executor._step_graphs
     captured = graphs.entry(plan)
     ring = graphs._ring
@@ -241,6 +244,7 @@ def host_breakdown(executor: Executor, row: dict, iterations: int) -> dict[str, 
 
     parts = {
         "compile_plan": lambda: compile_plan(batch, config),
+        "Planner.compile": lambda: planner.compile(batch),
         "entry (lookup+check)": lambda: graphs.entry(plan),
         "full signature": lambda: executor.signature(plan),
         "ring turn": ring_turn,
@@ -258,7 +262,7 @@ def print_table(rows: list[dict]) -> None:
         f"{'plan p50':>9} {'GPU/step':>9} {'kern sum':>9} {'GPU/sum':>8} {'upload B':>9}"
     )
     print()
-    print("µs per step (host: compile_plan + Executor.step; GPU: all 32 layers + upload)")
+    print("µs per step (host: Planner.compile + Executor.step; GPU: all 32 layers + upload)")
     print(header)
     print("-" * len(header))
     for r in rows:

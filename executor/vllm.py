@@ -21,7 +21,7 @@ import attrs
 import numpy as np
 import torch
 
-from stepplan.planner import ExecutionPlan, PlannerConfig, layout_capacity
+from stepplan.planner import ExecutionPlan, Planner, PlannerConfig, layout_capacity
 from stepplan.planner.vllm import (
     host_array,
     plan_from_common_metadata,
@@ -148,6 +148,7 @@ class PlanMetadataBuilder:
         max_num_tokens: int = 8192,
     ) -> None:
         self.config = config
+        self._planner = Planner(config)
         sizes = config.sizes
         self.max_num_reqs = max(max_num_reqs or config.max_num_seqs, sizes[-1])
         rows = self.max_num_reqs
@@ -196,6 +197,7 @@ class PlanMetadataBuilder:
             num_accepted_tokens=num_accepted_tokens,
             num_decode_draft_tokens_cpu=num_decode_draft_tokens_cpu,
             config=self.config,
+            planner=self._planner,
         )
         return self._upload_view(plan, m, num_decode_draft_tokens_cpu)
 

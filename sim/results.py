@@ -11,7 +11,7 @@ does; an older folder of the same name is replaced whole):
     ``graph_kind`` (``spec``, ``decode``, ``mixed``, or empty when the step ran
     eagerly), ``graph_tokens, graph_rows`` (the bucket; 0 when eager), ``graph_hit``
     (0/1); ``padded_tokens, padded_rows`` (the plan's capacity minus its live part);
-    ``plan_us`` (measured host time of ``StepBatch`` validation + ``compile_plan``,
+    ``plan_us`` (measured host time of ``StepBatch`` validation + ``Planner.compile``,
     not deterministic); ``model_s, conv_s, host_s, launch_s`` (the cost terms,
     ``duration_s`` is their sum; see ``cost.py``).
 

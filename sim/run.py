@@ -1,4 +1,4 @@
-"""The simulation loop: trace -> scheduler -> ``compile_plan`` (real) -> cost -> clock.
+"""The simulation loop: trace -> scheduler -> the planner (real) -> cost -> clock.
 
 Each step the scheduler hands over a ``StepBatch``; the real planner compiles it
 (timed with ``perf_counter_ns``); the cost model turns the plan into time; the
@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from stepplan.planner import ExecutionPlan, PlanError, PlannerConfig, compile_plan
+from stepplan.planner import ExecutionPlan, PlanError, Planner, PlannerConfig
 
 from .acceptance import AcceptanceModel, make_acceptance
 from .config import ConfigError, SimConfig
@@ -137,6 +137,7 @@ def simulate(
     wall_start = time.perf_counter()
     scheduler = Scheduler(table, config.scheduler)
     plan_config = planner_config(config)
+    planner = Planner(plan_config)  # compile_plan's plans, keeping what repeats between steps
     if live is not None and not config.live.enabled:
         raise ValueError("live: a stepper was given but config.live.enabled is false")
     if config.live.enabled and live is None:
@@ -155,7 +156,7 @@ def simulate(
                 raise RuntimeError("scheduler stalled: requests left but none can run")
             continue
         start = time.perf_counter_ns()
-        plan = compile_plan(step.batch, plan_config)
+        plan = planner.compile(step.batch)
         plan_us = (time.perf_counter_ns() - start + step.batch_ns) * 1e-3
         costs = cost.step(plan, StepLoad(step.kv_tokens, step.attention_pairs), plan_us)
         if live is None:
