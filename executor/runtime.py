@@ -80,7 +80,7 @@ def _import_kernels() -> Any:
 class _Prepared:
     """The plan the next :meth:`Executor.conv` calls run."""
 
-    plan: ExecutionPlan | None  # None for the inert warm-up plan
+    plan: ExecutionPlan | None  # None when the buffer is filled at replay (graph capture)
     launch: Any  # kernels.LaunchShape, or None on the reference backend
     buffer: torch.Tensor | None  # [layout.size] int32 on the device
 
@@ -91,8 +91,9 @@ class Executor:
     Args:
         weights: one ``[C, K]`` tensor per layer, all of one dtype and device. The
             triton backend keeps a channel-contiguous copy (``[K, C]`` memory), made
-            here once: its taps then load as vectors, like the activations; later
-            in-place changes to the caller's tensors are not seen.
+            here once where they are not channel-contiguous already: its taps then load as
+            vectors, like the activations; later in-place changes to the caller's
+            tensors may not be seen.
         layer_groups: ``[num_layers]`` layer group of each layer; groups are
             numbered ``0..G-1`` and a layer reads the slots of its group.
         conv_states: one ``[num_slots, C, W]`` logical view (any strides) per
@@ -240,10 +241,9 @@ class Executor:
             backend=self.backend,
         )
 
-    def prepare(self, plan: ExecutionPlan, launch: Any = None) -> None:
+    def prepare(self, plan: ExecutionPlan) -> None:
         """Make ``plan`` the one the next :meth:`conv` calls run: one host→device copy.
 
-        ``launch`` is the plan's launch shape where the caller has it already.
         Plans larger than the largest graph (eager only) go through one plain
         copy into a fresh device buffer instead of the persistent one.
         """
@@ -252,21 +252,12 @@ class Executor:
             self._prepared = _Prepared(plan, None, None)
             return
         assert self._upload is not None
-        launch = launch or self._kernels.launch_shape(plan)
+        launch = self._kernels.launch_shape(plan)
         if plan.packed.size * 4 <= self._upload.capacity_bytes:
             buffer = self._upload.upload_int32(plan.packed)
         else:
             buffer = torch.from_numpy(plan.packed.copy()).to(self.device)
         self._prepared = _Prepared(plan, launch, buffer)
-
-    def prepare_inert(self, plan: ExecutionPlan) -> None:
-        """Like :meth:`prepare`, with ``plan``'s launch shape but a buffer of padding only.
-
-        Convs run on it read nothing and write nothing: warm-up before capture.
-        """
-        self.graph_plan_buffer(plan)  # refuses a plan beyond the persistent buffer
-        assert self._upload is not None
-        self.prepare_graphed(plan, self._upload.upload_int32(plan.layout.inert_buffer()))
 
     def graph_plan_buffer(self, plan: ExecutionPlan) -> torch.Tensor:
         """``[layout.size], int32``: the persistent device buffer that graphs of ``plan``'s

@@ -111,7 +111,9 @@ def test_inert_plan_touches_nothing():
     x = torch.randn(plan.padded_tokens, CHANNELS)
     residual = torch.randn_like(x)
     kept = residual.clone()
-    executor.prepare_inert(plan)
+    buffer = executor.graph_plan_buffer(plan)  # as StepGraphs warms up before capture
+    buffer.copy_(torch.from_numpy(plan.layout.inert_buffer()))
+    executor.prepare_graphed(plan, buffer)
     executor.run_layers(x, residual)
     torch.testing.assert_close(residual, kept, atol=0, rtol=0)
     for layer, state in enumerate(executor.conv_states):
@@ -257,8 +259,10 @@ class _EmulatedGraph:
         self.executor, self.forward = graphs._executor, graphs._forward
         self.plan, self.host = plan, host
         self.device = self.executor.graph_plan_buffer(plan)
+        self.replays = 0
 
     def replay(self) -> None:
+        self.replays += 1
         self.device.copy_(self.host)
         self.executor.prepare_graphed(self.plan, self.device)
         self.forward(self.plan.graph.num_tokens)
@@ -295,11 +299,13 @@ def emulated_graph_executor(config: PlannerConfig) -> Executor:
 
 def test_graph_step_path_equals_reference_over_buckets():
     """The replay path (staging ring, signature check, staged views or copies) on emulated
-    graphs: large steps then small ones, each bucket replayed from both ring entries."""
+    graphs: large steps then small ones, twice over, so captured buckets replay again and
+    from both ring entries."""
     config = CONFIGS[0]
     graphs, reference = emulated_graph_executor(config), make_executor("reference", config)
     rng = np.random.default_rng(5)
-    for index, rows in enumerate((12, 2, 12, 1, 5, 2, 9, 1)):
+    # Seven steps a pass: the second pass meets each bucket on the other ring entry.
+    for index, rows in enumerate((12, 2, 12, 1, 5, 9, 1) * 2):
         batch = random_batch(rng, rows, config.query_len_max, groups=2)
         plan = compile_plan(batch, config)
         tokens = batch.num_tokens
@@ -320,7 +326,11 @@ def test_graph_step_path_equals_reference_over_buckets():
             graphs.step(plan, x, got)
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5, msg=f"step {index}")
         assert_same_state(graphs, reference)
-    assert graphs._step_graphs.captures == len(graphs.captured_graphs) >= 3
+    step_graphs = graphs._step_graphs
+    assert step_graphs.captures == len(graphs.captured_graphs) >= 3
+    replays = [[graph.replays for graph in c.graphs] for c in step_graphs._graphs.values()]
+    assert sum(map(sum, replays)) > step_graphs.captures  # captured keys replayed again
+    assert any(all(count > 0 for count in counts) for counts in replays)  # both entries
 
 
 def test_graph_step_refuses_a_mismatched_plan_before_touching_anything():
