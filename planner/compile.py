@@ -29,6 +29,15 @@ _TILE_PADS = _read_only([pad for name, _, pad in FIELDS if name.startswith("tile
 _LOOP_TILES_UP_TO_ROWS = 8
 
 
+def ramp_to(ramp: np.ndarray, stop: int, step: int = 1) -> np.ndarray:
+    """``0, step, ... < stop`` as int32: a view of the config's ``ramp`` (``[N], int32``,
+    ``0..N-1``) where it reaches ``stop``, else made afresh (an eager step's tokens
+    are not bounded by the config)."""
+    if stop <= ramp.shape[0]:
+        return ramp[:stop:step]
+    return np.arange(0, stop, step, dtype=np.int32)
+
+
 def compile_plan(batch: StepBatch, config: PlannerConfig) -> ExecutionPlan:
     """Compile one step into an :class:`ExecutionPlan`. Pure: equal inputs give equal plans.
 
@@ -296,7 +305,7 @@ def shape_rows(
         section[offset + spec : offset + live] = 0
         section[accepted + spec : accepted + live] = 1
     if in_engine_order:
-        section[request : request + live] = ramp[:live]
+        section[request : request + live] = ramp_to(ramp, live)
 
 
 def _engine_order_tokens(
@@ -307,9 +316,7 @@ def _engine_order_tokens(
     packed[tokens : tokens + live + 1] = starts[: live + 1]
     at = tokens + rows + 1  # row_token_start
     packed[at : at + live] = starts[:live]
-    if num_tokens > ramp.shape[0]:
-        ramp = np.arange(num_tokens, dtype=np.int32)
-    packed[:num_tokens] = ramp[:num_tokens]
+    packed[:num_tokens] = ramp_to(ramp, num_tokens)
 
 
 def _regrouped_tokens(
@@ -329,9 +336,7 @@ def _regrouped_tokens(
     at = tokens + rows + 1  # row_token_start
     packed[at : at + live] = starts
     shifts = (starts - query_start[:live]).repeat(lens)
-    if num_tokens > ramp.shape[0]:
-        ramp = np.arange(num_tokens, dtype=np.int32)
-    np.add(shifts, ramp[:num_tokens], packed[:num_tokens])
+    np.add(shifts, ramp_to(ramp, num_tokens), packed[:num_tokens])
     at += 5 * rows  # row_request
     packed[at : at + live] = order
 
@@ -406,9 +411,7 @@ def _tile_fields(
         for row, q in enumerate(prefill_lens.tolist(), first_prefill):
             stop = start + (q + tile - 1) // tile
             fields[0, start:stop] = row
-            span = (stop - start) * tile
-            starts = ramp[:span:tile] if span <= ramp.shape[0] else range(0, span, tile)
-            fields[1, start:stop] = starts
+            fields[1, start:stop] = ramp_to(ramp, (stop - start) * tile, tile)
             start = stop
     else:
         tiles_per_row = (prefill_lens + (tile - 1)) // tile

@@ -55,8 +55,9 @@ class PlannerConfig:
     prefill_tile_tokens: int = 64
     #: The graph sizes usable as row counts (``<= max_num_seqs``); derived.
     row_sizes: tuple[int, ...] = attrs.field(init=False, eq=False, repr=False)
-    #: ``[N], int32`` read-only ``0, 1, ..., N - 1``, long enough for any graph's tokens
-    #: and most eager steps: plans slice their identity maps from it; derived.
+    #: ``[N], int32`` read-only ``0, 1, ..., N - 1``, long enough for any graph's tokens,
+    #: any live row index and most eager steps: plans slice their identity maps from it
+    #: (``compile.ramp_to`` makes a longer one where a step needs it); derived.
     index_ramp: np.ndarray = attrs.field(init=False, eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
@@ -78,7 +79,8 @@ class PlannerConfig:
             raise PlanError("graph_sizes", None, "must be positive integers, at least one")
         rows = self.sizes[: bisect.bisect_right(self.sizes, self.max_num_seqs)]
         object.__setattr__(self, "row_sizes", rows)
-        ramp = np.arange(max(_RAMP_MIN, self.sizes[-1] * self.query_len_max), dtype=np.int32)
+        longest = max(_RAMP_MIN, self.sizes[-1] * self.query_len_max, self.max_num_seqs)
+        ramp = np.arange(longest, dtype=np.int32)
         ramp.flags.writeable = False
         object.__setattr__(self, "index_ramp", ramp)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from stepplan.planner import GraphKey, PlannerConfig, StepBatch, compile_plan
+from stepplan.planner import GraphKey, Planner, PlannerConfig, StepBatch, compile_plan
 from stepplan.planner.vllm import seed_view
 
 Q4 = PlannerConfig(num_spec_tokens=3, graph_mode="full", graph_sizes=(1, 2, 4, 8, 16))
@@ -213,3 +213,26 @@ def test_many_prefill_rows_tile_like_a_few():
     few = compile_plan(batch(lens[:8], [0] * 8, np.arange(1, 9)), config)
     assert few.tile_row.tolist() == expected_rows[: few.num_tiles]
     assert few.tile_start.tolist() == expected_starts[: few.num_tiles]
+
+
+def test_more_rows_and_tokens_than_the_index_ramp():
+    # index_ramp is 8192 long for this config; 9000 decode rows and a 20000-token
+    # prefill need longer identity maps, in engine order and regrouped.
+    config = PlannerConfig(graph_sizes=(8,), max_num_seqs=10000, prefill_tile_tokens=8)
+    decode, prefill = [1] * 9000, [20000]
+    for lens in (decode, decode + prefill, prefill + decode):
+        rows = len(lens)
+        b = batch(lens, [1] * rows, np.arange(1, rows + 1))
+        plan = compile_plan(b, config)
+        assert plan.graph is None and plan.num_rows == rows
+        order = np.argsort(b.kinds, kind="stable")
+        assert plan.row_request.tolist() == order.tolist()
+        starts = np.concatenate([[0], np.cumsum(lens)])[order]
+        expected = np.concatenate(
+            [np.arange(s, s + b.query_lens[r]) for r, s in zip(order, starts, strict=True)]
+        )
+        assert (plan.token_map == expected).all()
+        if len(lens) > 9000:
+            assert plan.tile_start.tolist() == list(range(0, 20000, 8))
+        planner = Planner(config)
+        assert planner.compile(b) == plan == planner.compile(b)
