@@ -141,7 +141,7 @@ class Engine:
     def __init__(
         self, runner: ToyModelRunner, config: EngineConfig, proposer: Proposer | None = None
     ) -> None:
-        planner = runner.planner
+        planner = runner.planner.config
         if config.num_spec_tokens > planner.num_spec_tokens:
             raise ValueError(
                 f"num_spec_tokens: {config.num_spec_tokens} drafts exceed the planner's "

@@ -143,8 +143,8 @@ class ToyModelRunner:
         backend: str = "reference",
         use_graphs: bool | None = None,
     ) -> None:
-        self.model, self.planner, self.num_slots = model, planner, num_slots
-        self._compiler = Planner(planner)
+        self.model, self.num_slots = model, num_slots
+        self.planner = Planner(planner)  # its config: ``self.planner.config``
         self.device = torch.device(device)
         self.weights = make_weights(model, dtype, self.device)
         window = model.state_window(planner.query_len_max)
@@ -184,7 +184,7 @@ class ToyModelRunner:
             ``[batch.num_tokens], int64``; row ``i``'s tokens are
             ``[start_i, start_i + query_lens[i])`` with ``start`` the cumulative query lengths.
         """
-        return self.run_plan(self._compiler.compile(batch), token_ids)
+        return self.run_plan(self.planner.compile(batch), token_ids)
 
     def run_plan(self, plan: ExecutionPlan, token_ids: np.ndarray) -> np.ndarray:
         """:meth:`greedy_tokens` for an already compiled plan."""
