@@ -439,6 +439,10 @@ class StepGraphs:
     Before capture the forward runs once on an inert plan (padding only) so
     every kernel is compiled outside the capture and no state changes.
 
+    Replays go through :meth:`run` on one stream, the one eager steps use too:
+    the ring's events and the shared device plan buffer are ordered by it. One
+    ``StepGraphs`` per executor (a second would share that plan buffer).
+
     Args:
         executor: runs the convs; built with graphs.
         forward: the step on persistent tensors, ``forward(num_tokens)``.
