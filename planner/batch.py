@@ -223,8 +223,7 @@ class StepBatch:
         first = ordered[:, 0]
         lowest = first.item(first.argmin())
         if lowest < 0:
-            group, row = np.argwhere(self.slots < 0)[0]
-            raise PlanError("slots", int(row), f"negative slot {lowest} in group {group}")
+            self._raise_negative_slot(slots, live)
         if lowest == 0 and not self.allow_null_slots:
             self._raise_null_slot(live)
         if rows == 1:
@@ -237,6 +236,12 @@ class StepBatch:
             repeated = ordered[:, 1:] == ordered[:, :-1]
             if np.count_nonzero(repeated & (ordered[:, 1:] != 0)):  # NULL may repeat
                 self._raise_repeated_slot(ordered, repeated, live)
+
+    def _raise_negative_slot(self, slots: np.ndarray, live: np.ndarray | None) -> None:
+        """``slots`` are the live columns; padding rows (vLLM's -1) are never searched."""
+        column, group = np.argwhere(slots.T < 0)[0]
+        row = int(column if live is None else np.flatnonzero(live)[column])
+        raise PlanError("slots", row, f"negative slot {slots[group, column]} in group {group}")
 
     def _raise_null_slot(self, live: np.ndarray | None) -> None:
         live = np.ones(self.num_rows, dtype=bool) if live is None else live

@@ -97,6 +97,24 @@ def test_padding_rows_may_carry_any_slot_and_null_rows_can_be_allowed():
     assert plan.row_slot[:, :3].tolist() == [[1, 0, 3], [5, 0, 7]]
 
 
+def test_a_negative_live_slot_is_reported_on_its_own_row_past_padding():
+    # A padding row marked -1 comes first; the error must name the live row and its slot.
+    for slots, message in (
+        ([-1, -5], r"slots\[1\]: negative slot -5 in group 0"),
+        ([[-1, 2, 3], [-1, 6, -5]], r"slots\[2\]: negative slot -5 in group 1"),
+    ):
+        rows = np.shape(slots)[-1]
+        fields = dict(
+            query_lens=[0] + [1] * (rows - 1),
+            num_computed_tokens=[0] * rows,
+            slots=slots,
+            num_draft_tokens=[-1] * rows,
+            num_accepted_tokens=[1] * rows,
+        )
+        with pytest.raises(PlanError, match=message):
+            StepBatch(**fields)
+
+
 def test_config_is_checked():
     with pytest.raises(PlanError, match="graph_mode"):
         PlannerConfig(graph_mode="sometimes")
