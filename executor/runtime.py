@@ -440,8 +440,8 @@ class StepGraphs:
     every kernel is compiled outside the capture and no state changes.
 
     Replays go through :meth:`run` on one stream, the one eager steps use too:
-    the ring's events and the shared device plan buffer are ordered by it. One
-    ``StepGraphs`` per executor (a second would share that plan buffer).
+    the ring's events and the executor's device plan buffer (shared by every
+    ``StepGraphs`` of the executor and by eager steps) are ordered by it.
 
     Args:
         executor: runs the convs; built with graphs.
