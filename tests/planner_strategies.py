@@ -10,9 +10,14 @@ from stepplan.planner import PlannerConfig, StepBatch
 
 @st.composite
 def step_batches(
-    draw: st.DrawFn, max_rows: int = 40, max_groups: int = 3, max_prefill: int = 300
+    draw: st.DrawFn,
+    max_rows: int = 40,
+    max_groups: int = 3,
+    max_prefill: int = 300,
+    graph_modes: tuple[str, ...] = ("none", "full", "mixed"),
 ) -> tuple[StepBatch, PlannerConfig]:
-    """A valid (batch, config): rows of every kind in any order, unique slots per group."""
+    """A valid (batch, config): rows of every kind in any order, unique slots per group,
+    a graph mode of ``graph_modes``."""
     num_spec_tokens = draw(st.integers(0, 5))
     q_max = num_spec_tokens + 1
     rows = draw(st.integers(0, max_rows))
@@ -40,7 +45,7 @@ def step_batches(
     )
     config = PlannerConfig(
         num_spec_tokens=num_spec_tokens,
-        graph_mode=draw(st.sampled_from(["none", "full", "mixed"])),
+        graph_mode=draw(st.sampled_from(graph_modes)),
         graph_sizes=draw(st.sampled_from([None, (1, 2, 4, 8, 16), (4, 64, 512), (1024,)])),
         max_num_seqs=max(rows, 1) + draw(st.integers(0, 64)),
         prefill_tile_tokens=draw(st.sampled_from([8, 16, 64])),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from planner_strategies import step_batches
 
@@ -18,7 +18,7 @@ from stepplan.planner import (
     compile_plan,
     largest_graph_layout,
 )
-from stepplan.planner.compile import _compile
+from stepplan.planner.compile import _compile, _rows_in_group_order
 
 settings.register_profile("planner", max_examples=150, deadline=None)
 
@@ -204,26 +204,56 @@ def test_engine_order_fast_path_equals_the_general_path(case):
         assert (fast.graph, fast.layout) == (general.graph, general.layout)
 
 
-@settings(settings.get_profile("planner"), max_examples=40)
-@given(st.lists(step_batches(max_rows=24), min_size=1, max_size=6), st.integers(1, 3))
-def test_planner_compiles_exactly_what_compile_plan_does(cases, max_templates):
-    # One planner per config, fed a stream of steps; repeat steps hit its kept shapes.
-    planners, plans = {}, []
-    for batch, config in cases + cases[:2]:
-        planner = planners.setdefault(config, Planner(config, max_templates))
-        for step in (batch, rows_by_kind(batch)):
-            kept = planner.compile(step)
-            fresh = compile_plan(step, config)
-            assert kept == fresh
-            assert kept.packed.tobytes() == fresh.packed.tobytes()
-            assert (kept.graph, kept.layout, kept.batch) == (fresh.graph, fresh.layout, step)
-            assert not kept.packed.flags.writeable
-            plans.append(kept)
-    for planner in planners.values():
-        assert len(planner._templates) <= max_templates
-        for template in planner._templates.values():
-            assert not template.flags.writeable
-            assert not any(np.shares_memory(template, plan.packed) for plan in plans)
+# Few rows and short prefills in mixed mode: most steps get a graph, many with rows
+# out of group order (the regrouped path through a kept whole-buffer template).
+_STREAM_STEPS = st.one_of(
+    step_batches(max_rows=24), step_batches(max_rows=8, max_prefill=20, graph_modes=("mixed",))
+)
+
+
+def _regrouped_mixed_step():
+    """A prefill before a decode row, in mixed mode: a graph plan with regrouped rows."""
+    batch = StepBatch(
+        query_lens=[5, 1],
+        num_computed_tokens=[0, 4],
+        slots=[3, 4],
+        num_draft_tokens=[-1, -1],
+        num_accepted_tokens=[1, 1],
+    )
+    return batch, PlannerConfig(graph_mode="mixed", graph_sizes=(2, 8))
+
+
+def test_planner_compiles_exactly_what_compile_plan_does():
+    reached = {"regrouped graph": 0, "engine-order graph": 0, "eager": 0}
+
+    @settings(settings.get_profile("planner"), max_examples=40)
+    @given(st.lists(_STREAM_STEPS, min_size=1, max_size=6), st.integers(1, 3))
+    @example([_regrouped_mixed_step()], 1)  # the regrouped graph path, whatever is drawn
+    def check(cases, max_templates):
+        # One planner per config, fed a stream of steps; repeat steps hit its kept shapes.
+        planners, plans = {}, []
+        for batch, config in cases + cases[:2]:
+            planner = planners.setdefault(config, Planner(config, max_templates))
+            for step in (batch, rows_by_kind(batch)):
+                kept = planner.compile(step)
+                fresh = compile_plan(step, config)
+                assert kept == fresh
+                assert kept.packed.tobytes() == fresh.packed.tobytes()
+                assert (kept.graph, kept.layout, kept.batch) == (fresh.graph, fresh.layout, step)
+                assert not kept.packed.flags.writeable
+                plans.append(kept)
+                path = "eager" if kept.graph is None else "engine-order graph"
+                if kept.graph is not None and not _rows_in_group_order(step):
+                    path = "regrouped graph"
+                reached[path] += 1
+        for planner in planners.values():
+            assert len(planner._templates) <= max_templates
+            for template in planner._templates.values():
+                assert not template.flags.writeable
+                assert not any(np.shares_memory(template, plan.packed) for plan in plans)
+
+    check()
+    assert all(reached.values()), reached
 
 
 def test_a_kept_template_is_never_handed_out():
