@@ -79,7 +79,7 @@ def _compile(
 ) -> ExecutionPlan:
     """``compile_plan`` with the row order given; ``in_engine_order=False`` (sorting the
     rows by kind) gives the same plan for any batch, and is what the tests compare with.
-    ``shapes`` lends its kept graph keys, layouts and row templates (same values)."""
+    ``shapes`` lends its kept graph choices, layouts and graph-plan templates (same values)."""
     num_spec, num_decode, num_prefill, _ = batch.kind_counts
     _check_limits(batch, config)
     live = num_spec + num_decode + num_prefill
@@ -95,9 +95,8 @@ def _compile(
         template = None
     else:
         graph, layout = shapes.graph_and_layout(batch, num_tokens, num_tiles)
-        template = shapes.template(
-            layout, (num_spec, num_decode, num_prefill), order is None, graph
-        )
+        counts = (num_spec, num_decode, num_prefill)
+        template = None if graph is None else shapes.template(layout, counts, order is None)
     packed = _pack(batch, config, order, lens, layout, prefill_lens, num_tiles, template)
     spec_tokens = num_tokens if num_spec == live else int(packed[layout.num_tokens + num_spec])
     return ExecutionPlan(
@@ -234,25 +233,21 @@ def _pack(
     entries past the live part get their field's padding value
     (``layout.FIELDS``). ``order`` maps group-ordered rows to engine rows;
     ``None`` when they coincide (then every gather is a prefix view).
-    ``template`` (copied, never written) holds what :func:`shape_rows` writes
-    for this plan's shape: the row section alone, or the whole buffer with the
-    token map at -1; ``None`` writes those entries here.
+    ``template`` (a graph plan's whole buffer as :meth:`Planner.template` keeps
+    it; copied, never written) holds what :func:`shape_rows` writes and the
+    token map's -1 padding; ``None`` writes those entries here.
     """
     tokens, rows, groups = layout.num_tokens, layout.num_rows, layout.num_groups
     at_tiles = tokens + (7 + groups) * rows + 1
     num_tokens = batch.num_tokens
-    whole = template is not None and template.shape[0] > at_tiles - tokens
-    if whole:
-        packed = template.copy()  # type: ignore[union-attr]
+    if template is not None:
+        packed = template.copy()
         section = packed[tokens:at_tiles]
     else:
         packed = np.empty(at_tiles + 2 * layout.num_tiles, dtype=np.int32)
         section = packed[tokens:at_tiles]
-        if template is None:
-            counts = batch.kind_counts[:PADDING]
-            shape_rows(section, rows, groups, counts, order is None, config.index_ramp)
-        else:
-            section[:] = template
+        counts = batch.kind_counts[:PADDING]
+        shape_rows(section, rows, groups, counts, order is None, config.index_ramp)
         if num_tokens < tokens:
             packed[num_tokens:tokens] = -1
     if order is None:

@@ -277,6 +277,45 @@ def test_a_kept_template_is_never_handed_out():
         Planner(config, max_templates=0)
 
 
+def test_eager_steps_keep_no_template_and_their_graph_choice_is_kept(monkeypatch):
+    # Eager steps of ever-changing counts must not push graph templates out, and a
+    # repeated eager shape must not search the buckets again.
+    import stepplan.planner.planner as planner_module
+
+    config = PlannerConfig(num_spec_tokens=1, graph_mode="full", graph_sizes=(4, 8))
+    spec = StepBatch(
+        query_lens=[2, 2],
+        num_computed_tokens=[1, 1],
+        slots=[1, 2],
+        num_draft_tokens=[1, 1],
+        num_accepted_tokens=[1, 2],
+    )
+
+    def mixed(prefill):
+        return StepBatch(
+            query_lens=[2, 1, prefill],
+            num_computed_tokens=[1, 1, 0],
+            slots=[1, 2, 3],
+            num_draft_tokens=[1, -1, -1],
+            num_accepted_tokens=[1, 1, 1],
+        )
+
+    planner = Planner(config, max_templates=2)
+    assert planner.compile(spec).graph is not None
+    (kept,) = planner._templates.values()
+    for prefill in range(2, 20):
+        step = mixed(prefill)
+        assert planner.compile(step) == compile_plan(step, config)
+    assert len(planner._templates) == 1 and next(iter(planner._templates.values())) is kept
+    choices = []
+    search = planner_module._choose_graph
+    monkeypatch.setattr(planner_module, "_choose_graph", lambda *a: choices.append(a) or search(*a))
+    for _ in range(3):
+        assert planner.compile(mixed(7)) == compile_plan(mixed(7), config)
+        assert planner.compile(spec).graph is not None
+    assert choices == []
+
+
 def test_inert_buffer_is_every_fields_padding():
     layout = PlanLayout(num_tokens=5, num_rows=3, num_tiles=2, num_groups=2)
     inert = layout.inert_buffer()
