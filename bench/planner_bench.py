@@ -2,9 +2,12 @@
 and the same step through a kept ``Planner`` (its graph keys, layouts and row templates).
 
 Each case is a stream of >= 1000 distinct steps (fresh slots, accepted counts and
-draft counts each step, as an engine would hand over), 4 layer groups. Prints p50
-and p90 in microseconds, and the seed builder's per-step cost for the same number
-of layer groups (SPEC §4: 250 µs pure spec, ~900 µs mixed, per group, H200 host CPU).
+draft counts each step, as an engine would hand over; mixed steps also vary their
+spec/decode split and their prefill rows and lengths), 4 layer groups. Validation,
+compile_plan and the Planner are each timed in a loop of their own over the same
+batches. Prints p50 and p90 in microseconds, and the seed builder's per-step cost
+for the same number of layer groups (SPEC §4: 250 µs pure spec, ~900 µs mixed, per
+group, H200 host CPU). The last case alternates spec 256 x 4 and mixed 256 steps.
 
     python bench/planner_bench.py [--steps 2000] [--groups 4]
 """
@@ -14,6 +17,7 @@ from __future__ import annotations
 import argparse
 import platform
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -27,7 +31,19 @@ def step_inputs(
     rng: np.random.Generator, spec: int, decode: int, prefills: tuple[int, ...], groups: int
 ) -> dict:
     """One step's engine arrays: spec and decode rows interleaved at random, prefills last
-    (vLLM's reorder puts decode-like rows first but does not separate spec from decode)."""
+    (vLLM's reorder puts decode-like rows first but does not separate spec from decode).
+
+    A mixed step (``prefills`` given) draws its split like an engine's steps vary:
+    ``spec / 2 ..  3 spec / 2`` spec rows of the ``spec + decode`` decode-like ones,
+    ``1 .. len(prefills)`` prefill rows of ``2 .. 2 mean`` tokens each.
+    """
+    if prefills:
+        decode_like = spec + decode
+        spec = int(rng.integers(spec // 2, min(decode_like, spec * 3 // 2) + 1))
+        decode = decode_like - spec
+        mean = sum(prefills) // len(prefills)
+        count = int(rng.integers(1, len(prefills) + 1))
+        prefills = tuple(rng.integers(2, 2 * mean + 1, count).tolist())
     rows = spec + decode + len(prefills)
     is_spec = np.zeros(spec + decode, dtype=bool)
     is_spec[rng.choice(spec + decode, spec, replace=False)] = True
@@ -46,32 +62,33 @@ def step_inputs(
 
 
 CASES = {
-    "spec 1 x 4": ("spec", 1, 0, ()),
-    "spec 4 x 4": ("spec", 4, 0, ()),
-    "spec 64 x 4": ("spec", 64, 0, ()),
-    "spec 256 x 4": ("spec", 256, 0, ()),
-    "decode 256": ("decode", 0, 256, ()),
-    "mixed 64": ("mixed", 32, 30, (700, 700)),
-    "mixed 256": ("mixed", 128, 126, (700, 700)),
+    "spec 1 x 4": [("spec", 1, 0, ())],
+    "spec 4 x 4": [("spec", 4, 0, ())],
+    "spec 64 x 4": [("spec", 64, 0, ())],
+    "spec 256 x 4": [("spec", 256, 0, ())],
+    "decode 256": [("decode", 0, 256, ())],
+    "mixed 64": [("mixed", 32, 30, (700, 700))],
+    "mixed 256": [("mixed", 128, 126, (700, 700))],
+    "spec/mixed 256": [("spec", 256, 0, ()), ("mixed", 128, 126, (700, 700))],
 }
 
 
-def time_case(inputs: list[dict], config: PlannerConfig, planner: Planner) -> dict[str, np.ndarray]:
-    batch_ns, compile_ns, planner_ns = [], [], []
-    clock = time.perf_counter_ns
-    for kw in inputs:
+def timed(step: Callable[[object], object], items: list) -> np.ndarray:
+    """``[len(items)], float64`` microseconds of ``step(item)``, item by item."""
+    clock, ns = time.perf_counter_ns, []
+    for item in items:
         t0 = clock()
-        batch = StepBatch(**kw)
-        t1 = clock()
-        compile_plan(batch, config)
-        t2 = clock()
-        planner.compile(batch)
-        t3 = clock()
-        batch_ns.append(t1 - t0)
-        compile_ns.append(t2 - t1)
-        planner_ns.append(t3 - t2)
-    batch_us, compile_us = np.array(batch_ns) / 1e3, np.array(compile_ns) / 1e3
-    planner_us = np.array(planner_ns) / 1e3
+        step(item)
+        ns.append(clock() - t0)
+    return np.array(ns) / 1e3
+
+
+def time_case(inputs: list[dict], config: PlannerConfig, planner: Planner) -> dict[str, np.ndarray]:
+    """Per-step microseconds of validation, compile_plan and ``planner``, each its own loop."""
+    batch_us = timed(lambda kw: StepBatch(**kw), inputs)
+    batches = [StepBatch(**kw) for kw in inputs]
+    compile_us = timed(lambda batch: compile_plan(batch, config), batches)
+    planner_us = timed(planner.compile, batches)
     return {
         "batch": batch_us,
         "compile": compile_us,
@@ -99,13 +116,16 @@ def main() -> None:
         f"{'Planner p50':>12} {'p90':>7}"
     )
     print(header)
-    for name, (kind, spec, decode, prefills) in CASES.items():
-        inputs = [step_inputs(rng, spec, decode, prefills, args.groups) for _ in range(args.steps)]
+    for name, kinds in CASES.items():
+        inputs = [
+            step_inputs(rng, *kinds[step % len(kinds)][1:], args.groups)
+            for step in range(args.steps)
+        ]
         planner = Planner(config)
         time_case(inputs[:200], config, planner)  # warm-up
         times = time_case(inputs, config, planner)
         p = {k: np.percentile(v, [50, 90]) for k, v in times.items()}
-        seed = SEED_US_PER_GROUP[kind] * args.groups
+        seed = np.mean([SEED_US_PER_GROUP[kind] for kind, *_ in kinds]) * args.groups
         print(
             f"{name:<14} {p['compile'][0]:>16.1f} {p['compile'][1]:>7.1f} "
             f"{p['batch'][0]:>13.1f} {p['batch'][1]:>7.1f} "
