@@ -24,11 +24,12 @@ launch per kind, as the public kernel does).
 ``cost.host_cost``:
 
 - ``model`` (default, deterministic): ``host_base_us + host_per_row_us * rows``, plus
-  ``host_mixed_us`` when the step mixes kinds or has prefills. Defaults 24 µs,
-  0.03 µs per row and 16.5 µs, fitted to ``bench/planner_bench.py`` (``StepBatch``
+  ``host_mixed_us`` when the step mixes kinds or has prefills. Defaults 23 µs,
+  0.04 µs per row and 21 µs, fitted to ``bench/planner_bench.py`` (``StepBatch``
   validation + ``Planner.compile``, p50, the 2-core CPU dev machine, 2026-11-29,
-  second session): pure spec 1 x 4 / 256 x 4: 24 / 32 µs, decode 256: 30 µs, mixed
-  64 / 256 rows: 42 / 49 µs; layer groups add little and are not modelled. The H200
+  second session): pure spec 1 x 4 / 256 x 4: 23 / 33 µs, decode 256: 32 µs, mixed
+  64 / 256 rows (counts varying per step): 46 / 54 µs; layer groups add little and
+  are not modelled. The H200
   host's CPU runs the planner 2.2-2.5x slower (``bench/RESULTS.md``); scale these
   terms for it. ``measured`` uses the times measured inside the simulation loop.
 - ``measured``: the planner's measured time of this very step.
