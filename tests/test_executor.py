@@ -120,20 +120,26 @@ def test_inert_plan_touches_nothing():
         torch.testing.assert_close(state, before[layer], atol=0, rtol=0)
 
 
-def test_replay_signature_mismatch_names_the_fields():
-    """Same batch, same graph key, other tile size: replaying the first graph would be wrong."""
-    base = CONFIGS[0]
+def _one_key_two_tile_sizes() -> tuple[PlannerConfig, PlannerConfig, StepBatch]:
+    """Two configs that differ only in prefill tile size, and a pure spec batch (a spec
+    graph, whose key has no tiles): both configs give it the same graph key."""
     other = PlannerConfig(
         num_spec_tokens=2, graph_mode="mixed", max_num_seqs=16, prefill_tile_tokens=16
     )
-    executor = make_executor("triton", base)
-    batch = StepBatch(  # pure spec: a spec graph, whose key has no tiles
+    batch = StepBatch(
         query_lens=[3, 1, 3],
         num_computed_tokens=[4, 2, 9],
         slots=[[1, 2, 3], [4, 5, 6]],
         num_draft_tokens=[2, 0, 2],
         num_accepted_tokens=[1, 1, 3],
     )
+    return CONFIGS[0], other, batch
+
+
+def test_replay_signature_mismatch_names_the_fields():
+    """Same batch, same graph key, other tile size: replaying the first graph would be wrong."""
+    base, other, batch = _one_key_two_tile_sizes()
+    executor = make_executor("triton", base)
     first, second = compile_plan(batch, base), compile_plan(batch, other)
     assert first.graph == second.graph and first.graph is not None
     captured = executor.signature(first)
@@ -334,20 +340,8 @@ def test_graph_step_path_equals_reference_over_buckets():
 
 
 def test_graph_step_refuses_a_mismatched_plan_before_touching_anything():
-    base, other = (
-        CONFIGS[0],
-        PlannerConfig(
-            num_spec_tokens=2, graph_mode="mixed", max_num_seqs=16, prefill_tile_tokens=16
-        ),
-    )
+    base, other, batch = _one_key_two_tile_sizes()
     graphs = emulated_graph_executor(base)
-    batch = StepBatch(  # pure spec: a spec graph, whose key has no tiles
-        query_lens=[3, 1, 3],
-        num_computed_tokens=[4, 2, 9],
-        slots=[[1, 2, 3], [4, 5, 6]],
-        num_draft_tokens=[2, 0, 2],
-        num_accepted_tokens=[1, 1, 3],
-    )
     x = torch.randn(batch.num_tokens, CHANNELS)
     graphs.step(compile_plan(batch, base), x, torch.zeros_like(x))
     same = attrs.evolve(base)  # an equal config, another object: replays
