@@ -100,19 +100,19 @@ def _compile(
     packed = _pack(batch, config, order, lens, layout, prefill_lens, num_tiles, template)
     spec_tokens = num_tokens if num_spec == live else int(packed[layout.num_tokens + num_spec])
     return ExecutionPlan(
-        batch,
-        config,
-        num_spec,
-        num_decode,
-        num_prefill,
-        spec_tokens,
-        num_decode,
-        num_tokens - spec_tokens - num_decode,
-        int(prefill_lens[prefill_lens.argmax()]) if num_prefill else 0,
-        num_tiles,
-        graph,
-        layout,
-        packed,
+        batch=batch,
+        config=config,
+        num_spec_rows=num_spec,
+        num_decode_rows=num_decode,
+        num_prefill_rows=num_prefill,
+        num_spec_tokens=spec_tokens,
+        num_decode_tokens=num_decode,
+        num_prefill_tokens=num_tokens - spec_tokens - num_decode,
+        max_prefill_query_len=int(prefill_lens[prefill_lens.argmax()]) if num_prefill else 0,
+        num_tiles=num_tiles,
+        graph=graph,
+        layout=layout,
+        packed=packed,
     )
 
 
