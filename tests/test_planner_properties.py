@@ -223,7 +223,8 @@ def _regrouped_mixed_step():
     return batch, PlannerConfig(graph_mode="mixed", graph_sizes=(2, 8))
 
 
-def test_planner_compiles_exactly_what_compile_plan_does():
+@pytest.mark.parametrize("native", [True, False], ids=["native", "numpy"])
+def test_planner_compiles_exactly_what_compile_plan_does(native):
     reached = {"regrouped graph": 0, "engine-order graph": 0, "eager": 0}
 
     @settings(settings.get_profile("planner"), max_examples=40)
@@ -233,7 +234,8 @@ def test_planner_compiles_exactly_what_compile_plan_does():
         # One planner per config, fed a stream of steps; repeat steps hit its kept shapes.
         planners, plans = {}, []
         for batch, config in cases + cases[:2]:
-            planner = planners.setdefault(config, Planner(config, max_templates))
+            planner = planners.setdefault(config, Planner(config, max_templates, native))
+            assert planner.native is native
             for step in (batch, rows_by_kind(batch)):
                 kept = planner.compile(step)
                 fresh = compile_plan(step, config)
@@ -256,7 +258,8 @@ def test_planner_compiles_exactly_what_compile_plan_does():
     assert all(reached.values()), reached
 
 
-def test_a_kept_template_is_never_handed_out():
+@pytest.mark.parametrize("native", [True, False], ids=["native", "numpy"])
+def test_a_kept_template_is_never_handed_out(native):
     batch, config = (
         StepBatch(
             query_lens=[4, 4],
@@ -267,17 +270,22 @@ def test_a_kept_template_is_never_handed_out():
         ),
         PlannerConfig(num_spec_tokens=3),
     )
-    planner = Planner(config)
+    planner = Planner(config, native=native)
     first, second = planner.compile(batch), planner.compile(batch)
     assert first == second == compile_plan(batch, config)
     assert not np.shares_memory(first.packed, second.packed)
+    assert not first.packed.flags.writeable and not second.packed.flags.writeable
+    if native:  # the compiled packer fills a fresh buffer per plan and keeps none
+        assert not planner._templates
+        return
     (template,) = planner._templates.values()
     assert not template.flags.writeable
     with pytest.raises(ValueError):
         Planner(config, max_templates=0)
 
 
-def test_eager_steps_keep_no_template_and_their_graph_choice_is_kept(monkeypatch):
+@pytest.mark.parametrize("native", [True, False], ids=["native", "numpy"])
+def test_eager_steps_keep_no_template_and_their_graph_choice_is_kept(monkeypatch, native):
     # Eager steps of ever-changing counts must not push graph templates out, and a
     # repeated eager shape must not search the buckets again.
     import stepplan.planner.planner as planner_module
@@ -300,13 +308,15 @@ def test_eager_steps_keep_no_template_and_their_graph_choice_is_kept(monkeypatch
             num_accepted_tokens=[1, 1, 1],
         )
 
-    planner = Planner(config, max_templates=2)
+    planner = Planner(config, max_templates=2, native=native)
     assert planner.compile(spec).graph is not None
-    (kept,) = planner._templates.values()
+    kept = tuple(planner._templates.values())
+    assert len(kept) == (0 if native else 1)
     for prefill in range(2, 20):
         step = mixed(prefill)
         assert planner.compile(step) == compile_plan(step, config)
-    assert len(planner._templates) == 1 and next(iter(planner._templates.values())) is kept
+    templates = tuple(planner._templates.values())
+    assert len(templates) == len(kept) and all(a is b for a, b in zip(templates, kept, strict=True))
     choices = []
     search = planner_module._choose_graph
     monkeypatch.setattr(planner_module, "_choose_graph", lambda *a: choices.append(a) or search(*a))

@@ -1,0 +1,514 @@
+/* The plan packer: one step's packed int32 buffer in two passes over the engine rows.
+ *
+ * The compiled twin of the numpy packer in compile.py (``_pack`` and its helpers), which
+ * stays the specification: a plan packed here equals compile_plan's byte for byte. The
+ * buffer layout is planner/layout.py's; Python allocates the buffer for each plan and
+ * chooses its layout, this code only fills it. Every argument is checked (types,
+ * contiguity, lengths, every index against its field's length) before anything is
+ * written, so a wrong call raises TypeError or ValueError naming the argument instead
+ * of writing out of bounds. Built at first use by native.py.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <stdint.h>
+#include <string.h>
+
+enum { SPEC = 0, DECODE = 1, PREFILL = 2, PADDING = 3 };
+
+/* Acquire a C-contiguous buffer of ``itemsize``-byte items of struct code ``code``. */
+static int get_array(PyObject *obj, Py_buffer *view, const char *name, char code,
+                     Py_ssize_t itemsize, int writable) {
+    int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
+    if (!PyObject_CheckBuffer(obj)) {
+        PyErr_Format(PyExc_TypeError, "%s: must be an array, got %.80s", name,
+                     Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    if (PyObject_GetBuffer(obj, view, flags) < 0) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError, "%s: must be a C-contiguous%s array", name,
+                     writable ? ", writable" : "");
+        return -1;
+    }
+    const uint16_t probe = 1;
+    const int little = *(const char *)&probe == 1;
+    const char *format = view->format ? view->format : "B";
+    if (*format == '@' || *format == '=' || (*format == '<' && little)) {
+        format++;
+    }
+    if (view->itemsize != itemsize || format[0] != code || format[1] != '\0') {
+        PyErr_Format(PyExc_TypeError, "%s: must hold %s, got format '%s'", name,
+                     itemsize == 4 ? "int32" : "int8", view->format ? view->format : "B");
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return 0;
+}
+
+/* A non-negative C integer from argument ``name``; -1 with an exception set otherwise. */
+static Py_ssize_t get_count(PyObject *obj, const char *name) {
+    Py_ssize_t value = PyLong_AsSsize_t(obj);
+    if (value == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError, "%s: must be an int", name);
+        return -1;
+    }
+    if (value < 0) {
+        PyErr_Format(PyExc_ValueError, "%s: must be >= 0, got %zd", name, value);
+        return -1;
+    }
+    return value;
+}
+
+/* The batch's arrays: engine rows, each checked against ``num_rows`` rows. */
+typedef struct {
+    Py_buffer views[6];
+    int held;
+    Py_ssize_t num_rows;
+    const int32_t *query_lens, *computed, *accepted, *slots, *query_start;
+    const int8_t *kinds;
+} Batch;
+
+static void release_batch(Batch *batch) {
+    for (int i = 0; i < batch->held; i++) {
+        PyBuffer_Release(&batch->views[i]);
+    }
+    batch->held = 0;
+}
+
+static const void *take(Batch *batch, PyObject *obj, const char *name, char code,
+                        Py_ssize_t itemsize, Py_ssize_t length) {
+    Py_buffer *view = &batch->views[batch->held];
+    if (get_array(obj, view, name, code, itemsize, 0) < 0) {
+        return NULL;
+    }
+    batch->held++;
+    if (view->len != length * itemsize) {
+        PyErr_Format(PyExc_ValueError, "%s: has %zd entries, expected %zd", name,
+                     view->len / itemsize, length);
+        return NULL;
+    }
+    return view->buf;
+}
+
+/* args: query_lens, num_computed_tokens, num_accepted_tokens, slots, kinds, query_start,
+ * num_groups. Fills ``batch``; on failure releases it and sets an exception. */
+static int take_batch(Batch *batch, PyObject *const *args, Py_ssize_t groups) {
+    Py_buffer *first = &batch->views[0];
+    batch->held = 0;
+    if (get_array(args[0], first, "query_lens", 'i', 4, 0) < 0) {
+        return -1;
+    }
+    batch->held = 1;
+    Py_ssize_t n = first->len / 4;
+    batch->num_rows = n;
+    batch->query_lens = first->buf;
+    if (!(batch->computed = take(batch, args[1], "num_computed_tokens", 'i', 4, n)) ||
+        !(batch->accepted = take(batch, args[2], "num_accepted_tokens", 'i', 4, n)) ||
+        !(batch->slots = take(batch, args[3], "slots", 'i', 4, groups * n)) ||
+        !(batch->kinds = take(batch, args[4], "kinds", 'b', 1, n)) ||
+        !(batch->query_start = take(batch, args[5], "query_start", 'i', 4, n + 1))) {
+        release_batch(batch);
+        return -1;
+    }
+    return 0;
+}
+
+/* What the first pass learns: rows and tokens per kind (padding too), tiles, the longest
+ * prefill, and whether a spec row has q > Q or accepted outside 1..Q. */
+typedef struct {
+    Py_ssize_t rows[4];
+    int64_t tokens[4];
+    int64_t tiles;
+    int32_t longest_prefill;
+    int breaks_limits;
+    int in_order; /* kinds never decrease: the live rows lead, already in group order */
+} Census;
+
+/* The first row with a kind outside 0..3 or a negative length, as a ValueError. */
+static int census_error(const Batch *batch) {
+    for (Py_ssize_t r = 0; r < batch->num_rows; r++) {
+        int kind = batch->kinds[r];
+        if ((unsigned)kind > PADDING) {
+            PyErr_Format(PyExc_ValueError, "kinds: row %zd has kind %d, not 0..3", r, kind);
+            return -1;
+        }
+        if (batch->query_lens[r] < 0) {
+            PyErr_Format(PyExc_ValueError, "query_lens: row %zd is negative", r);
+            return -1;
+        }
+    }
+    return -1;
+}
+
+/* Spec and decode rows come interleaved in any order, so the per-row work selects by
+ * kind instead of branching on it (a branch per row would mispredict half the time), and
+ * keeps its sums in locals (sums indexed by kind would chain through memory). */
+static int take_census(const Batch *batch, Py_ssize_t query_len_max, Py_ssize_t tile,
+                       Census *census) {
+    memset(census, 0, sizeof(*census));
+    int64_t rows[4] = {0, 0, 0, 0}, tokens[4] = {0, 0, 0, 0};
+    uint32_t breaks = 0, unordered = 0, bad = 0;
+    int previous = SPEC;
+    for (Py_ssize_t r = 0; r < batch->num_rows; r++) {
+        int kind = batch->kinds[r];
+        int32_t q = batch->query_lens[r];
+        bad |= ((unsigned)kind > PADDING) | (q < 0);
+        int is_spec = kind == SPEC, is_decode = kind == DECODE, is_prefill = kind == PREFILL;
+        rows[0] += is_spec, rows[1] += is_decode, rows[2] += is_prefill;
+        tokens[0] += is_spec ? q : 0, tokens[1] += is_decode ? q : 0;
+        tokens[2] += is_prefill ? q : 0, tokens[3] += kind == PADDING ? q : 0;
+        unordered |= kind < previous;
+        previous = kind;
+        /* accepted - 1 wraps past Q - 1 when accepted < 1: one unsigned test for 1..Q */
+        uint32_t wrong = (uint32_t)batch->accepted[r] - 1u >= (uint32_t)query_len_max;
+        breaks |= is_spec & (wrong | (q > query_len_max));
+        if (is_prefill) {
+            census->tiles += (q + tile - 1) / tile;
+            census->longest_prefill = q > census->longest_prefill ? q : census->longest_prefill;
+        }
+    }
+    if (bad) {
+        return census_error(batch);
+    }
+    for (int kind = 0; kind < 4; kind++) {
+        census->rows[kind] = rows[kind], census->tokens[kind] = tokens[kind];
+    }
+    census->breaks_limits = breaks != 0;
+    census->in_order = !unordered;
+    return 0;
+}
+
+/* prefill_tiles(query_lens, kinds, tile) -> int: work tiles of ``tile`` tokens that the
+ * prefill rows need (what sizes an eager plan's tile fields). */
+static PyObject *prefill_tiles(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 3) {
+        PyErr_Format(PyExc_TypeError, "prefill_tiles takes 3 arguments, got %zd", nargs);
+        return NULL;
+    }
+    Py_ssize_t tile = get_count(args[2], "tile");
+    if (tile < 0) {
+        return NULL;
+    }
+    if (tile == 0) {
+        PyErr_SetString(PyExc_ValueError, "tile: must be positive");
+        return NULL;
+    }
+    Py_buffer lens_view, kinds_view;
+    if (get_array(args[0], &lens_view, "query_lens", 'i', 4, 0) < 0) {
+        return NULL;
+    }
+    if (get_array(args[1], &kinds_view, "kinds", 'b', 1, 0) < 0) {
+        PyBuffer_Release(&lens_view);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    Py_ssize_t n = lens_view.len / 4;
+    if (kinds_view.len != n) {
+        PyErr_Format(PyExc_ValueError, "kinds: has %zd entries, expected %zd", kinds_view.len, n);
+    } else {
+        const int32_t *lens = lens_view.buf;
+        const int8_t *kinds = kinds_view.buf;
+        int64_t tiles = 0;
+        for (Py_ssize_t r = 0; r < n; r++) {
+            if (kinds[r] == PREFILL && lens[r] > 0) {
+                tiles += (lens[r] + tile - 1) / tile;
+            }
+        }
+        result = PyLong_FromLongLong(tiles);
+    }
+    PyBuffer_Release(&kinds_view);
+    PyBuffer_Release(&lens_view);
+    return result;
+}
+
+/* The packed buffer's fields, as planner/layout.py places them. */
+typedef struct {
+    int32_t *token_map, *query_start, *token_start, *kind, *state_offset, *reads_state,
+        *num_accepted, *request, *slot, *tile_row, *tile_start;
+    Py_ssize_t tokens, rows, tiles, groups;
+} Fields;
+
+static void place_fields(int32_t *buffer, Py_ssize_t tokens, Py_ssize_t rows,
+                         Py_ssize_t tiles, Py_ssize_t groups, Fields *f) {
+    f->tokens = tokens, f->rows = rows, f->tiles = tiles, f->groups = groups;
+    f->token_map = buffer;
+    f->query_start = f->token_map + tokens;
+    f->token_start = f->query_start + rows + 1;
+    f->kind = f->token_start + rows;
+    f->state_offset = f->kind + rows;
+    f->reads_state = f->state_offset + rows;
+    f->num_accepted = f->reads_state + rows;
+    f->request = f->num_accepted + rows;
+    f->slot = f->request + rows;
+    f->tile_row = f->slot + groups * rows;
+    f->tile_start = f->tile_row + tiles;
+}
+
+/* Token map entries a short row writes at once: its tokens, then whatever follows, which
+ * later rows of its group (or the padding) overwrite. A fixed count keeps the loop free
+ * of a branch on each row's length, which varies at random among spec rows. */
+enum { SPAN = 8 };
+
+/* Group-ordered rows ``p`` (engine rows ``request[p]``), kind by kind; each field gets a
+ * loop of its own (short, independent, vectorizable where rows keep the engine order). */
+
+/* row_request: the engine row of every group-ordered row. One pass per kind stores every
+ * row where the kind's next row goes and moves on only past rows of that kind: no branch
+ * per row. The stores past a kind's last row land on the next entry, which a later pass
+ * (or the padding, or row_slot) overwrites; the buffer has that entry, as the kind has
+ * rows and so num_rows >= 1 and num_groups >= 1 follow. */
+static void write_requests(const Batch *b, const Fields *f, const Census *c, int in_order) {
+    Py_ssize_t live = c->rows[SPEC] + c->rows[DECODE] + c->rows[PREFILL], first = 0;
+    if (in_order) {
+        for (Py_ssize_t p = 0; p < live; p++) {
+            f->request[p] = (int32_t)p;
+        }
+        return;
+    }
+    for (int kind = SPEC; kind <= PREFILL; first += c->rows[kind], kind++) {
+        if (c->rows[kind] == 0) {
+            continue;
+        }
+        int32_t *next = f->request + first;
+        for (Py_ssize_t r = 0; r < b->num_rows; r++) {
+            *next = (int32_t)r;
+            next += b->kinds[r] == kind;
+        }
+    }
+}
+
+/* out[p] = values[order[p]] for p < n; a plain copy where ``order`` is NULL (rows in
+ * engine order). */
+static void gather(int32_t *restrict out, const int32_t *restrict values,
+                   const int32_t *restrict order, Py_ssize_t n) {
+    if (order == NULL) {
+        memcpy(out, values, (size_t)n * sizeof(int32_t));
+        return;
+    }
+    for (Py_ssize_t p = 0; p < n; p++) {
+        out[p] = values[order[p]];
+    }
+}
+
+/* row_kind, row_state_offset, row_reads_state, row_num_accepted. */
+static void write_flags(const Batch *b, const Fields *f, const Census *c,
+                        const int32_t *order) {
+    Py_ssize_t spec = c->rows[SPEC], decode = c->rows[DECODE];
+    Py_ssize_t live = spec + decode + c->rows[PREFILL];
+    gather(f->num_accepted, b->accepted, order, spec);
+    for (Py_ssize_t p = 0; p < spec; p++) {
+        f->kind[p] = SPEC, f->state_offset[p] = f->num_accepted[p] - 1, f->reads_state[p] = 1;
+    }
+    if (order == NULL) {
+        gather(f->reads_state + spec, b->computed + spec, NULL, live - spec);
+    } else {
+        gather(f->reads_state + spec, b->computed, order + spec, live - spec);
+    }
+    for (Py_ssize_t p = spec; p < live; p++) {
+        f->kind[p] = p < spec + decode ? DECODE : PREFILL;
+        f->state_offset[p] = 0, f->num_accepted[p] = 1;
+        f->reads_state[p] = f->reads_state[p] > 0; /* has state: computed tokens > 0 */
+    }
+}
+
+/* row_query_start, row_token_start and row_slot of the live rows. */
+static void write_starts_and_slots(const Batch *b, const Fields *f, Py_ssize_t live,
+                                   const int32_t *order) {
+    gather(f->token_start, b->query_start, order, live);
+    if (order == NULL) {
+        memcpy(f->query_start, b->query_start, (size_t)live * sizeof(int32_t));
+    } else { /* the lengths in group order, one place on, then summed up in place */
+        int32_t *starts = f->query_start;
+        gather(starts + 1, b->query_lens, order, live);
+        starts[0] = 0;
+        for (Py_ssize_t p = 1; p <= live; p++) {
+            starts[p] += starts[p - 1];
+        }
+    }
+    for (Py_ssize_t g = 0; g < f->groups; g++) {
+        gather(f->slot + g * f->rows, b->slots + g * b->num_rows, order, live);
+    }
+}
+
+/* token_map of rows ``begin .. stop``, whose tokens end at ``end`` (the next group's first
+ * token, or the map's end). Needs row_query_start and row_token_start written. */
+static void write_tokens(const Fields *f, Py_ssize_t begin, Py_ssize_t stop, int64_t end) {
+    for (Py_ssize_t p = begin; p < stop; p++) {
+        int32_t first = f->query_start[p], engine_first = f->token_start[p];
+        int32_t q = f->query_start[p + 1] - first, j = 0;
+        int32_t *tokens = f->token_map + first;
+        if (first + SPAN <= end) {
+            for (; j < SPAN; j++) {
+                tokens[j] = engine_first + j;
+            }
+        }
+        for (; j < q; j++) {
+            tokens[j] = engine_first + j;
+        }
+    }
+}
+
+/* tile_row and tile_start of the live tiles: the prefill rows' tiles in row order. */
+static void write_tiles(const Batch *b, const Fields *f, const Census *c, Py_ssize_t tile) {
+    Py_ssize_t begin = c->rows[SPEC] + c->rows[DECODE], stop = begin + c->rows[PREFILL];
+    int64_t next = 0;
+    for (Py_ssize_t p = begin; p < stop; p++) {
+        int32_t count = (int32_t)((b->query_lens[f->request[p]] + tile - 1) / tile);
+        for (int32_t i = 0; i < count; i++, next++) {
+            f->tile_row[next] = (int32_t)p, f->tile_start[next] = (int32_t)(i * tile);
+        }
+    }
+}
+
+/* Every entry past the live rows, tokens and tiles: its field's padding value. */
+static void write_padding(const Fields *f, Py_ssize_t live, int64_t num_tokens,
+                          int64_t num_tiles) {
+    for (Py_ssize_t t = num_tokens; t < f->tokens; t++) {
+        f->token_map[t] = -1;
+    }
+    for (Py_ssize_t p = live; p <= f->rows; p++) {
+        f->query_start[p] = (int32_t)num_tokens;
+    }
+    for (Py_ssize_t p = live; p < f->rows; p++) {
+        f->token_start[p] = 0, f->kind[p] = PADDING, f->state_offset[p] = 0;
+        f->reads_state[p] = 0, f->num_accepted[p] = 1, f->request[p] = -1;
+    }
+    for (Py_ssize_t g = 0; g < f->groups; g++) {
+        for (Py_ssize_t p = live; p < f->rows; p++) {
+            f->slot[g * f->rows + p] = 0;
+        }
+    }
+    for (Py_ssize_t i = num_tiles; i < f->tiles; i++) {
+        f->tile_row[i] = -1, f->tile_start[i] = 0;
+    }
+}
+
+/* The whole buffer: rows in group order [spec | decode | prefill], the engine's order
+ * within a group. Rows already in that order (``in_order``) map tokens to themselves. */
+static void write_plan(const Batch *b, const Fields *f, const Census *c, Py_ssize_t tile,
+                       int in_order) {
+    Py_ssize_t spec = c->rows[SPEC], decode = c->rows[DECODE];
+    Py_ssize_t live = spec + decode + c->rows[PREFILL];
+    int64_t spec_end = c->tokens[SPEC], decode_end = spec_end + c->tokens[DECODE];
+    int64_t num_tokens = decode_end + c->tokens[PREFILL];
+    const int32_t *order = in_order ? NULL : f->request;
+    write_requests(b, f, c, in_order);
+    write_flags(b, f, c, order);
+    write_starts_and_slots(b, f, live, order);
+    if (in_order) {
+        for (int64_t t = 0; t < num_tokens; t++) {
+            f->token_map[t] = (int32_t)t;
+        }
+    } else {
+        write_tokens(f, 0, spec, spec_end);
+        write_tokens(f, spec, spec + decode, decode_end);
+        write_tokens(f, spec + decode, live, f->tokens);
+    }
+    write_tiles(b, f, c, tile);
+    write_padding(f, live, num_tokens, c->tiles);
+}
+
+/* Whether the output buffer shares a byte with any of the batch's arrays (the packer reads
+ * lengths and rows back while it writes, so it must not write into them). */
+static int overlaps(const Py_buffer *out, const Batch *batch) {
+    uintptr_t begin = (uintptr_t)out->buf, end = begin + (uintptr_t)out->len;
+    for (int i = 0; i < batch->held; i++) {
+        uintptr_t other = (uintptr_t)batch->views[i].buf;
+        if (other < end && begin < other + (uintptr_t)batch->views[i].len) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static const char PACK_DOC[] =
+    "pack(packed, query_lens, num_computed_tokens, num_accepted_tokens, slots, kinds,\n"
+    "     query_start, num_tokens, num_rows, num_tiles, num_groups, query_len_max, tile)\n"
+    "Fill ``packed`` (int32, laid out as PlanLayout(num_tokens, num_rows, num_tiles,\n"
+    "num_groups)) with one step's plan. Returns (num_tiles, longest prefill, spec tokens),\n"
+    "or None when a spec row breaks the config's limits (q > Q or accepted outside\n"
+    "1..Q); the buffer is then left unspecified.";
+
+static PyObject *pack(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    static const char *const count_names[] = {"num_tokens", "num_rows", "num_tiles",
+                                              "num_groups", "query_len_max", "tile"};
+    Py_ssize_t counts[6];
+    if (nargs != 13) {
+        PyErr_Format(PyExc_TypeError, "pack takes 13 arguments, got %zd", nargs);
+        return NULL;
+    }
+    for (int i = 0; i < 6; i++) {
+        if ((counts[i] = get_count(args[7 + i], count_names[i])) < 0) {
+            return NULL;
+        }
+    }
+    Py_ssize_t tokens = counts[0], rows = counts[1], tiles = counts[2], groups = counts[3];
+    Py_ssize_t query_len_max = counts[4], tile = counts[5];
+    if (groups < 1 || groups > (1 << 20) || tile < 1 ||
+        rows > (PY_SSIZE_T_MAX / 16) / (groups + 8) ||
+        tokens > PY_SSIZE_T_MAX / 16 || tiles > PY_SSIZE_T_MAX / 16) {
+        PyErr_SetString(PyExc_ValueError, "num_groups, tile: must be positive, and the layout's sizes in range");
+        return NULL;
+    }
+    Batch batch;
+    if (take_batch(&batch, args + 1, groups) < 0) {
+        return NULL;
+    }
+    Py_buffer out;
+    if (get_array(args[0], &out, "packed", 'i', 4, 1) < 0) {
+        release_batch(&batch);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    Py_ssize_t size = tokens + (7 + groups) * rows + 1 + 2 * tiles;
+    Census census;
+    if (overlaps(&out, &batch)) {
+        PyErr_SetString(PyExc_ValueError, "packed: shares memory with the batch's arrays");
+    } else if (out.len != size * 4) {
+        PyErr_Format(PyExc_ValueError, "packed: has %zd entries, the layout needs %zd",
+                     out.len / 4, size);
+    } else if (take_census(&batch, query_len_max, tile, &census) == 0) {
+        Py_ssize_t live = census.rows[SPEC] + census.rows[DECODE] + census.rows[PREFILL];
+        int64_t num_tokens = census.tokens[SPEC] + census.tokens[DECODE] + census.tokens[PREFILL];
+        if (census.tokens[PADDING]) {
+            PyErr_SetString(PyExc_ValueError, "query_lens: a padding row (kind 3) has tokens");
+        } else if (census.breaks_limits) {
+            result = Py_NewRef(Py_None);
+        } else if (live > rows || num_tokens > tokens || census.tiles > tiles) {
+            PyErr_Format(PyExc_ValueError,
+                         "packed: %zd rows, %lld tokens, %lld tiles exceed the layout's "
+                         "%zd, %zd, %zd",
+                         live, (long long)num_tokens, (long long)census.tiles, rows, tokens,
+                         tiles);
+        } else if (num_tokens != batch.query_start[batch.num_rows]) {
+            PyErr_SetString(PyExc_ValueError, "query_start: does not end at sum(query_lens)");
+        } else {
+            Fields fields;
+            place_fields(out.buf, tokens, rows, tiles, groups, &fields);
+            write_plan(&batch, &fields, &census, tile, census.in_order);
+            result = Py_BuildValue("(LiL)", (long long)census.tiles,
+                                   (int)census.longest_prefill, (long long)census.tokens[SPEC]);
+        }
+    }
+    PyBuffer_Release(&out);
+    release_batch(&batch);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"pack", (PyCFunction)(void (*)(void))pack, METH_FASTCALL, PACK_DOC},
+    {"prefill_tiles", (PyCFunction)(void (*)(void))prefill_tiles, METH_FASTCALL,
+     "prefill_tiles(query_lens, kinds, tile) -> int: work tiles of the prefill rows."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_plan_packer", "The compiled plan packer (see compile.py's _pack).",
+    -1, methods, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__plan_packer(void) { return PyModule_Create(&module); }
