@@ -1,10 +1,12 @@
 """Host time of the planner per step: StepBatch validation, compile_plan (compile + pack),
-and the same step through a kept ``Planner`` (its graph keys, layouts and row templates).
+and the same step through a kept ``Planner``, which packs with the compiled packer (column
+``path`` says whether it built: ``native``, else ``numpy``), and through a kept
+``Planner(native=False)`` (numpy packing with its graph keys, layouts and row templates).
 
 Each case is a stream of >= 1000 distinct steps (fresh slots, accepted counts and
 draft counts each step, as an engine would hand over; mixed steps also vary their
 spec/decode split and their prefill rows and lengths), 4 layer groups. Validation,
-compile_plan and the Planner are each timed in a loop of their own over the same
+compile_plan and each Planner are timed in a loop of their own over the same
 batches. Prints p50 and p90 in microseconds, and the seed builder's per-step cost
 for the same number of layer groups (SPEC §4: 250 µs pure spec, ~900 µs mixed, per
 group, H200 host CPU). The last case alternates spec 256 x 4 and mixed 256 steps.
@@ -83,17 +85,22 @@ def timed(step: Callable[[object], object], items: list) -> np.ndarray:
     return np.array(ns) / 1e3
 
 
-def time_case(inputs: list[dict], config: PlannerConfig, planner: Planner) -> dict[str, np.ndarray]:
-    """Per-step microseconds of validation, compile_plan and ``planner``, each its own loop."""
+def time_case(
+    inputs: list[dict], config: PlannerConfig, planner: Planner, numpy_planner: Planner
+) -> dict[str, np.ndarray]:
+    """Per-step microseconds of validation, compile_plan, ``planner`` and ``numpy_planner``,
+    each its own loop."""
     batch_us = timed(lambda kw: StepBatch(**kw), inputs)
     batches = [StepBatch(**kw) for kw in inputs]
     compile_us = timed(lambda batch: compile_plan(batch, config), batches)
     planner_us = timed(planner.compile, batches)
+    numpy_us = timed(numpy_planner.compile, batches)
     return {
         "batch": batch_us,
         "compile": compile_us,
         "total": batch_us + compile_us,
         "planner": planner_us,
+        "numpy": numpy_us,
     }
 
 
@@ -113,7 +120,7 @@ def main() -> None:
     header = (
         f"{'case':<14} {'compile+pack p50':>16} {'p90':>7} {'validate p50':>13} {'p90':>7} "
         f"{'total p50':>10} {'p90':>7} {'seed (all groups)':>18} {'speed-up':>9} "
-        f"{'Planner p50':>12} {'p90':>7}"
+        f"{'Planner p50':>12} {'p90':>7} {'path':>6} {'numpy Planner p50':>18} {'p90':>7}"
     )
     print(header)
     for name, kinds in CASES.items():
@@ -121,9 +128,9 @@ def main() -> None:
             step_inputs(rng, *kinds[step % len(kinds)][1:], args.groups)
             for step in range(args.steps)
         ]
-        planner = Planner(config)
-        time_case(inputs[:200], config, planner)  # warm-up
-        times = time_case(inputs, config, planner)
+        planner, numpy_planner = Planner(config), Planner(config, native=False)
+        time_case(inputs[:200], config, planner, numpy_planner)  # warm-up
+        times = time_case(inputs, config, planner, numpy_planner)
         p = {k: np.percentile(v, [50, 90]) for k, v in times.items()}
         seed = np.mean([SEED_US_PER_GROUP[kind] for kind, *_ in kinds]) * args.groups
         print(
@@ -131,7 +138,9 @@ def main() -> None:
             f"{p['batch'][0]:>13.1f} {p['batch'][1]:>7.1f} "
             f"{p['total'][0]:>10.1f} {p['total'][1]:>7.1f} "
             f"{seed:>18.0f} {seed / p['total'][0]:>8.0f}x "
-            f"{p['planner'][0]:>12.1f} {p['planner'][1]:>7.1f}"
+            f"{p['planner'][0]:>12.1f} {p['planner'][1]:>7.1f} "
+            f"{'native' if planner.native else 'numpy':>6} "
+            f"{p['numpy'][0]:>18.1f} {p['numpy'][1]:>7.1f}"
         )
 
 

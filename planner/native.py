@@ -73,7 +73,9 @@ def _load(directory: Path, command: tuple[str, ...]) -> ModuleType | str:
         return str(error)
 
 
-def _load_or_build(directory: Path, command: tuple[str, ...]) -> ModuleType:
+def entry_path(directory: Path, command: tuple[str, ...]) -> Path:
+    """The cache file of the packer that ``command`` builds from today's source: named by
+    a hash of the source, the command, :data:`FLAGS`, the Python headers and ABI."""
     include = sysconfig.get_paths()["include"]
     suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
     try:
@@ -83,13 +85,17 @@ def _load_or_build(directory: Path, command: tuple[str, ...]) -> ModuleType:
     key = hashlib.sha256(
         repr((source, command, FLAGS, include, suffix, sys.version)).encode()
     ).hexdigest()[:24]
-    path = directory / f"{MODULE_NAME}-{key}{suffix}"
+    return directory / f"{MODULE_NAME}-{key}{suffix}"
+
+
+def _load_or_build(directory: Path, command: tuple[str, ...]) -> ModuleType:
+    path = entry_path(directory, command)
     if path.is_file():
         try:
             return _import(path)
         except ImportError:  # damaged or foreign: built afresh below, under the same name
             pass
-    _build(path, command, include)
+    _build(path, command, sysconfig.get_paths()["include"])
     try:
         return _import(path)
     except ImportError as error:

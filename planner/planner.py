@@ -28,6 +28,7 @@ _MAX_GRAPHS = 4096
 _UNSEEN = object()
 #: A plan's (graph, layout, layout.size, tokens, rows, tiles); graph ``None``: eager.
 _Shape = tuple[GraphKey | None, PlanLayout, int, int, int, int]
+_INT32 = "i"  # numpy's cheapest spelling of int32 (C int)
 _NUMPY_COST = "about 3x the host time per plan of the compiled packer"
 
 
@@ -77,23 +78,22 @@ class Planner:
         return self._packer is not None
 
     def compile(self, batch: StepBatch) -> ExecutionPlan:
-        """The plan of ``batch``: the same value as ``compile_plan(batch, self.config)``."""
-        if self._packer is not None:
-            return self._compile_native(batch)
-        order = _rows_in_group_order(batch)
-        return _compile(batch, self.config, in_engine_order=order, shapes=self)
+        """The plan of ``batch``: the same value as ``compile_plan(batch, self.config)``.
 
-    def _compile_native(self, batch: StepBatch) -> ExecutionPlan:
-        """:meth:`compile` with one C call filling the buffer (two for an eager step
-        with prefills: its layout needs their tile count first)."""
+        Natively, one C call fills the buffer (two for an eager step with prefills:
+        its layout needs their tile count first).
+        """
         config, packer = self.config, self._packer
+        if packer is None:
+            order = _rows_in_group_order(batch)
+            return _compile(batch, config, in_engine_order=order, shapes=self)
         counts = batch.kind_counts
         spec, decode, prefill, _ = counts
         live = spec + decode + prefill
         if live > config.max_num_seqs:
             _check_limits(batch, config)  # raises compile_plan's error
         query_start = batch.query_start
-        num_tokens, groups = query_start.item(-1), batch.slots.shape[0]
+        num_tokens, groups = query_start.item(-1), len(batch.slots)
         shape = None
         if self._graph_mode == "mixed" or (
             self._graph_mode == "full" and live and live in (spec, decode)
@@ -109,7 +109,7 @@ class Planner:
             size = num_tokens + (7 + groups) * live + 1 + 2 * tiles
             shape = None, PlanLayout(num_tokens, live, tiles, groups), size, num_tokens, live, tiles
         graph, layout, size, tokens, rows, tiles = shape
-        packed = np.empty(size, dtype=np.int32)
+        packed = np.empty(size, _INT32)
         found = packer.pack(
             packed,
             batch.query_lens,

@@ -1,0 +1,341 @@
+"""The compiled packer: plans equal to compile_plan's byte for byte, its errors, its build
+(cache, fallback, atomic writes) and its refusal of malformed arguments."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import attrs
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from planner_strategies import step_batches
+
+from stepplan.planner import (
+    ExecutionPlan,
+    PlanError,
+    Planner,
+    PlannerConfig,
+    StepBatch,
+    compile_plan,
+)
+from stepplan.planner import native as native_module
+from stepplan.planner.native import NativeBuildError
+
+PLAN_FIELDS = [field.name for field in attrs.fields(ExecutionPlan)]
+
+# Several groups, padding rows, long prefills (many tiles), more rows than the largest
+# graph, graph sizes of every mode: the packer's every branch.
+_BATCHES = st.one_of(
+    step_batches(max_rows=40, max_groups=4),
+    step_batches(max_rows=10, max_prefill=40, graph_modes=("mixed",)),
+    step_batches(max_rows=80, max_groups=2, max_prefill=600),
+)
+
+
+def assert_same_plan(got: ExecutionPlan, want: ExecutionPlan) -> None:
+    for name in PLAN_FIELDS:
+        if name == "packed":
+            assert got.packed.dtype == want.packed.dtype and got.packed.shape == want.packed.shape
+            assert got.packed.tobytes() == want.packed.tobytes()
+        else:
+            assert getattr(got, name) == getattr(want, name), name
+            assert type(getattr(got, name)) is type(getattr(want, name)), name
+    assert not got.packed.flags.writeable
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_BATCHES, min_size=1, max_size=4))
+def test_native_plans_equal_numpy_plans_field_by_field(cases):
+    planners: dict[PlannerConfig, tuple[Planner, Planner]] = {}
+    for batch, config in cases + cases[:1]:  # the repeat hits the kept shapes
+        native, numpy = planners.setdefault(
+            config, (Planner(config, native=True), Planner(config, native=False))
+        )
+        want = compile_plan(batch, config)
+        assert_same_plan(native.compile(batch), want)
+        assert_same_plan(numpy.compile(batch), want)
+
+
+def test_the_native_path_builds_plans_in_field_order():
+    # Planner.compile passes ExecutionPlan's fields by position (a third cheaper).
+    assert PLAN_FIELDS == [
+        "batch",
+        "config",
+        "num_spec_rows",
+        "num_decode_rows",
+        "num_prefill_rows",
+        "num_spec_tokens",
+        "num_decode_tokens",
+        "num_prefill_tokens",
+        "max_prefill_query_len",
+        "num_tiles",
+        "graph",
+        "layout",
+        "packed",
+    ]
+
+
+def _spec_batch(accepted=(2, 4), drafts=(3, 3), rows=2) -> StepBatch:
+    return StepBatch(
+        query_lens=[d + 1 for d in drafts][:rows] + [1] * (rows - 2),
+        num_computed_tokens=[3] * rows,
+        slots=list(range(1, rows + 1)),
+        num_draft_tokens=list(drafts)[:rows] + [-1] * (rows - 2),
+        num_accepted_tokens=list(accepted)[:rows] + [1] * (rows - 2),
+    )
+
+
+@pytest.mark.parametrize(
+    ("batch", "config"),
+    [
+        (_spec_batch(accepted=(2, 0)), PlannerConfig(num_spec_tokens=3)),
+        (_spec_batch(accepted=(5, 1)), PlannerConfig(num_spec_tokens=3)),
+        (_spec_batch(drafts=(3, 4), accepted=(0, 1)), PlannerConfig(num_spec_tokens=3)),
+        (_spec_batch(rows=5), PlannerConfig(num_spec_tokens=3, max_num_seqs=4)),
+        (_spec_batch(rows=5, accepted=(9, 1)), PlannerConfig(num_spec_tokens=3, max_num_seqs=4)),
+        (_spec_batch(), PlannerConfig(num_spec_tokens=2, graph_mode="mixed")),
+    ],
+)
+def test_native_errors_are_compile_plans_word_for_word(batch, config):
+    with pytest.raises(PlanError) as want:
+        compile_plan(batch, config)
+    for native in (True, False):
+        with pytest.raises(PlanError) as got:
+            Planner(config, native=native).compile(batch)
+        assert str(got.value) == str(want.value)
+        assert (got.value.field, got.value.row) == (want.value.field, want.value.row)
+
+
+@settings(max_examples=100, deadline=None)
+@given(step_batches(max_rows=20), st.data())
+def test_a_bad_accepted_count_is_refused_as_compile_plan_refuses_it(case, data):
+    batch, config = case
+    spec_rows = np.flatnonzero(batch.kinds == 0)
+    if not spec_rows.size:
+        return
+    accepted = batch.num_accepted_tokens.copy()
+    row = data.draw(st.sampled_from(spec_rows.tolist()))
+    accepted[row] = data.draw(st.sampled_from([0, -1, config.query_len_max + 1]))
+    bad = attrs.evolve(batch, num_accepted_tokens=accepted)
+    with pytest.raises(PlanError) as want:
+        compile_plan(bad, config)
+    with pytest.raises(PlanError) as got:
+        Planner(config, native=True).compile(bad)
+    assert str(got.value) == str(want.value)
+
+
+# -- the build ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """A cache directory of the test's own (the user's is never touched)."""
+    monkeypatch.setenv("STEPPLAN_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("CC", raising=False)
+    return tmp_path
+
+
+def _built(cache) -> list[str]:
+    return sorted(path.name for path in cache.iterdir())
+
+
+def test_a_missing_entry_is_built_once_and_then_loaded(cache, monkeypatch):
+    module = native_module._load_or_build(cache, native_module.compiler())
+    (name,) = _built(cache)
+    assert name.startswith("_plan_packer-") and callable(module.pack)
+    path = cache / name
+    stamp = path.stat().st_mtime_ns, path.stat().st_ino
+    monkeypatch.setattr(native_module, "_build", pytest.fail)  # must not build again
+    native_module._load_or_build(cache, native_module.compiler())
+    assert (path.stat().st_mtime_ns, path.stat().st_ino) == stamp
+
+
+def test_a_corrupt_entry_is_rebuilt(cache):
+    command = native_module.compiler()
+    path = native_module.entry_path(cache, command)
+    path.write_bytes(b"not a shared object")  # a damaged file, never loaded by anyone
+    module = native_module._load_or_build(cache, command)
+    assert callable(module.pack)
+    assert path.read_bytes()[:4] == b"\x7fELF"
+    assert _built(cache) == [path.name]
+
+
+def test_the_entry_is_written_to_a_temporary_name_then_renamed(cache, monkeypatch):
+    renames = []
+    replace = os.replace
+
+    def recording_replace(source, target):
+        assert os.path.getsize(source) > 0  # the compiler finished writing it
+        renames.append((os.path.dirname(source), os.fspath(target)))
+        replace(source, target)
+
+    monkeypatch.setattr(native_module.os, "replace", recording_replace)
+    native_module._load_or_build(cache, native_module.compiler())
+    path = native_module.entry_path(cache, native_module.compiler())
+    assert renames == [(str(cache), str(path))]
+
+
+def test_two_processes_building_at_once_leave_one_valid_file(cache):
+    build = "from stepplan.planner.native import load_packer; print(load_packer().__file__)"
+    processes = [
+        subprocess.Popen([sys.executable, "-c", build], stdout=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    files = {process.communicate(timeout=120)[0].strip() for process in processes}
+    assert [process.returncode for process in processes] == [0, 0]
+    (name,) = _built(cache)  # no temporary file left behind
+    assert files == {str(cache / name)}
+    check = subprocess.run([sys.executable, "-c", build], capture_output=True, text=True)
+    assert check.returncode == 0 and check.stdout.strip() == str(cache / name)
+
+
+def _config_and_batch() -> tuple[PlannerConfig, StepBatch]:
+    return PlannerConfig(num_spec_tokens=3), _spec_batch()
+
+
+@pytest.mark.parametrize(
+    ("compiler", "why"), [("false", "exited with status 1"), ("/no/such/cc", "no C compiler")]
+)
+def test_a_failing_compiler_falls_back_to_numpy_with_a_warning(cache, monkeypatch, compiler, why):
+    monkeypatch.setenv("CC", compiler)
+    config, batch = _config_and_batch()
+    with pytest.warns(RuntimeWarning, match="packs plans with numpy") as caught:
+        planner = Planner(config)
+    assert why in str(caught[0].message) and "host time" in str(caught[0].message)
+    assert not planner.native
+    assert_same_plan(planner.compile(batch), compile_plan(batch, config))
+    with pytest.raises(NativeBuildError, match=why):
+        Planner(config, native=True)
+    assert _built(cache) == []  # nothing half-written left behind
+
+
+def test_missing_python_headers_are_named(cache, monkeypatch, tmp_path_factory):
+    empty = tmp_path_factory.mktemp("include")
+    paths = native_module.sysconfig.get_paths()
+    monkeypatch.setattr(
+        native_module.sysconfig, "get_paths", lambda: {**paths, "include": str(empty)}
+    )
+    with pytest.raises(NativeBuildError, match="no Python headers"):
+        native_module._load_or_build(cache, native_module.compiler())
+
+
+def test_native_false_never_builds(cache, monkeypatch):
+    monkeypatch.setenv("CC", "false")
+    config, batch = _config_and_batch()
+    planner = Planner(config, native=False)
+    assert not planner.native and _built(cache) == []
+    assert_same_plan(planner.compile(batch), compile_plan(batch, config))
+
+
+# -- malformed arguments are refused before anything is written --------------------------
+
+
+def _pack_arguments():
+    config, batch = _config_and_batch()
+    plan = compile_plan(batch, config)
+    layout = plan.layout
+    arrays = [
+        np.full(layout.size + 16, 12345, dtype=np.int32),  # packed, with a guard tail
+        batch.query_lens,
+        batch.num_computed_tokens,
+        batch.num_accepted_tokens,
+        batch.slots,
+        batch.kinds,
+        batch.query_start,
+    ]
+    counts = [layout.num_tokens, layout.num_rows, layout.num_tiles, layout.num_groups, 4, 64]
+    return arrays, counts, plan
+
+
+def test_the_raw_packer_fills_exactly_the_layout():
+    (guarded, *batch), counts, plan = _pack_arguments()
+    packed = guarded[: plan.layout.size]
+    assert native_module.load_packer().pack(packed, *batch, *counts) == (0, 0, 8)
+    assert packed.tobytes() == plan.packed.tobytes()
+    assert (guarded[plan.layout.size :] == 12345).all()
+
+
+@pytest.mark.parametrize(
+    ("position", "bad", "error", "names"),
+    [
+        (0, "short", ValueError, "packed"),
+        (0, "long", ValueError, "packed"),
+        (0, "read-only", ValueError, "packed"),
+        (0, "int64", TypeError, "packed"),
+        (0, "list", TypeError, "packed"),
+        (1, "int64", TypeError, "query_lens"),
+        (1, "strided", ValueError, "query_lens"),
+        (2, "short", ValueError, "num_computed_tokens"),
+        (3, "uint32", TypeError, "num_accepted_tokens"),
+        (4, "strided", ValueError, "slots"),
+        (4, "short", ValueError, "slots"),
+        (5, "int32", TypeError, "kinds"),
+        (5, "kind 7", ValueError, "kinds"),
+        (6, "short", ValueError, "query_start"),
+        (1, "negative", ValueError, "query_lens"),
+        (7, "rows", ValueError, "packed"),
+        (8, "-1", ValueError, "num_rows"),
+        (10, "0", ValueError, "num_groups"),
+        (9, "text", TypeError, "num_tiles"),
+    ],
+)
+def test_malformed_arguments_are_refused_naming_them(position, bad, error, names):
+    (guarded, *batch), counts, plan = _pack_arguments()
+    arguments = [guarded[: plan.layout.size], *batch, *counts]
+    spoil = {
+        "short": lambda value: value[:-1] if value.ndim == 1 else value[:, :-1],
+        "long": lambda _: guarded[: plan.layout.size + 1],
+        "read-only": lambda _: plan.packed,
+        "int64": lambda value: value.astype(np.int64),
+        "uint32": lambda value: value.astype(np.uint32),
+        "int32": lambda value: value.astype(np.int32),
+        "list": list,
+        "strided": lambda value: np.repeat(value, 2, axis=-1)[..., ::2],
+        "kind 7": lambda _: np.array([0, 7], dtype=np.int8),
+        "negative": lambda _: np.array([4, -4], dtype=np.int32),
+        "rows": lambda _: 1,  # a layout of one token: not the buffer's
+        "-1": lambda _: -1,
+        "0": lambda _: 0,
+        "text": lambda _: "4",
+    }[bad]
+    arguments[position] = spoil(arguments[position])
+    with pytest.raises(error, match=names):
+        native_module.load_packer().pack(*arguments)
+    assert (guarded[plan.layout.size :] == 12345).all()
+
+
+def test_the_packer_refuses_to_write_into_the_batch():
+    (_, lens, *batch), counts, plan = _pack_arguments()
+    memory = np.zeros(plan.layout.size + lens.size, dtype=np.int32)
+    shared_lens = memory[-lens.size :]
+    shared_lens[:] = lens
+    with pytest.raises(ValueError, match="shares memory"):
+        native_module.load_packer().pack(
+            memory[1 : plan.layout.size + 1], shared_lens, *batch, *counts
+        )
+
+
+def test_a_layout_too_small_for_the_batch_is_refused():
+    (_, *batch), counts, _ = _pack_arguments()
+    tokens, groups = counts[0], counts[3]
+    packed = np.zeros(tokens + (7 + groups) * 1 + 1, dtype=np.int32)  # one row, two live
+    with pytest.raises(ValueError, match="exceed the layout"):
+        native_module.load_packer().pack(packed, *batch, tokens, 1, 0, groups, 4, 64)
+
+
+def test_prefill_tiles_counts_and_checks():
+    packer = native_module.load_packer()
+    lens, kinds = np.array([1, 65, 0, 128], np.int32), np.array([1, 2, 3, 2], np.int8)
+    assert packer.prefill_tiles(lens, kinds, 64) == 4
+    with pytest.raises(ValueError, match="kinds"):
+        packer.prefill_tiles(lens, kinds[:3], 64)
+    with pytest.raises(TypeError, match="query_lens"):
+        packer.prefill_tiles(lens.astype(np.int64), kinds, 64)
+    with pytest.raises(ValueError, match="tile"):
+        packer.prefill_tiles(lens, kinds, 0)
+    with pytest.raises(TypeError, match="3 arguments"):
+        packer.prefill_tiles(lens, kinds)
