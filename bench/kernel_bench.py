@@ -283,23 +283,26 @@ def measure(
 #: are contiguous, entry by entry where channels are) of the row launch.
 ROW_VARIANTS = (
     (64, 1, True, True),
+    (64, 2, False, True),
     (128, 1, False, True),
-    (128, 1, True, True),
-    (128, 1, False, False),
-    (256, 2, True, True),
+    (128, 2, False, True),
+    (128, 4, False, True),
+    (256, 4, False, True),
+    (256, 4, True, True),
+    (256, 8, False, True),
 )
 #: (channels, warps, tokens per program, channels first) of the tile launch.
 TILE_VARIANTS = (
     (128, 2, 16, True),
-    (128, 2, 16, False),
-    (64, 1, 16, True),
     (128, 1, 8, True),
-    (256, 1, 8, True),
+    (128, 1, 16, True),
     (256, 2, 16, True),
 )
 
 
-def sweep(channels: int, ceiling: float, launches: str) -> dict[str, kernels.Blocks]:
+def sweep(
+    channels: int, ceiling: float, launches: str, layouts: tuple[str, ...] = LAYOUTS
+) -> dict[str, kernels.Blocks]:
     """Time block-size variants per layout (no PyTorch); return the best blocks per layout.
 
     Best: the highest geometric-mean share over the batches of many requests each launch
@@ -307,7 +310,7 @@ def sweep(channels: int, ceiling: float, launches: str) -> dict[str, kernels.Blo
     """
     print(f"\nsweep at C={channels}: us (share of ceiling) per block variant", flush=True)
     chosen = {}
-    for layout in LAYOUTS:
+    for layout in layouts:
         blocks = kernels.default_blocks(channels, layout != LAYOUTS[0])
         for prefill, variants in ((False, ROW_VARIANTS), (True, TILE_VARIANTS)):
             if launches != "both" and prefill != (launches == "tiles"):
@@ -316,14 +319,17 @@ def sweep(channels: int, ceiling: float, launches: str) -> dict[str, kernels.Blo
             scores = {}
             for variant in variants:
                 trial = _with_variant(blocks, prefill, variant)
-                cells = []
+                cells, times = [], []
                 for name in names:
                     row = measure(name, channels, layout, blocks=trial, reps=15, with_torch=False)
                     cells.append(row["floor_bytes"] / (ceiling * 1e6) / row["us"])
+                    times.append(row["us"])
                 # Scored on the batches of many requests: one-request steps are latency.
                 large = [c for n, c in zip(names, cells, strict=True) if _requests(n) > 1]
                 scores[variant] = float(np.exp(np.mean(np.log(large))))
-                shown = "  ".join(f"{n}: {c:.0%}" for n, c in zip(names, cells, strict=True))
+                shown = "  ".join(
+                    f"{n}: {t:.1f} us {c:.0%}" for n, t, c in zip(names, times, cells, strict=True)
+                )
                 print(f"  {layout:<20} {'/'.join(map(str, variant)):<20} {shown}", flush=True)
             blocks = _with_variant(blocks, prefill, max(scores, key=scores.get))
         chosen[layout] = blocks
@@ -416,6 +422,7 @@ def main(argv: list[str] | None = None) -> int:
         choices=("rows", "tiles", "both"),
         help="time block-size variants of these launches first",
     )
+    parser.add_argument("--layouts", nargs="+", default=list(LAYOUTS), choices=list(LAYOUTS))
     parser.add_argument("--no-torch", action="store_true", help="skip the PyTorch baseline")
     parser.add_argument(
         "--profile-out", help="JSON profile path (default $OUT/kernel_profile.json)"
@@ -430,10 +437,11 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.cuda.get_device_name()
     ceiling = copy_ceiling_tbs(args.reps)
     print(f"{device}: copy ceiling {ceiling:.2f} TB/s", flush=True)
-    chosen = sweep(args.channels[0], ceiling, args.sweep) if args.sweep else {}
+    layouts = tuple(args.layouts)
+    chosen = sweep(args.channels[0], ceiling, args.sweep, layouts) if args.sweep else {}
     rows = []
     for channels in args.channels:
-        for layout in LAYOUTS:
+        for layout in layouts:
             for name in args.batches:
                 row = measure(
                     name,
