@@ -8,6 +8,7 @@ from .compile import compile_plan, largest_graph_layout, layout_capacity
 from .config import GRAPH_MODES, PlannerConfig, default_graph_sizes
 from .errors import PlanError
 from .layout import FIELDS, BufferField, PlanLayout
+from .native import NativeBuildError
 from .plan import ExecutionPlan, GraphKey, Op
 from .planner import Planner
 
@@ -22,6 +23,7 @@ __all__ = [
     "BufferField",
     "ExecutionPlan",
     "GraphKey",
+    "NativeBuildError",
     "Op",
     "PlanError",
     "PlanLayout",

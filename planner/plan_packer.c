@@ -61,12 +61,13 @@ static Py_ssize_t get_count(PyObject *obj, const char *name) {
     return value;
 }
 
-/* The batch's arrays: engine rows, each checked against ``num_rows`` rows. */
+/* The batch's arrays: engine rows, each checked against ``num_rows`` rows. Row lengths
+ * are read as differences of ``query_start``, which is read anyway (one array less). */
 typedef struct {
-    Py_buffer views[6];
+    Py_buffer views[5];
     int held;
     Py_ssize_t num_rows;
-    const int32_t *query_lens, *computed, *accepted, *slots, *query_start;
+    const int32_t *query_start, *computed, *accepted, *slots;
     const int8_t *kinds;
 } Batch;
 
@@ -92,23 +93,27 @@ static const void *take(Batch *batch, PyObject *obj, const char *name, char code
     return view->buf;
 }
 
-/* args: query_lens, num_computed_tokens, num_accepted_tokens, slots, kinds, query_start,
- * num_groups. Fills ``batch``; on failure releases it and sets an exception. */
+/* args: query_start, num_computed_tokens, num_accepted_tokens, slots, kinds; ``groups``
+ * rows of slots. Fills ``batch``; on failure releases it and sets an exception. */
 static int take_batch(Batch *batch, PyObject *const *args, Py_ssize_t groups) {
     Py_buffer *first = &batch->views[0];
     batch->held = 0;
-    if (get_array(args[0], first, "query_lens", 'i', 4, 0) < 0) {
+    if (get_array(args[0], first, "query_start", 'i', 4, 0) < 0) {
         return -1;
     }
     batch->held = 1;
-    Py_ssize_t n = first->len / 4;
+    Py_ssize_t n = first->len / 4 - 1;
     batch->num_rows = n;
-    batch->query_lens = first->buf;
+    batch->query_start = first->buf;
+    if (n < 0 || batch->query_start[0] != 0) {
+        PyErr_SetString(PyExc_ValueError, "query_start: must start with 0");
+        release_batch(batch);
+        return -1;
+    }
     if (!(batch->computed = take(batch, args[1], "num_computed_tokens", 'i', 4, n)) ||
         !(batch->accepted = take(batch, args[2], "num_accepted_tokens", 'i', 4, n)) ||
         !(batch->slots = take(batch, args[3], "slots", 'i', 4, groups * n)) ||
-        !(batch->kinds = take(batch, args[4], "kinds", 'b', 1, n)) ||
-        !(batch->query_start = take(batch, args[5], "query_start", 'i', 4, n + 1))) {
+        !(batch->kinds = take(batch, args[4], "kinds", 'b', 1, n))) {
         release_batch(batch);
         return -1;
     }
@@ -134,8 +139,8 @@ static int census_error(const Batch *batch) {
             PyErr_Format(PyExc_ValueError, "kinds: row %zd has kind %d, not 0..3", r, kind);
             return -1;
         }
-        if (batch->query_lens[r] < 0) {
-            PyErr_Format(PyExc_ValueError, "query_lens: row %zd is negative", r);
+        if (batch->query_start[r + 1] < batch->query_start[r]) {
+            PyErr_Format(PyExc_ValueError, "query_start: row %zd ends before it starts", r);
             return -1;
         }
     }
@@ -153,7 +158,7 @@ static int take_census(const Batch *batch, Py_ssize_t query_len_max, Py_ssize_t 
     int previous = SPEC;
     for (Py_ssize_t r = 0; r < batch->num_rows; r++) {
         int kind = batch->kinds[r];
-        int32_t q = batch->query_lens[r];
+        int64_t q = (int64_t)batch->query_start[r + 1] - batch->query_start[r];
         bad |= ((unsigned)kind > PADDING) | (q < 0);
         int is_spec = kind == SPEC, is_decode = kind == DECODE, is_prefill = kind == PREFILL;
         rows[0] += is_spec, rows[1] += is_decode, rows[2] += is_prefill;
@@ -166,7 +171,7 @@ static int take_census(const Batch *batch, Py_ssize_t query_len_max, Py_ssize_t 
         breaks |= is_spec & (wrong | (q > query_len_max));
         if (is_prefill) {
             census->tiles += (q + tile - 1) / tile;
-            census->longest_prefill = q > census->longest_prefill ? q : census->longest_prefill;
+            census->longest_prefill = q > census->longest_prefill ? (int32_t)q : census->longest_prefill;
         }
     }
     if (bad) {
@@ -318,11 +323,13 @@ static void write_flags(const Batch *b, const Fields *f, const Census *c,
 static void write_starts_and_slots(const Batch *b, const Fields *f, Py_ssize_t live,
                                    const int32_t *order) {
     gather(f->token_start, b->query_start, order, live);
-    if (order == NULL) {
-        memcpy(f->query_start, b->query_start, (size_t)live * sizeof(int32_t));
+    if (order == NULL) { /* live + 1: the padding rows that follow have no tokens */
+        memcpy(f->query_start, b->query_start, (size_t)(live + 1) * sizeof(int32_t));
     } else { /* the lengths in group order, one place on, then summed up in place */
         int32_t *starts = f->query_start;
-        gather(starts + 1, b->query_lens, order, live);
+        for (Py_ssize_t p = 0; p < live; p++) {
+            starts[p + 1] = b->query_start[order[p] + 1] - b->query_start[order[p]];
+        }
         starts[0] = 0;
         for (Py_ssize_t p = 1; p <= live; p++) {
             starts[p] += starts[p - 1];
@@ -356,7 +363,8 @@ static void write_tiles(const Batch *b, const Fields *f, const Census *c, Py_ssi
     Py_ssize_t begin = c->rows[SPEC] + c->rows[DECODE], stop = begin + c->rows[PREFILL];
     int64_t next = 0;
     for (Py_ssize_t p = begin; p < stop; p++) {
-        int32_t count = (int32_t)((b->query_lens[f->request[p]] + tile - 1) / tile);
+        int32_t q = f->query_start[p + 1] - f->query_start[p];
+        int32_t count = (int32_t)((q + tile - 1) / tile);
         for (int32_t i = 0; i < count; i++, next++) {
             f->tile_row[next] = (int32_t)p, f->tile_start[next] = (int32_t)(i * tile);
         }
@@ -425,8 +433,8 @@ static int overlaps(const Py_buffer *out, const Batch *batch) {
 }
 
 static const char PACK_DOC[] =
-    "pack(packed, query_lens, num_computed_tokens, num_accepted_tokens, slots, kinds,\n"
-    "     query_start, num_tokens, num_rows, num_tiles, num_groups, query_len_max, tile)\n"
+    "pack(packed, query_start, num_computed_tokens, num_accepted_tokens, slots, kinds,\n"
+    "     num_tokens, num_rows, num_tiles, num_groups, query_len_max, tile)\n"
     "Fill ``packed`` (int32, laid out as PlanLayout(num_tokens, num_rows, num_tiles,\n"
     "num_groups)) with one step's plan. Returns (num_tiles, longest prefill, spec tokens),\n"
     "or None when a spec row breaks the config's limits (q > Q or accepted outside\n"
@@ -437,12 +445,12 @@ static PyObject *pack(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     static const char *const count_names[] = {"num_tokens", "num_rows", "num_tiles",
                                               "num_groups", "query_len_max", "tile"};
     Py_ssize_t counts[6];
-    if (nargs != 13) {
-        PyErr_Format(PyExc_TypeError, "pack takes 13 arguments, got %zd", nargs);
+    if (nargs != 12) {
+        PyErr_Format(PyExc_TypeError, "pack takes 12 arguments, got %zd", nargs);
         return NULL;
     }
     for (int i = 0; i < 6; i++) {
-        if ((counts[i] = get_count(args[7 + i], count_names[i])) < 0) {
+        if ((counts[i] = get_count(args[6 + i], count_names[i])) < 0) {
             return NULL;
         }
     }
@@ -451,7 +459,8 @@ static PyObject *pack(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (groups < 1 || groups > (1 << 20) || tile < 1 ||
         rows > (PY_SSIZE_T_MAX / 16) / (groups + 8) ||
         tokens > PY_SSIZE_T_MAX / 16 || tiles > PY_SSIZE_T_MAX / 16) {
-        PyErr_SetString(PyExc_ValueError, "num_groups, tile: must be positive, and the layout's sizes in range");
+        PyErr_SetString(PyExc_ValueError,
+                        "num_groups, tile: must be positive, and the layout's sizes in range");
         return NULL;
     }
     Batch batch;
@@ -475,7 +484,7 @@ static PyObject *pack(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         Py_ssize_t live = census.rows[SPEC] + census.rows[DECODE] + census.rows[PREFILL];
         int64_t num_tokens = census.tokens[SPEC] + census.tokens[DECODE] + census.tokens[PREFILL];
         if (census.tokens[PADDING]) {
-            PyErr_SetString(PyExc_ValueError, "query_lens: a padding row (kind 3) has tokens");
+            PyErr_SetString(PyExc_ValueError, "query_start: a padding row (kind 3) has tokens");
         } else if (census.breaks_limits) {
             result = Py_NewRef(Py_None);
         } else if (live > rows || num_tokens > tokens || census.tiles > tiles) {
@@ -484,8 +493,6 @@ static PyObject *pack(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
                          "%zd, %zd, %zd",
                          live, (long long)num_tokens, (long long)census.tiles, rows, tokens,
                          tiles);
-        } else if (num_tokens != batch.query_start[batch.num_rows]) {
-            PyErr_SetString(PyExc_ValueError, "query_start: does not end at sum(query_lens)");
         } else {
             Fields fields;
             place_fields(out.buf, tokens, rows, tiles, groups, &fields);

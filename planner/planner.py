@@ -112,12 +112,11 @@ class Planner:
         packed = np.empty(size, _INT32)
         found = packer.pack(
             packed,
-            batch.query_lens,
+            query_start,
             batch.num_computed_tokens,
             batch.num_accepted_tokens,
             batch.slots,
             batch.kinds,
-            query_start,
             tokens,
             rows,
             tiles,

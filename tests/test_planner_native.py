@@ -240,12 +240,11 @@ def _pack_arguments():
     layout = plan.layout
     arrays = [
         np.full(layout.size + 16, 12345, dtype=np.int32),  # packed, with a guard tail
-        batch.query_lens,
+        batch.query_start,
         batch.num_computed_tokens,
         batch.num_accepted_tokens,
         batch.slots,
         batch.kinds,
-        batch.query_start,
     ]
     counts = [layout.num_tokens, layout.num_rows, layout.num_tiles, layout.num_groups, 4, 64]
     return arrays, counts, plan
@@ -267,20 +266,21 @@ def test_the_raw_packer_fills_exactly_the_layout():
         (0, "read-only", ValueError, "packed"),
         (0, "int64", TypeError, "packed"),
         (0, "list", TypeError, "packed"),
-        (1, "int64", TypeError, "query_lens"),
-        (1, "strided", ValueError, "query_lens"),
+        (1, "int64", TypeError, "query_start"),
+        (1, "strided", ValueError, "query_start"),
+        (1, "decreasing", ValueError, "query_start"),
+        (1, "offset", ValueError, "query_start"),
         (2, "short", ValueError, "num_computed_tokens"),
         (3, "uint32", TypeError, "num_accepted_tokens"),
         (4, "strided", ValueError, "slots"),
         (4, "short", ValueError, "slots"),
+        (5, "short", ValueError, "kinds"),
         (5, "int32", TypeError, "kinds"),
         (5, "kind 7", ValueError, "kinds"),
-        (6, "short", ValueError, "query_start"),
-        (1, "negative", ValueError, "query_lens"),
-        (7, "rows", ValueError, "packed"),
-        (8, "-1", ValueError, "num_rows"),
-        (10, "0", ValueError, "num_groups"),
-        (9, "text", TypeError, "num_tiles"),
+        (6, "rows", ValueError, "packed"),
+        (7, "-1", ValueError, "num_rows"),
+        (9, "0", ValueError, "num_groups"),
+        (8, "text", TypeError, "num_tiles"),
     ],
 )
 def test_malformed_arguments_are_refused_naming_them(position, bad, error, names):
@@ -296,7 +296,8 @@ def test_malformed_arguments_are_refused_naming_them(position, bad, error, names
         "list": list,
         "strided": lambda value: np.repeat(value, 2, axis=-1)[..., ::2],
         "kind 7": lambda _: np.array([0, 7], dtype=np.int8),
-        "negative": lambda _: np.array([4, -4], dtype=np.int32),
+        "decreasing": lambda _: np.array([0, 8, 4], dtype=np.int32),
+        "offset": lambda _: np.array([1, 5, 9], dtype=np.int32),
         "rows": lambda _: 1,  # a layout of one token: not the buffer's
         "-1": lambda _: -1,
         "0": lambda _: 0,
@@ -309,14 +310,13 @@ def test_malformed_arguments_are_refused_naming_them(position, bad, error, names
 
 
 def test_the_packer_refuses_to_write_into_the_batch():
-    (_, lens, *batch), counts, plan = _pack_arguments()
-    memory = np.zeros(plan.layout.size + lens.size, dtype=np.int32)
-    shared_lens = memory[-lens.size :]
-    shared_lens[:] = lens
+    (_, starts, *batch), counts, plan = _pack_arguments()
+    memory = np.zeros(plan.layout.size + starts.size, dtype=np.int32)
+    shared_starts = memory[-starts.size :]
+    shared_starts[:] = starts
+    packed = memory[1 : plan.layout.size + 1]  # its last entries are the query starts read
     with pytest.raises(ValueError, match="shares memory"):
-        native_module.load_packer().pack(
-            memory[1 : plan.layout.size + 1], shared_lens, *batch, *counts
-        )
+        native_module.load_packer().pack(packed, shared_starts, *batch, *counts)
 
 
 def test_a_layout_too_small_for_the_batch_is_refused():
