@@ -115,6 +115,19 @@ def _program_place(channels, BLOCK_C: tl.constexpr, CHANNELS_FIRST: tl.constexpr
     return item, block * BLOCK_C
 
 
+@triton.jit
+def _channel_stride(state_chan, CHANNEL_UNIT: tl.constexpr, WHOLE_WINDOW: tl.constexpr):
+    """The state's channel stride, as a literal where the layout fixes it: a unit
+    stride lets Triton coalesce along channels, a compact pool's stride ``W`` tells it
+    each window's alignment."""
+    if CHANNEL_UNIT:
+        return 1
+    elif WHOLE_WINDOW:
+        return WHOLE_WINDOW
+    else:
+        return state_chan
+
+
 _ROW_OFFSETS = ("query_start_at", "token_start_at", "kind_at", "offset_at", "reads_at", "slot_at")
 _TILE_OFFSETS = (
     "query_start_at",
@@ -213,9 +226,13 @@ def _update_row(
     x_ptr, x_stride, residual_ptr, residual_stride, weight_ptr, weight_chan, weight_tap,
     first_token, q, window_ptr, past_ptr, s_chan, s_win, state_end, has_slot, chan, chan_ok,
     TAPS: tl.constexpr, DILATION: tl.constexpr, ROWS: tl.constexpr, WINDOW_BLOCK: tl.constexpr,
-    WINDOW_TILE: tl.constexpr, BLOCK_C: tl.constexpr, FAST: tl.constexpr,
+    WINDOW_TILE: tl.constexpr, WHOLE_WINDOW: tl.constexpr, BLOCK_C: tl.constexpr,
+    FAST: tl.constexpr,
 ):  # fmt: skip
-    """One spec or decode row of ``q <= ROWS`` tokens: its outputs, then its new window."""
+    """One spec or decode row of ``q <= ROWS`` tokens: its outputs, then its new window.
+
+    WHOLE_WINDOW (``W`` of a compact ``[slot, C, W]`` pool, else 0): the window tile
+    is stored whole, see below."""
     reach: tl.constexpr = (TAPS - 1) * DILATION
     history = _load_history(
         x_ptr, x_stride, first_token, q, past_ptr, s_chan, s_win, state_end, 0, chan,
@@ -232,6 +249,15 @@ def _update_row(
         kept = (i < keep) & chan_ok[None, :]
         past = _past(past_ptr, s_chan, s_win, state_end, i + 1, chan, kept)
         tokens = _tokens(x_ptr, x_stride, first_token, i + 1, chan, kept, reach)
+        if WHOLE_WINDOW:
+            # All W entries rewritten, those past `keep` with their own values: a mask
+            # with a static bound keeps the stores 8-byte vectors (a per-row bound made
+            # them 2-byte stores, each warp's 2W-byte-strided writes split into six L2
+            # transactions). The slot is this program's alone; slot 0 stays unread.
+            whole = (i < WHOLE_WINDOW) & chan_ok[None, :] & (i * 0 + has_slot > 0)
+            whole_ptrs = window_ptr + chan[None, :] * s_chan + i
+            old = tl.load(whole_ptrs, mask=whole, other=0.0)
+            new = tl.where(kept, tl.where(i + 1 < reach, past, tokens), old)
     _add_silu_rows(
         residual_ptr, residual_stride, first_token, q, chan, chan_ok, history, taps,
         ROWS, TAPS, DILATION, BLOCK_C, FAST,
@@ -240,7 +266,10 @@ def _update_row(
     # read the old window before any thread overwrites it.
     tl.debug_barrier()
     if WINDOW_TILE:
-        _write_window(window_ptr, s_chan, s_win, i, chan, kept, i + 1, past, tokens, reach)
+        if WHOLE_WINDOW:
+            tl.store(whole_ptrs, new, mask=whole)
+        else:
+            _write_window(window_ptr, s_chan, s_win, i, chan, kept, i + 1, past, tokens, reach)
     else:
         for i in tl.static_range(reach + ROWS - 1):
             ptrs = window_ptr + chan * s_chan + i * s_win
@@ -278,6 +307,7 @@ def _short_conv_rows(
     BLOCK_C: tl.constexpr,
     CHANNEL_UNIT: tl.constexpr,
     WINDOW_UNIT: tl.constexpr,
+    WHOLE_WINDOW: tl.constexpr,
     CHANNELS_FIRST: tl.constexpr,
     FAST: tl.constexpr,
 ):
@@ -296,7 +326,7 @@ def _short_conv_rows(
         return
     reach: tl.constexpr = (TAPS - 1) * DILATION
     # A unit stride as a literal lets Triton coalesce and vectorize along that dimension.
-    s_chan = 1 if CHANNEL_UNIT else state_chan
+    s_chan = _channel_stride(state_chan, CHANNEL_UNIT, WHOLE_WINDOW)
     s_win = 1 if WINDOW_UNIT else state_win
     chan = chan0 + tl.arange(0, BLOCK_C)
     chan_ok = chan < channels
@@ -310,13 +340,14 @@ def _short_conv_rows(
         _update_row(
             x_ptr, x_stride, residual_ptr, residual_stride, weight_ptr, weight_chan, weight_tap,
             first_token, q, window_ptr, past_ptr, s_chan, s_win, state_end, has_slot, chan,
-            chan_ok, TAPS, DILATION, 1, WINDOW_BLOCK, WINDOW_TILE, BLOCK_C, FAST,
+            chan_ok, TAPS, DILATION, 1, WINDOW_BLOCK, WINDOW_TILE, WHOLE_WINDOW, BLOCK_C, FAST,
         )  # fmt: skip
     else:
         _update_row(
             x_ptr, x_stride, residual_ptr, residual_stride, weight_ptr, weight_chan, weight_tap,
             first_token, q, window_ptr, past_ptr, s_chan, s_win, state_end, has_slot, chan,
-            chan_ok, TAPS, DILATION, QUERY_MAX, WINDOW_BLOCK, WINDOW_TILE, BLOCK_C, FAST,
+            chan_ok, TAPS, DILATION, QUERY_MAX, WINDOW_BLOCK, WINDOW_TILE, WHOLE_WINDOW, BLOCK_C,
+            FAST,
         )  # fmt: skip
 
 
@@ -369,6 +400,7 @@ def _short_conv_tiles(
     BLOCK_C: tl.constexpr,
     CHANNEL_UNIT: tl.constexpr,
     WINDOW_UNIT: tl.constexpr,
+    WHOLE_WINDOW: tl.constexpr,
     CHANNELS_FIRST: tl.constexpr,
     FAST: tl.constexpr,
 ):
@@ -396,7 +428,7 @@ def _short_conv_tiles(
     if (slot == 0) | (start >= q):
         return  # the NULL slot adds 0 and keeps no state; or past the request's end
     reach: tl.constexpr = (TAPS - 1) * DILATION
-    s_chan = 1 if CHANNEL_UNIT else state_chan
+    s_chan = _channel_stride(state_chan, CHANNEL_UNIT, WHOLE_WINDOW)
     s_win = 1 if WINDOW_UNIT else state_win
     chan = chan0 + tl.arange(0, BLOCK_C)
     chan_ok = chan < channels
@@ -530,6 +562,13 @@ def default_blocks(channels: int, window_contiguous: bool) -> Blocks:
     )
 
 
+def _compact_window(conv_state: torch.Tensor) -> int:
+    """``W`` where each channel's window is one contiguous run of ``W`` entries
+    (strides ``[., W, 1]``), else 0."""
+    window = conv_state.shape[2]
+    return window if conv_state.stride()[1:] == (window, 1) else 0
+
+
 def _power_of_two_at_least(n: int) -> int:
     """The smallest power of two ``>= n`` (``n >= 1``).
 
@@ -593,6 +632,7 @@ def launch_short_conv(
             DILATION=dilation,
             CHANNEL_UNIT=conv_state.stride(1) == 1,
             WINDOW_UNIT=conv_state.stride(2) == 1,
+            WHOLE_WINDOW=_compact_window(conv_state),
             FAST=x.is_cuda,  # compiled, not interpreted: see _silu_rounded
         ),
     )
