@@ -120,8 +120,8 @@ static int take_batch(Batch *batch, PyObject *const *args, Py_ssize_t groups) {
     return 0;
 }
 
-/* What the first pass learns: rows and tokens per kind (padding too), tiles, the longest
- * prefill, and whether a spec row has q > Q or accepted outside 1..Q. */
+/* What the first pass learns: rows and tokens per kind (padding too), and whether a spec
+ * row has q > Q or accepted outside 1..Q; then tiles and the longest prefill. */
 typedef struct {
     Py_ssize_t rows[4];
     int64_t tokens[4];
@@ -147,36 +147,35 @@ static int census_error(const Batch *batch) {
     return -1;
 }
 
-/* Spec and decode rows come interleaved in any order, so the per-row work selects by
- * kind instead of branching on it (a branch per row would mispredict half the time), and
- * keeps its sums in locals (sums indexed by kind would chain through memory). */
-static int take_census(const Batch *batch, Py_ssize_t query_len_max, Py_ssize_t tile,
-                       Census *census) {
-    memset(census, 0, sizeof(*census));
-    int64_t rows[4] = {0, 0, 0, 0}, tokens[4] = {0, 0, 0, 0};
-    uint32_t breaks = 0, unordered = 0, bad = 0;
-    int previous = SPEC;
-    for (Py_ssize_t r = 0; r < batch->num_rows; r++) {
-        int kind = batch->kinds[r];
-        int64_t q = (int64_t)batch->query_start[r + 1] - batch->query_start[r];
-        bad |= ((unsigned)kind > PADDING) | (q < 0);
-        int is_spec = kind == SPEC, is_decode = kind == DECODE, is_prefill = kind == PREFILL;
-        rows[0] += is_spec, rows[1] += is_decode, rows[2] += is_prefill;
-        tokens[0] += is_spec ? q : 0, tokens[1] += is_decode ? q : 0;
-        tokens[2] += is_prefill ? q : 0, tokens[3] += kind == PADDING ? q : 0;
-        unordered |= kind < previous;
-        previous = kind;
+/* One branch-free pass (the compiler vectorizes it): spec and decode rows come
+ * interleaved in any order, so the counts select by kind instead of branching on it.
+ * Sums are 32-bit: a valid batch's fit (query_start is int32, starts at 0 and never
+ * decreases), and an invalid one is refused before they are used. */
+static int take_census(const Batch *batch, Py_ssize_t query_len_max, Census *census) {
+    const int32_t *starts = batch->query_start, *accepted = batch->accepted;
+    const int8_t *kinds = batch->kinds;
+    uint32_t rows[4] = {0, 0, 0, 0}, tokens[4] = {0, 0, 0, 0};
+    uint32_t breaks = 0, unordered = 0, bad = 0, limit = (uint32_t)query_len_max;
+    Py_ssize_t n = batch->num_rows;
+    for (Py_ssize_t r = 0; r < n; r++) {
+        uint32_t kind = (uint8_t)kinds[r]; /* a negative kind reads as >= 128: refused */
+        uint32_t q = (uint32_t)starts[r + 1] - (uint32_t)starts[r];
+        bad |= (kind > PADDING) | (starts[r + 1] < starts[r]);
+        uint32_t spec = kind == SPEC, decode = kind == DECODE, prefill = kind == PREFILL;
+        rows[0] += spec, rows[1] += decode, rows[2] += prefill;
+        tokens[0] += q & -spec, tokens[1] += q & -decode, tokens[2] += q & -prefill;
+        tokens[3] += q & -(uint32_t)(kind == PADDING);
         /* accepted - 1 wraps past Q - 1 when accepted < 1: one unsigned test for 1..Q */
-        uint32_t wrong = (uint32_t)batch->accepted[r] - 1u >= (uint32_t)query_len_max;
-        breaks |= is_spec & (wrong | (q > query_len_max));
-        if (is_prefill) {
-            census->tiles += (q + tile - 1) / tile;
-            census->longest_prefill = q > census->longest_prefill ? (int32_t)q : census->longest_prefill;
-        }
+        uint32_t wrong = (uint32_t)accepted[r] - 1u >= limit;
+        breaks |= spec & (wrong | (q > limit));
+    }
+    for (Py_ssize_t r = 1; r < n; r++) {
+        unordered |= (uint8_t)kinds[r] < (uint8_t)kinds[r - 1];
     }
     if (bad) {
         return census_error(batch);
     }
+    memset(census, 0, sizeof(*census));
     for (int kind = 0; kind < 4; kind++) {
         census->rows[kind] = rows[kind], census->tokens[kind] = tokens[kind];
     }
@@ -236,9 +235,9 @@ typedef struct {
     Py_ssize_t tokens, rows, tiles, groups;
 } Fields;
 
-static void place_fields(int32_t *buffer, Py_ssize_t tokens, Py_ssize_t rows,
-                         Py_ssize_t tiles, Py_ssize_t groups, Fields *f) {
-    f->tokens = tokens, f->rows = rows, f->tiles = tiles, f->groups = groups;
+/* Points the fields into ``buffer``, by the sizes ``f`` holds. */
+static void place_fields(int32_t *buffer, Fields *f) {
+    Py_ssize_t tokens = f->tokens, rows = f->rows, tiles = f->tiles, groups = f->groups;
     f->token_map = buffer;
     f->query_start = f->token_map + tokens;
     f->token_start = f->query_start + rows + 1;
@@ -260,28 +259,25 @@ enum { SPAN = 8 };
 /* Group-ordered rows ``p`` (engine rows ``request[p]``), kind by kind; each field gets a
  * loop of its own (short, independent, vectorizable where rows keep the engine order). */
 
-/* row_request: the engine row of every group-ordered row. One pass per kind stores every
- * row where the kind's next row goes and moves on only past rows of that kind: no branch
- * per row. The stores past a kind's last row land on the next entry, which a later pass
- * (or the padding, or row_slot) overwrites; the buffer has that entry, as the kind has
- * rows and so num_rows >= 1 and num_groups >= 1 follow. */
+/* row_request: the engine row of every group-ordered row. Each row goes where its kind's
+ * next row goes, chosen by selects rather than branches (kinds interleave at random), and
+ * a padding row into a local sink. */
 static void write_requests(const Batch *b, const Fields *f, const Census *c, int in_order) {
-    Py_ssize_t live = c->rows[SPEC] + c->rows[DECODE] + c->rows[PREFILL], first = 0;
+    Py_ssize_t live = c->rows[SPEC] + c->rows[DECODE] + c->rows[PREFILL];
     if (in_order) {
         for (Py_ssize_t p = 0; p < live; p++) {
             f->request[p] = (int32_t)p;
         }
         return;
     }
-    for (int kind = SPEC; kind <= PREFILL; first += c->rows[kind], kind++) {
-        if (c->rows[kind] == 0) {
-            continue;
-        }
-        int32_t *next = f->request + first;
-        for (Py_ssize_t r = 0; r < b->num_rows; r++) {
-            *next = (int32_t)r;
-            next += b->kinds[r] == kind;
-        }
+    int32_t sink, *spec = f->request, *decode = spec + c->rows[SPEC];
+    int32_t *prefill = decode + c->rows[DECODE];
+    for (Py_ssize_t r = 0; r < b->num_rows; r++) {
+        int kind = b->kinds[r];
+        int32_t *at = kind == SPEC ? spec : kind == DECODE ? decode : prefill;
+        at = kind == PADDING ? &sink : at;
+        *at = (int32_t)r;
+        spec += kind == SPEC, decode += kind == DECODE, prefill += kind == PREFILL;
     }
 }
 
@@ -359,7 +355,7 @@ static void write_tokens(const Fields *f, Py_ssize_t begin, Py_ssize_t stop, int
 }
 
 /* tile_row and tile_start of the live tiles: the prefill rows' tiles in row order. */
-static void write_tiles(const Batch *b, const Fields *f, const Census *c, Py_ssize_t tile) {
+static void write_tiles(const Fields *f, const Census *c, Py_ssize_t tile) {
     Py_ssize_t begin = c->rows[SPEC] + c->rows[DECODE], stop = begin + c->rows[PREFILL];
     int64_t next = 0;
     for (Py_ssize_t p = begin; p < stop; p++) {
@@ -394,8 +390,31 @@ static void write_padding(const Fields *f, Py_ssize_t live, int64_t num_tokens,
     }
 }
 
-/* The whole buffer: rows in group order [spec | decode | prefill], the engine's order
- * within a group. Rows already in that order (``in_order``) map tokens to themselves. */
+/* Tiles and the longest query of the prefill rows (their engine rows are the last ones
+ * in row_request), into ``census``. */
+static void count_tiles(const Batch *b, const Fields *f, Py_ssize_t tile, Census *census) {
+    Py_ssize_t begin = census->rows[SPEC] + census->rows[DECODE];
+    for (Py_ssize_t p = begin; p < begin + census->rows[PREFILL]; p++) {
+        Py_ssize_t r = f->request[p];
+        int32_t q = b->query_start[r + 1] - b->query_start[r];
+        census->tiles += (q + tile - 1) / tile;
+        census->longest_prefill = q > census->longest_prefill ? q : census->longest_prefill;
+    }
+}
+
+/* Places the fields (``f`` holds the layout's sizes), writes row_request and counts the
+ * tiles, which the layout must then be checked to hold; returns the count. */
+static int64_t order_rows(const Batch *b, int32_t *buffer, Census *census, Py_ssize_t tile,
+                          Fields *f) {
+    place_fields(buffer, f);
+    write_requests(b, f, census, census->in_order);
+    count_tiles(b, f, tile, census);
+    return census->tiles;
+}
+
+/* The whole buffer but row_request (written first): rows in group order [spec | decode |
+ * prefill], the engine's order within a group. Rows already in that order (``in_order``)
+ * map tokens to themselves. */
 static void write_plan(const Batch *b, const Fields *f, const Census *c, Py_ssize_t tile,
                        int in_order) {
     Py_ssize_t spec = c->rows[SPEC], decode = c->rows[DECODE];
@@ -403,7 +422,6 @@ static void write_plan(const Batch *b, const Fields *f, const Census *c, Py_ssiz
     int64_t spec_end = c->tokens[SPEC], decode_end = spec_end + c->tokens[DECODE];
     int64_t num_tokens = decode_end + c->tokens[PREFILL];
     const int32_t *order = in_order ? NULL : f->request;
-    write_requests(b, f, c, in_order);
     write_flags(b, f, c, order);
     write_starts_and_slots(b, f, live, order);
     if (in_order) {
@@ -415,7 +433,7 @@ static void write_plan(const Batch *b, const Fields *f, const Census *c, Py_ssiz
         write_tokens(f, spec, spec + decode, decode_end);
         write_tokens(f, spec + decode, live, f->tokens);
     }
-    write_tiles(b, f, c, tile);
+    write_tiles(f, c, tile);
     write_padding(f, live, num_tokens, c->tiles);
 }
 
@@ -475,27 +493,27 @@ static PyObject *pack(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     PyObject *result = NULL;
     Py_ssize_t size = tokens + (7 + groups) * rows + 1 + 2 * tiles;
     Census census;
+    Fields fields = {.tokens = tokens, .rows = rows, .tiles = tiles, .groups = groups};
     if (overlaps(&out, &batch)) {
         PyErr_SetString(PyExc_ValueError, "packed: shares memory with the batch's arrays");
     } else if (out.len != size * 4) {
         PyErr_Format(PyExc_ValueError, "packed: has %zd entries, the layout needs %zd",
                      out.len / 4, size);
-    } else if (take_census(&batch, query_len_max, tile, &census) == 0) {
+    } else if (take_census(&batch, query_len_max, &census) == 0) {
         Py_ssize_t live = census.rows[SPEC] + census.rows[DECODE] + census.rows[PREFILL];
         int64_t num_tokens = census.tokens[SPEC] + census.tokens[DECODE] + census.tokens[PREFILL];
         if (census.tokens[PADDING]) {
             PyErr_SetString(PyExc_ValueError, "query_start: a padding row (kind 3) has tokens");
         } else if (census.breaks_limits) {
             result = Py_NewRef(Py_None);
-        } else if (live > rows || num_tokens > tokens || census.tiles > tiles) {
+        } else if (live > rows || num_tokens > tokens) {
             PyErr_Format(PyExc_ValueError,
-                         "packed: %zd rows, %lld tokens, %lld tiles exceed the layout's "
-                         "%zd, %zd, %zd",
-                         live, (long long)num_tokens, (long long)census.tiles, rows, tokens,
-                         tiles);
+                         "packed: %zd rows, %lld tokens exceed the layout's %zd, %zd", live,
+                         (long long)num_tokens, rows, tokens);
+        } else if (order_rows(&batch, out.buf, &census, tile, &fields) > tiles) {
+            PyErr_Format(PyExc_ValueError, "packed: %lld tiles exceed the layout's %zd",
+                         (long long)census.tiles, tiles);
         } else {
-            Fields fields;
-            place_fields(out.buf, tokens, rows, tiles, groups, &fields);
             write_plan(&batch, &fields, &census, tile, census.in_order);
             result = Py_BuildValue("(LiL)", (long long)census.tiles,
                                    (int)census.longest_prefill, (long long)census.tokens[SPEC]);
