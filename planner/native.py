@@ -27,7 +27,7 @@ from types import ModuleType
 
 SOURCE = Path(__file__).with_name("plan_packer.c")
 MODULE_NAME = "_plan_packer"  # the C source's PyInit__plan_packer
-FLAGS = ("-O3", "-shared", "-fPIC", "-std=c99")
+FLAGS = ("-O3", "-shared", "-fPIC")
 
 
 class NativeBuildError(RuntimeError):

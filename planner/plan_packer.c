@@ -1,12 +1,14 @@
-/* The plan packer: one step's packed int32 buffer in two passes over the engine rows.
+/* The plan packer: one step's packed int32 buffer, from a census pass over the engine
+ * rows and then one short loop per field (copies where rows keep the engine's order).
  *
  * The compiled twin of the numpy packer in compile.py (``_pack`` and its helpers), which
  * stays the specification: a plan packed here equals compile_plan's byte for byte. The
  * buffer layout is planner/layout.py's; Python allocates the buffer for each plan and
  * chooses its layout, this code only fills it. Every argument is checked (types,
- * contiguity, lengths, every index against its field's length) before anything is
- * written, so a wrong call raises TypeError or ValueError naming the argument instead
- * of writing out of bounds. Built at first use by native.py.
+ * contiguity, lengths, no memory shared with the output) and every count a write is
+ * bounded by is checked against the layout before that write, so a wrong call raises
+ * TypeError or ValueError naming the argument instead of writing out of bounds. Built at
+ * first use by native.py.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
