@@ -7,8 +7,9 @@ decodes + 2 prefills of 700 tokens), in one process:
   pinned staging memory, then one replay whose first node uploads it; eager: one pinned
   upload, then 32 layers of launches), measured with the GPU idle so the host never
   waits on it and the host core busy just before, as in an engine's loop (p50 / p90;
-  ``cold``: started straight out of a ``synchronize``); ``--breakdown`` times each part
-  of a graph step alone;
+  ``cold``: started straight out of a ``synchronize``; ``busy``: with the GPU running a
+  2 ms kernel queued just before, as while the previous step runs); ``--breakdown``
+  times each part of a graph step alone;
 - GPU µs per step: steps queued behind a sleep kernel, so launch gaps don't count;
 - the sum of the 32 layers' conv times, each layer measured alone the same way.
 
@@ -18,6 +19,8 @@ Run: ``python3 bench/runtime_bench.py`` (``--channels 2048`` for a quicker run).
 from __future__ import annotations
 
 import argparse
+import gc
+import os
 import statistics
 import time
 
@@ -110,14 +113,18 @@ def gpu_us(run, reps: int, host_us: float, cycles_per_us: float) -> float:
     return statistics.median(samples)
 
 
-def host_us(run, iterations: int, warm_us: float = 300.0) -> list[float]:
+def host_us(run, iterations: int, warm_us: float = 300.0, busy_cycles: int = 0) -> list[float]:
     """Host µs per call, each started with the GPU idle and, unless ``warm_us`` is 0,
     the host core kept busy that long first: an engine's host works between steps,
     while a core that slept in ``synchronize`` runs the next microseconds slowly (the
-    ``cold`` column measures that case)."""
+    ``cold`` column measures that case). ``busy_cycles``: the GPU is instead kept
+    busy through the call by a sleep kernel queued first, as while an engine plans
+    step n + 1 with step n running (the ``busy`` column)."""
     samples = []
     for _ in range(iterations):
         torch.cuda.synchronize()
+        if busy_cycles:
+            torch.cuda._sleep(busy_cycles)
         spin_until = time.perf_counter() + warm_us * 1e-6
         while time.perf_counter() < spin_until:
             pass
@@ -155,6 +162,7 @@ def measure(name, batch, executor, mode, iterations, cycles_per_us) -> dict:
         step()
     total = host_us(step, iterations)
     cold = host_us(step, iterations, warm_us=0.0)
+    busy = host_us(step, iterations, busy_cycles=int(cycles_per_us * 2000))
     plan_only = host_us(lambda: planner.compile(batch), iterations)
     p90 = percentile(total, 90)
     reps = 12 if mode == "graphs" else 4
@@ -166,6 +174,8 @@ def measure(name, batch, executor, mode, iterations, cycles_per_us) -> dict:
         "host_p50": percentile(total, 50),
         "host_p90": p90,
         "cold_p50": percentile(cold, 50),
+        "busy_p50": percentile(busy, 50),
+        "busy_p90": percentile(busy, 90),
         "plan_p50": percentile(plan_only, 50),
         "gpu": gpu,
         "upload_bytes": plan.packed.nbytes,
@@ -193,9 +203,20 @@ def main() -> None:
     parser.add_argument("--channels", type=int, default=8192)
     parser.add_argument("--iterations", type=int, default=300)
     parser.add_argument("--breakdown", action="store_true", help="time the parts of a graph step")
+    parser.add_argument(
+        "--no-freeze",
+        dest="freeze",
+        action="store_false",
+        help="leave start-up objects to the garbage collector (no gc.freeze)",
+    )
+    parser.add_argument(
+        "--core", type=int, default=None, help="pin the process to this CPU core first"
+    )
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("runtime_bench needs a CUDA GPU")
+    if args.core is not None:  # no migration between cores mid-step (an engine pins too)
+        os.sched_setaffinity(0, {args.core})
     config = planner_config()
     rng = np.random.default_rng(0)
     batches = {
@@ -204,6 +225,8 @@ def main() -> None:
     }
     executors = make_executors(args.channels, config)
     cycles_per_us = sleep_cycles_per_us()
+    if args.freeze:
+        freeze_startup_objects()
     print(
         f"{torch.cuda.get_device_name()}  torch {torch.__version__}  triton {triton.__version__}"
         f"  C={args.channels} K={TAPS} D={DILATION} Q={config.query_len_max} bf16"
@@ -221,6 +244,15 @@ def main() -> None:
                 parts = host_breakdown(executor, row, args.iterations)
                 print("    host p50 µs: " + ", ".join(f"{k} {v:.1f}" for k, v in parts.items()))
     print_table(rows)
+
+
+def freeze_startup_objects() -> None:
+    """Move every object made so far out of the collector's sight, as serving engines
+    do after start-up (``gc.freeze``): a full collection then walks only what the
+    steps make, not torch's and Triton's start-up objects (milliseconds otherwise,
+    landing on whichever step triggers it)."""
+    gc.collect()
+    gc.freeze()
 
 
 def host_breakdown(executor: Executor, row: dict, iterations: int) -> dict[str, float]:
@@ -259,7 +291,8 @@ def host_breakdown(executor: Executor, row: dict, iterations: int) -> dict[str, 
 def print_table(rows: list[dict]) -> None:
     header = (
         f"{'batch':<11} {'mode':<6} {'graph':<42} {'host p50':>9} {'host p90':>9} {'cold p50':>9} "
-        f"{'plan p50':>9} {'GPU/step':>9} {'kern sum':>9} {'GPU/sum':>8} {'upload B':>9}"
+        f"{'busy p50':>9} {'busy p90':>9} {'plan p50':>9} {'GPU/step':>9} {'kern sum':>9} "
+        f"{'GPU/sum':>8} {'upload B':>9}"
     )
     print()
     print("µs per step (host: Planner.compile + Executor.step; GPU: all 32 layers + upload)")
@@ -268,7 +301,8 @@ def print_table(rows: list[dict]) -> None:
     for r in rows:
         print(
             f"{r['batch']:<11} {r['mode']:<6} {r['graph']:<42} {r['host_p50']:>9.1f} "
-            f"{r['host_p90']:>9.1f} {r['cold_p50']:>9.1f} {r['plan_p50']:>9.1f} {r['gpu']:>9.1f} "
+            f"{r['host_p90']:>9.1f} {r['cold_p50']:>9.1f} {r['busy_p50']:>9.1f} "
+            f"{r['busy_p90']:>9.1f} {r['plan_p50']:>9.1f} {r['gpu']:>9.1f} "
             f"{r['kernels']:>9.1f} {r['gpu'] / r['kernels']:>8.3f} {r['upload_bytes']:>9}"
         )
 
