@@ -226,13 +226,11 @@ def _update_row(
     x_ptr, x_stride, residual_ptr, residual_stride, weight_ptr, weight_chan, weight_tap,
     first_token, q, window_ptr, past_ptr, s_chan, s_win, state_end, has_slot, chan, chan_ok,
     TAPS: tl.constexpr, DILATION: tl.constexpr, ROWS: tl.constexpr, WINDOW_BLOCK: tl.constexpr,
-    WINDOW_TILE: tl.constexpr, WHOLE_WINDOW: tl.constexpr, BLOCK_C: tl.constexpr,
-    FAST: tl.constexpr,
+    WINDOW_TILE: tl.constexpr, BLOCK_C: tl.constexpr, FAST: tl.constexpr,
 ):  # fmt: skip
     """One spec or decode row of ``q <= ROWS`` tokens: its outputs, then its new window.
 
-    WHOLE_WINDOW (``W`` of a compact ``[slot, C, W]`` pool, else 0): the window tile
-    is stored whole, see below."""
+    Compact window-contiguous pools take :func:`_update_row_window` instead."""
     reach: tl.constexpr = (TAPS - 1) * DILATION
     history = _load_history(
         x_ptr, x_stride, first_token, q, past_ptr, s_chan, s_win, state_end, 0, chan,
@@ -249,15 +247,6 @@ def _update_row(
         kept = (i < keep) & chan_ok[None, :]
         past = _past(past_ptr, s_chan, s_win, state_end, i + 1, chan, kept)
         tokens = _tokens(x_ptr, x_stride, first_token, i + 1, chan, kept, reach)
-        if WHOLE_WINDOW:
-            # All W entries rewritten, those past `keep` with their own values: a mask
-            # with a static bound keeps the stores 8-byte vectors (a per-row bound made
-            # them 2-byte stores, each warp's 2W-byte-strided writes split into six L2
-            # transactions). The slot is this program's alone; slot 0 stays unread.
-            whole = (i < WHOLE_WINDOW) & chan_ok[None, :] & (i * 0 + has_slot > 0)
-            whole_ptrs = window_ptr + chan[None, :] * s_chan + i
-            old = tl.load(whole_ptrs, mask=whole, other=0.0)
-            new = tl.where(kept, tl.where(i + 1 < reach, past, tokens), old)
     _add_silu_rows(
         residual_ptr, residual_stride, first_token, q, chan, chan_ok, history, taps,
         ROWS, TAPS, DILATION, BLOCK_C, FAST,
@@ -266,14 +255,99 @@ def _update_row(
     # read the old window before any thread overwrites it.
     tl.debug_barrier()
     if WINDOW_TILE:
-        if WHOLE_WINDOW:
-            tl.store(whole_ptrs, new, mask=whole)
-        else:
-            _write_window(window_ptr, s_chan, s_win, i, chan, kept, i + 1, past, tokens, reach)
+        _write_window(window_ptr, s_chan, s_win, i, chan, kept, i + 1, past, tokens, reach)
     else:
         for i in tl.static_range(reach + ROWS - 1):
             ptrs = window_ptr + chan * s_chan + i * s_win
             tl.store(ptrs, history[i + 1], mask=_live(chan_ok, i, keep))
+
+
+@triton.jit
+def _column(tile, c: tl.constexpr, BLOCK_C: tl.constexpr, LEVELS: tl.constexpr):
+    """Column ``c`` of a ``[BLOCK_C, 2**LEVELS]`` tile as a ``[BLOCK_C]`` vector.
+
+    Halving splits that follow ``c``'s bits (equal splits of other columns are
+    shared after CSE); the compiler moves the tile once through shared memory so
+    each thread holds whole rows, then every split is a register rename."""
+    part = tile
+    for level in tl.static_range(LEVELS):
+        even, odd = tl.split(tl.reshape(part, [BLOCK_C, (1 << LEVELS) >> (level + 1), 2]))
+        part = odd if (c >> level) & 1 else even
+    return tl.reshape(part, [BLOCK_C])
+
+
+@triton.jit
+def _tile_of(columns, BLOCK_C: tl.constexpr, LEVELS: tl.constexpr):
+    """The ``[BLOCK_C, 2**LEVELS]`` tile whose column ``c`` is ``columns[c]``: the
+    splits of :func:`_column` undone, deepest level first."""
+    parts = ()
+    for c in tl.static_range(1 << LEVELS):
+        parts = parts + (tl.reshape(columns[c], [BLOCK_C, 1]),)  # noqa: RUF005
+    for depth in tl.static_range(LEVELS, 0, -1):
+        joined = ()
+        # parts[low] and parts[low + 2**(depth - 1)] differ in bit depth - 1 only
+        for low in tl.static_range(1 << (depth - 1)):
+            pair = tl.join(parts[low], parts[low + (1 << (depth - 1))])
+            pair = tl.reshape(pair, [BLOCK_C, (1 << LEVELS) >> (depth - 1)])
+            joined = joined + (pair,)  # noqa: RUF005
+        parts = joined
+    return parts[0]
+
+
+@triton.jit
+def _update_row_window(
+    x_ptr, x_stride, residual_ptr, residual_stride, weight_ptr, weight_chan, weight_tap,
+    first_token, q, window_ptr, offset, state_end, has_slot, chan, chan_ok,
+    TAPS: tl.constexpr, DILATION: tl.constexpr, ROWS: tl.constexpr, QUERY_MAX: tl.constexpr,
+    WINDOW: tl.constexpr, LEVELS: tl.constexpr, BLOCK_C: tl.constexpr, FAST: tl.constexpr,
+):  # fmt: skip
+    """:func:`_update_row` for a compact ``[slot, C, W]`` pool (``W = WINDOW``): each
+    window moves as one aligned ``[BLOCK_C, 2**LEVELS]`` tile of 8-byte vectors.
+
+    Loading the entries at the row's offset ``o`` instead made every access 2 bytes
+    at a 2W-byte stride (``o`` varies per row, so no alignment is known), which left
+    the kernel bound by L1 wavefronts. Here the row's entries are picked out of the
+    whole window's columns by a select over ``o``'s Q values, and the new window is
+    put back together in registers and stored whole: entries past ``keep`` get their
+    own values back, so the store mask has a static bound and stays vectorized."""
+    reach: tl.constexpr = (TAPS - 1) * DILATION
+    j = tl.arange(0, 1 << LEVELS)[None, :]
+    tile_ptrs = window_ptr + chan[:, None] * WINDOW + j
+    whole = (j < WINDOW) & chan_ok[:, None] & (j * 0 + has_slot > 0)  # slot 0 untouched
+    old = tl.load(tile_ptrs, mask=whole, other=0.0)
+    columns = ()
+    for c in tl.static_range(1 << LEVELS):
+        columns = columns + (_column(old, c, BLOCK_C, LEVELS),)  # noqa: RUF005
+    at = chan * 0 + offset  # o as a vector: a scalar bool in a select breaks the interpreter
+    reads = _live(chan_ok, 0, state_end)
+    history = ()
+    for p in tl.static_range(reach):  # h[p] = S[o + p], or 0 where the row reads no state
+        entry = columns[p]
+        for o in tl.static_range(1, QUERY_MAX):
+            if p + o < WINDOW:
+                entry = tl.where(at == o, columns[p + o], entry)
+        history = history + (tl.where(reads, entry, 0.0),)  # noqa: RUF005
+    tokens = _load_history(
+        x_ptr, x_stride, first_token, q, window_ptr, 1, 1, state_end, reach, chan, chan_ok,
+        reach, ROWS, False, True,
+    )  # fmt: skip
+    history = history + tokens
+    taps = _load_taps(weight_ptr, weight_chan, weight_tap, chan, chan_ok, TAPS)
+    _add_silu_rows(
+        residual_ptr, residual_stride, first_token, q, chan, chan_ok, history, taps,
+        ROWS, TAPS, DILATION, BLOCK_C, FAST,
+    )  # fmt: skip
+    # The new window S[:, i] = h[1 + i] for i < keep = L + q - 1, its old value after.
+    keep = reach + q - 1
+    fresh = ()
+    for i in tl.static_range(1 << LEVELS):
+        value = columns[i]
+        if i + 1 < reach + ROWS:
+            value = tl.where(_live(chan_ok, i, keep), history[i + 1], value)
+        fresh = fresh + (value,)  # noqa: RUF005
+    new = _tile_of(fresh, BLOCK_C, LEVELS)
+    tl.debug_barrier()  # every thread has read the old window
+    tl.store(tile_ptrs, new, mask=whole)
 
 
 # Plan offsets change with every layout (graph bucket): specializing on their
@@ -335,19 +409,33 @@ def _short_conv_rows(
     window_ptr = state_ptr + slot.to(tl.int64) * state_slot
     past_ptr = window_ptr + offset * s_win
     # Decode rows (and spec rows without drafts) compile apart: q = 1 needs a quarter
-    # of the math and loads of a q = Q row, and the kernel is issue-bound.
-    if q == 1:
+    # of the math and loads of a q = Q row.
+    if WHOLE_WINDOW:
+        levels: tl.constexpr = (WHOLE_WINDOW - 1).bit_length()
+        if q == 1:
+            _update_row_window(
+                x_ptr, x_stride, residual_ptr, residual_stride, weight_ptr, weight_chan,
+                weight_tap, first_token, q, window_ptr, offset, state_end, has_slot, chan,
+                chan_ok, TAPS, DILATION, 1, QUERY_MAX, WHOLE_WINDOW, levels, BLOCK_C, FAST,
+            )  # fmt: skip
+        else:
+            _update_row_window(
+                x_ptr, x_stride, residual_ptr, residual_stride, weight_ptr, weight_chan,
+                weight_tap, first_token, q, window_ptr, offset, state_end, has_slot, chan,
+                chan_ok, TAPS, DILATION, QUERY_MAX, QUERY_MAX, WHOLE_WINDOW, levels, BLOCK_C,
+                FAST,
+            )  # fmt: skip
+    elif q == 1:
         _update_row(
             x_ptr, x_stride, residual_ptr, residual_stride, weight_ptr, weight_chan, weight_tap,
             first_token, q, window_ptr, past_ptr, s_chan, s_win, state_end, has_slot, chan,
-            chan_ok, TAPS, DILATION, 1, WINDOW_BLOCK, WINDOW_TILE, WHOLE_WINDOW, BLOCK_C, FAST,
+            chan_ok, TAPS, DILATION, 1, WINDOW_BLOCK, WINDOW_TILE, BLOCK_C, FAST,
         )  # fmt: skip
     else:
         _update_row(
             x_ptr, x_stride, residual_ptr, residual_stride, weight_ptr, weight_chan, weight_tap,
             first_token, q, window_ptr, past_ptr, s_chan, s_win, state_end, has_slot, chan,
-            chan_ok, TAPS, DILATION, QUERY_MAX, WINDOW_BLOCK, WINDOW_TILE, WHOLE_WINDOW, BLOCK_C,
-            FAST,
+            chan_ok, TAPS, DILATION, QUERY_MAX, WINDOW_BLOCK, WINDOW_TILE, BLOCK_C, FAST,
         )  # fmt: skip
 
 
@@ -544,7 +632,7 @@ def default_blocks(channels: int, window_contiguous: bool) -> Blocks:
     ``bench/kernel_notes.md``); narrower blocks where C is small.
     """
     if window_contiguous:
-        rows, rows_warps, rows_first = 64, 1, True
+        rows, rows_warps, rows_first = 256, 4, True
         tiles, tiles_warps, tokens, tiles_first = 128, 2, 16, True
     else:
         rows, rows_warps, rows_first = 128, 2, False
@@ -562,11 +650,16 @@ def default_blocks(channels: int, window_contiguous: bool) -> Blocks:
     )
 
 
+#: Widest window the row programs hold whole in registers (a power of two).
+_WHOLE_WINDOW_MAX = 32
+
+
 def _compact_window(conv_state: torch.Tensor) -> int:
-    """``W`` where each channel's window is one contiguous run of ``W`` entries
-    (strides ``[., W, 1]``), else 0."""
+    """``W`` where each channel's window is one contiguous run of ``W <= 32`` entries
+    (strides ``[., W, 1]``), else 0 (the entry-by-entry path)."""
     window = conv_state.shape[2]
-    return window if conv_state.stride()[1:] == (window, 1) else 0
+    compact = conv_state.stride()[1:] == (window, 1) and 1 < window <= _WHOLE_WINDOW_MAX
+    return window if compact else 0
 
 
 def _power_of_two_at_least(n: int) -> int:

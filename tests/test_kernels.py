@@ -93,11 +93,20 @@ def step_batches(draw, max_rows: int = 7, max_prefill: int = 90) -> tuple[StepBa
 
 
 @st.composite
-def cases(draw, channels=None, dtypes=None, device="cpu", max_prefill: int = 90) -> Case:
+def cases(
+    draw,
+    channels=None,
+    dtypes=None,
+    device="cpu",
+    max_prefill: int = 90,
+    layouts: tuple[str, ...] = LAYOUTS,
+    max_taps: int = 8,
+    max_dilation: int = 8,
+) -> Case:
     """A drawn step with operands; tile programs step 8 or 64 tokens, in either order."""
     batch, q_max = draw(step_batches(max_prefill=max_prefill))
-    taps = draw(st.integers(2, 8))
-    dilation = draw(st.integers(1, 8))
+    taps = draw(st.integers(2, max_taps))
+    dilation = draw(st.integers(1, max_dilation))
     reach = (taps - 1) * dilation
     tiles = [t for t in (8, 16, 32, 64) if t >= reach]
     config = PlannerConfig(
@@ -109,7 +118,7 @@ def cases(draw, channels=None, dtypes=None, device="cpu", max_prefill: int = 90)
     )
     plan = compile_plan(batch, config)
     window = reach + q_max - 1 + draw(st.integers(0, 2))
-    layout = draw(st.sampled_from(LAYOUTS))
+    layout = draw(st.sampled_from(layouts))
     seed = draw(st.integers(0, 2**31))
     channels = draw(st.integers(8, 40) if channels is None else channels)
     dtype = draw(st.sampled_from(DTYPES) if dtypes is None else dtypes)
@@ -166,6 +175,23 @@ def check_against_reference(case: Case) -> None:
 @given(cases(max_prefill=40))
 def test_kernels_equal_reference_on_mixed_steps(case):
     check_against_reference(case)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cases(max_prefill=20, layouts=("channel_window",), max_taps=4, max_dilation=4))
+def test_compact_windows_move_whole_and_equal_reference(case):
+    """Windows of 2 to 21 entries in a compact pool take the rows' whole-window path."""
+    window = case.conv_state.shape[2]
+    assert kernels._compact_window(case.conv_state) == (window if window > 1 else 0)
+    check_against_reference(case)
+
+
+def test_only_compact_small_windows_move_whole():
+    pool = torch.empty(3, 8, 12)
+    assert kernels._compact_window(pool) == 12
+    assert kernels._compact_window(torch.empty(3, 12, 8).transpose(1, 2)) == 0
+    assert kernels._compact_window(torch.empty(3, 8, 16)[..., :12]) == 0  # padded windows
+    assert kernels._compact_window(torch.empty(3, 8, 33)) == 0  # wider than registers hold
 
 
 @settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
