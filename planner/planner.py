@@ -83,36 +83,18 @@ class Planner:
         Natively, one C call fills the buffer (two for an eager step with prefills:
         its layout needs their tile count first).
         """
-        config, packer = self.config, self._packer
+        packer = self._packer
         if packer is None:
             order = _rows_in_group_order(batch)
-            return _compile(batch, config, in_engine_order=order, shapes=self)
-        counts = batch.kind_counts
-        spec, decode, prefill, _ = counts
-        live = spec + decode + prefill
-        if live > config.max_num_seqs:
-            _check_limits(batch, config)  # raises compile_plan's error
-        query_start = batch.query_start
-        num_tokens, groups = query_start.item(-1), len(batch.slots)
-        shape = None
-        if self._graph_mode == "mixed" or (
-            self._graph_mode == "full" and live and live in (spec, decode)
-        ):
-            key = (counts, num_tokens, batch.num_padded_tokens, groups)
-            shape = self._graphs.get(key, _UNSEEN)
-            if shape is _UNSEEN:
-                shape = self._choose(batch, key, num_tokens)
-        if shape is None:
-            tiles = (
-                packer.prefill_tiles(batch.query_lens, batch.kinds, self._tile) if prefill else 0
-            )
-            size = num_tokens + (7 + groups) * live + 1 + 2 * tiles
-            shape = None, PlanLayout(num_tokens, live, tiles, groups), size, num_tokens, live, tiles
-        graph, layout, size, tokens, rows, tiles = shape
+            return _compile(batch, self.config, in_engine_order=order, shapes=self)
+        spec, decode, prefill, _ = batch.kind_counts
+        if spec + decode + prefill > self.config.max_num_seqs:
+            _check_limits(batch, self.config)  # raises compile_plan's error
+        graph, layout, size, tokens, rows, tiles = self._native_shape(batch, packer)
         packed = np.empty(size, _INT32)
         found = packer.pack(
             packed,
-            query_start,
+            batch.query_start,
             batch.num_computed_tokens,
             batch.num_accepted_tokens,
             batch.slots,
@@ -120,21 +102,22 @@ class Planner:
             tokens,
             rows,
             tiles,
-            groups,
+            len(batch.slots),
             self._query_len_max,
             self._tile,
         )
         if found is None:  # a spec row breaks the limits: compile_plan's error, word for word
-            _check_limits(batch, config)
+            _check_limits(batch, self.config)
             _raise_accepted(batch, self._query_len_max)
             raise AssertionError("the packer refused a batch compile_plan accepts")
         num_tiles, longest_prefill, spec_tokens = found
         packed.setflags(write=False)
+        num_tokens = batch.query_start.item(-1)
         # Positional, in ExecutionPlan's field order (a test holds it there): keywords cost
         # a third more of this call, the dearest line left here.
         return ExecutionPlan(
             batch,
-            config,
+            self.config,
             spec,
             decode,
             prefill,
@@ -147,6 +130,26 @@ class Planner:
             layout,
             packed,
         )
+
+    def _native_shape(self, batch: StepBatch, packer: ModuleType) -> _Shape:
+        """The plan's graph, layout and buffer sizes: a graph shape as kept, an eager one
+        sized by this step (its tiles counted by the packer)."""
+        counts = batch.kind_counts
+        spec, decode, prefill, _ = counts
+        live = spec + decode + prefill
+        num_tokens, groups = batch.query_start.item(-1), len(batch.slots)
+        if self._graph_mode == "mixed" or (
+            self._graph_mode == "full" and live and live in (spec, decode)
+        ):
+            key = (counts, num_tokens, batch.num_padded_tokens, groups)
+            shape = self._graphs.get(key, _UNSEEN)
+            if shape is _UNSEEN:
+                shape = self._choose(batch, key, num_tokens)
+            if shape is not None:
+                return shape  # type: ignore[return-value]
+        tiles = packer.prefill_tiles(batch.query_lens, batch.kinds, self._tile) if prefill else 0
+        size = num_tokens + (7 + groups) * live + 1 + 2 * tiles
+        return None, PlanLayout(num_tokens, live, tiles, groups), size, num_tokens, live, tiles
 
     def graph_and_layout(
         self, batch: StepBatch, num_tokens: int, num_tiles: int
