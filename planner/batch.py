@@ -8,6 +8,7 @@ import attrs
 import numpy as np
 
 from .errors import PlanError
+from .native import packer_or_none
 
 #: Row kinds, in group order. Padding rows (not spec, ``q == 0``) join no group.
 SPEC, DECODE, PREFILL, PADDING = 0, 1, 2, 3
@@ -32,6 +33,7 @@ _KIND_OF_KEY = np.array(  # int8: the lookup hands back the kinds array as store
 )
 _KIND_OF_KEY.flags.writeable = False
 _INT32 = np.dtype(np.int32)
+_INT8 = np.dtype(np.int8)
 _INT32_MAX = 2**31 - 1
 
 
@@ -83,6 +85,15 @@ def _frozen_slots(value: object) -> np.ndarray:
     return _frozen_int32("slots", value, 2)
 
 
+def native_check() -> Callable[..., tuple[int, int, int, int] | None] | None:
+    """The compiled check (``check_batch`` of ``plan_packer.c``): StepBatch's checks and
+    derived fields in one pass, or ``None`` where the packer does not build (then numpy
+    checks, quietly: a Planner already warns). Tests replace this function to compare the
+    two paths."""
+    packer = packer_or_none()
+    return None if packer is None else packer.check_batch
+
+
 def _first(mask: np.ndarray) -> int:
     return int(np.argmax(mask))
 
@@ -129,8 +140,36 @@ class StepBatch:
     query_start: np.ndarray = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
+        check = native_check()
+        found = None
+        if check is not None:
+            rows = self.query_lens.shape[0]
+            kinds, starts = np.empty(rows, _INT8), np.empty(rows + 1, _INT32)
+            found = check(
+                self.query_lens,
+                self.num_computed_tokens,
+                self.num_draft_tokens,
+                self.num_accepted_tokens,
+                self.slots,
+                self.allow_null_slots,
+                kinds,
+                starts,
+            )
+        if found is None:  # no packer, or a check failed: numpy checks and names the error
+            self._check_shapes()
+            self._derive_with_numpy()
+        else:
+            kinds.setflags(write=False)
+            starts.setflags(write=False)
+            object.__setattr__(self, "kinds", kinds)
+            object.__setattr__(self, "kind_counts", found)
+            object.__setattr__(self, "query_start", starts)
+        self._check_padding()
+
+    def _derive_with_numpy(self) -> None:
+        """The checks (after the shapes') and derived fields that ``native_check`` computes:
+        its specification, and the author of every error it finds."""
         # Each check is one cheap vectorized pass; only a failing one looks for the row.
-        self._check_shapes()
         q, drafts = self.query_lens, self.num_draft_tokens
         if q.shape[0]:
             computed = self.num_computed_tokens
@@ -150,7 +189,6 @@ class StepBatch:
         object.__setattr__(self, "kinds", kinds)
         object.__setattr__(self, "kind_counts", tuple(counts[:4]))
         self._check_slots(None if counts[PADDING] == 0 else kinds != PADDING)
-        self._check_padding()
 
     @property
     def num_rows(self) -> int:

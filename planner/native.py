@@ -51,7 +51,7 @@ def compiler() -> tuple[str, ...]:
 
 
 def load_packer() -> ModuleType:
-    """The packer module (functions ``pack`` and ``prefill_tiles``), built into
+    """The packer module (functions ``pack``, ``prefill_tiles`` and ``check_batch``), built into
     :func:`cache_dir` by :func:`compiler` when not there yet.
 
     Raises :class:`NativeBuildError` naming what is missing (compiler, Python headers,
@@ -61,6 +61,17 @@ def load_packer() -> ModuleType:
     if isinstance(found, str):
         raise NativeBuildError(found)
     return found
+
+
+@functools.cache
+def packer_or_none() -> ModuleType | None:
+    """:func:`load_packer` as the environment names it at the first call, kept for the
+    process (a lookup hashes the source: ~45 µs, too dear per step); ``None`` where it
+    does not build. Quiet: a Planner that falls back says why."""
+    try:
+        return load_packer()
+    except NativeBuildError:
+        return None
 
 
 @functools.cache

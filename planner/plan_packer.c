@@ -9,6 +9,9 @@
  * bounded by is checked against the layout before that write, so a wrong call raises
  * TypeError or ValueError naming the argument instead of writing out of bounds. Built at
  * first use by native.py.
+ *
+ * Also StepBatch's checks (``check_batch``, the compiled twin of batch.py's numpy checks):
+ * it only says whether a batch passes; numpy finds and names the error when one does not.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -526,10 +529,234 @@ static PyObject *pack(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     return result;
 }
 
+/* -- check_batch: StepBatch's checks and derived fields (batch.py's numpy code is the
+ * specification and names every error; this only says whether there is one). */
+
+/* A set of positive slots, open-addressed (linear probing, 0 marks a free entry) in a
+ * power-of-two table at least twice the rows it takes, so probes stay short. */
+typedef struct {
+    uint32_t *entries;
+    uint32_t mask;
+    int shift;
+} SlotSet;
+
+/* Adds ``slot`` (> 0); 1 when it was there already. Multiplicative hashing spreads the
+ * consecutive slot numbers engines hand out over the table. */
+static int slot_seen(SlotSet *set, uint32_t slot) {
+    uint32_t at = (slot * 2654435761u) >> set->shift;
+    while (set->entries[at] != 0) {
+        if (set->entries[at] == slot) {
+            return 1;
+        }
+        at = (at + 1) & set->mask;
+    }
+    set->entries[at] = slot;
+    return 0;
+}
+
+/* Whether a positive slot repeats among the live rows of one group, by the hash set. */
+static int repeats_hashed(const int32_t *slots, const int8_t *kinds, Py_ssize_t rows,
+                          SlotSet *set) {
+    memset(set->entries, 0, ((size_t)set->mask + 1) * sizeof(uint32_t));
+    for (Py_ssize_t r = 0; r < rows; r++) {
+        if (kinds[r] != PADDING && slots[r] > 0 && slot_seen(set, (uint32_t)slots[r])) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* The same by one byte per slot number up to ``highest`` (>= every live slot, all >= 0):
+ * no branch per row; padding rows read as slot 0, which marks nothing. */
+static int repeats_in_bytemap(const int32_t *slots, const int8_t *kinds, Py_ssize_t rows,
+                              int32_t highest, uint8_t *seen) {
+    uint8_t repeated = 0;
+    memset(seen, 0, (size_t)highest + 1);
+    for (Py_ssize_t r = 0; r < rows; r++) {
+        uint32_t slot = kinds[r] == PADDING ? 0 : (uint32_t)slots[r];
+        repeated |= seen[slot];
+        seen[slot] = slot != 0;
+    }
+    return repeated != 0;
+}
+
+/* Bytemap entries on the stack: slots below this use the bytemap when clearing it costs
+ * no more than a few bytes per row, others the hash set. */
+enum { BYTEMAP_SLOTS = 16384, STACK_SET_ROWS = 1024, MAX_SET_ROWS = 1 << 28 };
+
+/* Whether the live rows' slots break a rule in any group: a negative slot, slot 0 (unless
+ * ``allow_null``), or one slot on two rows of a group (slot 0 may repeat). */
+static int slots_broken(const int32_t *slots, const int8_t *kinds, Py_ssize_t rows,
+                        Py_ssize_t groups, int allow_null, SlotSet *set) {
+    uint8_t seen[BYTEMAP_SLOTS];
+    for (Py_ssize_t g = 0; g < groups; g++) {
+        const int32_t *row_slots = slots + g * rows;
+        int32_t lowest = INT32_MAX, highest = 0;
+        for (Py_ssize_t r = 0; r < rows; r++) { /* vectorized: the live rows' range */
+            int32_t live = -(int32_t)(kinds[r] != PADDING), slot = row_slots[r];
+            int32_t low = (slot & live) | (INT32_MAX & ~live), high = slot & live;
+            lowest = low < lowest ? low : lowest;
+            highest = high > highest ? high : highest;
+        }
+        if (lowest < 0 || (lowest == 0 && !allow_null)) {
+            return 1;
+        }
+        int repeated = highest < BYTEMAP_SLOTS && highest <= 16 * rows + 1024
+                           ? repeats_in_bytemap(row_slots, kinds, rows, highest, seen)
+                           : repeats_hashed(row_slots, kinds, rows, set);
+        if (repeated) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* Kinds and rows per kind (vectorized), then query starts; 1 when a length is negative,
+ * a spec row's length is not its drafts + 1, or the token total passes int32. A row with
+ * drafts >= 0 is spec; else 0, 1 or more tokens make it padding, decode or prefill. */
+static int rows_broken(const int32_t *restrict q, const int32_t *restrict computed,
+                       const int32_t *restrict drafts, Py_ssize_t rows, int8_t *restrict kinds,
+                       int32_t *restrict starts, Py_ssize_t counts[4]) {
+    uint32_t bad = 0, spec_rows = 0, decode_rows = 0, prefill_rows = 0;
+    for (Py_ssize_t r = 0; r < rows; r++) {
+        int32_t length = q[r], draft = drafts[r];
+        bad |= (uint32_t)(length < 0) | (computed[r] < 0) | (draft < -1);
+        uint32_t spec = draft >= 0, decode = length == 1, prefill = length > 1;
+        bad |= spec & ((uint32_t)length != (uint32_t)draft + 1u);
+        /* not spec: 3 - 2 = 1 for one token, 3 - 1 = 2 for more, 3 for none */
+        kinds[r] = (int8_t)((PADDING - 2 * decode - prefill) & (spec - 1u));
+        spec_rows += spec, decode_rows += decode & !spec, prefill_rows += prefill & !spec;
+    }
+    int64_t total = 0;
+    starts[0] = 0;
+    for (Py_ssize_t r = 0; r < rows; r++) {
+        total += q[r];
+        starts[r + 1] = (int32_t)(uint32_t)total;
+    }
+    counts[SPEC] = spec_rows, counts[DECODE] = decode_rows, counts[PREFILL] = prefill_rows;
+    counts[PADDING] = rows - spec_rows - decode_rows - prefill_rows;
+    return bad || total > INT32_MAX;
+}
+
+/* Whether two buffers share a byte (the check writes while it reads). */
+static int shares_memory(const Py_buffer *a, const Py_buffer *b) {
+    uintptr_t a_begin = (uintptr_t)a->buf, b_begin = (uintptr_t)b->buf;
+    return a_begin < b_begin + (uintptr_t)b->len && b_begin < a_begin + (uintptr_t)a->len;
+}
+
+/* check_batch's arrays, in argument order (allow_null_slots sits between SLOTS and KINDS);
+ * KINDS and STARTS are its outputs. */
+enum { LENS, COMPUTED, DRAFTS, ACCEPTED, SLOTS, KINDS, STARTS, NUM_VIEWS };
+static const char *const CHECK_NAMES[] = {
+    "query_lens", "num_computed_tokens", "num_draft_tokens", "num_accepted_tokens",
+    "slots",      "kinds",               "query_start"};
+
+/* Whether the inputs disagree on their rows (a StepBatch check: numpy names it): rows
+ * of query_lens in the others, a [G >= 1, R] slots array. The outputs must fit exactly
+ * and stay apart from the inputs (else a wrong call: ValueError). Returns 1 when the
+ * inputs disagree, -1 on a wrong call, else 0. */
+static int rows_disagree(Py_buffer views[NUM_VIEWS], Py_ssize_t *rows, Py_ssize_t *groups) {
+    Py_ssize_t n = views[LENS].len / 4;
+    Py_buffer *slots = &views[SLOTS];
+    if (views[KINDS].len != n || views[STARTS].len != (n + 1) * 4) {
+        int bad = views[KINDS].len != n ? KINDS : STARTS;
+        PyErr_Format(PyExc_ValueError, "%s: has %zd entries, expected %zd", CHECK_NAMES[bad],
+                     views[bad].len / views[bad].itemsize, n + (bad == STARTS));
+        return -1;
+    }
+    for (int out = KINDS; out <= STARTS; out++) {
+        for (int i = 0; i < NUM_VIEWS; i++) {
+            if (i != out && shares_memory(&views[out], &views[i])) {
+                PyErr_Format(PyExc_ValueError, "%s: shares memory with %s", CHECK_NAMES[out],
+                             CHECK_NAMES[i]);
+                return -1;
+            }
+        }
+    }
+    *rows = n, *groups = slots->ndim == 2 ? slots->shape[0] : 0;
+    return views[COMPUTED].len != n * 4 || views[DRAFTS].len != n * 4 ||
+           views[ACCEPTED].len != n * 4 || slots->ndim != 2 || slots->shape[1] != n ||
+           slots->shape[0] < 1;
+}
+
+/* The checks on arrays of agreeing rows: the rows per kind, None, or NULL (no memory).
+ * A flag whose truth raises, or rows past the hash's 32 bits: None, numpy decides. */
+static PyObject *check_arrays(Py_buffer views[NUM_VIEWS], Py_ssize_t rows, Py_ssize_t groups,
+                              PyObject *allow_null_slots) {
+    int allow_null = PyObject_IsTrue(allow_null_slots);
+    Py_ssize_t counts[4];
+    if (allow_null < 0 || rows > MAX_SET_ROWS) {
+        PyErr_Clear();
+        return Py_NewRef(Py_None);
+    }
+    if (rows_broken(views[LENS].buf, views[COMPUTED].buf, views[DRAFTS].buf, rows,
+                    views[KINDS].buf, views[STARTS].buf, counts)) {
+        return Py_NewRef(Py_None);
+    }
+    uint32_t stack_entries[2 * STACK_SET_ROWS];
+    SlotSet set = {.entries = stack_entries, .mask = 15, .shift = 28};
+    while ((Py_ssize_t)set.mask + 1 < 2 * rows) {
+        set.mask = set.mask * 2 + 1, set.shift--;
+    }
+    if (rows > STACK_SET_ROWS &&
+        !(set.entries = PyMem_Malloc(((size_t)set.mask + 1) * sizeof(uint32_t)))) {
+        return PyErr_NoMemory();
+    }
+    int broken =
+        slots_broken(views[SLOTS].buf, views[KINDS].buf, rows, groups, allow_null, &set);
+    if (set.entries != stack_entries) {
+        PyMem_Free(set.entries);
+    }
+    if (broken) {
+        return Py_NewRef(Py_None);
+    }
+    return Py_BuildValue("(nnnn)", counts[0], counts[1], counts[2], counts[3]);
+}
+
+static const char CHECK_DOC[] =
+    "check_batch(query_lens, num_computed_tokens, num_draft_tokens, num_accepted_tokens,\n"
+    "            slots, allow_null_slots, kinds, query_start)\n"
+    "StepBatch's checks (SPEC 3.6) in one pass over int32 arrays ([R] each, slots [G, R]):\n"
+    "fills ``kinds`` ([R] int8) and ``query_start`` ([R + 1] int32) and returns the rows\n"
+    "per kind (spec, decode, prefill, padding), or None when any check fails (the outputs\n"
+    "are then unspecified, and batch.py's numpy checks name the error).";
+
+static PyObject *check_batch(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != NUM_VIEWS + 1) {
+        PyErr_Format(PyExc_TypeError, "check_batch takes 8 arguments, got %zd", nargs);
+        return NULL;
+    }
+    Py_buffer views[NUM_VIEWS];
+    int held = 0;
+    for (; held < NUM_VIEWS; held++) {
+        int output = held >= KINDS, itemsize = held == KINDS ? 1 : 4;
+        if (get_array(args[held + output], &views[held], CHECK_NAMES[held],
+                      itemsize == 1 ? 'b' : 'i', itemsize, output) < 0) {
+            break;
+        }
+    }
+    PyObject *result = NULL;
+    Py_ssize_t rows, groups;
+    if (held == NUM_VIEWS) {
+        int disagree = rows_disagree(views, &rows, &groups);
+        if (disagree > 0) {
+            result = Py_NewRef(Py_None);
+        } else if (disagree == 0) {
+            result = check_arrays(views, rows, groups, args[KINDS]); /* the flag */
+        }
+    }
+    while (held > 0) {
+        PyBuffer_Release(&views[--held]);
+    }
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"pack", (PyCFunction)(void (*)(void))pack, METH_FASTCALL, PACK_DOC},
     {"prefill_tiles", (PyCFunction)(void (*)(void))prefill_tiles, METH_FASTCALL,
      "prefill_tiles(query_lens, kinds, tile) -> int: work tiles of the prefill rows."},
+    {"check_batch", (PyCFunction)(void (*)(void))check_batch, METH_FASTCALL, CHECK_DOC},
     {NULL, NULL, 0, NULL},
 };
 

@@ -1,0 +1,287 @@
+"""StepBatch's compiled checks (``check_batch`` in plan_packer.c): the same batches and the
+same errors as the numpy checks, and the C function's refusal of malformed arguments.
+
+The numpy path is forced by replacing ``batch.native_check`` (the one place StepBatch asks
+for the compiled check) with a function that returns ``None``, as where the packer does
+not build.
+"""
+
+from __future__ import annotations
+
+import warnings
+from unittest import mock
+
+import attrs
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from stepplan.planner import PlanError, StepBatch
+from stepplan.planner import batch as batch_module
+from stepplan.planner import native as native_module
+
+FIELDS = [field.name for field in attrs.fields(StepBatch)]
+INT32_MAX = 2**31 - 1
+
+
+def numpy_only():
+    """StepBatch validates with numpy within this context."""
+    return mock.patch.object(batch_module, "native_check", lambda: None)
+
+
+def outcome(make):
+    """``("ok", batch)`` or ``("error", (message, field, row))`` of ``make()``."""
+    try:
+        return "ok", make()
+    except PlanError as error:
+        return "error", (str(error), error.field, error.row)
+
+
+def assert_same_batch(got: StepBatch, want: StepBatch) -> None:
+    for name in FIELDS:
+        a, b = getattr(got, name), getattr(want, name)
+        if isinstance(b, np.ndarray):
+            assert a.dtype == b.dtype and a.shape == b.shape, name
+            assert a.tobytes() == b.tobytes(), name
+            assert not a.flags.writeable, name
+            assert a.flags.c_contiguous, name
+        else:
+            assert a == b and type(a) is type(b), name
+            if isinstance(b, tuple):
+                assert [type(x) for x in a] == [type(x) for x in b], name
+
+
+@st.composite
+def raw_batches(draw: st.DrawFn) -> dict:
+    """StepBatch keywords, valid or broken in one or more of the ways SPEC §3.6 refuses:
+    negative lengths, spec lengths that are not drafts + 1, token totals past int32,
+    negative, NULL or repeated live slots in any group (small slots take the bytemap, large
+    ones the hash set), padding rows on any slot, too few padded rows or tokens, rows that
+    disagree between fields. Inputs come as int32 or int64 arrays or lists."""
+    rows = draw(st.integers(0, 10))
+    groups = draw(st.integers(1, 3))
+    kinds = draw(st.lists(st.sampled_from("sdpz"), min_size=rows, max_size=rows))
+    drafts = [draw(st.integers(0, 3)) if kind == "s" else -1 for kind in kinds]
+    lens = [
+        {"s": d + 1, "d": 1, "z": 0}.get(k, draw(st.integers(2, 50)))
+        for k, d in zip(kinds, drafts, strict=True)
+    ]
+    computed = draw(st.lists(st.integers(0, 9), min_size=rows, max_size=rows))
+    accepted = draw(st.lists(st.integers(0, 5), min_size=rows, max_size=rows))
+    big = draw(st.sampled_from([0, 20_000, INT32_MAX - 64]))  # bytemap, or the hash set
+    pool = draw(st.integers(1, 3 * rows + 2))  # small pools repeat slots
+    odd = st.sampled_from([0, -1, -5, big + 1])
+    plain = st.integers(1, pool).map(lambda s: big + s)
+    slot = st.integers(0, 19).flatmap(lambda i: odd if i == 0 else plain)  # 1 in 20 odd
+    slots = draw(
+        st.lists(st.lists(slot, min_size=rows, max_size=rows), min_size=groups, max_size=groups)
+    )
+    for _ in range(draw(st.sampled_from([0, 0, 0, 1, 2]))):  # spoil a length or a count
+        if rows:
+            row = draw(st.integers(0, rows - 1))
+            target = draw(st.sampled_from([lens, drafts, computed]))
+            target[row] = draw(st.sampled_from([-1, -2, 0, 1, 2, 5]))
+    if rows >= 2 and draw(st.integers(0, 9)) == 0:  # two huge prefills: past int32 in all
+        for row in (0, rows - 1):
+            lens[row], drafts[row] = 2**30 + draw(st.integers(-1, 1)), -1
+    fields = {
+        "query_lens": lens,
+        "num_computed_tokens": computed,
+        "slots": slots,
+        "num_draft_tokens": drafts,
+        "num_accepted_tokens": accepted,
+    }
+    if rows and draw(st.integers(0, 9)) == 0:  # one field a row short
+        name = draw(st.sampled_from(sorted(fields)))
+        fields[name] = [row[:-1] for row in slots] if name == "slots" else fields[name][:-1]
+    for name in fields:
+        form = draw(st.sampled_from(["int32", "int64", "list"]))
+        if form != "list":
+            fields[name] = np.array(fields[name], dtype=form)
+    if groups == 1 and draw(st.booleans()):
+        fields["slots"] = np.asarray(fields["slots"])[0]  # 1-D: one group
+    total = sum(lens)
+    padded_rows = draw(st.sampled_from([None, rows, rows + 3, rows - 1]))
+    padded_tokens = draw(st.sampled_from([None, total, total + 5, total - 1]))
+    return {
+        **fields,
+        "num_padded_rows": padded_rows,
+        "num_padded_tokens": padded_tokens,
+        "allow_null_slots": draw(st.booleans()),
+    }
+
+
+def test_the_compiled_check_is_in_use_here():
+    # The packer builds on every machine these tests run on; without it they compare
+    # numpy with numpy.
+    assert batch_module.native_check() is not None
+
+
+@settings(max_examples=1500, deadline=None)
+@given(raw_batches())
+def test_native_checks_build_the_numpy_batch_or_raise_its_error(fields):
+    got = outcome(lambda: StepBatch(**fields))
+    with numpy_only():
+        want = outcome(lambda: StepBatch(**fields))
+    assert got[0] == want[0], (got, want)
+    if want[0] == "ok":
+        assert_same_batch(got[1], want[1])
+    else:
+        assert got[1] == want[1]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "refused"),
+    [
+        ({}, None),
+        ({"slots": [[5, 6, 7, 5], [1, 2, 3, 3]]}, None),  # the padding row's slot is ignored
+        ({"slots": [5, 0, 7, -1], "allow_null_slots": True}, None),
+        ({"query_lens": [1, 2, -1, 0]}, ("query_lens", 2)),
+        ({"num_computed_tokens": [0, 0, 0, -3]}, ("num_computed_tokens", 3)),
+        ({"num_draft_tokens": [1, -2, -1, -1]}, ("num_draft_tokens", 1)),
+        ({"query_lens": [3, 1, 7, 0]}, ("query_lens", 0)),
+        ({"query_lens": [2, 1, INT32_MAX - 2, 0]}, ("query_lens", None)),
+        ({"slots": [5, 6, -7, -1]}, ("slots", 2)),
+        ({"slots": [5, 0, 7, -1]}, ("slots", 1)),
+        ({"slots": [5, 6, 5, 5]}, ("slots", 2)),
+        ({"slots": [[5, 6, 7, 5], [1, 2, 2, 3]]}, ("slots", 2)),
+        ({"slots": [[5, 6, 7, 5], [1, 2 + 10**6, 2 + 10**6, 3]]}, ("slots", 2)),
+        ({"slots": [[1, 2, 3]]}, ("slots", None)),
+        ({"num_accepted_tokens": [1, 1]}, ("num_accepted_tokens", None)),
+        ({"slots": np.zeros((0, 4), np.int32)}, ("slots", None)),
+        ({"num_padded_rows": 3}, ("num_padded_rows", None)),
+        ({"num_padded_tokens": 7}, ("num_padded_tokens", None)),
+    ],
+)
+def test_each_check_passes_or_fails_alike_on_both_paths(overrides, refused):
+    fields = {
+        "query_lens": [2, 1, 5, 0],
+        "num_computed_tokens": [0, 4, 0, 0],
+        "slots": [5, 6, 7, -1],
+        "num_draft_tokens": [1, -1, -1, -1],
+        "num_accepted_tokens": [1, 1, 1, 1],
+        **overrides,
+    }
+    got = outcome(lambda: StepBatch(**fields))
+    with numpy_only():
+        want = outcome(lambda: StepBatch(**fields))
+    if refused is None:
+        assert got[0] == want[0] == "ok"
+        assert_same_batch(got[1], want[1])
+    else:
+        assert got[0] == want[0] == "error"
+        assert got[1] == want[1] and got[1][1:] == refused
+
+
+def test_many_rows_take_the_heap_hash_set():
+    rows = 3000
+    slots = np.arange(10**6, 10**6 + 2 * rows, 2, dtype=np.int32)[None].repeat(2, 0)
+    fields = {
+        "query_lens": np.ones(rows, np.int32),
+        "num_computed_tokens": np.zeros(rows, np.int32),
+        "slots": slots,
+        "num_draft_tokens": np.full(rows, -1, np.int32),
+        "num_accepted_tokens": np.ones(rows, np.int32),
+    }
+    batch = StepBatch(**fields)
+    with numpy_only():
+        assert_same_batch(batch, StepBatch(**fields))
+    slots[1, -1] = slots[1, 7]
+    for context in (mock.MagicMock(), numpy_only()):
+        with context, pytest.raises(PlanError, match=r"slots\[2999\]: slot 1000014 of group 1"):
+            StepBatch(**fields)
+
+
+def test_without_the_packer_batches_validate_with_numpy_quietly(monkeypatch):
+    monkeypatch.setattr(batch_module, "packer_or_none", lambda: None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        batch = StepBatch(
+            query_lens=[2, 1],
+            num_computed_tokens=[0, 0],
+            slots=[3, 4],
+            num_draft_tokens=[1, -1],
+            num_accepted_tokens=[1, 1],
+        )
+    assert batch.kind_counts == (1, 1, 0, 0) and batch.query_start.tolist() == [0, 2, 3]
+
+
+# -- the C function's own argument checks -------------------------------------------------
+
+
+def _arguments(rows: int = 3):
+    arrays = [
+        np.array([1, 2, 1][:rows], np.int32),
+        np.zeros(rows, np.int32),
+        np.array([-1, -1, 0][:rows], np.int32),
+        np.ones(rows, np.int32),
+        np.arange(1, 2 * rows + 1, dtype=np.int32).reshape(2, rows),
+    ]
+    return [*arrays, False, np.empty(rows, np.int8), np.empty(rows + 1, np.int32)]
+
+
+def test_check_batch_fills_kinds_and_starts():
+    arguments = _arguments()
+    assert native_module.load_packer().check_batch(*arguments) == (1, 1, 1, 0)
+    assert arguments[6].tolist() == [1, 2, 0] and arguments[7].tolist() == [0, 1, 3, 4]
+
+
+@pytest.mark.parametrize(
+    ("position", "bad", "error", "names"),
+    [
+        (0, "int64", TypeError, "query_lens"),
+        (1, "strided", ValueError, "num_computed_tokens"),
+        (2, "list", TypeError, "num_draft_tokens"),
+        (3, "int64", TypeError, "num_accepted_tokens"),
+        (4, "uint32", TypeError, "slots"),
+        (6, "int32", TypeError, "kinds"),
+        (6, "short", ValueError, "kinds"),
+        (6, "read-only", ValueError, "kinds"),
+        (7, "long", ValueError, "query_start"),
+        (7, "aliased", ValueError, "query_start: shares memory with query_lens"),
+    ],
+)
+def test_malformed_arguments_are_refused_naming_them(position, bad, error, names):
+    arguments = _arguments()
+    value = arguments[position]
+    guarded = np.full(8, 77, np.int32)  # query starts aliasing query_lens, and a guard
+    guarded[:3] = arguments[0]
+    spoiled = {
+        "int64": lambda: value.astype(np.int64),
+        "uint32": lambda: value.astype(np.uint32),
+        "int32": lambda: value.astype(np.int32),
+        "list": lambda: value.tolist(),
+        "strided": lambda: np.repeat(value, 2)[::2],
+        "short": lambda: value[:-1],
+        "long": lambda: np.empty(value.size + 1, value.dtype),
+        "read-only": lambda: np.frombuffer(bytes(value.size), value.dtype),
+        "aliased": lambda: guarded[:4],
+    }[bad]()
+    arguments[position] = spoiled
+    if bad == "aliased":
+        arguments[0] = guarded[:3]
+    with pytest.raises(error, match=names):
+        native_module.load_packer().check_batch(*arguments)
+    assert (guarded[4:] == 77).all()
+
+
+@pytest.mark.parametrize(
+    ("position", "spoil"),
+    [
+        (1, lambda value: value[:2]),
+        (3, lambda value: value[:2]),
+        (4, lambda value: value[:, :2].copy()),
+        (4, lambda value: value[0]),  # 1-D
+        (4, lambda value: value[:0]),  # no group
+    ],
+)
+def test_rows_that_disagree_are_left_to_numpy_to_name(position, spoil):
+    arguments = _arguments()
+    arguments[position] = spoil(arguments[position])
+    assert native_module.load_packer().check_batch(*arguments) is None
+
+
+def test_check_batch_takes_eight_arguments():
+    with pytest.raises(TypeError, match="8 arguments"):
+        native_module.load_packer().check_batch(*_arguments()[:7])
