@@ -29,33 +29,38 @@ _SIGN_SHIFT = _constant(31)
 # negative difference counts as 3): a spec row (drafts >= 0) keys ``q - drafts`` itself,
 # 1 when valid; a non-spec row keys ``~min(q + 1, 3)``, -2, -3, -4 for q = 0, 1, >= 2.
 _KIND_OF_KEY = np.array(  # int8: the lookup hands back the kinds array as stored
-    [_BAD_SPEC, SPEC, _BAD_SPEC, _BAD_SPEC, PREFILL, DECODE, PADDING, _BAD_SPEC], dtype=np.int8
+    [_BAD_SPEC, SPEC, _BAD_SPEC, _BAD_SPEC, PREFILL, DECODE, PADDING, _BAD_SPEC],
+    dtype=np.int8,
 )
 _KIND_OF_KEY.flags.writeable = False
 _INT32 = np.dtype(np.int32)
 _INT8 = np.dtype(np.int8)
+_INPUTS = (
+    "query_lens",
+    "num_computed_tokens",
+    "slots",
+    "num_draft_tokens",
+    "num_accepted_tokens",
+)
 _INT32_MAX = 2**31 - 1
 
 
-def _frozen_int32(field: str, value: object, ndim: int) -> np.ndarray:
-    """A read-only int32 copy of ``value``; the copy keeps later edits by the caller out."""
+def _int32_array(field: str, value: object, ndim: int) -> np.ndarray:
+    """``value`` as an int32 array of ``ndim`` dimensions: ``value`` itself when it is one
+    (StepBatch copies every field after its converters, all at once), else converted."""
     if type(value) is np.ndarray and value.dtype == _INT32 and value.ndim == ndim:
-        array = value.copy()  # fast path: what engines pass every step
-    else:
-        array = _checked_int_array(field, value, ndim)
-    array.setflags(write=False)
-    return array
+        return value  # fast path: what engines pass every step
+    return _checked_int_array(field, value, ndim)
 
 
 def _int32_field(field: str) -> Callable[[object], np.ndarray]:
-    """The converter of 1-D field ``field``: one call per field (attrs calls it per step)."""
+    """The converter of 1-D field ``field``: one call per field (attrs calls it per step).
+    An int32 array passes as it is: StepBatch copies every field after its converters."""
 
     def convert(value: object) -> np.ndarray:
         if type(value) is np.ndarray and value.dtype is _INT32 and value.ndim == 1:
-            array = value.copy()
-            array.setflags(write=False)
-            return array
-        return _frozen_int32(field, value, 1)
+            return value
+        return _int32_array(field, value, 1)
 
     return convert
 
@@ -76,20 +81,20 @@ def _checked_int_array(field: str, value: object, ndim: int) -> np.ndarray:
     return np.array(array, dtype=np.int32)
 
 
-def _frozen_slots(value: object) -> np.ndarray:
+def _slots_array(value: object) -> np.ndarray:
     if isinstance(value, np.ndarray) and value.ndim == 1:
         value = value[None]
     elif not isinstance(value, np.ndarray):
         array = _checked_int_array("slots", value, np.ndim(value))  # type: ignore[arg-type]
         value = array[None] if array.ndim == 1 else array
-    return _frozen_int32("slots", value, 2)
+    return _int32_array("slots", value, 2)
 
 
 def native_check() -> Callable[..., tuple[int, int, int, int] | None] | None:
-    """The compiled check (``check_batch`` of ``plan_packer.c``): StepBatch's checks and
-    derived fields in one pass, or ``None`` where the packer does not build (then numpy
-    checks, quietly: a Planner already warns). Tests replace this function to compare the
-    two paths."""
+    """The compiled check (``check_batch`` of ``plan_packer.c``): StepBatch's copies,
+    checks and derived fields in one pass, or ``None`` where the packer does not build
+    (then numpy checks, quietly: a Planner already warns). Tests replace this function to
+    compare the two paths."""
     packer = packer_or_none()
     return None if packer is None else packer.check_batch
 
@@ -129,7 +134,7 @@ class StepBatch:
 
     query_lens: np.ndarray = attrs.field(converter=_int32_field("query_lens"))
     num_computed_tokens: np.ndarray = attrs.field(converter=_int32_field("num_computed_tokens"))
-    slots: np.ndarray = attrs.field(converter=_frozen_slots)
+    slots: np.ndarray = attrs.field(converter=_slots_array)
     num_draft_tokens: np.ndarray = attrs.field(converter=_int32_field("num_draft_tokens"))
     num_accepted_tokens: np.ndarray = attrs.field(converter=_int32_field("num_accepted_tokens"))
     num_padded_rows: int | None = None
@@ -140,31 +145,52 @@ class StepBatch:
     query_start: np.ndarray = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
+        # The converters left the caller's int32 arrays as they are: both paths copy them.
         check = native_check()
-        found = None
-        if check is not None:
-            rows = self.query_lens.shape[0]
-            kinds, starts = np.empty(rows, _INT8), np.empty(rows + 1, _INT32)
-            found = check(
-                self.query_lens,
-                self.num_computed_tokens,
-                self.num_draft_tokens,
-                self.num_accepted_tokens,
-                self.slots,
-                self.allow_null_slots,
-                kinds,
-                starts,
-            )
-        if found is None:  # no packer, or a check failed: numpy checks and names the error
+        if check is None or not self._adopt_checked(check):  # numpy checks, names errors
+            self._freeze_inputs()
             self._check_shapes()
             self._derive_with_numpy()
-        else:
-            kinds.setflags(write=False)
-            starts.setflags(write=False)
-            object.__setattr__(self, "kinds", kinds)
-            object.__setattr__(self, "kind_counts", found)
-            object.__setattr__(self, "query_start", starts)
         self._check_padding()
+
+    def _adopt_checked(self, check: Callable[..., tuple[int, int, int, int] | None]) -> bool:
+        """Copies, checks and derived fields by one call of ``check`` (:func:`native_check`);
+        whether the batch passed (if not, nothing is set). The copies share one read-only
+        buffer, ``[query_lens | computed | drafts | accepted | slots | query_start]``."""
+        rows, groups = self.query_lens.shape[0], self.slots.shape[0]
+        data, kinds = np.empty((5 + groups) * rows + 1, _INT32), np.empty(rows, _INT8)
+        counts = check(
+            self.query_lens,
+            self.num_computed_tokens,
+            self.num_draft_tokens,
+            self.num_accepted_tokens,
+            self.slots,
+            self.allow_null_slots,
+            data,
+            kinds,
+        )
+        if counts is None:
+            return False
+        data.setflags(write=False)  # and so its slices
+        kinds.setflags(write=False)
+        slots_end, setattr_ = (4 + groups) * rows, object.__setattr__
+        setattr_(self, "query_lens", data[:rows])
+        setattr_(self, "num_computed_tokens", data[rows : 2 * rows])
+        setattr_(self, "num_draft_tokens", data[2 * rows : 3 * rows])
+        setattr_(self, "num_accepted_tokens", data[3 * rows : 4 * rows])
+        setattr_(self, "slots", data[4 * rows : slots_end].reshape(groups, rows))
+        setattr_(self, "query_start", data[slots_end:])
+        setattr_(self, "kinds", kinds)
+        setattr_(self, "kind_counts", counts)
+        return True
+
+    def _freeze_inputs(self) -> None:
+        """Read-only copies of the input arrays (the copies keep later edits by the caller
+        out)."""
+        for name in _INPUTS:
+            array = getattr(self, name).copy()
+            array.setflags(write=False)
+            object.__setattr__(self, name, array)
 
     def _derive_with_numpy(self) -> None:
         """The checks (after the shapes') and derived fields that ``native_check`` computes:
@@ -304,9 +330,13 @@ class StepBatch:
         rows, tokens = self.num_padded_rows, self.num_padded_tokens
         if rows is not None and rows < self.num_rows:
             raise PlanError(
-                "num_padded_rows", None, f"{rows} is fewer than the {self.num_rows} rows"
+                "num_padded_rows",
+                None,
+                f"{rows} is fewer than the {self.num_rows} rows",
             )
         if tokens is not None and tokens < self.num_tokens:
             raise PlanError(
-                "num_padded_tokens", None, f"{tokens} is fewer than the {self.num_tokens} tokens"
+                "num_padded_tokens",
+                None,
+                f"{tokens} is fewer than the {self.num_tokens} tokens",
             )

@@ -10,8 +10,8 @@
  * TypeError or ValueError naming the argument instead of writing out of bounds. Built at
  * first use by native.py.
  *
- * Also StepBatch's checks (``check_batch``, the compiled twin of batch.py's numpy checks):
- * it only says whether a batch passes; numpy finds and names the error when one does not.
+ * Also StepBatch's copies and checks (``check_batch``, the compiled twin of batch.py's
+ * numpy checks): it only says whether a batch passes; numpy names the error if not.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -20,6 +20,24 @@
 #include <string.h>
 
 enum { SPEC = 0, DECODE = 1, PREFILL = 2, PADDING = 3 };
+
+/* Whether ``view`` holds ``itemsize``-byte items of struct code ``code`` (native order);
+ * if not, releases it and raises TypeError naming ``name``. */
+static int check_format(Py_buffer *view, const char *name, char code, Py_ssize_t itemsize) {
+    const uint16_t probe = 1;
+    const int little = *(const char *)&probe == 1;
+    const char *format = view->format ? view->format : "B";
+    if (*format == '@' || *format == '=' || (*format == '<' && little)) {
+        format++;
+    }
+    if (view->itemsize != itemsize || format[0] != code || format[1] != '\0') {
+        PyErr_Format(PyExc_TypeError, "%s: must hold %s, got format '%s'", name,
+                     itemsize == 4 ? "int32" : "int8", view->format ? view->format : "B");
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return 0;
+}
 
 /* Acquire a C-contiguous buffer of ``itemsize``-byte items of struct code ``code``. */
 static int get_array(PyObject *obj, Py_buffer *view, const char *name, char code,
@@ -36,19 +54,22 @@ static int get_array(PyObject *obj, Py_buffer *view, const char *name, char code
                      writable ? ", writable" : "");
         return -1;
     }
-    const uint16_t probe = 1;
-    const int little = *(const char *)&probe == 1;
-    const char *format = view->format ? view->format : "B";
-    if (*format == '@' || *format == '=' || (*format == '<' && little)) {
-        format++;
-    }
-    if (view->itemsize != itemsize || format[0] != code || format[1] != '\0') {
-        PyErr_Format(PyExc_TypeError, "%s: must hold %s, got format '%s'", name,
-                     itemsize == 4 ? "int32" : "int8", view->format ? view->format : "B");
-        PyBuffer_Release(view);
+    return check_format(view, name, code, itemsize);
+}
+
+/* Acquire an array of int32 items at any strides, read-only. */
+static int get_strided(PyObject *obj, Py_buffer *view, const char *name) {
+    if (!PyObject_CheckBuffer(obj)) {
+        PyErr_Format(PyExc_TypeError, "%s: must be an array, got %.80s", name,
+                     Py_TYPE(obj)->tp_name);
         return -1;
     }
-    return 0;
+    if (PyObject_GetBuffer(obj, view, PyBUF_RECORDS_RO) < 0) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError, "%s: must be a strided array", name);
+        return -1;
+    }
+    return check_format(view, name, 'i', 4);
 }
 
 /* A non-negative C integer from argument ``name``; -1 with an exception set otherwise. */
@@ -529,8 +550,8 @@ static PyObject *pack(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     return result;
 }
 
-/* -- check_batch: StepBatch's checks and derived fields (batch.py's numpy code is the
- * specification and names every error; this only says whether there is one). */
+/* -- check_batch: StepBatch's copies, checks and derived fields (batch.py's numpy code is
+ * the specification and names every error; this only says whether there is one). */
 
 /* A set of positive slots, open-addressed (linear probing, 0 marks a free entry) in a
  * power-of-two table at least twice the rows it takes, so probes stay short. */
@@ -638,59 +659,112 @@ static int rows_broken(const int32_t *restrict q, const int32_t *restrict comput
     return bad || total > INT32_MAX;
 }
 
-/* Whether two buffers share a byte (the check writes while it reads). */
-static int shares_memory(const Py_buffer *a, const Py_buffer *b) {
-    uintptr_t a_begin = (uintptr_t)a->buf, b_begin = (uintptr_t)b->buf;
-    return a_begin < b_begin + (uintptr_t)b->len && b_begin < a_begin + (uintptr_t)a->len;
+/* The bytes ``view`` spans, whatever its strides' signs: [*begin, *end). */
+static void extent(const Py_buffer *view, uintptr_t *begin, uintptr_t *end) {
+    intptr_t low = 0, high = view->itemsize;
+    for (int d = 0; d < view->ndim; d++) {
+        if (view->shape[d] == 0) {
+            high = 0;
+            break;
+        }
+        intptr_t span = view->strides[d] * (view->shape[d] - 1);
+        low += span < 0 ? span : 0, high += span > 0 ? span : 0;
+    }
+    *begin = (uintptr_t)view->buf + low, *end = (uintptr_t)view->buf + high;
 }
 
-/* check_batch's arrays, in argument order (allow_null_slots sits between SLOTS and KINDS);
- * KINDS and STARTS are its outputs. */
-enum { LENS, COMPUTED, DRAFTS, ACCEPTED, SLOTS, KINDS, STARTS, NUM_VIEWS };
+/* Whether two buffers share a byte (the check writes while it reads). */
+static int shares_memory(const Py_buffer *a, const Py_buffer *b) {
+    uintptr_t a_begin, a_end, b_begin, b_end;
+    extent(a, &a_begin, &a_end), extent(b, &b_begin, &b_end);
+    return a_begin < b_end && b_begin < a_end && a_begin < a_end && b_begin < b_end;
+}
+
+/* check_batch's arrays, in argument order (allow_null_slots sits between SLOTS and DATA);
+ * DATA and KINDS are its outputs. */
+enum { LENS, COMPUTED, DRAFTS, ACCEPTED, SLOTS, DATA, KINDS, NUM_VIEWS };
 static const char *const CHECK_NAMES[] = {
     "query_lens", "num_computed_tokens", "num_draft_tokens", "num_accepted_tokens",
-    "slots",      "kinds",               "query_start"};
+    "slots",      "data",                "kinds"};
 
-/* Whether the inputs disagree on their rows (a StepBatch check: numpy names it): rows
- * of query_lens in the others, a [G >= 1, R] slots array. The outputs must fit exactly
- * and stay apart from the inputs (else a wrong call: ValueError). Returns 1 when the
- * inputs disagree, -1 on a wrong call, else 0. */
-static int rows_disagree(Py_buffer views[NUM_VIEWS], Py_ssize_t *rows, Py_ssize_t *groups) {
-    Py_ssize_t n = views[LENS].len / 4;
-    Py_buffer *slots = &views[SLOTS];
-    if (views[KINDS].len != n || views[STARTS].len != (n + 1) * 4) {
-        int bad = views[KINDS].len != n ? KINDS : STARTS;
-        PyErr_Format(PyExc_ValueError, "%s: has %zd entries, expected %zd", CHECK_NAMES[bad],
-                     views[bad].len / views[bad].itemsize, n + (bad == STARTS));
-        return -1;
+/* Whether the inputs disagree on their rows (a StepBatch check: numpy names it): [R]
+ * arrays of query_lens' rows, a [G >= 1, R] slots array. */
+static int rows_disagree(const Py_buffer views[NUM_VIEWS], Py_ssize_t *rows,
+                         Py_ssize_t *groups) {
+    if (views[LENS].ndim != 1 || views[SLOTS].ndim != 2) {
+        return 1;
     }
-    for (int out = KINDS; out <= STARTS; out++) {
+    Py_ssize_t n = views[LENS].shape[0];
+    for (int i = COMPUTED; i <= ACCEPTED; i++) {
+        if (views[i].ndim != 1 || views[i].shape[0] != n) {
+            return 1;
+        }
+    }
+    *rows = n, *groups = views[SLOTS].shape[0];
+    return views[SLOTS].shape[1] != n || *groups < 1;
+}
+
+/* Whether the outputs fit the batch exactly and stay apart from the inputs; else raises
+ * ValueError naming the output (a wrong call). */
+static int outputs_fit(const Py_buffer views[NUM_VIEWS], Py_ssize_t rows, Py_ssize_t groups) {
+    if (groups > (PY_SSIZE_T_MAX / 8) / (rows + 1) - 8 ||
+        views[DATA].len != ((5 + groups) * rows + 1) * 4 || views[KINDS].len != rows) {
+        int bad = views[KINDS].len != rows ? KINDS : DATA;
+        PyErr_Format(PyExc_ValueError, "%s: has %zd entries, expected %zd", CHECK_NAMES[bad],
+                     views[bad].len / views[bad].itemsize,
+                     bad == KINDS ? rows : (5 + groups) * rows + 1);
+        return 0;
+    }
+    for (int out = DATA; out <= KINDS; out++) {
         for (int i = 0; i < NUM_VIEWS; i++) {
             if (i != out && shares_memory(&views[out], &views[i])) {
                 PyErr_Format(PyExc_ValueError, "%s: shares memory with %s", CHECK_NAMES[out],
                              CHECK_NAMES[i]);
-                return -1;
+                return 0;
             }
         }
     }
-    *rows = n, *groups = slots->ndim == 2 ? slots->shape[0] : 0;
-    return views[COMPUTED].len != n * 4 || views[DRAFTS].len != n * 4 ||
-           views[ACCEPTED].len != n * 4 || slots->ndim != 2 || slots->shape[1] != n ||
-           slots->shape[0] < 1;
+    return 1;
 }
 
-/* The checks on arrays of agreeing rows: the rows per kind, None, or NULL (no memory).
- * A flag whose truth raises, or rows past the hash's 32 bits: None, numpy decides. */
-static PyObject *check_arrays(Py_buffer views[NUM_VIEWS], Py_ssize_t rows, Py_ssize_t groups,
-                              PyObject *allow_null_slots) {
+/* ``count`` int32 entries ``stride`` bytes apart (any alignment) into ``to``. */
+static void copy_strided(int32_t *to, const char *from, Py_ssize_t stride, Py_ssize_t count) {
+    if (stride == 4) {
+        memcpy(to, from, (size_t)count * 4);
+        return;
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        memcpy(&to[i], from + i * stride, 4);
+    }
+}
+
+/* The inputs, copied into ``data`` as [query_lens | computed | drafts | accepted | slots
+ * by group], each contiguous; the query starts go after them. */
+static void copy_inputs(const Py_buffer views[NUM_VIEWS], Py_ssize_t rows, Py_ssize_t groups,
+                        int32_t *data) {
+    for (int i = LENS; i <= ACCEPTED; i++) {
+        copy_strided(data + i * rows, views[i].buf, views[i].strides[0], rows);
+    }
+    const Py_buffer *slots = &views[SLOTS];
+    for (Py_ssize_t g = 0; g < groups; g++) {
+        copy_strided(data + (4 + g) * rows, (const char *)slots->buf + g * slots->strides[0],
+                     slots->strides[1], rows);
+    }
+}
+
+/* The checks on the copied arrays: the rows per kind, None, or NULL (no memory). A flag
+ * whose truth raises, or rows past the hash's 32 bits: None, numpy decides. */
+static PyObject *check_data(int32_t *data, int8_t *kinds, Py_ssize_t rows, Py_ssize_t groups,
+                            PyObject *allow_null_slots) {
     int allow_null = PyObject_IsTrue(allow_null_slots);
     Py_ssize_t counts[4];
     if (allow_null < 0 || rows > MAX_SET_ROWS) {
         PyErr_Clear();
         return Py_NewRef(Py_None);
     }
-    if (rows_broken(views[LENS].buf, views[COMPUTED].buf, views[DRAFTS].buf, rows,
-                    views[KINDS].buf, views[STARTS].buf, counts)) {
+    const int32_t *slots = data + 4 * rows;
+    if (rows_broken(data, data + rows, data + 2 * rows, rows, kinds, data + (4 + groups) * rows,
+                    counts)) {
         return Py_NewRef(Py_None);
     }
     uint32_t stack_entries[2 * STACK_SET_ROWS];
@@ -702,8 +776,7 @@ static PyObject *check_arrays(Py_buffer views[NUM_VIEWS], Py_ssize_t rows, Py_ss
         !(set.entries = PyMem_Malloc(((size_t)set.mask + 1) * sizeof(uint32_t)))) {
         return PyErr_NoMemory();
     }
-    int broken =
-        slots_broken(views[SLOTS].buf, views[KINDS].buf, rows, groups, allow_null, &set);
+    int broken = slots_broken(slots, kinds, rows, groups, allow_null, &set);
     if (set.entries != stack_entries) {
         PyMem_Free(set.entries);
     }
@@ -715,11 +788,13 @@ static PyObject *check_arrays(Py_buffer views[NUM_VIEWS], Py_ssize_t rows, Py_ss
 
 static const char CHECK_DOC[] =
     "check_batch(query_lens, num_computed_tokens, num_draft_tokens, num_accepted_tokens,\n"
-    "            slots, allow_null_slots, kinds, query_start)\n"
-    "StepBatch's checks (SPEC 3.6) in one pass over int32 arrays ([R] each, slots [G, R]):\n"
-    "fills ``kinds`` ([R] int8) and ``query_start`` ([R + 1] int32) and returns the rows\n"
-    "per kind (spec, decode, prefill, padding), or None when any check fails (the outputs\n"
-    "are then unspecified, and batch.py's numpy checks name the error).";
+    "            slots, allow_null_slots, data, kinds)\n"
+    "StepBatch's copies, checks (SPEC 3.6) and derived fields in one pass. Inputs: int32\n"
+    "arrays at any strides, [R] each, slots [G, R]. Fills ``data`` (int32, (5 + G) R + 1:\n"
+    "the inputs in that order, contiguous, then query_start [R + 1]) and ``kinds`` ([R]\n"
+    "int8); returns the rows per kind (spec, decode, prefill, padding), or None when any\n"
+    "check fails (the outputs are then unspecified; batch.py's numpy checks name the\n"
+    "error).";
 
 static PyObject *check_batch(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
@@ -730,20 +805,21 @@ static PyObject *check_batch(PyObject *self, PyObject *const *args, Py_ssize_t n
     Py_buffer views[NUM_VIEWS];
     int held = 0;
     for (; held < NUM_VIEWS; held++) {
-        int output = held >= KINDS, itemsize = held == KINDS ? 1 : 4;
-        if (get_array(args[held + output], &views[held], CHECK_NAMES[held],
-                      itemsize == 1 ? 'b' : 'i', itemsize, output) < 0) {
+        int ok = held < DATA ? get_strided(args[held], &views[held], CHECK_NAMES[held])
+                 : held == DATA ? get_array(args[held + 1], &views[held], "data", 'i', 4, 1)
+                                : get_array(args[held + 1], &views[held], "kinds", 'b', 1, 1);
+        if (ok < 0) {
             break;
         }
     }
     PyObject *result = NULL;
     Py_ssize_t rows, groups;
     if (held == NUM_VIEWS) {
-        int disagree = rows_disagree(views, &rows, &groups);
-        if (disagree > 0) {
+        if (rows_disagree(views, &rows, &groups)) {
             result = Py_NewRef(Py_None);
-        } else if (disagree == 0) {
-            result = check_arrays(views, rows, groups, args[KINDS]); /* the flag */
+        } else if (outputs_fit(views, rows, groups)) {
+            copy_inputs(views, rows, groups, views[DATA].buf);
+            result = check_data(views[DATA].buf, views[KINDS].buf, rows, groups, args[DATA]);
         }
     }
     while (held > 0) {

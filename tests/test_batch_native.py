@@ -58,7 +58,8 @@ def raw_batches(draw: st.DrawFn) -> dict:
     negative lengths, spec lengths that are not drafts + 1, token totals past int32,
     negative, NULL or repeated live slots in any group (small slots take the bytemap, large
     ones the hash set), padding rows on any slot, too few padded rows or tokens, rows that
-    disagree between fields. Inputs come as int32 or int64 arrays or lists."""
+    disagree between fields. Inputs come as int32 arrays (contiguous, strided or read-only),
+    int64 arrays or lists."""
     rows = draw(st.integers(0, 10))
     groups = draw(st.integers(1, 3))
     kinds = draw(st.lists(st.sampled_from("sdpz"), min_size=rows, max_size=rows))
@@ -96,9 +97,13 @@ def raw_batches(draw: st.DrawFn) -> dict:
         name = draw(st.sampled_from(sorted(fields)))
         fields[name] = [row[:-1] for row in slots] if name == "slots" else fields[name][:-1]
     for name in fields:
-        form = draw(st.sampled_from(["int32", "int64", "list"]))
+        form = draw(st.sampled_from(["int32", "int64", "list", "strided", "read-only"]))
         if form != "list":
-            fields[name] = np.array(fields[name], dtype=form)
+            array = np.array(fields[name], dtype=np.int64 if form == "int64" else np.int32)
+            if form == "strided":  # every other entry of a wider array
+                array = np.repeat(array, 2, axis=-1)[..., ::2]
+            array.flags.writeable = form != "read-only"
+            fields[name] = array
     if groups == 1 and draw(st.booleans()):
         fields["slots"] = np.asarray(fields["slots"])[0]  # 1-D: one group
     total = sum(lens)
@@ -210,60 +215,79 @@ def test_without_the_packer_batches_validate_with_numpy_quietly(monkeypatch):
 # -- the C function's own argument checks -------------------------------------------------
 
 
-def _arguments(rows: int = 3):
+def _arguments(rows: int = 3, groups: int = 2):
     arrays = [
         np.array([1, 2, 1][:rows], np.int32),
         np.zeros(rows, np.int32),
         np.array([-1, -1, 0][:rows], np.int32),
         np.ones(rows, np.int32),
-        np.arange(1, 2 * rows + 1, dtype=np.int32).reshape(2, rows),
+        np.arange(1, groups * rows + 1, dtype=np.int32).reshape(groups, rows),
     ]
-    return [*arrays, False, np.empty(rows, np.int8), np.empty(rows + 1, np.int32)]
+    data = np.empty((5 + groups) * rows + 1, np.int32)
+    return [*arrays, False, data, np.empty(rows, np.int8)]
 
 
-def test_check_batch_fills_kinds_and_starts():
+def test_check_batch_copies_checks_and_derives():
     arguments = _arguments()
     assert native_module.load_packer().check_batch(*arguments) == (1, 1, 1, 0)
-    assert arguments[6].tolist() == [1, 2, 0] and arguments[7].tolist() == [0, 1, 3, 4]
+    data, kinds = arguments[6:]
+    inputs = np.concatenate([array.ravel() for array in arguments[:5]])
+    assert data[: inputs.size].tolist() == inputs.tolist()
+    assert data[inputs.size :].tolist() == [0, 1, 3, 4] and kinds.tolist() == [1, 2, 0]
+
+
+def test_check_batch_copies_inputs_at_any_strides():
+    arguments = _arguments(groups=3)
+    expected = np.concatenate([array.ravel() for array in arguments[:5]])
+    # the same values read backwards from the end, every other entry, column by column
+    arguments[0] = arguments[0][::-1].copy()[::-1]
+    arguments[1] = np.repeat(arguments[1], 2)[::2]
+    arguments[2] = arguments[2][::-1].copy()[::-1]
+    arguments[3] = np.repeat(arguments[3], 2)[::2]
+    arguments[4] = np.asfortranarray(arguments[4])
+    assert native_module.load_packer().check_batch(*arguments) == (1, 1, 1, 0)
+    assert arguments[6][: expected.size].tolist() == expected.tolist()
 
 
 @pytest.mark.parametrize(
     ("position", "bad", "error", "names"),
     [
         (0, "int64", TypeError, "query_lens"),
-        (1, "strided", ValueError, "num_computed_tokens"),
+        (1, "text", TypeError, "num_computed_tokens"),
         (2, "list", TypeError, "num_draft_tokens"),
         (3, "int64", TypeError, "num_accepted_tokens"),
         (4, "uint32", TypeError, "slots"),
-        (6, "int32", TypeError, "kinds"),
-        (6, "short", ValueError, "kinds"),
-        (6, "read-only", ValueError, "kinds"),
-        (7, "long", ValueError, "query_start"),
-        (7, "aliased", ValueError, "query_start: shares memory with query_lens"),
+        (6, "int8", TypeError, "data"),
+        (6, "short", ValueError, "data"),
+        (6, "strided", ValueError, "data"),
+        (7, "int32", TypeError, "kinds"),
+        (7, "short", ValueError, "kinds"),
+        (7, "read-only", ValueError, "kinds"),
+        (6, "aliased", ValueError, "data: shares memory with query_lens"),
     ],
 )
 def test_malformed_arguments_are_refused_naming_them(position, bad, error, names):
     arguments = _arguments()
     value = arguments[position]
-    guarded = np.full(8, 77, np.int32)  # query starts aliasing query_lens, and a guard
-    guarded[:3] = arguments[0]
+    guarded = np.full(arguments[6].size + 8, 77, np.int32)  # data over query_lens, a guard
     spoiled = {
         "int64": lambda: value.astype(np.int64),
         "uint32": lambda: value.astype(np.uint32),
+        "int8": lambda: value.astype(np.int8),
         "int32": lambda: value.astype(np.int32),
+        "text": lambda: "0, 0, 0",
         "list": lambda: value.tolist(),
         "strided": lambda: np.repeat(value, 2)[::2],
         "short": lambda: value[:-1],
-        "long": lambda: np.empty(value.size + 1, value.dtype),
         "read-only": lambda: np.frombuffer(bytes(value.size), value.dtype),
-        "aliased": lambda: guarded[:4],
+        "aliased": lambda: guarded[: value.size],
     }[bad]()
     arguments[position] = spoiled
     if bad == "aliased":
-        arguments[0] = guarded[:3]
+        arguments[0] = guarded[-11:-8]  # the last query lengths under the data's end
     with pytest.raises(error, match=names):
         native_module.load_packer().check_batch(*arguments)
-    assert (guarded[4:] == 77).all()
+    assert (guarded[-8:] == 77).all()
 
 
 @pytest.mark.parametrize(
@@ -271,7 +295,8 @@ def test_malformed_arguments_are_refused_naming_them(position, bad, error, names
     [
         (1, lambda value: value[:2]),
         (3, lambda value: value[:2]),
-        (4, lambda value: value[:, :2].copy()),
+        (0, lambda value: value[None]),  # 2-D
+        (4, lambda value: value[:, :2]),
         (4, lambda value: value[0]),  # 1-D
         (4, lambda value: value[:0]),  # no group
     ],
