@@ -1,4 +1,5 @@
-"""Host time of the planner per step: StepBatch validation, compile_plan (compile + pack),
+"""Host time of the planner per step: StepBatch validation (compiled check, and numpy's in
+column ``numpy validate``, as where the packer does not build), compile_plan (compile + pack),
 and the same step through a kept ``Planner``, which packs with the compiled packer (column
 ``path`` says whether it built: ``native``, else ``numpy``), and through a kept
 ``Planner(native=False)`` (numpy packing with its graph keys, layouts and row templates).
@@ -20,10 +21,12 @@ import argparse
 import platform
 import time
 from collections.abc import Callable
+from unittest import mock
 
 import numpy as np
 
 from stepplan.planner import Planner, PlannerConfig, StepBatch, compile_plan
+from stepplan.planner import batch as batch_module
 
 NUM_SPEC_TOKENS = 3  # Q = 4
 SEED_US_PER_GROUP = {"spec": 250.0, "decode": 250.0, "mixed": 900.0}
@@ -91,12 +94,15 @@ def time_case(
     """Per-step microseconds of validation, compile_plan, ``planner`` and ``numpy_planner``,
     each its own loop."""
     batch_us = timed(lambda kw: StepBatch(**kw), inputs)
+    with mock.patch.object(batch_module, "native_check", lambda: None):  # numpy checks
+        numpy_batch_us = timed(lambda kw: StepBatch(**kw), inputs)
     batches = [StepBatch(**kw) for kw in inputs]
     compile_us = timed(lambda batch: compile_plan(batch, config), batches)
     planner_us = timed(planner.compile, batches)
     numpy_us = timed(numpy_planner.compile, batches)
     return {
         "batch": batch_us,
+        "numpy batch": numpy_batch_us,
         "compile": compile_us,
         "total": batch_us + compile_us,
         "planner": planner_us,
@@ -120,7 +126,8 @@ def main() -> None:
     header = (
         f"{'case':<14} {'compile+pack p50':>16} {'p90':>7} {'validate p50':>13} {'p90':>7} "
         f"{'total p50':>10} {'p90':>7} {'seed (all groups)':>18} {'speed-up':>9} "
-        f"{'Planner p50':>12} {'p90':>7} {'path':>6} {'numpy Planner p50':>18} {'p90':>7}"
+        f"{'Planner p50':>12} {'p90':>7} {'path':>6} {'numpy Planner p50':>18} {'p90':>7} "
+        f"{'numpy validate p50':>19} {'p90':>7}"
     )
     print(header)
     for name, kinds in CASES.items():
@@ -140,7 +147,8 @@ def main() -> None:
             f"{seed:>18.0f} {seed / p['total'][0]:>8.0f}x "
             f"{p['planner'][0]:>12.1f} {p['planner'][1]:>7.1f} "
             f"{'native' if planner.native else 'numpy':>6} "
-            f"{p['numpy'][0]:>18.1f} {p['numpy'][1]:>7.1f}"
+            f"{p['numpy'][0]:>18.1f} {p['numpy'][1]:>7.1f} "
+            f"{p['numpy batch'][0]:>19.1f} {p['numpy batch'][1]:>7.1f}"
         )
 
 
