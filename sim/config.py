@@ -200,9 +200,9 @@ class CostConfig:
     """
 
     host_cost: str = attrs.field(default="model", validator=_one_of(HOST_COSTS))
-    host_base_us: float = attrs.field(default=23.0, converter=float, validator=_non_negative)
-    host_per_row_us: float = attrs.field(default=0.04, converter=float, validator=_non_negative)
-    host_mixed_us: float = attrs.field(default=21.0, converter=float, validator=_non_negative)
+    host_base_us: float = attrs.field(default=8.0, converter=float, validator=_non_negative)
+    host_per_row_us: float = attrs.field(default=0.02, converter=float, validator=_non_negative)
+    host_mixed_us: float = attrs.field(default=3.5, converter=float, validator=_non_negative)
     kernel_profile: str | None = None
 
 

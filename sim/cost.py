@@ -24,14 +24,15 @@ launch per kind, as the public kernel does).
 ``cost.host_cost``:
 
 - ``model`` (default, deterministic): ``host_base_us + host_per_row_us * rows``, plus
-  ``host_mixed_us`` when the step mixes kinds or has prefills. Defaults 23 µs,
-  0.04 µs per row and 21 µs, fitted to ``bench/planner_bench.py`` (``StepBatch``
-  validation + ``Planner.compile``, p50, the 2-core CPU dev machine, 2026-11-29,
-  second session): pure spec 1 x 4 / 256 x 4: 23 / 33 µs, decode 256: 32 µs, mixed
-  64 / 256 rows (counts varying per step): 46 / 54 µs; layer groups add little and
-  are not modelled. The H200
-  host's CPU runs the planner 2.2-2.5x slower (``bench/RESULTS.md``); scale these
-  terms for it. ``measured`` uses the times measured inside the simulation loop.
+  ``host_mixed_us`` when the step mixes kinds or has prefills. Defaults 8 µs,
+  0.02 µs per row and 3.5 µs, fitted to ``bench/planner_bench.py`` (``StepBatch``
+  validation + ``Planner.compile``, both compiled, p50, the 2-core CPU dev machine,
+  2026-11-29, third session): pure spec 1 x 4 / 256 x 4: 8.2 / 13.3 µs, decode 256:
+  13.4 µs, mixed 64 / 256 rows (counts varying per step): 12.5 / 16.7 µs; layer groups
+  add little and are not modelled. Where the packer cannot be built (numpy), the
+  second session's fit applies: 23 µs, 0.04 µs per row and 21 µs. The H200 host's CPU
+  ran the compiled planner at the dev machine's speed (``bench/RESULTS.md``).
+  ``measured`` uses the times measured inside the simulation loop.
 - ``measured``: the planner's measured time of this very step.
 - ``seed``: the seed builder's SPEC §4 figures, 250 µs per layer group for a
   uniform (pure spec or pure decode) batch and 900 µs otherwise.
