@@ -148,8 +148,8 @@ class Planner:
             if shape is not None:
                 return shape  # type: ignore[return-value]
         tiles = packer.prefill_tiles(batch.query_lens, batch.kinds, self._tile) if prefill else 0
-        size = num_tokens + (7 + groups) * live + 1 + 2 * tiles
-        return None, PlanLayout(num_tokens, live, tiles, groups), size, num_tokens, live, tiles
+        layout = PlanLayout(num_tokens, live, tiles, groups)
+        return None, layout, layout.size, num_tokens, live, tiles
 
     def graph_and_layout(
         self, batch: StepBatch, num_tokens: int, num_tiles: int
