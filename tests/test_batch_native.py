@@ -132,6 +132,10 @@ def test_native_checks_build_the_numpy_batch_or_raise_its_error(fields):
     assert got[0] == want[0], (got, want)
     if want[0] == "ok":
         assert_same_batch(got[1], want[1])
+        # and the compiled check accepted it itself (its copies share one buffer): a
+        # check that refused valid batches would fall back to numpy unseen
+        buffer = got[1].query_start.base
+        assert buffer is not None and got[1].query_lens.base is buffer
     else:
         assert got[1] == want[1]
 
