@@ -613,7 +613,9 @@ def launch_shape(plan: ExecutionPlan) -> LaunchShape:
 class Blocks:
     """Per launch: channels and warps per program, program order (see ``_program_place``);
     tokens per tile program (a chunk of a plan tile); whether rows store the new window
-    as one 2-D tile (for window-contiguous state) or entry by entry."""
+    as one 2-D tile (for window-contiguous state) or entry by entry. Compact
+    window-contiguous pools with ``W <= 32`` ignore the last: their rows always move
+    whole windows (:func:`_update_row_window`)."""
 
     rows_channels: int
     rows_warps: int
