@@ -5,9 +5,11 @@ Per step it copies the plan's packed int32 buffer to the device once (pinned,
 asynchronous) and runs the short conv of every layer, each on its own state
 pool, at the slots of its layer group. Plans that carry a graph key replay a CUDA graph captured
 for that key on first use (:class:`StepGraphs`); the graph's first node is the
-plan's upload, so a graph step costs the host a write into pinned memory and one
-launch. Before a replay the plan's :class:`ReplaySignature` must equal the
-captured one, so a plan never replays a graph recorded for another shape.
+plan's upload and its second copies a ticket back to pinned memory, which tells
+the host when that staging memory may be written again. So a graph step costs the
+host a write into pinned memory and one CUDA call, the launch. Before a replay the
+plan's :class:`ReplaySignature` must equal the captured one, so a plan never
+replays a graph recorded for another shape.
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
-import numpy as np
 import torch
 
 from stepplan.planner import (
@@ -151,8 +152,9 @@ class Executor:
         self.capacity = largest_graph_layout(config, self.num_groups) or PlanLayout(
             1, 1, 0, self.num_groups
         )
+        # One int32 more than the largest plan: the ticket word graphs copy in and back.
         self._upload = (
-            PinnedUpload(4 * self.capacity.size, self.device) if backend == "triton" else None
+            PinnedUpload(4 * (self.capacity.size + 1), self.device) if backend == "triton" else None
         )
         self._prepared: _Prepared | None = None
         self._staging: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -421,7 +423,6 @@ class _Captured:
     config: PlannerConfig
     layout: PlanLayout
     graphs: tuple[Any, ...]  # torch.cuda.CUDAGraph per ring entry
-    hosts: tuple[np.ndarray, ...]  # [layout.size] int32 per ring entry: the pinned plan source
 
 
 class StepGraphs:
@@ -429,19 +430,28 @@ class StepGraphs:
 
     ``forward(num_tokens)`` runs a whole step on persistent tensors, reading
     the plan only through ``executor.conv``; an engine passes its model's
-    forward, :meth:`Executor.step` its layer loop. Each graph starts with the
-    plan's upload, a copy from a pinned staging buffer into the executor's
-    persistent plan buffer, so a replay is: write the plan into the staging
-    buffer, launch. A key is captured once per entry of a :class:`StagingRing`
-    (each graph copies from its own entry), so the host can write step
-    ``n + 1``'s plan while step ``n``'s copy is still queued.
+    forward, :meth:`Executor.step` its layer loop. A key is captured once per
+    entry of a :class:`StagingRing` (each graph copies from its own entry), so
+    the host can write step ``n + 1``'s plan while step ``n``'s copy is still
+    queued. Each graph starts with two copies, then the forward:
 
-    Before capture the forward runs once on an inert plan (padding only) so
-    every kernel is compiled outside the capture and no state changes.
+    1. host→device: the entry's plan and ticket, ``[size + 1], int32``, into
+       the executor's persistent plan buffer and the word right after it;
+    2. device→host: that ticket word into the entry's pinned ``done`` word.
+
+    So a replay is: claim an entry (a load from pinned memory), write plan and
+    a fresh ticket into it, launch. Seeing the ticket in ``done`` proves copy 1,
+    the entry's only reader, is over: copy 2 follows it in stream order. The
+    host thus never calls CUDA to learn when it may rewrite an entry.
+
+    Before capture the forward runs once on an inert plan (padding only), with
+    the same two copies, so every kernel is compiled outside the capture and no
+    state changes.
 
     Replays go through :meth:`run` on one stream, the one eager steps use too:
-    the ring's events and the executor's device plan buffer (shared by every
-    ``StepGraphs`` of the executor and by eager steps) are ordered by it.
+    the executor's device plan buffer and ticket word (shared by every
+    ``StepGraphs`` of the executor and by eager steps) are ordered by it, and
+    :meth:`StagingRing.claim` synchronizes that stream when a ticket is late.
 
     Args:
         executor: runs the convs; built with graphs.
@@ -478,15 +488,14 @@ class StepGraphs:
         """Upload ``plan`` and replay its graph (captured now if new); needs ``plan.graph``.
 
         Nothing waits for the GPU unless the staging entry to write is still
-        read by a replay queued two steps ago (a ring of two).
+        read by a replay queued two steps ago (a ring of two); the launch is the
+        only CUDA call.
         """
         captured = self.entry(plan)
-        ring = self._ring
-        index = ring.claim()
-        np.copyto(captured.hosts[index], plan.packed)
+        index = self._ring.claim()
+        self._ring.write(index, plan.packed)
         self._executor.forget_prepared()
         captured.graphs[index].replay()
-        ring.release(index)
 
     def entry(self, plan: ExecutionPlan) -> _Captured:
         """The captured graphs ``plan`` replays (captured now if new), its signature checked.
@@ -511,31 +520,39 @@ class StepGraphs:
 
     def _capture(self, plan: ExecutionPlan) -> _Captured:
         assert plan.graph is not None
-        executor, tokens, size = self._executor, plan.graph.num_tokens, plan.packed.size
-        device = executor.graph_plan_buffer(plan)
-        # Queued replays may still read the staging entries rewritten below.
-        self._ring.wait_all()
-        hosts = [self._ring.host_int32(index, size) for index in range(self._ring.ring_size)]
-        np.copyto(hosts[0][1], plan.layout.inert_buffer())
-        executor.prepare_graphed(plan, device)
+        executor, ring, tokens = self._executor, self._ring, plan.graph.num_tokens
+        plan_buffer = executor.graph_plan_buffer(plan)  # also checks that the plan fits
+        # The same memory and the ticket word after it (the executor sizes its buffer so).
+        assert executor._upload is not None
+        with_ticket = executor._upload.device_buffer[: 4 * (plan.packed.size + 1)]
+        with_ticket = with_ticket.view(torch.int32)
+        ring.wait_all()  # queued replays may still read the entries the graphs copy from
+        ring.write(0, plan.layout.inert_buffer())
+        executor.prepare_graphed(plan, plan_buffer)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # compiles every kernel; the inert plan changes nothing
-            device.copy_(hosts[0][0], non_blocking=True)
+            self._upload_with_ticket(0, with_ticket)
             self._forward(tokens)
         torch.cuda.current_stream().wait_stream(side)
-        side.synchronize()  # the warm-up copy has read the staging entry
+        side.synchronize()  # the warm-up's ticket is back: every entry is free
         graphs = []
-        for host, _ in hosts:
+        for index in range(ring.ring_size):
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self._pool):
-                # non_blocking: a plain cudaMemcpyAsync, recorded as the graph's first node
-                # (a blocking copy would synchronize, which capture forbids).
-                device.copy_(host, non_blocking=True)
+                self._upload_with_ticket(index, with_ticket)
                 self._forward(tokens)
             graphs.append(graph)
         executor.forget_prepared()
-        signature = executor.signature(plan)
-        return _Captured(
-            signature, plan.config, plan.layout, tuple(graphs), tuple(h for _, h in hosts)
-        )
+        return _Captured(executor.signature(plan), plan.config, plan.layout, tuple(graphs))
+
+    def _upload_with_ticket(self, index: int, with_ticket: torch.Tensor) -> None:
+        """Entry ``index``'s plan and ticket into ``with_ticket`` (``[size + 1], int32`` on
+        the device), then the ticket back into the entry's ``done`` word.
+
+        non_blocking: plain cudaMemcpyAsync calls, recorded as the graph's first two
+        nodes in this order (a blocking copy would synchronize, which capture forbids).
+        """
+        size = with_ticket.numel() - 1
+        with_ticket.copy_(self._ring.graph_source(index, size), non_blocking=True)
+        self._ring.done_word(index).copy_(with_ticket[size:], non_blocking=True)

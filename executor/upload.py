@@ -2,15 +2,20 @@
 
 :class:`PinnedUpload` issues the copy itself (eager steps, the vLLM builder);
 :class:`StagingRing` holds the host buffers a captured CUDA graph copies from
-when it replays (graph steps), so the copy costs the host nothing but a write.
+when it replays (graph steps), so the copy costs the host nothing but a write:
+the graph itself hands back a ticket that says when an entry may be written again.
 """
 
 from __future__ import annotations
 
+import time
 import weakref
 
 import numpy as np
 import torch
+
+# Tickets run 1..2**31 - 1: they fit the int32 words, and 0 stays "never written".
+_TICKET_LIMIT = 2**31 - 1
 
 
 class PinnedUpload:
@@ -105,74 +110,205 @@ class PinnedUpload:
 
 
 class StagingRing:
-    """Pinned host buffers that captured CUDA graphs copy their plan from, used in turn.
+    """Pinned host buffers that captured CUDA graphs copy their plan from, used in turn,
+    each freed by a ticket the graph writes back.
 
     A graph captured over entry ``i`` reads entry ``i``'s host memory when it
-    *replays*, which may be long after the host launched it. So before the host
-    writes entry ``i`` again, :meth:`claim` waits for the event :meth:`release`
-    recorded after that entry's last replay. Two entries let the host fill step
-    ``n + 1`` while step ``n`` is still queued.
+    *replays*, which may be long after the host launched it, so the host must
+    not write entry ``i`` again before that read is done. Each entry holds the
+    plan, ``[size], int32``, and right after it one int32 *ticket*
+    (:meth:`write` stamps a fresh one). The graph's first node copies plan and
+    ticket together (:meth:`graph_source`) to the device; its second node
+    copies the device's ticket word back into the entry's pinned ``done`` word
+    (:meth:`done_word`). :meth:`claim` hands entry ``i`` out again once
+    ``done[i]`` equals the last ticket written into it. That is safe because the
+    entry's only reader is the first node, which precedes the copy-back in
+    stream order: seeing the ticket proves the read is over. A graph step thus
+    waits on nothing but a load from pinned memory and makes no CUDA call of its
+    own; two entries let the host fill step ``n + 1`` while step ``n`` is queued.
+
+    Tickets count from 1 per ring and wrap below ``2**31`` (never 0, the value a
+    never-used entry's ``done`` and ``issued`` words share, so such an entry is
+    free). Consecutive tickets of one entry differ, so an old copy-back never
+    frees an entry early.
 
     The memory comes from ``pin_memory=True`` (torch's caching host allocator):
-    torch refuses to capture a copy from host memory it did not pin itself
+    torch refuses to capture a copy to or from host memory it did not pin itself
     (``cudaHostRegister`` pages included, torch 2.11). That allocator, at free,
     waits only for the streams it saw use a block, and a captured copy runs on
-    whatever stream replays the graph; so the ring holds the block for its whole
-    life and, when it goes, first waits for every replay it recorded: the block
-    is handed back only once nothing reads it.
-    On a CPU device nothing is pinned and there are no events.
+    whatever stream replays the graph; so the ring holds its blocks for its whole
+    life and, when it goes, first waits for every ticket it issued to come back:
+    the blocks are handed back only once nothing reads or writes them.
+    On a CPU device nothing is pinned and nothing copies tickets back, so by
+    default nothing waits; ``wait_for_tickets=True`` makes a CPU ring wait as a
+    CUDA one does, for tests that play the GPU by setting ``done`` words.
+
+    Args:
+        capacity_bytes: plan bytes per entry, a multiple of 4 (the ticket word
+            comes on top).
+        device: where the graphs run.
+        ring_size: entries used in turn.
+        timeout_s: how long :meth:`claim` polls for a ticket before it
+            synchronizes the current stream and looks once more.
+        wait_for_tickets: whether :meth:`claim` waits for tickets; default (and
+            required) on a CUDA device, off on the CPU.
     """
 
-    def __init__(self, capacity_bytes: int, device: torch.device | str, ring_size: int = 2) -> None:
+    def __init__(
+        self,
+        capacity_bytes: int,
+        device: torch.device | str,
+        ring_size: int = 2,
+        *,
+        timeout_s: float = 0.05,
+        wait_for_tickets: bool | None = None,
+    ) -> None:
         for name, value in (("capacity_bytes", capacity_bytes), ("ring_size", ring_size)):
             if value < 1:
                 raise ValueError(f"{name}: must be positive, got {value}")
+        if capacity_bytes % 4:
+            raise ValueError(f"capacity_bytes: must be a multiple of 4, got {capacity_bytes}")
+        if not timeout_s >= 0:
+            raise ValueError(f"timeout_s: must be at least 0, got {timeout_s}")
         self.device = torch.device(device)
         self.capacity_bytes = capacity_bytes
         self.ring_size = ring_size
+        self.timeout_s = timeout_s
         on_cuda = self.device.type == "cuda"
-        base = torch.zeros(capacity_bytes * ring_size, dtype=torch.uint8, pin_memory=on_cuda)
-        self._hosts = tuple(
-            base[i * capacity_bytes : (i + 1) * capacity_bytes] for i in range(ring_size)
-        )
-        self._events = tuple(torch.cuda.Event() if on_cuda else None for _ in range(ring_size))
+        if wait_for_tickets is None:
+            wait_for_tickets = on_cuda
+        if on_cuda and not wait_for_tickets:
+            raise ValueError("wait_for_tickets: a CUDA ring must wait for its tickets")
+        self._wait = wait_for_tickets
+        stride = capacity_bytes // 4 + 1  # the plan's words, then the ticket word
+        block = torch.zeros(stride * ring_size, dtype=torch.int32, pin_memory=on_cuda)
+        done_block = torch.zeros(ring_size, dtype=torch.int32, pin_memory=on_cuda)
+        self._entries = tuple(block[i * stride : (i + 1) * stride] for i in range(ring_size))
+        self._entry_arrays = tuple(entry.numpy() for entry in self._entries)
+        self._done_words = tuple(done_block[i : i + 1] for i in range(ring_size))
+        self._done = done_block.numpy()  # [ring_size] int32, written by the graphs
+        self._issued = np.zeros(ring_size, dtype=np.int32)  # last ticket written per entry
+        self._ticket = 0
         self._next = 0
+        # Plan views by size, made once: slicing costs more than the write itself.
+        self._plan_arrays: dict[int, tuple[np.ndarray, ...]] = {}
         if on_cuda:
             # At interpreter exit the process takes the memory with it; CUDA may be gone.
-            weakref.finalize(self, _release_after_replays, base, self._events).atexit = False
+            weakref.finalize(
+                self,
+                _release_after_replays,
+                (block, done_block),
+                self._done,
+                self._issued,
+                self.device,
+                timeout_s,
+            ).atexit = False
 
     def claim(self) -> int:
-        """The next entry's index, once no queued replay reads it any more."""
+        """The next entry's index, once no queued replay reads it any more.
+
+        Raises RuntimeError when its ticket has not come back ``timeout_s`` after
+        the call, even after synchronizing the current stream (a CUDA error there
+        raises that error instead).
+        """
         index = self._next
+        if self._wait and self._done[index] != self._issued[index]:
+            self._wait_for_ticket(index)
         self._next = (index + 1) % self.ring_size
-        event = self._events[index]
-        if event is not None:
-            event.synchronize()  # returns at once when the GPU is past its last replay
         return index
 
-    def release(self, index: int) -> None:
-        """Mark entry ``index`` as read by the work queued so far on the current stream."""
-        event = self._events[index]
-        if event is not None:
-            event.record()
+    def write(self, index: int, packed: np.ndarray) -> int:
+        """Write ``packed``, ``[size], int32``, into entry ``index`` (claimed) and a fresh
+        ticket into its word ``size``; returns the ticket.
+
+        Launch the graph of this entry and size next: until it has copied the
+        ticket back, :meth:`claim` does not hand the entry out again.
+        """
+        arrays = self._plan_arrays.get(packed.size)
+        if arrays is None:
+            arrays = self._plan_views(packed.size)
+        np.copyto(arrays[index], packed)
+        ticket = self._ticket % _TICKET_LIMIT + 1
+        self._ticket = ticket
+        self._entry_arrays[index][packed.size] = ticket
+        self._issued[index] = ticket
+        return ticket
 
     def wait_all(self) -> None:
         """Wait until no queued work reads any entry (before rewriting them all)."""
-        for event in self._events:
-            if event is not None:
-                event.synchronize()
+        if self._wait:
+            for index in range(self.ring_size):
+                if self._done[index] != self._issued[index]:
+                    self._wait_for_ticket(index)
 
     def host_int32(self, index: int, size: int) -> tuple[torch.Tensor, np.ndarray]:
-        """Entry ``index``'s first ``size`` int32 as a tensor and a numpy view of the same memory,
-        ``[size], int32`` each."""
+        """Entry ``index``'s first ``size`` int32 (the plan) as a tensor and a numpy view of
+        the same memory, ``[size], int32`` each."""
         if not 0 <= size * 4 <= self.capacity_bytes:
             raise ValueError(f"size: {size} int32 exceed the {self.capacity_bytes} bytes")
-        tensor = self._hosts[index][: size * 4].view(torch.int32)
+        tensor = self._entries[index][:size]
         return tensor, tensor.numpy()
 
+    def graph_source(self, index: int, size: int) -> torch.Tensor:
+        """``[size + 1], int32``: entry ``index``'s plan and the ticket after it, what the
+        graph's first node copies to the device."""
+        self.host_int32(index, size)  # checks size
+        return self._entries[index][: size + 1]
 
-def _release_after_replays(base: torch.Tensor, events: tuple) -> None:
-    """Wait for every recorded replay; then ``base`` (an argument only so that it lives
-    until now) may go back to the allocator."""
-    for event in events:
-        event.synchronize()
+    def done_word(self, index: int) -> torch.Tensor:
+        """``[1], int32``: entry ``index``'s pinned ``done`` word, where the graph's second
+        node copies the ticket back."""
+        return self._done_words[index]
+
+    def tickets(self) -> tuple[np.ndarray, np.ndarray]:
+        """Copies of the last ticket written into each entry and of each ``done`` word,
+        ``[ring_size], int32`` each."""
+        return self._issued.copy(), self._done.copy()
+
+    def _plan_views(self, size: int) -> tuple[np.ndarray, ...]:
+        if len(self._plan_arrays) >= 256:  # one size per layout: this is a guard only
+            self._plan_arrays.clear()
+        arrays = tuple(self.host_int32(index, size)[1] for index in range(self.ring_size))
+        self._plan_arrays[size] = arrays
+        return arrays
+
+    def _wait_for_ticket(self, index: int) -> None:
+        done, issued = self._done[index : index + 1], self._issued[index : index + 1]
+        if _poll_tickets(done, issued, self.timeout_s):
+            return
+        if self.device.type == "cuda":
+            # Also raises any CUDA error that kept the ticket from coming back.
+            torch.cuda.current_stream(self.device).synchronize()
+        if done[0] != issued[0]:
+            raise RuntimeError(
+                f"staging entry {index}: ticket {issued[0]} did not come back (done word "
+                f"holds {done[0]}) within {self.timeout_s} s and a synchronize of the current "
+                "stream; was its graph launched on another stream, or not launched after write()?"
+            )
+
+
+def _poll_tickets(done: np.ndarray, issued: np.ndarray, timeout_s: float) -> bool:
+    """Whether ``done`` came to equal ``issued`` within ``timeout_s`` seconds of polling."""
+    deadline = time.perf_counter() + timeout_s
+    while not np.array_equal(done, issued):
+        if time.perf_counter() >= deadline:
+            return False
+        time.sleep(0)  # yields the core to other threads while the GPU catches up
+    return True
+
+
+def _release_after_replays(
+    blocks: tuple[torch.Tensor, ...],
+    done: np.ndarray,
+    issued: np.ndarray,
+    device: torch.device,
+    timeout_s: float,
+) -> None:
+    """Wait until every issued ticket came back; then ``blocks`` (an argument only so that
+    they live until now) may go back to the allocator.
+
+    A ticket written but never launched never comes back: after a device-wide
+    synchronize no queued work touches the blocks either way.
+    """
+    if not _poll_tickets(done, issued, timeout_s):
+        torch.cuda.synchronize(device)

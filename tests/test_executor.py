@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import attrs
 import numpy as np
 import pytest
@@ -236,8 +238,80 @@ def test_staging_ring_takes_turns_over_separate_memory():
     assert [tensor[0].item() for tensor, _ in views] == [1, 2, 3]  # entries don't overlap
     with pytest.raises(ValueError, match="size: 11 int32 exceed the 40 bytes"):
         ring.host_int32(0, 11)
+    with pytest.raises(ValueError, match="size: 11 int32 exceed the 40 bytes"):
+        ring.write(0, np.zeros(11, dtype=np.int32))
     with pytest.raises(ValueError, match=r"^ring_size: must be positive, got 0"):
         StagingRing(40, torch.device("cpu"), ring_size=0)
+    with pytest.raises(ValueError, match=r"^capacity_bytes: must be a multiple of 4, got 42"):
+        StagingRing(42, torch.device("cpu"))
+    with pytest.raises(ValueError, match=r"^timeout_s: must be at least 0, got -1"):
+        StagingRing(40, torch.device("cpu"), timeout_s=-1)
+    with pytest.raises(ValueError, match="wait_for_tickets: a CUDA ring must wait"):
+        StagingRing(40, torch.device("cuda"), wait_for_tickets=False)
+
+
+def test_staging_ring_writes_the_plan_then_a_fresh_ticket():
+    ring = StagingRing(40, torch.device("cpu"), ring_size=2)
+    tickets = []
+    for step in range(5):
+        index = ring.claim()
+        plan = np.arange(step, step + 3 + step, dtype=np.int32)
+        tickets.append(ring.write(index, plan))
+        source = ring.graph_source(index, plan.size)  # what the graph's first node copies
+        assert source.tolist() == [*plan.tolist(), tickets[-1]]
+        assert ring.host_int32(index, plan.size)[1].tolist() == plan.tolist()
+        assert ring.tickets()[0][index] == tickets[-1]
+    assert tickets == [1, 2, 3, 4, 5]  # fresh per write, never 0 (a never-used entry's word)
+    ring._ticket = 2**31 - 2  # the counter near the int32 limit: it wraps to 1, never 0
+    assert [ring.write(0, np.zeros(1, dtype=np.int32)) for _ in range(3)] == [2**31 - 1, 1, 2]
+    assert ring.graph_source(0, 1).tolist() == [0, 2]  # the last ticket, after the plan
+
+
+def test_staging_ring_hands_an_entry_out_only_once_its_ticket_came_back():
+    """A CPU ring that waits, with the test playing the graphs' copy-back into ``done``."""
+    ring = StagingRing(40, "cpu", ring_size=2, timeout_s=0.0, wait_for_tickets=True)
+
+    def copy_back(index: int, size: int) -> None:  # what a replay's second node does
+        ring.done_word(index).copy_(ring.graph_source(index, size)[size:])
+
+    assert [ring.claim(), ring.claim()] == [0, 1]  # never-used entries are free
+    first = ring.write(ring.claim(), np.arange(4, dtype=np.int32))
+    copy_back(0, 4)
+    second = ring.write(ring.claim(), np.arange(6, dtype=np.int32))
+    assert ring.claim() == 0  # its ticket is back
+    third = ring.write(0, np.arange(10, dtype=np.int32))
+    assert len({first, second, third}) == 3
+    with pytest.raises(
+        RuntimeError,
+        match=rf"staging entry 1: ticket {second} did not come back \(done word "
+        r"holds 0\) within 0.0 s",
+    ):
+        ring.claim()
+    copy_back(1, 6)
+    assert ring.claim() == 1  # the failed claim took no turn
+    # Entry 0 still holds its first ticket: an older copy-back frees nothing.
+    with pytest.raises(RuntimeError, match=f"staging entry 0: ticket {third} .* holds {first}"):
+        ring.claim()
+    with pytest.raises(RuntimeError, match="staging entry 0"):
+        ring.wait_all()
+    copy_back(0, 10)
+    ring.wait_all()
+    assert ring.claim() == 0
+    issued, done = ring.tickets()
+    assert issued.tolist() == done.tolist() == [third, second]
+
+
+def test_staging_ring_polls_until_a_late_ticket_arrives():
+    """The ticket lands while claim() polls: it hands the entry out without an error."""
+    ring = StagingRing(8, "cpu", ring_size=1, timeout_s=30.0, wait_for_tickets=True)
+    ticket = ring.write(ring.claim(), np.ones(2, dtype=np.int32))
+    timer = threading.Timer(0.01, lambda: ring.done_word(0).fill_(ticket))
+    timer.start()
+    try:
+        assert ring.claim() == 0
+    finally:
+        timer.cancel()
+    assert ring.tickets()[1][0] == ticket
 
 
 @settings(max_examples=4, deadline=None)
@@ -258,41 +332,45 @@ def test_graph_plans_of_one_config_and_layout_launch_alike(seed):
 
 
 class _EmulatedGraph:
-    """A captured step replayed on the CPU: the staging entry is read at replay, like the
-    graph's first node, then the forward runs with the launch shape of capture."""
+    """A captured step replayed on the CPU: the staging entry's plan and ticket are read at
+    replay, like the graph's first node, the ticket copied back like its second, then the
+    forward runs with the launch shape of capture."""
 
-    def __init__(self, graphs: StepGraphs, plan, host: torch.Tensor) -> None:
+    def __init__(self, graphs: StepGraphs, plan, index: int) -> None:
         self.executor, self.forward = graphs._executor, graphs._forward
-        self.plan, self.host = plan, host
-        self.device = self.executor.graph_plan_buffer(plan)
+        self.plan, size = plan, plan.packed.size
+        self.source, self.done = (
+            graphs._ring.graph_source(index, size),
+            graphs._ring.done_word(index),
+        )
+        self.plan_buffer = self.executor.graph_plan_buffer(plan)
+        self.with_ticket = self.executor._upload.device_buffer[: 4 * (size + 1)].view(torch.int32)
         self.replays = 0
 
     def replay(self) -> None:
         self.replays += 1
-        self.device.copy_(self.host)
-        self.executor.prepare_graphed(self.plan, self.device)
+        self.with_ticket.copy_(self.source)
+        self.done.copy_(self.with_ticket[-1:])
+        self.executor.prepare_graphed(self.plan, self.plan_buffer)
         self.forward(self.plan.graph.num_tokens)
 
 
 class _EmulatedStepGraphs(StepGraphs):
-    """StepGraphs with the capture emulated, so its replay path runs without CUDA."""
+    """StepGraphs with the capture emulated, so its replay path runs without CUDA. Its ring
+    waits for tickets as a CUDA one does, without delay: a ticket not written by run() or
+    not copied back fails the step at once."""
 
     def __init__(self, executor: Executor) -> None:
         self._executor, self._forward, self._graphs = executor, executor._run_staged, {}
-        self._ring = StagingRing(4 * executor.capacity.size, executor.device)
+        self._ring = StagingRing(
+            4 * executor.capacity.size, executor.device, timeout_s=0.0, wait_for_tickets=True
+        )
         self.captures = 0
 
     def _capture(self, plan) -> runtime._Captured:
         self.captures += 1
-        views = [self._ring.host_int32(i, plan.packed.size) for i in range(self._ring.ring_size)]
-        graphs = tuple(_EmulatedGraph(self, plan, tensor) for tensor, _ in views)
-        return runtime._Captured(
-            self._executor.signature(plan),
-            plan.config,
-            plan.layout,
-            graphs,
-            tuple(array for _, array in views),
-        )
+        graphs = tuple(_EmulatedGraph(self, plan, i) for i in range(self._ring.ring_size))
+        return runtime._Captured(self._executor.signature(plan), plan.config, plan.layout, graphs)
 
 
 def emulated_graph_executor(config: PlannerConfig) -> Executor:
@@ -337,6 +415,8 @@ def test_graph_step_path_equals_reference_over_buckets():
     replays = [[graph.replays for graph in c.graphs] for c in step_graphs._graphs.values()]
     assert sum(map(sum, replays)) > step_graphs.captures  # captured keys replayed again
     assert any(all(count > 0 for count in counts) for counts in replays)  # both entries
+    issued, done = step_graphs._ring.tickets()
+    assert (issued > 0).all() and issued.tolist() == done.tolist()
 
 
 def test_graph_step_refuses_a_mismatched_plan_before_touching_anything():

@@ -147,8 +147,9 @@ def test_graph_replay_equals_eager_equals_reference(dtype):
 
 
 def test_many_steps_without_host_syncs_reuse_the_staging_ring_safely():
-    """Thirty steps queued behind a sleeping GPU: the host runs ahead until each staging
-    entry's last replay blocks it, so an entry rewritten too early would change results."""
+    """Thirty steps queued behind a sleeping GPU: the host runs ahead until a staging entry's
+    ticket has not come back (the first wait outlasts the ring's poll and takes its
+    synchronize fallback), so an entry rewritten too early would change results."""
     graphs, eager = build("triton", True, torch.float32), build("triton", False, torch.float32)
     rng = np.random.default_rng(7)
     kinds = ((4, 3, 2, 1), (1, 0, 0, 0), (0, 1, 0, 0), (0, 0, 1, 0))
@@ -177,29 +178,73 @@ def test_many_steps_without_host_syncs_reuse_the_staging_ring_safely():
         eager.step(plan, x, want)
         torch.testing.assert_close(outs[number], want, atol=0, rtol=0, msg=f"step {number}")
     assert_states_close(graphs, eager, 0, "after the queued steps")
+    issued, done = graphs._step_graphs._ring.tickets()
+    assert issued.tolist() == done.tolist() and issued.min() > 0
+
+
+def test_every_ticket_comes_back_after_the_replays():
+    """Graph steps queued behind a short GPU sleep (the claims poll), then a synchronize:
+    each staging entry's done word holds the last ticket written into it."""
+    graphs = build("triton", True, torch.float32)
+    rng = np.random.default_rng(3)
+    plans = [
+        compile_plan(random_batch(rng, rows, kinds, max_prefill=24), CONFIG)
+        for rows, kinds in ((5, (4, 3, 2, 1)), (20, (1, 0, 0, 0)), (9, (0, 1, 0, 0)))
+    ]
+    assert all(plan.graph is not None for plan in plans)
+    graphs.warm_up(plans)
+    ring = graphs._step_graphs._ring
+    issued, done = ring.tickets()
+    assert issued.tolist() == done.tolist()  # each capture's warm-up ticket came back
+    inputs = [torch.randn(plan.num_tokens, CHANNELS, device="cuda") for plan in plans]
+    torch.cuda.synchronize()
+    torch.cuda._sleep(20_000_000)  # ~10 ms, inside the ring's 50 ms poll
+    for number in range(7):
+        x = inputs[number % 3]
+        graphs.step(plans[number % 3], x, torch.zeros_like(x))
+    torch.cuda.synchronize()
+    issued, done = ring.tickets()
+    assert issued.tolist() == done.tolist()
+    assert len(set(issued.tolist())) == ring.ring_size and issued.min() > 0
 
 
 def test_staging_ring_is_pinned_and_lets_go_cleanly():
-    rings = [StagingRing(5000, torch.device("cuda")) for _ in range(3)]
-    tensor, array = rings[0].host_int32(1, 1000)
-    assert tensor.is_pinned()
-    array[:] = np.arange(1000)
-    device = torch.zeros(1000, dtype=torch.int32, device="cuda")
+    """A graph of a step's first two nodes over ring entry 1: the replay reads plan and
+    ticket as they are at replay time and copies the ticket back; claim() waits for it,
+    polling and past its timeout; a ring dropped with a replay queued waits for it."""
+    rings = [StagingRing(4000, torch.device("cuda")) for _ in range(3)]
+    ring = rings[0]
+    tensor, _ = ring.host_int32(1, 1000)
+    source, done = ring.graph_source(1, 1000), ring.done_word(1)
+    assert tensor.is_pinned() and source.is_pinned() and done.is_pinned()
+    device = torch.zeros(1001, dtype=torch.int32, device="cuda")
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        device.copy_(tensor, non_blocking=True)
-    assert not device.any()  # captured, not run
-    graph.replay()
-    rings[0].release(1)
-    torch.cuda.synchronize()
-    assert device.tolist() == list(range(1000))
-    array[:] = 7  # the replay reads the memory as it is at replay time
+        device.copy_(source, non_blocking=True)
+        done.copy_(device[1000:], non_blocking=True)
+    assert not device.any() and not done.any()  # captured, not run
+    assert [ring.claim(), ring.claim()] == [0, 1]  # never-used entries are free
+    ticket = ring.write(1, np.arange(1000, dtype=np.int32))
     graph.replay()
     torch.cuda.synchronize()
-    assert device.tolist() == [7] * 1000
-    del graph, tensor, array, rings  # freed after the last recorded replay
+    assert device.tolist() == [*range(1000), ticket] and done.item() == ticket
+    for cycles in (20_000_000, 400_000_000):  # ~10 ms (polled) and ~0.2 s (past 50 ms)
+        torch.cuda._sleep(cycles)
+        ticket = ring.write(1, np.full(1000, cycles, dtype=np.int32))
+        graph.replay()
+        assert ring.claim() == 0  # never used
+        assert ring.claim() == 1  # only once the queued replay copied its ticket back
+        issued, done_words = ring.tickets()
+        assert issued[1] == done_words[1] == ticket
+        assert device.tolist() == [cycles] * 1000 + [ticket]
+    torch.cuda.synchronize()
+    torch.cuda._sleep(400_000_000)
+    ring.write(1, np.zeros(1000, dtype=np.int32))
+    graph.replay()
+    del ring, rings, tensor, source, done  # the finalizer waits for the queued replay
     gc.collect()
-    torch.cuda.synchronize()
+    assert torch.cuda.current_stream().query()  # so nothing is left queued
+    del graph
 
 
 def test_signature_mismatch_refuses_to_replay():
