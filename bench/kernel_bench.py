@@ -235,6 +235,7 @@ def measure(
     blocks: kernels.Blocks | None = None,
     reps: int = 40,
     with_torch: bool = True,
+    side_stream: torch.cuda.Stream | None = None,
 ) -> dict:
     """One row of the table: our kernels (and PyTorch) on batch ``name``, checked first."""
     config = PlannerConfig(num_spec_tokens=Q - 1, graph_mode="none", max_num_seqs=512)
@@ -257,6 +258,7 @@ def measure(
             dilation=D,
             group=0,
             blocks=blocks,
+            side_stream=side_stream,
         )
 
     check(plan, first, ours)
@@ -425,6 +427,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layouts", nargs="+", default=list(LAYOUTS), choices=list(LAYOUTS))
     parser.add_argument("--no-torch", action="store_true", help="skip the PyTorch baseline")
     parser.add_argument(
+        "--serial",
+        action="store_true",
+        help="mixed steps: both launches on one stream (default: rows on a side stream)",
+    )
+    parser.add_argument(
         "--profile-out", help="JSON profile path (default $OUT/kernel_profile.json)"
     )
     args = parser.parse_args(argv)
@@ -450,6 +457,7 @@ def main(argv: list[str] | None = None) -> int:
                     blocks=chosen.get(layout),
                     reps=args.reps,
                     with_torch=not args.no_torch,
+                    side_stream=None if args.serial else torch.cuda.Stream(),
                 )
                 rows.append(row)
                 print(f"  {channels} {layout} {name}: {row['us']:.1f} us", flush=True)

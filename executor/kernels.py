@@ -376,6 +376,7 @@ def _short_conv_rows(
     TAPS: tl.constexpr,
     DILATION: tl.constexpr,
     QUERY_MAX: tl.constexpr,
+    ROW_TOKENS_MAX: tl.constexpr,
     WINDOW_BLOCK: tl.constexpr,
     WINDOW_TILE: tl.constexpr,
     BLOCK_C: tl.constexpr,
@@ -409,10 +410,19 @@ def _short_conv_rows(
     window_ptr = state_ptr + slot.to(tl.int64) * state_slot
     past_ptr = window_ptr + offset * s_win
     # Decode rows (and spec rows without drafts) compile apart: q = 1 needs a quarter
-    # of the math and loads of a q = Q row.
+    # of the math and loads of a q = Q row. A launch whose rows are all decodes
+    # (ROW_TOKENS_MAX = 1) compiles that path alone: without the Q-token path's
+    # registers, more of its programs fit on an SM, each with its loads in flight.
     if WHOLE_WINDOW:
         levels: tl.constexpr = (WHOLE_WINDOW - 1).bit_length()
-        if q == 1:
+        # Not `ROW_TOKENS_MAX == 1 or q == 1`: Triton would compile that `or` as a runtime test.
+        if ROW_TOKENS_MAX == 1:  # noqa: SIM114
+            _update_row_window(
+                x_ptr, x_stride, residual_ptr, residual_stride, weight_ptr, weight_chan,
+                weight_tap, first_token, q, window_ptr, offset, state_end, has_slot, chan,
+                chan_ok, TAPS, DILATION, 1, QUERY_MAX, WHOLE_WINDOW, levels, BLOCK_C, FAST,
+            )  # fmt: skip
+        elif q == 1:
             _update_row_window(
                 x_ptr, x_stride, residual_ptr, residual_stride, weight_ptr, weight_chan,
                 weight_tap, first_token, q, window_ptr, offset, state_end, has_slot, chan,
@@ -425,6 +435,12 @@ def _short_conv_rows(
                 chan_ok, TAPS, DILATION, QUERY_MAX, QUERY_MAX, WHOLE_WINDOW, levels, BLOCK_C,
                 FAST,
             )  # fmt: skip
+    elif ROW_TOKENS_MAX == 1:  # noqa: SIM114 (as above)
+        _update_row(
+            x_ptr, x_stride, residual_ptr, residual_stride, weight_ptr, weight_chan, weight_tap,
+            first_token, q, window_ptr, past_ptr, s_chan, s_win, state_end, has_slot, chan,
+            chan_ok, TAPS, DILATION, 1, WINDOW_BLOCK, WINDOW_TILE, BLOCK_C, FAST,
+        )  # fmt: skip
     elif q == 1:
         _update_row(
             x_ptr, x_stride, residual_ptr, residual_stride, weight_ptr, weight_chan, weight_tap,
@@ -574,6 +590,8 @@ class LaunchShape:
         rows_grid: programs of launch A over rows (0: no launch).
         tiles_grid: programs of launch B over prefill tiles (0: no launch).
         query_len_max: ``Q``.
+        row_tokens_max: the most tokens a row of launch A may have: 1 where the plan
+            can hold no spec row (a decode graph, or an eager plan of decodes), else Q.
         tile_tokens: tokens per prefill tile (a power of two, >= L).
     """
 
@@ -582,6 +600,7 @@ class LaunchShape:
     tiles_grid: int
     query_len_max: int
     tile_tokens: int
+    row_tokens_max: int
 
     @functools.cached_property
     def plan_offsets(self) -> tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]:
@@ -600,12 +619,14 @@ class LaunchShape:
 def launch_shape(plan: ExecutionPlan) -> LaunchShape:
     """The launch shape of ``plan``: the grids of its ops (``plan.launch_grids``)."""
     rows, tiles = plan.launch_grids
+    decodes_only = plan.graph.kind == "decode" if plan.graph else plan.num_spec_rows == 0
     return LaunchShape(
         layout=plan.layout,
         rows_grid=rows,
         tiles_grid=tiles,
         query_len_max=plan.query_len_max,
         tile_tokens=plan.tile_tokens,
+        row_tokens_max=1 if decodes_only else plan.query_len_max,
     )
 
 
@@ -685,6 +706,7 @@ def launch_short_conv(
     group: int,
     blocks: Blocks | None = None,
     min_tokens: int = 0,
+    side_stream: torch.cuda.Stream | None = None,
 ) -> None:
     """One layer of one step on the device: at most two launches, graph-capturable.
 
@@ -703,6 +725,10 @@ def launch_short_conv(
         group: layer group whose slots this layer uses.
         blocks: block sizes (tuning only); :func:`default_blocks` when ``None``.
         min_tokens: the fewest rows ``x`` may have (the plan's live tokens, when known).
+        side_stream: where a step has both launches, the rows launch runs on this
+            stream beside the tiles launch (forked from and joined back into the
+            current stream), so neither waits out the other's last wave; they share no
+            memory (module docstring). Under graph capture the fork is free at replay.
     """
     layout = shape.layout
     check_operands(
@@ -731,6 +757,14 @@ def launch_short_conv(
             FAST=x.is_cuda,  # compiled, not interpreted: see _silu_rounded
         ),
     )
+    if shape.rows_grid and shape.tiles_grid and side_stream is not None:
+        main = torch.cuda.current_stream(x.device)
+        side_stream.wait_stream(main)
+        with torch.cuda.stream(side_stream):
+            _launch_rows(shape, blocks, rows_offsets, *args)
+        _launch_tiles(shape, blocks, tiles_offsets, *args)
+        main.wait_stream(side_stream)
+        return
     if shape.rows_grid:
         _launch_rows(shape, blocks, rows_offsets, *args)
     if shape.tiles_grid:
@@ -752,6 +786,7 @@ def _launch_rows(
         *sizes,
         **static,
         QUERY_MAX=shape.query_len_max,
+        ROW_TOKENS_MAX=shape.row_tokens_max,
         WINDOW_BLOCK=_power_of_two_at_least(reach + shape.query_len_max),
         WINDOW_TILE=blocks.rows_window_tile,
         BLOCK_C=blocks.rows_channels,

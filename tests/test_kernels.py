@@ -244,6 +244,27 @@ def test_launch_shape_reads_the_op_grids():
     assert (shape.query_len_max, shape.tile_tokens) == (4, plan.config.prefill_tile_tokens)
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("graph_mode", ["none", "full"])
+def test_decode_steps_launch_the_decode_only_rows(layout, graph_mode):
+    """A step of decodes (and padding) compiles the rows' one-token path alone; a
+    step with a spec row keeps both paths."""
+    config = PlannerConfig(num_spec_tokens=3, graph_mode=graph_mode, graph_sizes=(8,))
+    batch = StepBatch(
+        query_lens=[1, 1, 0, 1],
+        num_computed_tokens=[5, 0, 0, 9],
+        slots=[3, 1, 0, 2],
+        num_draft_tokens=[-1] * 4,
+        num_accepted_tokens=[1] * 4,
+    )
+    plan = compile_plan(batch, config)
+    assert kernels.launch_shape(plan).row_tokens_max == 1
+    operands = make_operands(plan, 24, 4, 12, layout, torch.float32, "cpu", 5)
+    check_against_reference(Case(plan, *operands, dilation=3, group=0))
+    with_spec = attrs.evolve(batch, query_lens=[1, 3, 0, 1], num_draft_tokens=[-1, 2, -1, -1])
+    assert kernels.launch_shape(compile_plan(with_spec, config)).row_tokens_max == 4
+
+
 def test_bad_launches_are_refused_by_name():
     plan = graph_plan([4, 1, 30], [3, -1, -1], [1, 2, 3])
     x, residual, state, weight = make_operands(
