@@ -4,10 +4,10 @@ An :class:`Executor` is built once for a layer geometry and a planner config.
 Per step it copies the plan's packed int32 buffer to the device once (pinned,
 asynchronous) and runs the short conv of every layer, each on its own state
 pool, at the slots of its layer group. Plans that carry a graph key replay a CUDA graph captured
-for that key on first use (:class:`StepGraphs`); the graph's first node is the
-plan's upload and its second copies a ticket back to pinned memory, which tells
-the host when that staging memory may be written again. So a graph step costs the
-host a write into pinned memory and one CUDA call, the launch. Before a replay the
+for that key on first use (:class:`StepGraphs`); the graph's first node is a
+kernel that pulls the plan from pinned memory and then writes a ticket back there,
+which tells the host when that staging memory may be written again. So a graph
+step costs the host a write into pinned memory and one CUDA call, the launch. Before a replay the
 plan's :class:`ReplaySignature` must equal the captured one, so a plan never
 replays a graph recorded for another shape.
 """
@@ -84,6 +84,9 @@ class _Prepared:
     plan: ExecutionPlan | None  # None when the buffer is filled at replay (graph capture)
     launch: Any  # kernels.LaunchShape, or None on the reference backend
     buffer: torch.Tensor | None  # [layout.size] int32 on the device
+    # Rows beside tiles on the executor's side stream (kernels.launch_short_conv): free in a
+    # replayed graph, four stream calls per layer on the host when eager, so graphs only.
+    side_stream: torch.cuda.Stream | None = None
 
 
 class Executor:
@@ -158,6 +161,7 @@ class Executor:
         )
         self._prepared: _Prepared | None = None
         self._staging: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._side_stream = torch.cuda.Stream(self.device) if use_graphs else None
         self._staging_views: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         # id(x view) -> (x view, residual view, tokens) for step's no-copy, no-check path
         self._staged_by_id: dict[int, tuple[torch.Tensor, torch.Tensor, int]] = {}
@@ -277,7 +281,9 @@ class Executor:
     def prepare_graphed(self, plan: ExecutionPlan, buffer: torch.Tensor) -> None:
         """Make the next :meth:`conv` calls read a plan of ``plan``'s launch shape from
         ``buffer`` (:meth:`graph_plan_buffer`), whatever it holds when they run: for capture."""
-        self._prepared = _Prepared(None, self._kernels.launch_shape(plan), buffer)
+        self._prepared = _Prepared(
+            None, self._kernels.launch_shape(plan), buffer, self._side_stream
+        )
 
     def forget_prepared(self) -> None:
         """No plan is prepared: :meth:`conv` refuses to run until the next :meth:`prepare`.
@@ -324,6 +330,7 @@ class Executor:
             dilation=self.dilation,
             group=group,
             blocks=self._blocks[layer],
+            side_stream=prepared.side_stream,
         )
 
     def run_layers(self, x: torch.Tensor, residual: torch.Tensor) -> None:
@@ -433,20 +440,23 @@ class StepGraphs:
     forward, :meth:`Executor.step` its layer loop. A key is captured once per
     entry of a :class:`StagingRing` (each graph copies from its own entry), so
     the host can write step ``n + 1``'s plan while step ``n``'s copy is still
-    queued. Each graph starts with two copies, then the forward:
-
-    1. host→device: the entry's plan and ticket, ``[size + 1], int32``, into
-       the executor's persistent plan buffer and the word right after it;
-    2. device→host: that ticket word into the entry's pinned ``done`` word.
+    queued. Each graph starts with one kernel, then the forward
+    (:func:`~stepplan.executor.staging_kernel.pull_plan`): it loads the entry's
+    plan and ticket, ``[size + 1], int32``, from pinned memory into the
+    executor's persistent plan buffer and the word right after it, and once
+    every thread's load is over, stores the ticket into the entry's pinned
+    ``done`` word. One kernel node, not two copy nodes: each copy node made a
+    graph launch cost the host more than a kernel node does
+    (``bench/graph_launch_bench.py``).
 
     So a replay is: claim an entry (a load from pinned memory), write plan and
-    a fresh ticket into it, launch. Seeing the ticket in ``done`` proves copy 1,
-    the entry's only reader, is over: copy 2 follows it in stream order. The
-    host thus never calls CUDA to learn when it may rewrite an entry.
+    a fresh ticket into it, launch. Seeing the ticket in ``done`` proves the
+    entry's only reader is done with it. The host thus never calls CUDA to learn
+    when it may rewrite an entry.
 
-    Before capture the forward runs once on an inert plan (padding only), with
-    the same two copies, so every kernel is compiled outside the capture and no
-    state changes.
+    Before capture the forward runs once on an inert plan (padding only), after
+    the same upload kernel, so every kernel is compiled outside the capture and
+    no state changes.
 
     Replays go through :meth:`run` on one stream, the one eager steps use too:
     the executor's device plan buffer and ticket word (shared by every
@@ -548,11 +558,9 @@ class StepGraphs:
 
     def _upload_with_ticket(self, index: int, with_ticket: torch.Tensor) -> None:
         """Entry ``index``'s plan and ticket into ``with_ticket`` (``[size + 1], int32`` on
-        the device), then the ticket back into the entry's ``done`` word.
+        the device), then the ticket back into the entry's ``done`` word: one kernel that
+        reads and writes the pinned memory itself, the graph's first node."""
+        from .staging_kernel import pull_plan  # Triton: CUDA graphs only
 
-        non_blocking: plain cudaMemcpyAsync calls, recorded as the graph's first two
-        nodes in this order (a blocking copy would synchronize, which capture forbids).
-        """
         size = with_ticket.numel() - 1
-        with_ticket.copy_(self._ring.graph_source(index, size), non_blocking=True)
-        self._ring.done_word(index).copy_(with_ticket[size:], non_blocking=True)
+        pull_plan(self._ring.graph_source(index, size), with_ticket, self._ring.done_word(index))

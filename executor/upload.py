@@ -1,7 +1,7 @@
 """One host→device copy per step into a persistent device buffer, through pinned host memory.
 
 :class:`PinnedUpload` issues the copy itself (eager steps, the vLLM builder);
-:class:`StagingRing` holds the host buffers a captured CUDA graph copies from
+:class:`StagingRing` holds the host buffers a captured CUDA graph pulls its plan from
 when it replays (graph steps), so the copy costs the host nothing but a write:
 the graph itself hands back a ticket that says when an entry may be written again.
 """
@@ -117,28 +117,28 @@ class StagingRing:
     *replays*, which may be long after the host launched it, so the host must
     not write entry ``i`` again before that read is done. Each entry holds the
     plan, ``[size], int32``, and right after it one int32 *ticket*
-    (:meth:`write` stamps a fresh one). The graph's first node copies plan and
-    ticket together (:meth:`graph_source`) to the device; its second node
-    copies the device's ticket word back into the entry's pinned ``done`` word
+    (:meth:`write` stamps a fresh one). The graph's first node, a kernel
+    (:func:`~stepplan.executor.staging_kernel.pull_plan`), loads plan and ticket
+    together (:meth:`graph_source`) into the device and then, once all its loads
+    are over, stores the ticket into the entry's pinned ``done`` word
     (:meth:`done_word`). :meth:`claim` hands entry ``i`` out again once
-    ``done[i]`` equals the last ticket written into it. That is safe because the
-    entry's only reader is the first node, which precedes the copy-back in
-    stream order: seeing the ticket proves the read is over. A graph step thus
+    ``done[i]`` equals the last ticket written into it. That is safe because that
+    kernel is the entry's only reader: seeing the ticket proves the read is over. A graph step thus
     waits on nothing but a load from pinned memory and makes no CUDA call of its
     own; two entries let the host fill step ``n + 1`` while step ``n`` is queued.
 
     Tickets count from 1 per ring and wrap below ``2**31`` (never 0, the value a
     never-used entry's ``done`` and ``issued`` words share, so such an entry is
-    free). Consecutive tickets of one entry differ, so an old copy-back never
+    free). Consecutive tickets of one entry differ, so an old ticket never
     frees an entry early.
 
-    The memory comes from ``pin_memory=True`` (torch's caching host allocator):
-    torch refuses to capture a copy to or from host memory it did not pin itself
-    (``cudaHostRegister`` pages included, torch 2.11). That allocator, at free,
-    waits only for the streams it saw use a block, and a captured copy runs on
-    whatever stream replays the graph; so the ring holds its blocks for its whole
-    life and, when it goes, first waits for every ticket it issued to come back:
-    the blocks are handed back only once nothing reads or writes them.
+    The memory comes from ``pin_memory=True`` (torch's caching host allocator,
+    ``cudaHostAlloc``), which maps it into the device's address space, so a
+    kernel may read and write it. That allocator, at free, waits only for the
+    streams it saw use a block, and a captured kernel runs on whatever stream
+    replays the graph; so the ring holds its blocks for its whole life and, when
+    it goes, first waits for every ticket it issued to come back: the blocks are
+    handed back only once nothing reads or writes them.
     On a CPU device nothing is pinned and nothing copies tickets back, so by
     default nothing waits; ``wait_for_tickets=True`` makes a CPU ring wait as a
     CUDA one does, for tests that play the GPU by setting ``done`` words.
@@ -251,13 +251,13 @@ class StagingRing:
 
     def graph_source(self, index: int, size: int) -> torch.Tensor:
         """``[size + 1], int32``: entry ``index``'s plan and the ticket after it, what the
-        graph's first node copies to the device."""
+        graph's first node loads into the device."""
         self.host_int32(index, size)  # checks size
         return self._entries[index][: size + 1]
 
     def done_word(self, index: int) -> torch.Tensor:
-        """``[1], int32``: entry ``index``'s pinned ``done`` word, where the graph's second
-        node copies the ticket back."""
+        """``[1], int32``: entry ``index``'s pinned ``done`` word, where the graph's upload
+        kernel stores the ticket back."""
         return self._done_words[index]
 
     def tickets(self) -> tuple[np.ndarray, np.ndarray]:

@@ -436,3 +436,18 @@ def test_graph_step_refuses_a_mismatched_plan_before_touching_anything():
     assert not residual.any()
     for before, after in zip(states, graphs.conv_states, strict=True):
         assert torch.equal(before, after)
+
+
+@pytest.mark.parametrize("size", [0, 5, 1000, 20000])
+def test_pull_plan_copies_plan_and_ticket_then_returns_the_ticket(size):
+    """The graph's upload kernel (interpreted here): every word, and one pass or several."""
+    from stepplan.executor.staging_kernel import pull_plan
+
+    entry = torch.arange(size + 1, dtype=torch.int32) * 7 - 3
+    plan = torch.full((size + 1,), -1, dtype=torch.int32)
+    done = torch.zeros(1, dtype=torch.int32)
+    pull_plan(entry, plan, done)
+    assert torch.equal(plan, entry)
+    assert int(done[0]) == int(entry[-1])
+    with pytest.raises(ValueError, match=r"^plan, done: must hold"):
+        pull_plan(entry, plan[:-1], done)

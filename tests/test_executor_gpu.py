@@ -13,6 +13,7 @@ import torch
 
 from stepplan.executor import Executor, ReplayMismatchError
 from stepplan.executor.engine import Engine, EngineConfig
+from stepplan.executor.staging_kernel import pull_plan
 from stepplan.executor.toy_model import ToyModelConfig, ToyModelRunner
 from stepplan.executor.upload import StagingRing
 from stepplan.executor.vllm import PlanMetadataBuilder
@@ -209,8 +210,8 @@ def test_every_ticket_comes_back_after_the_replays():
 
 
 def test_staging_ring_is_pinned_and_lets_go_cleanly():
-    """A graph of a step's first two nodes over ring entry 1: the replay reads plan and
-    ticket as they are at replay time and copies the ticket back; claim() waits for it,
+    """A graph of a step's upload kernel over ring entry 1: the replay reads plan and
+    ticket as they are at replay time and stores the ticket back; claim() waits for it,
     polling and past its timeout; a ring dropped with a replay queued waits for it."""
     rings = [StagingRing(4000, torch.device("cuda")) for _ in range(3)]
     ring = rings[0]
@@ -218,10 +219,12 @@ def test_staging_ring_is_pinned_and_lets_go_cleanly():
     source, done = ring.graph_source(1, 1000), ring.done_word(1)
     assert tensor.is_pinned() and source.is_pinned() and done.is_pinned()
     device = torch.zeros(1001, dtype=torch.int32, device="cuda")
+    warm = torch.zeros_like(device)  # compiles the kernel outside the capture, on entry 0
+    pull_plan(ring.graph_source(0, 1000), warm, ring.done_word(0))
+    torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        device.copy_(source, non_blocking=True)
-        done.copy_(device[1000:], non_blocking=True)
+        pull_plan(source, device, done)
     assert not device.any() and not done.any()  # captured, not run
     assert [ring.claim(), ring.claim()] == [0, 1]  # never-used entries are free
     ticket = ring.write(1, np.arange(1000, dtype=np.int32))
