@@ -4,12 +4,13 @@ For a pure spec step (256 requests x 4 tokens) and a mixed one (128 spec x 4 + 1
 decodes + 2 prefills of 700 tokens), in one process:
 
 - host µs per step: ``Planner.compile`` + ``Executor.step`` (graphs: the plan written into
-  pinned staging memory, then one replay whose first node uploads it; eager: one pinned
+  pinned staging memory, then one replay whose first kernel pulls it; eager: one pinned
   upload, then 32 layers of launches), measured with the GPU idle so the host never
   waits on it and the host core busy just before, as in an engine's loop (p50 / p90;
   ``cold``: started straight out of a ``synchronize``; ``busy``: with the GPU running a
-  2 ms kernel queued just before, as while the previous step runs); ``--breakdown``
-  times each part of a graph step alone;
+  2 ms kernel queued just before, as while the previous step runs; ``quiet``: the
+  calls made while a fixed loop timed just before ran at its best speed, and their
+  share); ``--breakdown`` times each part of a graph step alone;
 - GPU µs per step: steps queued behind a sleep kernel, so launch gaps don't count;
 - the sum of the 32 layers' conv times, each layer measured alone the same way.
 
@@ -113,26 +114,56 @@ def gpu_us(run, reps: int, host_us: float, cycles_per_us: float) -> float:
     return statistics.median(samples)
 
 
-def host_us(run, iterations: int, warm_us: float = 300.0, busy_cycles: int = 0) -> list[float]:
-    """Host µs per call, each started with the GPU idle and, unless ``warm_us`` is 0,
-    the host core kept busy that long first: an engine's host works between steps,
-    while a core that slept in ``synchronize`` runs the next microseconds slowly (the
-    ``cold`` column measures that case). ``busy_cycles``: the GPU is instead kept
-    busy through the call by a sleep kernel queued first, as while an engine plans
-    step n + 1 with step n running (the ``busy`` column)."""
-    samples = []
+def host_us(
+    run, iterations: int, warm_us: float = 300.0, busy_cycles: int = 0
+) -> tuple[list[float], list[float]]:
+    """Host µs per call and the host's speed just before it, each call started with
+    the GPU idle and, unless ``warm_us`` is 0, the host core kept busy that long first:
+    an engine's host works between steps, while a core that slept in ``synchronize``
+    runs the next microseconds slowly (the ``cold`` column measures that case).
+    ``busy_cycles``: the GPU is instead kept busy through the call by a sleep kernel
+    queued first, as while an engine plans step n + 1 with step n running (the ``busy``
+    column). The core is kept busy with :func:`fixed_work`, whose last time before the
+    call is the host's speed then (NaN when ``warm_us`` is 0): lent hosts have phases
+    where every instruction of the process runs several times slower (the ``quiet``
+    columns keep the calls made at full speed)."""
+    samples, speeds = [], []
     for _ in range(iterations):
         torch.cuda.synchronize()
         if busy_cycles:
             torch.cuda._sleep(busy_cycles)
+        speed = float("nan")
         spin_until = time.perf_counter() + warm_us * 1e-6
         while time.perf_counter() < spin_until:
-            pass
+            speed = fixed_work()
         start = time.perf_counter()
         run()
         samples.append((time.perf_counter() - start) * 1e6)
+        speeds.append(speed)
     torch.cuda.synchronize()
-    return samples
+    return samples, speeds
+
+
+def fixed_work() -> float:
+    """µs of a fixed pure-Python loop: the host's speed right now."""
+    start = time.perf_counter()
+    total = 0
+    for value in range(100):
+        total += value * value
+    return (time.perf_counter() - start) * 1e6
+
+
+def quiet(samples: list[float], speeds: list[float], slack: float = 1.25) -> list[float]:
+    """The samples taken while :func:`fixed_work` ran within ``slack`` of its usual best
+    (its 10th percentile: the minimum is a lucky outlier)."""
+    best = percentile(speeds, 10)
+    return [sample for sample, speed in zip(samples, speeds, strict=True) if speed <= slack * best]
+
+
+def host_speed_us(iterations: int = 2000) -> float:
+    """p50 µs of :func:`fixed_work`: tells a slow or shared host from slow code when runs
+    on lent machines differ (printed before and after the measurements)."""
+    return percentile([fixed_work() for _ in range(iterations)], 50)
 
 
 def percentile(samples: list[float], q: float) -> float:
@@ -160,10 +191,11 @@ def measure(name, batch, executor, mode, iterations, cycles_per_us) -> dict:
 
     for _ in range(3):  # compiles kernels, captures the graph
         step()
-    total = host_us(step, iterations)
-    cold = host_us(step, iterations, warm_us=0.0)
-    busy = host_us(step, iterations, busy_cycles=int(cycles_per_us * 2000))
-    plan_only = host_us(lambda: planner.compile(batch), iterations)
+    total, speeds = host_us(step, iterations)
+    calm = quiet(total, speeds)
+    cold, _ = host_us(step, iterations, warm_us=0.0)
+    busy, _ = host_us(step, iterations, busy_cycles=int(cycles_per_us * 2000))
+    plan_only, _ = host_us(lambda: planner.compile(batch), iterations)
     p90 = percentile(total, 90)
     reps = 12 if mode == "graphs" else 4
     gpu = gpu_us(lambda: executor.step(plan, x, residual), reps, p90, cycles_per_us)
@@ -173,6 +205,8 @@ def measure(name, batch, executor, mode, iterations, cycles_per_us) -> dict:
         "graph": str(plan.graph) if plan.graph else "eager",
         "host_p50": percentile(total, 50),
         "host_p90": p90,
+        "quiet_p50": percentile(calm, 50),
+        "quiet_share": len(calm) / len(total),
         "cold_p50": percentile(cold, 50),
         "busy_p50": percentile(busy, 50),
         "busy_p90": percentile(busy, 90),
@@ -232,6 +266,7 @@ def main() -> None:
         f"  C={args.channels} K={TAPS} D={DILATION} Q={config.query_len_max} bf16"
         f"  {LAYERS} layers / {GROUPS} groups"
     )
+    print(f"  host speed (a fixed Python loop) p50 {host_speed_us():.1f} µs", flush=True)
     rows = []
     for name, batch in batches.items():
         for mode, executor in executors.items():
@@ -243,6 +278,7 @@ def main() -> None:
             if args.breakdown and mode == "graphs":
                 parts = host_breakdown(executor, row, args.iterations)
                 print("    host p50 µs: " + ", ".join(f"{k} {v:.1f}" for k, v in parts.items()))
+    print(f"  host speed (a fixed Python loop) p50 {host_speed_us():.1f} µs")
     print_table(rows)
 
 
@@ -259,10 +295,12 @@ def host_breakdown(executor: Executor, row: dict, iterations: int) -> dict[str, 
     """p50 host µs of each part of a graph step, each timed alone with the GPU idle.
 
     A graph step is ``entry`` (graph lookup and signature check), a ring turn
-    (wait for the staging entry's last replay, then record its event), the staging
-    write (the plan into pinned memory; the graph's first node uploads it) and the
-    replay launch. ``full signature`` is what a replay costs to check when the plan's
-    config or layout is not the captured one (and what every step paid before).
+    (the staging entry's ticket has come back from its last replay), the staging
+    write (the plan and a fresh ticket into pinned memory; the graph's first node
+    uploads them) and the replay launch (which brings the ticket back, so the
+    write's part must come before the replay's). ``full signature`` is what a replay
+    costs to check when the plan's config or layout is not the captured one (and what
+    every step paid before).
     """
     plan, x, residual = row["plan"], row["x"], row["residual"]
     batch, config = plan.batch, plan.config
@@ -271,26 +309,26 @@ def host_breakdown(executor: Executor, row: dict, iterations: int) -> dict[str, 
     captured = graphs.entry(plan)
     ring = graphs._ring
 
-    def ring_turn() -> None:
-        ring.release(ring.claim())
-
     parts = {
         "compile_plan": lambda: compile_plan(batch, config),
         "Planner.compile": lambda: planner.compile(batch),
         "entry (lookup+check)": lambda: graphs.entry(plan),
         "full signature": lambda: executor.signature(plan),
-        "ring turn": ring_turn,
-        "staging write": lambda: np.copyto(captured.hosts[0], plan.packed),
+        "ring turn": ring.claim,
+        "staging write": lambda: ring.write(0, plan.packed),
         "graph.replay": lambda: captured.graphs[0].replay(),
         "StepGraphs.run": lambda: graphs.run(plan),
         "Executor.step": lambda: executor.step(plan, x, residual),
+        "compile + step": lambda: executor.step(planner.compile(batch), x, residual),
     }
-    return {name: percentile(host_us(part, iterations), 50) for name, part in parts.items()}
+    return {name: percentile(host_us(part, iterations)[0], 50) for name, part in parts.items()}
 
 
 def print_table(rows: list[dict]) -> None:
     header = (
-        f"{'batch':<11} {'mode':<6} {'graph':<42} {'host p50':>9} {'host p90':>9} {'cold p50':>9} "
+        f"{'batch':<11} {'mode':<6} {'graph':<42} {'host p50':>9} {'host p90':>9} {'quiet p50':>9} "
+        f"{'quiet %':>7} "
+        f"{'cold p50':>9} "
         f"{'busy p50':>9} {'busy p90':>9} {'plan p50':>9} {'GPU/step':>9} {'kern sum':>9} "
         f"{'GPU/sum':>8} {'upload B':>9}"
     )
@@ -301,7 +339,9 @@ def print_table(rows: list[dict]) -> None:
     for r in rows:
         print(
             f"{r['batch']:<11} {r['mode']:<6} {r['graph']:<42} {r['host_p50']:>9.1f} "
-            f"{r['host_p90']:>9.1f} {r['cold_p50']:>9.1f} {r['busy_p50']:>9.1f} "
+            f"{r['host_p90']:>9.1f} {r['quiet_p50']:>9.1f} "
+            f"{r['quiet_share']:>7.0%} {r['cold_p50']:>9.1f} "
+            f"{r['busy_p50']:>9.1f} "
             f"{r['busy_p90']:>9.1f} {r['plan_p50']:>9.1f} {r['gpu']:>9.1f} "
             f"{r['kernels']:>9.1f} {r['gpu'] / r['kernels']:>8.3f} {r['upload_bytes']:>9}"
         )
