@@ -10,7 +10,8 @@ decodes + 2 prefills of 700 tokens), in one process:
   ``cold``: started straight out of a ``synchronize``; ``busy``: with the GPU running a
   2 ms kernel queued just before, as while the previous step runs; ``quiet``: the
   calls made while a fixed loop timed just before ran at its best speed, and their
-  share); ``--breakdown`` times each part of a graph step alone;
+  share; ``steal``: the share of the VM's CPU time its hypervisor gave away meanwhile,
+  from ``/proc/stat``); ``--breakdown`` times each part of a graph step alone;
 - GPU µs per step: steps queued behind a sleep kernel, so launch gaps don't count;
 - the sum of the 32 layers' conv times, each layer measured alone the same way.
 
@@ -144,6 +145,17 @@ def host_us(
     return samples, speeds
 
 
+def cpu_jiffies() -> tuple[int, int]:
+    """``(all, stolen)`` CPU time of the machine so far, from ``/proc/stat`` (0, 0 where
+    there is none): time the hypervisor gave this VM's CPUs to someone else is stolen."""
+    try:
+        with open("/proc/stat") as stat:
+            fields = [int(value) for value in stat.readline().split()[1:]]
+    except (OSError, ValueError):
+        return 0, 0
+    return sum(fields), fields[7] if len(fields) > 7 else 0
+
+
 def fixed_work() -> float:
     """µs of a fixed pure-Python loop: the host's speed right now."""
     start = time.perf_counter()
@@ -191,7 +203,9 @@ def measure(name, batch, executor, mode, iterations, cycles_per_us) -> dict:
 
     for _ in range(3):  # compiles kernels, captures the graph
         step()
+    before = cpu_jiffies()
     total, speeds = host_us(step, iterations)
+    after = cpu_jiffies()
     calm = quiet(total, speeds)
     cold, _ = host_us(step, iterations, warm_us=0.0)
     busy, _ = host_us(step, iterations, busy_cycles=int(cycles_per_us * 2000))
@@ -207,6 +221,7 @@ def measure(name, batch, executor, mode, iterations, cycles_per_us) -> dict:
         "host_p90": p90,
         "quiet_p50": percentile(calm, 50),
         "quiet_share": len(calm) / len(total),
+        "steal": (after[1] - before[1]) / max(1, after[0] - before[0]),
         "cold_p50": percentile(cold, 50),
         "busy_p50": percentile(busy, 50),
         "busy_p90": percentile(busy, 90),
@@ -327,7 +342,7 @@ def host_breakdown(executor: Executor, row: dict, iterations: int) -> dict[str, 
 def print_table(rows: list[dict]) -> None:
     header = (
         f"{'batch':<11} {'mode':<6} {'graph':<42} {'host p50':>9} {'host p90':>9} {'quiet p50':>9} "
-        f"{'quiet %':>7} "
+        f"{'quiet %':>7} {'steal %':>7} "
         f"{'cold p50':>9} "
         f"{'busy p50':>9} {'busy p90':>9} {'plan p50':>9} {'GPU/step':>9} {'kern sum':>9} "
         f"{'GPU/sum':>8} {'upload B':>9}"
@@ -340,7 +355,7 @@ def print_table(rows: list[dict]) -> None:
         print(
             f"{r['batch']:<11} {r['mode']:<6} {r['graph']:<42} {r['host_p50']:>9.1f} "
             f"{r['host_p90']:>9.1f} {r['quiet_p50']:>9.1f} "
-            f"{r['quiet_share']:>7.0%} {r['cold_p50']:>9.1f} "
+            f"{r['quiet_share']:>7.0%} {r['steal']:>7.1%} {r['cold_p50']:>9.1f} "
             f"{r['busy_p50']:>9.1f} "
             f"{r['busy_p90']:>9.1f} {r['plan_p50']:>9.1f} {r['gpu']:>9.1f} "
             f"{r['kernels']:>9.1f} {r['gpu'] / r['kernels']:>8.3f} {r['upload_bytes']:>9}"
