@@ -265,18 +265,21 @@ class Executor:
             buffer = torch.from_numpy(plan.packed.copy()).to(self.device)
         self._prepared = _Prepared(plan, launch, buffer)
 
-    def graph_plan_buffer(self, plan: ExecutionPlan) -> torch.Tensor:
+    def graph_plan_buffer(self, plan: ExecutionPlan, with_ticket: bool = False) -> torch.Tensor:
         """``[layout.size], int32``: the persistent device buffer that graphs of ``plan``'s
-        layout read their plan from; its address never changes."""
+        layout read their plan from; its address never changes. ``with_ticket``:
+        ``[layout.size + 1]``, the word after the plan too, where a graph's upload puts
+        the staging ring's ticket (:class:`StepGraphs`)."""
         self._check_plan(plan)
         if self._upload is None:
             raise RuntimeError("graph_plan_buffer(): the reference backend has no plan buffer")
-        if plan.packed.size * 4 > self._upload.capacity_bytes:
+        words = plan.packed.size + with_ticket
+        if words * 4 > self._upload.capacity_bytes:
             raise ValueError(
                 f"plan: graph {plan.graph} has layout {plan.layout}, larger than the persistent "
                 f"buffer sized for {self.capacity}"
             )
-        return self._upload.device_buffer[: plan.packed.size * 4].view(torch.int32)
+        return self._upload.device_buffer[: words * 4].view(torch.int32)
 
     def prepare_graphed(self, plan: ExecutionPlan, buffer: torch.Tensor) -> None:
         """Make the next :meth:`conv` calls read a plan of ``plan``'s launch shape from
@@ -531,12 +534,9 @@ class StepGraphs:
     def _capture(self, plan: ExecutionPlan) -> _Captured:
         assert plan.graph is not None
         executor, ring, tokens = self._executor, self._ring, plan.graph.num_tokens
-        plan_buffer = executor.graph_plan_buffer(plan)  # also checks that the plan fits
-        # The same memory and the ticket word after it (the executor sizes its buffer so).
-        assert executor._upload is not None
-        with_ticket = executor._upload.device_buffer[: 4 * (plan.packed.size + 1)]
-        with_ticket = with_ticket.view(torch.int32)
-        ring.wait_all()  # queued replays may still read the entries the graphs copy from
+        with_ticket = executor.graph_plan_buffer(plan, with_ticket=True)
+        plan_buffer = with_ticket[:-1]
+        ring.wait_all()  # queued replays may still read the entries the graphs pull from
         ring.write(0, plan.layout.inert_buffer())
         executor.prepare_graphed(plan, plan_buffer)
         side = torch.cuda.Stream()

@@ -20,6 +20,7 @@ from stepplan.executor import (
     runtime,
 )
 from stepplan.executor.kernels import launch_shape
+from stepplan.executor.staging_kernel import pull_plan
 from stepplan.executor.upload import PinnedUpload, StagingRing
 from stepplan.planner import PlannerConfig, StepBatch, compile_plan
 
@@ -268,10 +269,10 @@ def test_staging_ring_writes_the_plan_then_a_fresh_ticket():
 
 
 def test_staging_ring_hands_an_entry_out_only_once_its_ticket_came_back():
-    """A CPU ring that waits, with the test playing the graphs' copy-back into ``done``."""
+    """A CPU ring that waits, with the test playing the graphs' ticket write into ``done``."""
     ring = StagingRing(40, "cpu", ring_size=2, timeout_s=0.0, wait_for_tickets=True)
 
-    def copy_back(index: int, size: int) -> None:  # what a replay's second node does
+    def copy_back(index: int, size: int) -> None:  # what a replay's upload kernel does last
         ring.done_word(index).copy_(ring.graph_source(index, size)[size:])
 
     assert [ring.claim(), ring.claim()] == [0, 1]  # never-used entries are free
@@ -332,8 +333,8 @@ def test_graph_plans_of_one_config_and_layout_launch_alike(seed):
 
 
 class _EmulatedGraph:
-    """A captured step replayed on the CPU: the staging entry's plan and ticket are read at
-    replay, like the graph's first node, the ticket copied back like its second, then the
+    """A captured step replayed on the CPU: the graph's upload kernel (interpreted) reads
+    the staging entry's plan and ticket at replay and writes the ticket back, then the
     forward runs with the launch shape of capture."""
 
     def __init__(self, graphs: StepGraphs, plan, index: int) -> None:
@@ -343,14 +344,13 @@ class _EmulatedGraph:
             graphs._ring.graph_source(index, size),
             graphs._ring.done_word(index),
         )
-        self.plan_buffer = self.executor.graph_plan_buffer(plan)
-        self.with_ticket = self.executor._upload.device_buffer[: 4 * (size + 1)].view(torch.int32)
+        self.with_ticket = self.executor.graph_plan_buffer(plan, with_ticket=True)
+        self.plan_buffer = self.with_ticket[:-1]
         self.replays = 0
 
     def replay(self) -> None:
         self.replays += 1
-        self.with_ticket.copy_(self.source)
-        self.done.copy_(self.with_ticket[-1:])
+        pull_plan(self.source, self.with_ticket, self.done)
         self.executor.prepare_graphed(self.plan, self.plan_buffer)
         self.forward(self.plan.graph.num_tokens)
 
@@ -358,7 +358,7 @@ class _EmulatedGraph:
 class _EmulatedStepGraphs(StepGraphs):
     """StepGraphs with the capture emulated, so its replay path runs without CUDA. Its ring
     waits for tickets as a CUDA one does, without delay: a ticket not written by run() or
-    not copied back fails the step at once."""
+    not written back fails the step at once."""
 
     def __init__(self, executor: Executor) -> None:
         self._executor, self._forward, self._graphs = executor, executor._run_staged, {}
@@ -441,8 +441,6 @@ def test_graph_step_refuses_a_mismatched_plan_before_touching_anything():
 @pytest.mark.parametrize("size", [0, 5, 1000, 20000])
 def test_pull_plan_copies_plan_and_ticket_then_returns_the_ticket(size):
     """The graph's upload kernel (interpreted here): every word, and one pass or several."""
-    from stepplan.executor.staging_kernel import pull_plan
-
     entry = torch.arange(size + 1, dtype=torch.int32) * 7 - 3
     plan = torch.full((size + 1,), -1, dtype=torch.int32)
     done = torch.zeros(1, dtype=torch.int32)
