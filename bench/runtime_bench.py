@@ -9,8 +9,8 @@ decodes + 2 prefills of 700 tokens), in one process:
   waits on it and the host core busy just before, as in an engine's loop (p50 / p90;
   ``cold``: started straight out of a ``synchronize``; ``busy``: with the GPU running a
   2 ms kernel queued just before, as while the previous step runs; ``quiet``: the
-  calls made while a fixed loop timed just before ran at its best speed, and their
-  share; ``steal``: the share of the VM's CPU time its hypervisor gave away meanwhile,
+  calls made while a fixed loop timed just before ran within 1.25x of its usual best,
+  and their share; ``steal``: the share of the VM's CPU time its hypervisor gave away meanwhile,
   from ``/proc/stat``); ``--breakdown`` times each part of a graph step alone;
 - GPU µs per step: steps queued behind a sleep kernel, so launch gaps don't count;
 - the sum of the 32 layers' conv times, each layer measured alone the same way.

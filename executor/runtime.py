@@ -155,7 +155,7 @@ class Executor:
         self.capacity = largest_graph_layout(config, self.num_groups) or PlanLayout(
             1, 1, 0, self.num_groups
         )
-        # One int32 more than the largest plan: the ticket word graphs copy in and back.
+        # One int32 more than the largest plan: the ticket word of a graph's upload.
         self._upload = (
             PinnedUpload(4 * (self.capacity.size + 1), self.device) if backend == "triton" else None
         )
@@ -441,14 +441,14 @@ class StepGraphs:
     ``forward(num_tokens)`` runs a whole step on persistent tensors, reading
     the plan only through ``executor.conv``; an engine passes its model's
     forward, :meth:`Executor.step` its layer loop. A key is captured once per
-    entry of a :class:`StagingRing` (each graph copies from its own entry), so
-    the host can write step ``n + 1``'s plan while step ``n``'s copy is still
-    queued. Each graph starts with one kernel, then the forward
-    (:func:`~stepplan.executor.staging_kernel.pull_plan`): it loads the entry's
-    plan and ticket, ``[size + 1], int32``, from pinned memory into the
-    executor's persistent plan buffer and the word right after it, and once
-    every thread's load is over, stores the ticket into the entry's pinned
-    ``done`` word. One kernel node, not two copy nodes: each copy node made a
+    entry of a :class:`StagingRing` (each graph pulls from its own entry), so
+    the host can write step ``n + 1``'s plan while step ``n``'s graph is still
+    queued. Each graph starts with one upload kernel
+    (:func:`~stepplan.executor.staging_kernel.pull_plan`), then the forward. The
+    kernel loads the entry's plan and ticket, ``[size + 1], int32``, from pinned
+    memory into the executor's persistent plan buffer and the word right after
+    it, and once every thread's load is over, stores the ticket into the entry's
+    pinned ``done`` word. One kernel node, not two copy nodes: each copy node made a
     graph launch cost the host more than a kernel node does
     (``bench/graph_launch_bench.py``).
 
