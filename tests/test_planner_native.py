@@ -139,6 +139,17 @@ def cache(tmp_path, monkeypatch):
     return tmp_path
 
 
+def test_the_cache_is_named_by_the_environment_first(tmp_path, monkeypatch):
+    monkeypatch.setenv("STEPPLAN_CACHE_DIR", str(tmp_path / "own"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert native_module.cache_dir() == tmp_path / "own"
+    monkeypatch.delenv("STEPPLAN_CACHE_DIR")
+    assert native_module.cache_dir() == tmp_path / "xdg" / "stepplan"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert native_module.cache_dir() == tmp_path / "home" / ".cache" / "stepplan"
+
+
 def _built(cache) -> list[str]:
     return sorted(path.name for path in cache.iterdir())
 
