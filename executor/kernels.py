@@ -411,18 +411,13 @@ def _short_conv_rows(
     past_ptr = window_ptr + offset * s_win
     # Decode rows (and spec rows without drafts) compile apart: q = 1 needs a quarter
     # of the math and loads of a q = Q row. A launch whose rows are all decodes
-    # (ROW_TOKENS_MAX = 1) compiles that path alone: without the Q-token path's
-    # registers, more of its programs fit on an SM, each with its loads in flight.
+    # (ROW_TOKENS_MAX = 1) knows q when compiling, so only that path compiles: without
+    # the Q-token path's registers, more of its programs fit on an SM.
+    if ROW_TOKENS_MAX == 1:
+        q = 1
     if WHOLE_WINDOW:
         levels: tl.constexpr = (WHOLE_WINDOW - 1).bit_length()
-        # Not `ROW_TOKENS_MAX == 1 or q == 1`: Triton would compile that `or` as a runtime test.
-        if ROW_TOKENS_MAX == 1:  # noqa: SIM114
-            _update_row_window(
-                x_ptr, x_stride, residual_ptr, residual_stride, weight_ptr, weight_chan,
-                weight_tap, first_token, q, window_ptr, offset, state_end, has_slot, chan,
-                chan_ok, TAPS, DILATION, 1, QUERY_MAX, WHOLE_WINDOW, levels, BLOCK_C, FAST,
-            )  # fmt: skip
-        elif q == 1:
+        if q == 1:
             _update_row_window(
                 x_ptr, x_stride, residual_ptr, residual_stride, weight_ptr, weight_chan,
                 weight_tap, first_token, q, window_ptr, offset, state_end, has_slot, chan,
@@ -435,12 +430,6 @@ def _short_conv_rows(
                 chan_ok, TAPS, DILATION, QUERY_MAX, QUERY_MAX, WHOLE_WINDOW, levels, BLOCK_C,
                 FAST,
             )  # fmt: skip
-    elif ROW_TOKENS_MAX == 1:  # noqa: SIM114 (as above)
-        _update_row(
-            x_ptr, x_stride, residual_ptr, residual_stride, weight_ptr, weight_chan, weight_tap,
-            first_token, q, window_ptr, past_ptr, s_chan, s_win, state_end, has_slot, chan,
-            chan_ok, TAPS, DILATION, 1, WINDOW_BLOCK, WINDOW_TILE, BLOCK_C, FAST,
-        )  # fmt: skip
     elif q == 1:
         _update_row(
             x_ptr, x_stride, residual_ptr, residual_stride, weight_ptr, weight_chan, weight_tap,
