@@ -39,10 +39,10 @@ static int check_format(Py_buffer *view, const char *name, char code, Py_ssize_t
     return 0;
 }
 
-/* Acquire a C-contiguous buffer of ``itemsize``-byte items of struct code ``code``. */
-static int get_array(PyObject *obj, Py_buffer *view, const char *name, char code,
-                     Py_ssize_t itemsize, int writable) {
-    int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
+/* Acquire ``obj``'s buffer with ``flags``, then check it holds ``itemsize``-byte items of
+ * struct code ``code``; ``kind`` names what ``flags`` ask for in the error. */
+static int get_buffer(PyObject *obj, Py_buffer *view, const char *name, int flags,
+                      const char *kind, char code, Py_ssize_t itemsize) {
     if (!PyObject_CheckBuffer(obj)) {
         PyErr_Format(PyExc_TypeError, "%s: must be an array, got %.80s", name,
                      Py_TYPE(obj)->tp_name);
@@ -50,26 +50,23 @@ static int get_array(PyObject *obj, Py_buffer *view, const char *name, char code
     }
     if (PyObject_GetBuffer(obj, view, flags) < 0) {
         PyErr_Clear();
-        PyErr_Format(PyExc_ValueError, "%s: must be a C-contiguous%s array", name,
-                     writable ? ", writable" : "");
+        PyErr_Format(PyExc_ValueError, "%s: must be %s array", name, kind);
         return -1;
     }
     return check_format(view, name, code, itemsize);
 }
 
+/* Acquire a C-contiguous buffer of ``itemsize``-byte items of struct code ``code``. */
+static int get_array(PyObject *obj, Py_buffer *view, const char *name, char code,
+                     Py_ssize_t itemsize, int writable) {
+    int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
+    const char *kind = writable ? "a C-contiguous, writable" : "a C-contiguous";
+    return get_buffer(obj, view, name, flags, kind, code, itemsize);
+}
+
 /* Acquire an array of int32 items at any strides, read-only. */
 static int get_strided(PyObject *obj, Py_buffer *view, const char *name) {
-    if (!PyObject_CheckBuffer(obj)) {
-        PyErr_Format(PyExc_TypeError, "%s: must be an array, got %.80s", name,
-                     Py_TYPE(obj)->tp_name);
-        return -1;
-    }
-    if (PyObject_GetBuffer(obj, view, PyBUF_RECORDS_RO) < 0) {
-        PyErr_Clear();
-        PyErr_Format(PyExc_ValueError, "%s: must be a strided array", name);
-        return -1;
-    }
-    return check_format(view, name, 'i', 4);
+    return get_buffer(obj, view, name, PyBUF_RECORDS_RO, "a strided", 'i', 4);
 }
 
 /* A non-negative C integer from argument ``name``; -1 with an exception set otherwise. */
