@@ -5,7 +5,9 @@ replays); each graph rotates through several input sets so the data is not
 L2-resident. For C = 8192 and 2048, K = 4, D = 3, Q = 4, bf16, state in both
 memory layouts, it prints SPEC §4's rows plus a mixed step: µs, the byte floor
 (x read, residual read + write, state read and written once, over the copy
-ceiling), the share of the ceiling, and the vectorized-PyTorch time. Writes a
+ceiling), the share of the ceiling, the layout's cap on that share (the floor's bytes
+over the 32-byte sectors they touch), the time of a plain copy of the floor's bytes
+(what moving them costs at this size), and the vectorized-PyTorch time. Writes a
 JSON profile (``$OUT/kernel_profile.json`` when ``$OUT`` is set, else
 ``--profile-out``) for the simulator's cost model.
 
@@ -67,16 +69,47 @@ def batch_of(name: str, seed: int = 0) -> StepBatch:
 
 def floor_bytes(plan: ExecutionPlan, channels: int) -> int:
     """SPEC §4's fewest bytes: x read, residual read + write, state read and written once."""
-    entries = 0
+    entries = 3 * plan.num_tokens
     for row in range(plan.num_rows):
-        q = int(plan.row_query_start[row + 1] - plan.row_query_start[row])
-        slot = int(plan.row_slot[0, row])
-        entries += 3 * q
-        if slot and plan.row_reads_state[row]:
-            entries += L
-        if slot:
-            entries += min(W, L + q - 1) if plan.row_kind[row] == SPEC else L
+        read, written = state_entries(plan, row)
+        entries += len(read) + len(written)
     return entries * channels * DTYPE.itemsize
+
+
+def state_entries(plan: ExecutionPlan, row: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The window entries row ``row`` must read and write, as :func:`floor_bytes` counts them."""
+    q = int(plan.row_query_start[row + 1] - plan.row_query_start[row])
+    if not plan.row_slot[0, row]:
+        return (), ()
+    offset = int(plan.row_state_offset[row])
+    read = tuple(range(offset, offset + L)) if plan.row_reads_state[row] else ()
+    written = min(W, L + q - 1) if plan.row_kind[row] == SPEC else L
+    return read, tuple(range(written))
+
+
+def sector_bytes(plan: ExecutionPlan, channels: int, layout: str) -> int:
+    """:func:`floor_bytes` in whole 32-byte sectors, DRAM's unit, for ``layout``'s memory.
+
+    In vLLM's layout each entry is a plane of C contiguous values, so this equals the
+    floor. Where windows are contiguous (W values of a channel side by side) a row's L
+    entries of every channel leave no sector untouched, so reading or writing L of W
+    entries moves all W: the floor over this is the best share the layout allows.
+    """
+    chan_stride, win_stride = (1, channels) if layout == LAYOUTS[0] else (W, 1)
+    item = DTYPE.itemsize
+    sectors: dict[tuple[int, ...], int] = {}
+
+    def count(entries: tuple[int, ...]) -> int:
+        if entries not in sectors:  # slots start on sector boundaries: counted once
+            address = np.arange(channels)[:, None] * chan_stride + np.array(entries) * win_stride
+            sectors[entries] = len(np.unique(address * item // 32)) * 32 if entries else 0
+        return sectors[entries]
+
+    total = 3 * plan.num_tokens * channels * item  # x read, residual read and written
+    for row in range(plan.num_rows):
+        read, written = state_entries(plan, row)
+        total += count(read) + count(written)
+    return total
 
 
 @attrs.frozen
@@ -165,6 +198,21 @@ def copy_ceiling_tbs(reps: int) -> float:
     return nbytes / min(ways.values()) / 1e6
 
 
+def same_bytes_copy_us(nbytes: int, reps: int) -> float:
+    """µs of the best device copy that reads ``nbytes / 2`` and writes as many, timed like
+    our kernels (graph replay through input sets past L2): what moving the floor's bytes
+    costs at this size, start-up and tail included, with the simplest access pattern."""
+    half = max(1, nbytes // 2 // DTYPE.itemsize)
+    count = int(min(64, max(2, -(-4 * L2_BYTES // nbytes))))
+    sources = [torch.empty(half, device=DEVICE, dtype=DTYPE).normal_() for _ in range(count)]
+    targets = [torch.empty_like(source) for source in sources]
+    ways = (
+        lambda i: targets[i].copy_(sources[i]),  # a memcpy node
+        lambda i: torch.mul(sources[i], 1, out=targets[i]),  # a kernel on the SMs
+    )
+    return min(graph_us(way, count, reps) for way in ways)
+
+
 class TorchBaseline:
     """SPEC §2 in vectorized PyTorch: gather every history, one reduction, scatter back.
 
@@ -235,6 +283,7 @@ def measure(
     blocks: kernels.Blocks | None = None,
     reps: int = 40,
     with_torch: bool = True,
+    with_copy: bool = True,
     side_stream: torch.cuda.Stream | None = None,
 ) -> dict:
     """One row of the table: our kernels (and PyTorch) on batch ``name``, checked first."""
@@ -277,6 +326,8 @@ def measure(
         C=channels,
         us=us,
         floor_bytes=floor,
+        sector_bytes=sector_bytes(plan, channels, layout),
+        copy_us=same_bytes_copy_us(floor, reps) if with_copy else None,
         torch_us=torch_us,
     )
 
@@ -323,7 +374,15 @@ def sweep(
                 trial = _with_variant(blocks, prefill, variant)
                 cells, times = [], []
                 for name in names:
-                    row = measure(name, channels, layout, blocks=trial, reps=15, with_torch=False)
+                    row = measure(
+                        name,
+                        channels,
+                        layout,
+                        blocks=trial,
+                        reps=15,
+                        with_torch=False,
+                        with_copy=False,
+                    )
                     cells.append(row["floor_bytes"] / (ceiling * 1e6) / row["us"])
                     times.append(row["us"])
                 # Scored on the batches of many requests: one-request steps are latency.
@@ -368,18 +427,25 @@ def _with_variant(blocks: kernels.Blocks, prefill: bool, variant: tuple) -> kern
 def table(rows: list[dict], ceiling: float) -> str:
     head = (
         f"{'C':>5} {'state memory':<20} {'batch':<15} {'reqs':>4} {'tokens':>6} "
-        f"{'us':>8} {'floor us':>8} {'share':>6} {'torch us':>9} {'torch':>6}"
+        f"{'us':>8} {'floor us':>8} {'share':>6} {'cap':>5} {'copy us':>8} {'vs copy':>7} "
+        f"{'torch us':>9} {'torch':>6}"
     )
     lines = [head, "-" * len(head)]
     for row in rows:
-        torch_us = row["torch_us"]
+        torch_us, copy_us = row["torch_us"], row["copy_us"]
         torch_cells = f"{torch_us:>9.1f} {row['floor_us'] / torch_us:>6.0%}" if torch_us else ""
+        copy_cells = f"{copy_us:>8.1f} {copy_us / row['us']:>7.0%}" if copy_us else " " * 16
         lines.append(
             f"{row['C']:>5} {row['layout']:<20} {row['batch']:<15} {row['requests']:>4} "
             f"{row['tokens']:>6} {row['us']:>8.1f} {row['floor_us']:>8.2f} "
-            f"{row['share']:>6.0%} {torch_cells}"
+            f"{row['share']:>6.0%} {row['floor_bytes'] / row['sector_bytes']:>5.0%} "
+            f"{copy_cells} {torch_cells}"
         )
-    lines.append(f"copy ceiling {ceiling:.2f} TB/s; share = floor us / us")
+    lines.append(
+        f"copy ceiling {ceiling:.2f} TB/s; share = floor us / us; cap = floor bytes over the "
+        "32-byte sectors they touch in this layout (the best share it allows); copy us = a "
+        "plain copy of the floor's bytes, vs copy = copy us / us"
+    )
     return "\n".join(lines)
 
 

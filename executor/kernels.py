@@ -198,11 +198,32 @@ def _add_silu_rows(
     loads, so loads after it would wait for it.
     """
     rows = residual_ptr + first_token.to(tl.int64) * residual_stride + chan
+    residuals = _load_residuals(rows, residual_stride, live_rows, chan_ok, ROWS)
+    _store_silu_rows(
+        rows, residual_stride, live_rows, chan_ok, history, taps, residuals,
+        residual_ptr.dtype.element_ty, ROWS, TAPS, DILATION, BLOCK_C, FAST,
+    )  # fmt: skip
+
+
+@triton.jit
+def _load_residuals(rows, residual_stride, live_rows, chan_ok, ROWS: tl.constexpr):
+    """``(r[0], ..., r[ROWS - 1])`` from the row pointers ``rows`` (``[BLOCK_C]``), 0 from
+    ``live_rows`` on: the first half of :func:`_add_silu_rows`."""
     residuals = ()
     for j in tl.static_range(ROWS):
         r = tl.load(rows + j * residual_stride, mask=_live(chan_ok, j, live_rows), other=0.0)
         residuals = residuals + (r,)  # noqa: RUF005
-    dtype = residual_ptr.dtype.element_ty
+    return residuals
+
+
+@triton.jit
+def _store_silu_rows(
+    rows, residual_stride, live_rows, chan_ok, history, taps, residuals, dtype: tl.constexpr,
+    ROWS: tl.constexpr, TAPS: tl.constexpr, DILATION: tl.constexpr, BLOCK_C: tl.constexpr,
+    FAST: tl.constexpr,
+):  # fmt: skip
+    """The second half of :func:`_add_silu_rows`: each output added to its loaded
+    residual and stored."""
     for j in tl.static_range(ROWS):
         acc = tl.zeros([BLOCK_C], dtype=tl.float32)
         for k in tl.static_range(TAPS):
@@ -311,6 +332,20 @@ def _update_row_window(
     put back together in registers and stored whole: entries past ``keep`` get their
     own values back, so the store mask has a static bound and stays vectorized."""
     reach: tl.constexpr = (TAPS - 1) * DILATION
+    # Decode rows issue every load before the old window's columns, which wait for its
+    # trip through shared memory: loads issued after them would start a second memory
+    # round trip. They also store the new window before the outputs, freeing both
+    # windows' registers for the math. (On Q-token rows the same order measured a little
+    # slower: bench/kernel_notes.md.)
+    loads_first: tl.constexpr = ROWS == 1
+    rows = residual_ptr + first_token.to(tl.int64) * residual_stride + chan
+    if loads_first:
+        tokens = _load_history(
+            x_ptr, x_stride, first_token, q, window_ptr, 1, 1, state_end, reach, chan,
+            chan_ok, reach, ROWS, False, True,
+        )  # fmt: skip
+        taps = _load_taps(weight_ptr, weight_chan, weight_tap, chan, chan_ok, TAPS)
+        residuals = _load_residuals(rows, residual_stride, q, chan_ok, ROWS)
     j = tl.arange(0, 1 << LEVELS)[None, :]
     tile_ptrs = window_ptr + chan[:, None] * WINDOW + j
     whole = (j < WINDOW) & chan_ok[:, None] & (j * 0 + has_slot > 0)  # slot 0 untouched
@@ -327,16 +362,18 @@ def _update_row_window(
             if p + o < WINDOW:
                 entry = tl.where(at == o, columns[p + o], entry)
         history = history + (tl.where(reads, entry, 0.0),)  # noqa: RUF005
-    tokens = _load_history(
-        x_ptr, x_stride, first_token, q, window_ptr, 1, 1, state_end, reach, chan, chan_ok,
-        reach, ROWS, False, True,
-    )  # fmt: skip
+    if not loads_first:
+        tokens = _load_history(
+            x_ptr, x_stride, first_token, q, window_ptr, 1, 1, state_end, reach, chan,
+            chan_ok, reach, ROWS, False, True,
+        )  # fmt: skip
+        taps = _load_taps(weight_ptr, weight_chan, weight_tap, chan, chan_ok, TAPS)
+        residuals = _load_residuals(rows, residual_stride, q, chan_ok, ROWS)
+        _store_silu_rows(
+            rows, residual_stride, q, chan_ok, history + tokens, taps, residuals,
+            residual_ptr.dtype.element_ty, ROWS, TAPS, DILATION, BLOCK_C, FAST,
+        )  # fmt: skip
     history = history + tokens
-    taps = _load_taps(weight_ptr, weight_chan, weight_tap, chan, chan_ok, TAPS)
-    _add_silu_rows(
-        residual_ptr, residual_stride, first_token, q, chan, chan_ok, history, taps,
-        ROWS, TAPS, DILATION, BLOCK_C, FAST,
-    )  # fmt: skip
     # The new window S[:, i] = h[1 + i] for i < keep = L + q - 1, its old value after.
     keep = reach + q - 1
     fresh = ()
@@ -348,6 +385,11 @@ def _update_row_window(
     new = _tile_of(fresh, BLOCK_C, LEVELS)
     tl.debug_barrier()  # every thread has read the old window
     tl.store(tile_ptrs, new, mask=whole)
+    if loads_first:
+        _store_silu_rows(
+            rows, residual_stride, q, chan_ok, history, taps, residuals,
+            residual_ptr.dtype.element_ty, ROWS, TAPS, DILATION, BLOCK_C, FAST,
+        )  # fmt: skip
 
 
 # Plan offsets change with every layout (graph bucket): specializing on their
