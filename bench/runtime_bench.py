@@ -11,7 +11,10 @@ decodes + 2 prefills of 700 tokens), in one process:
   2 ms kernel queued just before, as while the previous step runs; ``quiet``: the
   calls made while a fixed loop timed just before ran within 1.25x of its usual best,
   and their share; ``steal``: the share of the VM's CPU time its hypervisor gave away meanwhile,
-  from ``/proc/stat``); ``--breakdown`` times each part of a graph step alone;
+  from ``/proc/stat``; ``faults``, ``preempt``: the process's minor page faults and
+  involuntary context switches per step); ``--breakdown`` times each part of a graph step alone;
+- graph steps' host p50 again in ``--rounds`` rounds a second apart (best, median,
+  worst): the host's slow phases come and go within a run;
 - GPU µs per step: steps queued behind a sleep kernel, so launch gaps don't count;
 - the sum of the 32 layers' conv times, each layer measured alone the same way.
 
@@ -23,6 +26,7 @@ from __future__ import annotations
 import argparse
 import gc
 import os
+import resource
 import statistics
 import time
 
@@ -156,6 +160,13 @@ def cpu_jiffies() -> tuple[int, int]:
     return sum(fields), fields[7] if len(fields) > 7 else 0
 
 
+def process_events() -> np.ndarray:
+    """``[minor page faults, involuntary context switches]`` of this process so far:
+    per step, either one costs the host microseconds that no code of ours spends."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return np.array([usage.ru_minflt, usage.ru_nivcsw])
+
+
 def fixed_work() -> float:
     """µs of a fixed pure-Python loop: the host's speed right now."""
     start = time.perf_counter()
@@ -203,9 +214,9 @@ def measure(name, batch, executor, mode, iterations, cycles_per_us) -> dict:
 
     for _ in range(3):  # compiles kernels, captures the graph
         step()
-    before = cpu_jiffies()
+    before, events = cpu_jiffies(), process_events()
     total, speeds = host_us(step, iterations)
-    after = cpu_jiffies()
+    after, events = cpu_jiffies(), (process_events() - events) / iterations
     calm = quiet(total, speeds)
     cold, _ = host_us(step, iterations, warm_us=0.0)
     busy, _ = host_us(step, iterations, busy_cycles=int(cycles_per_us * 2000))
@@ -222,6 +233,8 @@ def measure(name, batch, executor, mode, iterations, cycles_per_us) -> dict:
         "quiet_p50": percentile(calm, 50),
         "quiet_share": len(calm) / len(total),
         "steal": (after[1] - before[1]) / max(1, after[0] - before[0]),
+        "faults": events[0],
+        "preempted": events[1],
         "cold_p50": percentile(cold, 50),
         "busy_p50": percentile(busy, 50),
         "busy_p90": percentile(busy, 90),
@@ -229,6 +242,7 @@ def measure(name, batch, executor, mode, iterations, cycles_per_us) -> dict:
         "gpu": gpu,
         "upload_bytes": plan.packed.nbytes,
         "plan": plan,
+        "step": step,
         "x": x,
         "residual": residual,
     }
@@ -252,6 +266,12 @@ def main() -> None:
     parser.add_argument("--channels", type=int, default=8192)
     parser.add_argument("--iterations", type=int, default=300)
     parser.add_argument("--breakdown", action="store_true", help="time the parts of a graph step")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=10,
+        help="measure graph steps' host time again in this many rounds a second apart (0: none)",
+    )
     parser.add_argument(
         "--no-freeze",
         dest="freeze",
@@ -295,6 +315,42 @@ def main() -> None:
                 print("    host p50 µs: " + ", ".join(f"{k} {v:.1f}" for k, v in parts.items()))
     print(f"  host speed (a fixed Python loop) p50 {host_speed_us():.1f} µs")
     print_table(rows)
+    if args.rounds:
+        print_rounds(host_rounds(rows, args.rounds, args.iterations))
+
+
+def host_rounds(rows: list[dict], rounds: int, iterations: int) -> dict[str, list[tuple]]:
+    """Host p50 µs of each graph row's step, measured again in ``rounds`` rounds that take
+    the rows in turn, a second apart: lent hosts have phases of seconds in which all
+    work with memory runs several times slower (the planner's C code too) while
+    :func:`fixed_work`'s loop runs at speed. Rounds spread over them tell a slow
+    phase from slow code: the best round is the code's cost, the spread the host's.
+    Each round is ``(p50, page faults per step, involuntary switches per step)``."""
+    graphed = [row for row in rows if row["mode"] == "graphs"]
+    found: dict[str, list[tuple]] = {row["batch"]: [] for row in graphed}
+    for _ in range(rounds):
+        for row in graphed:
+            events = process_events()
+            samples, _ = host_us(row["step"], iterations)
+            faults, preempted = (process_events() - events) / iterations
+            found[row["batch"]].append((percentile(samples, 50), faults, preempted))
+        time.sleep(1.0)
+    return found
+
+
+def print_rounds(found: dict[str, list[tuple]]) -> None:
+    count = len(next(iter(found.values())))
+    print(f"\ngraph steps, host p50 µs in {count} rounds a second apart")
+    for batch, rounds in found.items():
+        p50s = [p50 for p50, _, _ in rounds]
+        print(
+            f"  {batch:<11} best {min(p50s):.1f}  median {statistics.median(p50s):.1f}  "
+            f"worst {max(p50s):.1f}"
+        )
+        shown = "  ".join(
+            f"{p50:.1f} ({faults:.2f}/{switches:.2f})" for p50, faults, switches in rounds
+        )
+        print(f"    rounds, p50 (page faults / involuntary switches per step): {shown}")
 
 
 def freeze_startup_objects() -> None:
@@ -342,7 +398,7 @@ def host_breakdown(executor: Executor, row: dict, iterations: int) -> dict[str, 
 def print_table(rows: list[dict]) -> None:
     header = (
         f"{'batch':<11} {'mode':<6} {'graph':<42} {'host p50':>9} {'host p90':>9} {'quiet p50':>9} "
-        f"{'quiet %':>7} {'steal %':>7} "
+        f"{'quiet %':>7} {'steal %':>7} {'faults':>6} {'preempt':>7} "
         f"{'cold p50':>9} "
         f"{'busy p50':>9} {'busy p90':>9} {'plan p50':>9} {'GPU/step':>9} {'kern sum':>9} "
         f"{'GPU/sum':>8} {'upload B':>9}"
@@ -355,7 +411,8 @@ def print_table(rows: list[dict]) -> None:
         print(
             f"{r['batch']:<11} {r['mode']:<6} {r['graph']:<42} {r['host_p50']:>9.1f} "
             f"{r['host_p90']:>9.1f} {r['quiet_p50']:>9.1f} "
-            f"{r['quiet_share']:>7.0%} {r['steal']:>7.1%} {r['cold_p50']:>9.1f} "
+            f"{r['quiet_share']:>7.0%} {r['steal']:>7.1%} {r['faults']:>6.2f} "
+            f"{r['preempted']:>7.2f} {r['cold_p50']:>9.1f} "
             f"{r['busy_p50']:>9.1f} "
             f"{r['busy_p90']:>9.1f} {r['plan_p50']:>9.1f} {r['gpu']:>9.1f} "
             f"{r['kernels']:>9.1f} {r['gpu'] / r['kernels']:>8.3f} {r['upload_bytes']:>9}"

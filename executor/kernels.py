@@ -686,7 +686,7 @@ def default_blocks(channels: int, window_contiguous: bool) -> Blocks:
     ``bench/kernel_notes.md``); narrower blocks where C is small.
     """
     if window_contiguous:
-        rows, rows_warps, rows_first = 256, 4, True
+        rows, rows_warps, rows_first = 64, 1, True
         tiles, tiles_warps, tokens, tiles_first = 128, 2, 16, True
     else:
         rows, rows_warps, rows_first = 128, 2, False
