@@ -242,7 +242,6 @@ def measure(name, batch, executor, mode, iterations, cycles_per_us) -> dict:
         "gpu": gpu,
         "upload_bytes": plan.packed.nbytes,
         "plan": plan,
-        "step": step,
         "x": x,
         "residual": residual,
     }
@@ -316,41 +315,64 @@ def main() -> None:
     print(f"  host speed (a fixed Python loop) p50 {host_speed_us():.1f} µs")
     print_table(rows)
     if args.rounds:
-        print_rounds(host_rounds(rows, args.rounds, args.iterations))
+        print_rounds(host_rounds(executors, rows, args.rounds, args.iterations))
 
 
-def host_rounds(rows: list[dict], rounds: int, iterations: int) -> dict[str, list[tuple]]:
+def host_rounds(
+    executors: dict[str, Executor], rows: list[dict], rounds: int, iterations: int
+) -> dict[str, list[np.ndarray]]:
     """Host p50 µs of each graph row's step, measured again in ``rounds`` rounds that take
-    the rows in turn, a second apart: lent hosts have phases of seconds in which all
-    work with memory runs several times slower (the planner's C code too) while
-    :func:`fixed_work`'s loop runs at speed. Rounds spread over them tell a slow
-    phase from slow code: the best round is the code's cost, the spread the host's.
-    Each round is ``(p50, page faults per step, involuntary switches per step)``."""
+    the rows in turn, a second apart: lent hosts have phases of seconds in which the
+    step runs several times slower while :func:`fixed_work`'s loop runs at speed and
+    no page fault, preemption or stolen time shows. Rounds spread over them tell a
+    slow phase from slow code: the best round is the code's cost, the spread the
+    host's. Each round is the p50s of ``[step, planner, host work before the launch,
+    launch]`` (:func:`split_graph_step`), so a slow phase shows which part it slows."""
     graphed = [row for row in rows if row["mode"] == "graphs"]
-    found: dict[str, list[tuple]] = {row["batch"]: [] for row in graphed}
+    found: dict[str, list[np.ndarray]] = {row["batch"]: [] for row in graphed}
     for _ in range(rounds):
         for row in graphed:
-            events = process_events()
-            samples, _ = host_us(row["step"], iterations)
-            faults, preempted = (process_events() - events) / iterations
-            found[row["batch"]].append((percentile(samples, 50), faults, preempted))
+            step, parts = split_graph_step(executors["graphs"], row["plan"].batch), []
+            samples, _ = host_us(lambda step=step, parts=parts: parts.append(step()), iterations)
+            found[row["batch"]].append(np.percentile(np.column_stack([samples, parts]), 50, 0))
         time.sleep(1.0)
     return found
 
 
-def print_rounds(found: dict[str, list[tuple]]) -> None:
+def split_graph_step(executor: Executor, batch: StepBatch):
+    """A graph step as ``Executor.step(Planner.compile(batch), ...)`` makes it on the
+    staged buffers, returning the µs of its three parts: the planner, the host work
+    before the launch (graph lookup and check, ring turn, staging write) and the launch."""
+    graphs = executor._step_graphs
+    ring, planner = graphs._ring, Planner(executor.config)
+
+    def step() -> list[float]:
+        start = time.perf_counter()
+        plan = planner.compile(batch)
+        planned = time.perf_counter()
+        captured = graphs.entry(plan)
+        index = ring.claim()
+        ring.write(index, plan.packed)
+        executor.forget_prepared()
+        staged = time.perf_counter()
+        captured.graphs[index].replay()
+        launched = time.perf_counter()
+        return [1e6 * (planned - start), 1e6 * (staged - planned), 1e6 * (launched - staged)]
+
+    return step
+
+
+def print_rounds(found: dict[str, list[np.ndarray]]) -> None:
     count = len(next(iter(found.values())))
     print(f"\ngraph steps, host p50 µs in {count} rounds a second apart")
     for batch, rounds in found.items():
-        p50s = [p50 for p50, _, _ in rounds]
+        p50s = [parts[0] for parts in rounds]
         print(
             f"  {batch:<11} best {min(p50s):.1f}  median {statistics.median(p50s):.1f}  "
             f"worst {max(p50s):.1f}"
         )
-        shown = "  ".join(
-            f"{p50:.1f} ({faults:.2f}/{switches:.2f})" for p50, faults, switches in rounds
-        )
-        print(f"    rounds, p50 (page faults / involuntary switches per step): {shown}")
+        shown = "  ".join("{:.1f} ({:.1f} / {:.1f} / {:.1f})".format(*parts) for parts in rounds)
+        print(f"    rounds, p50 (planner / before launch / launch): {shown}")
 
 
 def freeze_startup_objects() -> None:
