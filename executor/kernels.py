@@ -332,20 +332,17 @@ def _update_row_window(
     put back together in registers and stored whole: entries past ``keep`` get their
     own values back, so the store mask has a static bound and stays vectorized."""
     reach: tl.constexpr = (TAPS - 1) * DILATION
-    # Decode rows issue every load before the old window's columns, which wait for its
-    # trip through shared memory: loads issued after them would start a second memory
-    # round trip. They also store the new window before the outputs, freeing both
-    # windows' registers for the math. (On Q-token rows the same order measured a little
-    # slower: bench/kernel_notes.md.)
-    loads_first: tl.constexpr = ROWS == 1
+    # Every load is issued before the old window's columns, which wait for its trip
+    # through shared memory: loads issued after them would start a second memory round
+    # trip. The new window is stored before the outputs are computed, freeing both
+    # windows' registers for the math.
+    tokens = _load_history(
+        x_ptr, x_stride, first_token, q, window_ptr, 1, 1, state_end, reach, chan, chan_ok,
+        reach, ROWS, False, True,
+    )  # fmt: skip
+    taps = _load_taps(weight_ptr, weight_chan, weight_tap, chan, chan_ok, TAPS)
     rows = residual_ptr + first_token.to(tl.int64) * residual_stride + chan
-    if loads_first:
-        tokens = _load_history(
-            x_ptr, x_stride, first_token, q, window_ptr, 1, 1, state_end, reach, chan,
-            chan_ok, reach, ROWS, False, True,
-        )  # fmt: skip
-        taps = _load_taps(weight_ptr, weight_chan, weight_tap, chan, chan_ok, TAPS)
-        residuals = _load_residuals(rows, residual_stride, q, chan_ok, ROWS)
+    residuals = _load_residuals(rows, residual_stride, q, chan_ok, ROWS)
     j = tl.arange(0, 1 << LEVELS)[None, :]
     tile_ptrs = window_ptr + chan[:, None] * WINDOW + j
     whole = (j < WINDOW) & chan_ok[:, None] & (j * 0 + has_slot > 0)  # slot 0 untouched
@@ -362,17 +359,6 @@ def _update_row_window(
             if p + o < WINDOW:
                 entry = tl.where(at == o, columns[p + o], entry)
         history = history + (tl.where(reads, entry, 0.0),)  # noqa: RUF005
-    if not loads_first:
-        tokens = _load_history(
-            x_ptr, x_stride, first_token, q, window_ptr, 1, 1, state_end, reach, chan,
-            chan_ok, reach, ROWS, False, True,
-        )  # fmt: skip
-        taps = _load_taps(weight_ptr, weight_chan, weight_tap, chan, chan_ok, TAPS)
-        residuals = _load_residuals(rows, residual_stride, q, chan_ok, ROWS)
-        _store_silu_rows(
-            rows, residual_stride, q, chan_ok, history + tokens, taps, residuals,
-            residual_ptr.dtype.element_ty, ROWS, TAPS, DILATION, BLOCK_C, FAST,
-        )  # fmt: skip
     history = history + tokens
     # The new window S[:, i] = h[1 + i] for i < keep = L + q - 1, its old value after.
     keep = reach + q - 1
@@ -385,11 +371,10 @@ def _update_row_window(
     new = _tile_of(fresh, BLOCK_C, LEVELS)
     tl.debug_barrier()  # every thread has read the old window
     tl.store(tile_ptrs, new, mask=whole)
-    if loads_first:
-        _store_silu_rows(
-            rows, residual_stride, q, chan_ok, history, taps, residuals,
-            residual_ptr.dtype.element_ty, ROWS, TAPS, DILATION, BLOCK_C, FAST,
-        )  # fmt: skip
+    _store_silu_rows(
+        rows, residual_stride, q, chan_ok, history, taps, residuals,
+        residual_ptr.dtype.element_ty, ROWS, TAPS, DILATION, BLOCK_C, FAST,
+    )  # fmt: skip
 
 
 # Plan offsets change with every layout (graph bucket): specializing on their
