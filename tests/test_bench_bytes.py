@@ -1,0 +1,48 @@
+"""The byte counts ``bench/kernel_bench.py`` divides by: SPEC §4's floor and the DRAM sectors
+it touches in each state layout (CPU only: no kernel runs)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from stepplan.planner import PlannerConfig, compile_plan
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+import kernel_bench as bench
+
+CHANNELS = 8192
+CONFIG = PlannerConfig(num_spec_tokens=bench.Q - 1, graph_mode="none", max_num_seqs=512)
+
+
+def plan_of(name: str):
+    return compile_plan(bench.batch_of(name), CONFIG)
+
+
+@pytest.mark.parametrize(
+    ("name", "floor_us"), [("decode 256", 20.7), ("spec 256x4", 32.5), ("prefill 4x4096", 189.0)]
+)
+def test_floor_matches_spec_anchors(name, floor_us):
+    seconds = bench.floor_bytes(plan_of(name), CHANNELS) / 4.26e12  # SPEC §4's ceiling
+    assert seconds * 1e6 == pytest.approx(floor_us, rel=0.01)
+
+
+@pytest.mark.parametrize("name", list(bench.BATCHES))
+def test_sectors_equal_the_floor_where_entries_are_planes(name):
+    plan = plan_of(name)
+    assert bench.sector_bytes(plan, CHANNELS, bench.LAYOUTS[0]) == bench.floor_bytes(plan, CHANNELS)
+
+
+@pytest.mark.parametrize("name", list(bench.BATCHES))
+def test_contiguous_windows_move_whole_slots(name):
+    """Where each channel's W entries are side by side, any read or write of a row's
+    window covers every sector of its slot: W entries per channel, not the L counted."""
+    plan = plan_of(name)
+    item = bench.DTYPE.itemsize
+    expected = 3 * plan.num_tokens * CHANNELS * item
+    for row in range(plan.num_rows):
+        read, written = bench.state_entries(plan, row)
+        expected += (bool(read) + bool(written)) * CHANNELS * bench.W * item
+    assert bench.sector_bytes(plan, CHANNELS, bench.LAYOUTS[1]) == expected
