@@ -29,6 +29,7 @@ import os
 import resource
 import statistics
 import time
+from collections.abc import Callable
 
 import attrs
 import numpy as np
@@ -131,7 +132,8 @@ def host_us(
     column). The core is kept busy with :func:`fixed_work`, whose last time before the
     call is the host's speed then (NaN when ``warm_us`` is 0): lent hosts have phases
     where every instruction of the process runs several times slower (the ``quiet``
-    columns keep the calls made at full speed)."""
+    columns keep the calls made while that loop ran at speed; a slow phase may spare the
+    loop, so :func:`host_rounds` measures again over time)."""
     samples, speeds = [], []
     for _ in range(iterations):
         torch.cuda.synchronize()
@@ -339,10 +341,11 @@ def host_rounds(
     return found
 
 
-def split_graph_step(executor: Executor, batch: StepBatch):
+def split_graph_step(executor: Executor, batch: StepBatch) -> Callable[[], list[float]]:
     """A graph step as ``Executor.step(Planner.compile(batch), ...)`` makes it on the
-    staged buffers, returning the µs of its three parts: the planner, the host work
-    before the launch (graph lookup and check, ring turn, staging write) and the launch."""
+    staged buffers (the calls of ``StepGraphs.run``, with clocks read between them),
+    returning the µs of its three parts: the planner, the host work before the launch
+    (graph lookup and check, ring turn, staging write) and the launch."""
     graphs = executor._step_graphs
     ring, planner = graphs._ring, Planner(executor.config)
 
