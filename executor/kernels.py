@@ -288,9 +288,8 @@ def _column(tile, c: tl.constexpr, BLOCK_C: tl.constexpr, LEVELS: tl.constexpr):
     """Column ``c`` of a ``[BLOCK_C, 2**LEVELS]`` tile as a ``[BLOCK_C]`` vector.
 
     Halving splits that follow ``c``'s bits (equal splits of other columns are
-    shared after CSE). Where each thread holds whole rows (a tile as wide as one
-    load's vector), every split is a register rename; otherwise the compiler first
-    moves the tile through shared memory."""
+    shared after CSE); the compiler moves the tile once through shared memory so
+    each thread holds whole rows, then every split is a register rename."""
     part = tile
     for level in tl.static_range(LEVELS):
         even, odd = tl.split(tl.reshape(part, [BLOCK_C, (1 << LEVELS) >> (level + 1), 2]))
@@ -321,27 +320,22 @@ def _update_row_window(
     x_ptr, x_stride, residual_ptr, residual_stride, weight_ptr, weight_chan, weight_tap,
     first_token, q, window_ptr, offset, state_end, has_slot, chan, chan_ok,
     TAPS: tl.constexpr, DILATION: tl.constexpr, ROWS: tl.constexpr, QUERY_MAX: tl.constexpr,
-    WINDOW: tl.constexpr, CHUNK_LEVELS: tl.constexpr, BLOCK_C: tl.constexpr,
-    FAST: tl.constexpr,
+    WINDOW: tl.constexpr, LEVELS: tl.constexpr, BLOCK_C: tl.constexpr, FAST: tl.constexpr,
 ):  # fmt: skip
     """:func:`_update_row` for a compact ``[slot, C, W]`` pool (``W = WINDOW``): each
-    window moves as ``W / 2**CHUNK_LEVELS`` aligned ``[BLOCK_C, 2**CHUNK_LEVELS]`` tiles
-    of vectors, ``2**CHUNK_LEVELS`` the largest power of two dividing ``W`` (at most 8).
+    window moves as one aligned ``[BLOCK_C, 2**LEVELS]`` tile of 8-byte vectors.
 
-    A tile as wide as its vector puts each channel's chunk in one thread, so the
-    columns come out of the tiles as register renames, and so do the tiles out of
-    the columns. (One ``[BLOCK_C, 16]`` tile spread each window over four threads, and
-    both ways went through shared memory.) Loading the entries at the row's offset
-    ``o`` instead made every access 2 bytes at a 2W-byte stride (``o`` varies per
-    row, so no alignment is known), which left the kernel bound by L1 wavefronts.
-    Here the row's entries are picked out of the whole window's columns by a select
-    over ``o``'s Q values, and the new window is put back together in registers and
-    stored whole: entries past ``keep`` get their own values back, so the stores need
-    no mask but the channels' and stay vectorized."""
+    Loading the entries at the row's offset ``o`` instead made every access 2 bytes
+    at a 2W-byte stride (``o`` varies per row, so no alignment is known), which left
+    the kernel bound by L1 wavefronts. Here the row's entries are picked out of the
+    whole window's columns by a select over ``o``'s Q values, and the new window is
+    put back together in registers and stored whole: entries past ``keep`` get their
+    own values back, so the store mask has a static bound and stays vectorized."""
     reach: tl.constexpr = (TAPS - 1) * DILATION
-    # Every load is issued before the old window's columns are taken apart: loads
-    # issued after them would start a second memory round trip. The new window is
-    # stored before the outputs are computed, freeing both windows' registers for the math.
+    # Every load is issued before the old window's columns, which wait for its trip
+    # through shared memory: loads issued after them would start a second memory round
+    # trip. The new window is stored before the outputs are computed, freeing both
+    # windows' registers for the math.
     tokens = _load_history(
         x_ptr, x_stride, first_token, q, window_ptr, 1, 1, state_end, reach, chan, chan_ok,
         reach, ROWS, False, True,
@@ -349,15 +343,13 @@ def _update_row_window(
     taps = _load_taps(weight_ptr, weight_chan, weight_tap, chan, chan_ok, TAPS)
     rows = residual_ptr + first_token.to(tl.int64) * residual_stride + chan
     residuals = _load_residuals(rows, residual_stride, q, chan_ok, ROWS)
-    chunk: tl.constexpr = 1 << CHUNK_LEVELS
-    j = tl.arange(0, chunk)[None, :]
+    j = tl.arange(0, 1 << LEVELS)[None, :]
     tile_ptrs = window_ptr + chan[:, None] * WINDOW + j
-    live = chan_ok[:, None] & (j * 0 + has_slot > 0)  # slot 0 untouched
+    whole = (j < WINDOW) & chan_ok[:, None] & (j * 0 + has_slot > 0)  # slot 0 untouched
+    old = tl.load(tile_ptrs, mask=whole, other=0.0)
     columns = ()
-    for part in tl.static_range(WINDOW // chunk):
-        old = tl.load(tile_ptrs + part * chunk, mask=live, other=0.0)
-        for c in tl.static_range(chunk):
-            columns = columns + (_column(old, c, BLOCK_C, CHUNK_LEVELS),)  # noqa: RUF005
+    for c in tl.static_range(1 << LEVELS):
+        columns = columns + (_column(old, c, BLOCK_C, LEVELS),)  # noqa: RUF005
     at = chan * 0 + offset  # o as a vector: a scalar bool in a select breaks the interpreter
     reads = _live(chan_ok, 0, state_end)
     history = ()
@@ -370,15 +362,15 @@ def _update_row_window(
     history = history + tokens
     # The new window S[:, i] = h[1 + i] for i < keep = L + q - 1, its old value after.
     keep = reach + q - 1
+    fresh = ()
+    for i in tl.static_range(1 << LEVELS):
+        value = columns[i]
+        if i + 1 < reach + ROWS:
+            value = tl.where(_live(chan_ok, i, keep), history[i + 1], value)
+        fresh = fresh + (value,)  # noqa: RUF005
+    new = _tile_of(fresh, BLOCK_C, LEVELS)
     tl.debug_barrier()  # every thread has read the old window
-    for part in tl.static_range(WINDOW // chunk):
-        fresh = ()
-        for i in tl.static_range(part * chunk, part * chunk + chunk):
-            value = columns[i]
-            if i + 1 < reach + ROWS:
-                value = tl.where(_live(chan_ok, i, keep), history[i + 1], value)
-            fresh = fresh + (value,)  # noqa: RUF005
-        tl.store(tile_ptrs + part * chunk, _tile_of(fresh, BLOCK_C, CHUNK_LEVELS), mask=live)
+    tl.store(tile_ptrs, new, mask=whole)
     _store_silu_rows(
         rows, residual_stride, q, chan_ok, history, taps, residuals,
         residual_ptr.dtype.element_ty, ROWS, TAPS, DILATION, BLOCK_C, FAST,
@@ -451,8 +443,7 @@ def _short_conv_rows(
     if ROW_TOKENS_MAX == 1:
         q = 1
     if WHOLE_WINDOW:
-        # log2 of the largest power of two (up to 8) that divides W: the tiles' width
-        levels: tl.constexpr = min((WHOLE_WINDOW & -WHOLE_WINDOW).bit_length() - 1, 3)
+        levels: tl.constexpr = (WHOLE_WINDOW - 1).bit_length()
         if q == 1:
             _update_row_window(
                 x_ptr, x_stride, residual_ptr, residual_stride, weight_ptr, weight_chan,
