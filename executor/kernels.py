@@ -116,6 +116,17 @@ def _program_place(channels, BLOCK_C: tl.constexpr, CHANNELS_FIRST: tl.constexpr
 
 
 @triton.jit
+def _await_previous_kernel(DEPENDENT: tl.constexpr):
+    """In a programmatic dependent launch (DEPENDENT), wait here until the stream's
+    previous kernel has finished and its writes are visible; DEPENDENT == 1 then lets
+    the next kernel launch early likewise (it waits in turn)."""
+    if DEPENDENT:
+        tl.extra.cuda.gdc_wait()
+        if DEPENDENT == 1:
+            tl.extra.cuda.gdc_launch_dependents()
+
+
+@triton.jit
 def _channel_stride(state_chan, CHANNEL_UNIT: tl.constexpr, WHOLE_WINDOW: tl.constexpr):
     """The state's channel stride, as a literal where the layout fixes it: a unit
     stride lets Triton coalesce along channels, a compact pool's stride ``W`` tells it
@@ -412,8 +423,10 @@ def _short_conv_rows(
     WHOLE_WINDOW: tl.constexpr,
     CHANNELS_FIRST: tl.constexpr,
     FAST: tl.constexpr,
+    DEPENDENT: tl.constexpr,
 ):
     """Launch A: one program per (row, channel block) of the spec and decode rows."""
+    _await_previous_kernel(DEPENDENT)
     row, chan0 = _program_place(channels, BLOCK_C, CHANNELS_FIRST)
     # Every plan field first, before any branch: one memory round trip, not two.
     kind = tl.load(plan_ptr + kind_at + row)
@@ -523,6 +536,7 @@ def _short_conv_tiles(
     WHOLE_WINDOW: tl.constexpr,
     CHANNELS_FIRST: tl.constexpr,
     FAST: tl.constexpr,
+    DEPENDENT: tl.constexpr,
 ):
     """Launch B: one program per (SUB-token chunk of a prefill tile, channel block).
 
@@ -533,6 +547,7 @@ def _short_conv_tiles(
     previous chunk's rows, mostly from L2). SUB >= L, so only a request's first
     chunk reads old state.
     """
+    _await_previous_kernel(DEPENDENT)
     item, chan0 = _program_place(channels, BLOCK_C, CHANNELS_FIRST)
     chunks: tl.constexpr = TILE // SUB
     tile = item // chunks
@@ -650,9 +665,12 @@ def launch_shape(plan: ExecutionPlan) -> LaunchShape:
 class Blocks:
     """Per launch: channels and warps per program, program order (see ``_program_place``);
     tokens per tile program (a chunk of a plan tile); whether rows store the new window
-    as one 2-D tile (for window-contiguous state) or entry by entry. Compact
-    window-contiguous pools with ``W <= 32`` ignore the last: their rows always move
-    whole windows (:func:`_update_row_window`)."""
+    as one 2-D tile (for window-contiguous state) or entry by entry (compact
+    window-contiguous pools with ``W <= 32`` ignore this: their rows always move whole
+    windows, :func:`_update_row_window`); and how the launches depend on the kernel
+    before them, where the device allows programmatic dependent launches (sm_90 on;
+    see :func:`_await_previous_kernel`): 0 plainly, 1 each may start while the previous
+    kernel finishes and lets the next start likewise, 2 the same without the latter."""
 
     rows_channels: int
     rows_warps: int
@@ -662,6 +680,12 @@ class Blocks:
     rows_channels_first: bool = True
     tiles_channels_first: bool = True
     rows_window_tile: bool = False
+    dependent: int = 0
+
+
+def _dependent_launches(device: torch.device) -> bool:
+    """Whether kernels on ``device`` can be programmatic dependent launches (sm_90 on)."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
 
 
 def default_blocks(channels: int, window_contiguous: bool) -> Blocks:
@@ -673,9 +697,13 @@ def default_blocks(channels: int, window_contiguous: bool) -> Blocks:
     if window_contiguous:
         rows, rows_warps, rows_first = 64, 1, True
         tiles, tiles_warps, tokens, tiles_first = 128, 2, 16, True
+        # 2, not 1: with the next launch's programs let in early, window decode 256
+        # took 41 µs instead of 35 (H200); the rows of vLLM's layout gain either way.
+        dependent = 2
     else:
         rows, rows_warps, rows_first = 128, 2, False
         tiles, tiles_warps, tokens, tiles_first = 128, 1, 16, True
+        dependent = 1
     fit = _power_of_two_at_least(channels)
     return Blocks(
         min(rows, fit),
@@ -686,6 +714,7 @@ def default_blocks(channels: int, window_contiguous: bool) -> Blocks:
         rows_first,
         tiles_first,
         rows_window_tile=window_contiguous,
+        dependent=dependent,
     )
 
 
@@ -771,6 +800,7 @@ def launch_short_conv(
             WINDOW_UNIT=conv_state.stride(2) == 1,
             WHOLE_WINDOW=_compact_window(conv_state),
             FAST=x.is_cuda,  # compiled, not interpreted: see _silu_rounded
+            DEPENDENT=blocks.dependent if _dependent_launches(x.device) else 0,
         ),
     )
     if shape.rows_grid and shape.tiles_grid and side_stream is not None:
@@ -808,6 +838,7 @@ def _launch_rows(
         BLOCK_C=blocks.rows_channels,
         CHANNELS_FIRST=blocks.rows_channels_first,
         num_warps=blocks.rows_warps,
+        **_launch_options(static),
     )
 
 
@@ -834,7 +865,12 @@ def _launch_tiles(
         BLOCK_C=blocks.tiles_channels,
         CHANNELS_FIRST=blocks.tiles_channels_first,
         num_warps=blocks.tiles_warps,
+        **_launch_options(static),
     )
+
+
+def _launch_options(static: dict) -> dict:
+    return dict(launch_pdl=True) if static["DEPENDENT"] else {}
 
 
 def _check_launch(
