@@ -670,7 +670,8 @@ class Blocks:
     windows, :func:`_update_row_window`); and how the launches depend on the kernel
     before them, where the device allows programmatic dependent launches (sm_90 on;
     see :func:`_await_previous_kernel`): 0 plainly, 1 each may start while the previous
-    kernel finishes and lets the next start likewise, 2 the same without the latter."""
+    kernel finishes and lets the next start likewise, 2 the same without the latter;
+    the most registers a thread of the tiles launch may use (0: the compiler's choice)."""
 
     rows_channels: int
     rows_warps: int
@@ -681,6 +682,7 @@ class Blocks:
     tiles_channels_first: bool = True
     rows_window_tile: bool = False
     dependent: int = 0
+    tiles_registers: int = 0
 
 
 def _dependent_launches(device: torch.device) -> bool:
@@ -696,14 +698,16 @@ def default_blocks(channels: int, window_contiguous: bool) -> Blocks:
     """
     if window_contiguous:
         rows, rows_warps, rows_first = 64, 1, True
-        tiles, tiles_warps, tokens, tiles_first = 128, 2, 16, True
         # 2, not 1: with the next launch's programs let in early, window decode 256
         # took 41 µs instead of 35 (H200); the rows of vLLM's layout gain either way.
         dependent = 2
     else:
         rows, rows_warps, rows_first = 128, 2, False
-        tiles, tiles_warps, tokens, tiles_first = 128, 1, 16, True
         dependent = 1
+    # Four channels per thread, registers capped at 168 so that 12 warps fit on an SM:
+    # left alone, the compiler's count drifted above that with small changes to the
+    # first chunk's code (8 warps fit), which cost the prefill 90% -> 76% of the ceiling.
+    tiles, tiles_warps, tokens, tiles_first, tiles_registers = 256, 2, 16, True, 168
     fit = _power_of_two_at_least(channels)
     return Blocks(
         min(rows, fit),
@@ -715,6 +719,7 @@ def default_blocks(channels: int, window_contiguous: bool) -> Blocks:
         tiles_first,
         rows_window_tile=window_contiguous,
         dependent=dependent,
+        tiles_registers=tiles_registers,
     )
 
 
@@ -866,11 +871,17 @@ def _launch_tiles(
         CHANNELS_FIRST=blocks.tiles_channels_first,
         num_warps=blocks.tiles_warps,
         **_launch_options(static),
+        **_register_cap(blocks.tiles_registers, static),
     )
 
 
 def _launch_options(static: dict) -> dict:
     return dict(launch_pdl=True) if static["DEPENDENT"] else {}
+
+
+def _register_cap(registers: int, static: dict) -> dict:
+    """``maxnreg`` for compiled launches (the interpreter has no registers)."""
+    return dict(maxnreg=registers) if registers and static["FAST"] else {}
 
 
 def _check_launch(
