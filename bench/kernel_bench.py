@@ -28,6 +28,8 @@ import attrs
 import numpy as np
 import torch
 import torch.nn.functional as F
+import triton
+import triton.language as tl
 
 from stepplan.executor import kernels, reference
 from stepplan.planner import SPEC, ExecutionPlan, PlannerConfig, StepBatch, compile_plan
@@ -202,16 +204,39 @@ def same_bytes_copy_us(nbytes: int, reps: int, hot: bool = False) -> float:
     """µs of the best device copy that reads ``nbytes / 2`` and writes as many, timed like
     our kernels (graph replay through input sets past L2): what moving the floor's bytes
     costs at this size, start-up and tail included, with the simplest access pattern.
-    ``hot``: one buffer pair, copied again on every replay (as :func:`measure`'s ``hot``)."""
+    The ways: a memcpy node, PyTorch's copy kernel, and a Triton copy launched as a
+    programmatic dependent launch like our kernels (each replay's copy may start while
+    the one before finishes). ``hot``: one buffer pair, copied again on every replay
+    (as :func:`measure`'s ``hot``)."""
     half = max(1, nbytes // 2 // DTYPE.itemsize)
     count = 1 if hot else int(min(64, max(2, -(-4 * L2_BYTES // nbytes))))
     sources = [torch.empty(half, device=DEVICE, dtype=DTYPE).normal_() for _ in range(count)]
     targets = [torch.empty_like(source) for source in sources]
+    grid = (triton.cdiv(half, COPY_BLOCK),)
+
+    def dependent_copy(i: int) -> None:
+        _copy[grid](sources[i], targets[i], half, BLOCK=COPY_BLOCK, num_warps=8, launch_pdl=True)
+
     ways = (
         lambda i: targets[i].copy_(sources[i]),  # a memcpy node
         lambda i: torch.mul(sources[i], 1, out=targets[i]),  # a kernel on the SMs
+        dependent_copy,
     )
     return min(graph_us(way, count, reps) for way in ways)
+
+
+#: Elements per program of :func:`_copy` (16 per thread at 8 warps: two 16-byte vectors).
+COPY_BLOCK = 4096
+
+
+@triton.jit
+def _copy(source, target, count, BLOCK: tl.constexpr):
+    """``target[:count] = source[:count]``, waiting first for the stream's previous kernel
+    (a programmatic dependent launch), then letting the next start."""
+    tl.extra.cuda.gdc_wait()
+    tl.extra.cuda.gdc_launch_dependents()
+    at = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(target + at, tl.load(source + at, mask=at < count), mask=at < count)
 
 
 class TorchBaseline:
