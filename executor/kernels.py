@@ -691,10 +691,12 @@ def _dependent_launches(device: torch.device) -> bool:
 
 
 def default_blocks(channels: int, window_contiguous: bool) -> Blocks:
-    """Block sizes and program orders for ``channels`` and the state's memory layout.
+    """Block sizes, program orders and launch settings for ``channels`` and the state's
+    memory layout.
 
-    Chosen by ``bench/kernel_bench.py --sweep`` on an H200 at C = 8192 (see
-    ``bench/kernel_notes.md``); narrower blocks where C is small.
+    Chosen on an H200 at C = 8192 by ``bench/kernel_bench.py --sweep`` and the runs
+    recorded in ``bench/kernel_notes.md`` (the dependent launches and the tiles'
+    register cap: sixth session); narrower blocks where C is small.
     """
     if window_contiguous:
         rows, rows_warps, rows_first = 64, 1, True
