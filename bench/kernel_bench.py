@@ -204,9 +204,9 @@ def same_bytes_copy_us(nbytes: int, reps: int, hot: bool = False) -> float:
     """µs of the best device copy that reads ``nbytes / 2`` and writes as many, timed like
     our kernels (graph replay through input sets past L2): what moving the floor's bytes
     costs at this size, start-up and tail included, with the simplest access pattern.
-    The ways: a memcpy node, PyTorch's copy kernel, and a Triton copy launched as a
-    programmatic dependent launch like our kernels (each replay's copy may start while
-    the one before finishes). ``hot``: one buffer pair, copied again on every replay
+    The ways: a memcpy node, PyTorch's copy kernel, and (sm_90 on) a Triton copy
+    launched as a programmatic dependent launch like our kernels (each replay's copy may
+    start while the one before finishes). ``hot``: one buffer pair, copied again on every replay
     (as :func:`measure`'s ``hot``)."""
     half = max(1, nbytes // 2 // DTYPE.itemsize)
     count = 1 if hot else int(min(64, max(2, -(-4 * L2_BYTES // nbytes))))
@@ -217,11 +217,12 @@ def same_bytes_copy_us(nbytes: int, reps: int, hot: bool = False) -> float:
     def dependent_copy(i: int) -> None:
         _copy[grid](sources[i], targets[i], half, BLOCK=COPY_BLOCK, num_warps=8, launch_pdl=True)
 
-    ways = (
+    ways = [
         lambda i: targets[i].copy_(sources[i]),  # a memcpy node
         lambda i: torch.mul(sources[i], 1, out=targets[i]),  # a kernel on the SMs
-        dependent_copy,
-    )
+    ]
+    if torch.cuda.get_device_capability()[0] >= 9:  # griddepcontrol needs sm_90
+        ways.append(dependent_copy)
     return min(graph_us(way, count, reps) for way in ways)
 
 

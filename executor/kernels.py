@@ -845,7 +845,7 @@ def _launch_rows(
         BLOCK_C=blocks.rows_channels,
         CHANNELS_FIRST=blocks.rows_channels_first,
         num_warps=blocks.rows_warps,
-        **_launch_options(static),
+        **_launch_options(static, 0),
     )
 
 
@@ -872,18 +872,18 @@ def _launch_tiles(
         BLOCK_C=blocks.tiles_channels,
         CHANNELS_FIRST=blocks.tiles_channels_first,
         num_warps=blocks.tiles_warps,
-        **_launch_options(static),
-        **_register_cap(blocks.tiles_registers, static),
+        **_launch_options(static, blocks.tiles_registers),
     )
 
 
-def _launch_options(static: dict) -> dict:
-    return dict(launch_pdl=True) if static["DEPENDENT"] else {}
-
-
-def _register_cap(registers: int, static: dict) -> dict:
-    """``maxnreg`` for compiled launches (the interpreter has no registers)."""
-    return dict(maxnreg=registers) if registers and static["FAST"] else {}
+def _launch_options(static: dict, registers: int) -> dict:
+    """The compiler's launch options: a programmatic dependent launch where DEPENDENT,
+    and a register cap (``maxnreg``) where ``registers`` is set and the kernel is
+    compiled (the interpreter has no registers)."""
+    options = dict(launch_pdl=True) if static["DEPENDENT"] else {}
+    if registers and static["FAST"]:
+        options["maxnreg"] = registers
+    return options
 
 
 def _check_launch(
