@@ -685,8 +685,12 @@ class Blocks:
     tiles_registers: int = 0
 
 
+@functools.cache
 def _dependent_launches(device: torch.device) -> bool:
-    """Whether kernels on ``device`` can be programmatic dependent launches (sm_90 on)."""
+    """Whether kernels on ``device`` can be programmatic dependent launches (sm_90 on).
+
+    Kept per device: a fact of the hardware, asked on every eager launch, and the
+    capability query costs microseconds."""
     return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
 
 

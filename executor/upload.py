@@ -244,15 +244,14 @@ class StagingRing:
     def host_int32(self, index: int, size: int) -> tuple[torch.Tensor, np.ndarray]:
         """Entry ``index``'s first ``size`` int32 (the plan) as a tensor and a numpy view of
         the same memory, ``[size], int32`` each."""
-        if not 0 <= size * 4 <= self.capacity_bytes:
-            raise ValueError(f"size: {size} int32 exceed the {self.capacity_bytes} bytes")
+        self._check_size(size)
         tensor = self._entries[index][:size]
         return tensor, tensor.numpy()
 
     def graph_source(self, index: int, size: int) -> torch.Tensor:
         """``[size + 1], int32``: entry ``index``'s plan and the ticket after it, what the
         graph's first node loads into the device."""
-        self.host_int32(index, size)  # checks size
+        self._check_size(size)
         return self._entries[index][: size + 1]
 
     def done_word(self, index: int) -> torch.Tensor:
@@ -264,6 +263,10 @@ class StagingRing:
         """Copies of the last ticket written into each entry and of each ``done`` word,
         ``[ring_size], int32`` each."""
         return self._issued.copy(), self._done.copy()
+
+    def _check_size(self, size: int) -> None:
+        if not 0 <= size * 4 <= self.capacity_bytes:
+            raise ValueError(f"size: {size} int32 exceed the {self.capacity_bytes} bytes")
 
     def _plan_views(self, size: int) -> tuple[np.ndarray, ...]:
         if len(self._plan_arrays) >= 256:  # one size per layout: this is a guard only
