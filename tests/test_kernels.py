@@ -200,9 +200,14 @@ def test_kernels_mask_the_last_of_several_channel_blocks(case):
     check_against_reference(case)
 
 
-def test_default_blocks_on_a_mixed_step():
+@pytest.mark.parametrize("layout", ["window_channel", "channel_window"])
+def test_default_blocks_on_a_mixed_step(layout):
+    """The defaults carry settings that only compiled launches use (a programmatic
+    dependent launch, a register cap on the tiles); interpreted, they are plain launches."""
+    blocks = kernels.default_blocks(24, layout == "channel_window")
+    assert blocks.dependent and blocks.tiles_registers
     plan = graph_plan([4, 1, 70, 2], [3, -1, -1, -1], [1, 2, 3, 4])
-    operands = make_operands(plan, 24, 4, 12, "channel_window", torch.float32, "cpu", 1)
+    operands = make_operands(plan, 24, 4, 12, layout, torch.float32, "cpu", 1)
     check_against_reference(Case(plan, *operands, dilation=3, group=0))
 
 
