@@ -102,16 +102,21 @@ def _program_place(channels, BLOCK_C: tl.constexpr, CHANNELS_FIRST: tl.constexpr
     CHANNELS_FIRST: consecutive programs take consecutive channel blocks of one item
     (they stream whole rows of memory together); else consecutive items of one block.
     Which is faster depends on the launch and the state layout (bench/kernel_notes.md).
+    The grid is 2-D (:func:`_grid`), which spares each program two integer divisions
+    before its first load, except for more than 65,535 items channels first, where
+    the items and blocks share axis 0.
     """
-    blocks = tl.cdiv(channels, BLOCK_C)
-    pid = tl.program_id(0)
     if CHANNELS_FIRST:
-        item = pid // blocks
-        block = pid % blocks
+        if tl.num_programs(1) == 1:  # 1-D (or one item): the formula holds either way
+            blocks = tl.cdiv(channels, BLOCK_C)
+            item = tl.program_id(0) // blocks
+            block = tl.program_id(0) % blocks
+        else:
+            item = tl.program_id(1)
+            block = tl.program_id(0)
     else:
-        items = tl.num_programs(0) // blocks
-        item = pid % items
-        block = pid // items
+        item = tl.program_id(0)
+        block = tl.program_id(1)
     return item, block * BLOCK_C
 
 
@@ -700,15 +705,18 @@ def default_blocks(channels: int, window_contiguous: bool) -> Blocks:
 
     Chosen on an H200 at C = 8192 by ``bench/kernel_bench.py --sweep`` and the runs
     recorded in ``bench/kernel_notes.md`` (the dependent launches and the tiles'
-    register cap: sixth session); narrower blocks where C is small.
+    register cap: sixth session; the window rows' order: seventh); narrower blocks
+    where C is small.
     """
+    # Row programs go rows first (one channel block of consecutive rows) in both
+    # layouts: channels first, window spec 256 × 4 ran at 64% of the ceiling, not 71%.
     if window_contiguous:
-        rows, rows_warps, rows_first = 64, 1, True
+        rows, rows_warps = 64, 1
         # 2, not 1: with the next launch's programs let in early, window decode 256
         # took 41 µs instead of 35 (H200); the rows of vLLM's layout gain either way.
         dependent = 2
     else:
-        rows, rows_warps, rows_first = 128, 2, False
+        rows, rows_warps = 128, 2
         dependent = 1
     # Four channels per thread, registers capped at 168 so that 12 warps fit on an SM:
     # left alone, the compiler's count drifted above that with small changes to the
@@ -721,7 +729,7 @@ def default_blocks(channels: int, window_contiguous: bool) -> Blocks:
         min(tiles, fit),
         tiles_warps,
         tokens,
-        rows_first,
+        False,
         tiles_first,
         rows_window_tile=window_contiguous,
         dependent=dependent,
@@ -837,7 +845,9 @@ def _launch_rows(
     static: dict,
 ) -> None:
     reach = (static["TAPS"] - 1) * static["DILATION"]
-    _short_conv_rows[(shape.rows_grid * -(-sizes[0] // blocks.rows_channels),)](
+    _short_conv_rows[
+        _grid(shape.rows_grid, -(-sizes[0] // blocks.rows_channels), blocks.rows_channels_first)
+    ](
         *buffers,
         *offsets,
         *sizes,
@@ -865,7 +875,9 @@ def _launch_tiles(
     # Chunks of at least L tokens: then only a request's first chunk reads old state.
     sub = min(shape.tile_tokens, max(blocks.tiles_tokens, _power_of_two_at_least(reach)))
     items = shape.tiles_grid * (shape.tile_tokens // sub)
-    _short_conv_tiles[(items * -(-sizes[0] // blocks.tiles_channels),)](
+    _short_conv_tiles[
+        _grid(items, -(-sizes[0] // blocks.tiles_channels), blocks.tiles_channels_first)
+    ](
         *buffers,
         *offsets,
         *sizes,
@@ -878,6 +890,18 @@ def _launch_tiles(
         num_warps=blocks.tiles_warps,
         **_launch_options(static, blocks.tiles_registers),
     )
+
+
+#: The most programs a launch grid's axes 1 and 2 may hold (CUDA's limit).
+_GRID_AXIS_MAX = 65_535
+
+
+def _grid(items: int, blocks: int, channels_first: bool) -> tuple[int, ...]:
+    """The launch grid of ``items`` × ``blocks`` programs, as :func:`_program_place`
+    reads it: the faster-moving of the two on axis 0."""
+    if not channels_first:
+        return (items, blocks)
+    return (blocks, items) if items <= _GRID_AXIS_MAX else (blocks * items,)
 
 
 def _launch_options(static: dict, registers: int) -> dict:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from unittest import mock
+
 import attrs
 import numpy as np
 import pytest
@@ -198,6 +200,23 @@ def test_only_compact_small_windows_move_whole():
 @given(cases(channels=st.sampled_from([150, 201]), dtypes=st.just(torch.float16), max_prefill=20))
 def test_kernels_mask_the_last_of_several_channel_blocks(case):
     check_against_reference(case)
+
+
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cases(channels=st.sampled_from([150, 201]), dtypes=st.just(torch.float16), max_prefill=20))
+def test_channels_first_programs_past_the_grid_axis_limit(case):
+    """More items than a grid axis beyond the first holds: channels-first programs share
+    axis 0 with their blocks and find their place by division (the limit is lowered to
+    one item here to get there without 65,536 of them)."""
+    first = attrs.evolve(case.blocks, rows_channels_first=True, tiles_channels_first=True)
+    with mock.patch.object(kernels, "_GRID_AXIS_MAX", 1):
+        check_against_reference(attrs.evolve(case, blocks=first))
+
+
+def test_launch_grids_put_the_faster_moving_axis_first():
+    assert kernels._grid(300, 4, channels_first=False) == (300, 4)
+    assert kernels._grid(300, 4, channels_first=True) == (4, 300)
+    assert kernels._grid(70_000, 4, channels_first=True) == (280_000,)
 
 
 @pytest.mark.parametrize("layout", ["window_channel", "channel_window"])
