@@ -721,7 +721,7 @@ def default_blocks(channels: int, window_contiguous: bool) -> Blocks:
     # Four channels per thread, registers capped at 168 so that 12 warps fit on an SM:
     # left alone, the compiler's count drifted above that with small changes to the
     # first chunk's code (8 warps fit), which cost the prefill 90% -> 76% of the ceiling.
-    tiles, tiles_warps, tokens, tiles_first, tiles_registers = 256, 2, 16, True, 168
+    tiles, tiles_warps, tokens, tiles_registers = 256, 2, 16, 168
     fit = _power_of_two_at_least(channels)
     return Blocks(
         min(rows, fit),
@@ -729,8 +729,8 @@ def default_blocks(channels: int, window_contiguous: bool) -> Blocks:
         min(tiles, fit),
         tiles_warps,
         tokens,
-        False,
-        tiles_first,
+        rows_channels_first=False,
+        tiles_channels_first=True,
         rows_window_tile=window_contiguous,
         dependent=dependent,
         tiles_registers=tiles_registers,
