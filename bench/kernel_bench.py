@@ -368,6 +368,7 @@ def measure(
 #: (channels, warps, channels first, the layout's own window store: a tile where windows
 #: are contiguous, entry by entry where channels are) of the row launch.
 ROW_VARIANTS = (
+    (64, 1, False, True),
     (64, 1, True, True),
     (64, 2, False, True),
     (128, 1, False, True),

@@ -46,3 +46,17 @@ def test_contiguous_windows_move_whole_slots(name):
         read, written = bench.state_entries(plan, row)
         expected += (bool(read) + bool(written)) * CHANNELS * bench.W * item
     assert bench.sector_bytes(plan, CHANNELS, bench.LAYOUTS[1]) == expected
+
+
+
+@pytest.mark.parametrize("layout", bench.LAYOUTS)
+def test_the_sweep_can_keep_the_default_blocks(layout):
+    """A sweep picks among its variants: the defaults must be one of them, or a sweep
+    would replace them without ever timing them (the defaults store each layout's own
+    way: True in a row variant's last place)."""
+    blocks = bench.kernels.default_blocks(CHANNELS, layout != bench.LAYOUTS[0])
+    rows = (blocks.rows_channels, blocks.rows_warps, blocks.rows_channels_first, True)
+    assert rows in bench.ROW_VARIANTS
+    assert bench._with_variant(blocks, False, rows) == blocks
+    tiles = (blocks.tiles_channels, blocks.tiles_warps, blocks.tiles_tokens)
+    assert (*tiles, blocks.tiles_channels_first) in bench.TILE_VARIANTS
