@@ -48,7 +48,6 @@ def test_contiguous_windows_move_whole_slots(name):
     assert bench.sector_bytes(plan, CHANNELS, bench.LAYOUTS[1]) == expected
 
 
-
 @pytest.mark.parametrize("layout", bench.LAYOUTS)
 def test_the_sweep_can_keep_the_default_blocks(layout):
     """A sweep picks among its variants: the defaults must be one of them, or a sweep
