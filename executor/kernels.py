@@ -806,8 +806,8 @@ def launch_short_conv(
         query_len_max=shape.query_len_max,
         min_tokens=min_tokens,
     )
-    _check_launch(shape, plan_buffer, x, residual, (weight.shape[1] - 1) * dilation)
     blocks = blocks or default_blocks(x.shape[1], conv_state.stride(2) == 1)
+    _check_launch(shape, plan_buffer, x, residual, (weight.shape[1] - 1) * dilation, blocks)
     rows_offsets, tiles_offsets = shape.plan_offsets[group]
     args = (
         (plan_buffer, x, residual, conv_state, weight),
@@ -920,6 +920,7 @@ def _check_launch(
     x: torch.Tensor,
     residual: torch.Tensor,
     reach: int,
+    blocks: Blocks,
 ) -> None:
     size = shape.layout.size
     if plan_buffer.shape != (size,) or plan_buffer.dtype != torch.int32:
@@ -937,6 +938,16 @@ def _check_launch(
             f"tile_tokens: prefill tiles of {shape.tile_tokens} tokens are shorter than "
             f"the reach L = (K - 1) * D = {reach}; raise PlannerConfig.prefill_tile_tokens"
         )
+    # Rows-first launches put the channel blocks on grid axis 1 (see _grid).
+    for width, first in (
+        (blocks.rows_channels, blocks.rows_channels_first),
+        (blocks.tiles_channels, blocks.tiles_channels_first),
+    ):
+        if not first and -(-x.shape[1] // width) > _GRID_AXIS_MAX:
+            raise ValueError(
+                f"channels: {x.shape[1]} channels make more than {_GRID_AXIS_MAX} blocks of "
+                f"{width}, which a rows-first launch cannot place; use wider blocks"
+            )
 
 
 def short_conv(

@@ -316,3 +316,14 @@ def test_bad_launches_are_refused_by_name():
         kernels.short_conv(plan, wide[:, ::2], residual, state, weight, dilation=2)
     with pytest.raises(ValueError, match=r"^x: must be \[num_engine_tokens >= 35, C\]"):
         kernels.short_conv(plan, x[:34], residual[:34], state, weight, dilation=2)
+    narrow = kernels.Blocks(4, 1, 8, 1, 16, rows_channels_first=False)  # 8 channels: 2 blocks
+    before = bits(residual), bits(state)
+    with (
+        mock.patch.object(kernels, "_GRID_AXIS_MAX", 1),
+        pytest.raises(ValueError, match=r"^channels: 8 channels make more than 1 blocks of 4"),
+    ):
+        kernels.launch_short_conv(
+            shape, buffer, x, residual, state, weight, dilation=2, group=0, blocks=narrow
+        )
+    assert torch.equal(bits(residual), before[0])  # nothing ran
+    assert torch.equal(bits(state), before[1])
