@@ -61,13 +61,22 @@ def _past(past_ptr, state_chan, state_win, state_end, pos, chan, valid):
 def _silu_rounded(acc, dtype: tl.constexpr, FAST: tl.constexpr):
     """``silu(round(acc))`` rounded to ``dtype``, in fp32: like ``F.conv1d`` then ``F.silu``.
 
-    FAST (compiled kernels): the exponential and the reciprocal straight from the
+    FAST (compiled kernels, 1 or 2): the exponential and the reciprocal straight from the
     special-function unit (``ex2.approx.ftz``, ``rcp.approx.ftz``: about 1 ulp of fp32,
     far below the rounding to ``dtype``) instead of ``tl.exp`` and a division, whose
-    range fix-ups made the kernels issue-bound. The interpreter runs no PTX: ``tl.exp``
-    and ``/`` there.
+    range fix-ups made the kernels issue-bound. The interpreter runs no PTX (FAST 0):
+    ``tl.exp`` and ``/`` there. FAST 2 also rounds a bf16 accumulator two values per
+    conversion (``cvt.rn.bf16x2.f32``, the same rounding): it sped up the tiles of the
+    window layout and slowed the rows (``Blocks.tiles_packed_rounding``).
     """
-    y = acc.to(dtype).to(tl.float32)
+    if FAST == 2 and dtype == tl.bfloat16:
+        # Triton hands the two values as $1 and $2; the first goes in the low half.
+        pair = tl.inline_asm_elementwise(
+            "cvt.rn.bf16x2.f32 $0, $2, $1;", "=r,r,r", [acc], tl.bfloat16, True, 2
+        )
+        y = pair.to(tl.float32)
+    else:
+        y = acc.to(dtype).to(tl.float32)
     if FAST:
         # e^-y = 2^(-y·log2 e), inf for y < -88: the reciprocal is then 0
         power = tl.inline_asm_elementwise(
@@ -676,7 +685,9 @@ class Blocks:
     before them, where the device allows programmatic dependent launches (sm_90 on;
     see :func:`_await_previous_kernel`): 0 plainly, 1 each may start while the previous
     kernel finishes and lets the next start likewise, 2 the same without the latter;
-    the most registers a thread of the tiles launch may use (0: the compiler's choice)."""
+    the most registers a thread of the tiles launch may use (0: the compiler's choice);
+    and whether the tiles round a bf16 accumulator two values per conversion
+    (:func:`_silu_rounded`, FAST 2; the results are the same)."""
 
     rows_channels: int
     rows_warps: int
@@ -688,6 +699,7 @@ class Blocks:
     rows_window_tile: bool = False
     dependent: int = 0
     tiles_registers: int = 0
+    tiles_packed_rounding: bool = False
 
 
 @functools.cache
@@ -722,6 +734,8 @@ def default_blocks(channels: int, window_contiguous: bool) -> Blocks:
     # left alone, the compiler's count drifted above that with small changes to the
     # first chunk's code (8 warps fit), which cost the prefill 90% -> 76% of the ceiling.
     tiles, tiles_warps, tokens, tiles_registers = 256, 2, 16, 168
+    # Packed rounding: window-layout prefill 4 × 4096 86% -> 91% of the ceiling, the mixed
+    # step's prefill part 73% -> 79%; in vLLM's layout the tiles were level or slower.
     fit = _power_of_two_at_least(channels)
     return Blocks(
         min(rows, fit),
@@ -734,6 +748,7 @@ def default_blocks(channels: int, window_contiguous: bool) -> Blocks:
         rows_window_tile=window_contiguous,
         dependent=dependent,
         tiles_registers=tiles_registers,
+        tiles_packed_rounding=window_contiguous,
     )
 
 
@@ -818,7 +833,7 @@ def launch_short_conv(
             CHANNEL_UNIT=conv_state.stride(1) == 1,
             WINDOW_UNIT=conv_state.stride(2) == 1,
             WHOLE_WINDOW=_compact_window(conv_state),
-            FAST=x.is_cuda,  # compiled, not interpreted: see _silu_rounded
+            FAST=int(x.is_cuda),  # compiled, not interpreted: see _silu_rounded
             DEPENDENT=blocks.dependent if _dependent_launches(x.device) else 0,
         ),
     )
@@ -875,13 +890,14 @@ def _launch_tiles(
     # Chunks of at least L tokens: then only a request's first chunk reads old state.
     sub = min(shape.tile_tokens, max(blocks.tiles_tokens, _power_of_two_at_least(reach)))
     items = shape.tiles_grid * (shape.tile_tokens // sub)
+    fast = static["FAST"] and (2 if blocks.tiles_packed_rounding else 1)
     _short_conv_tiles[
         _grid(items, -(-sizes[0] // blocks.tiles_channels), blocks.tiles_channels_first)
     ](
         *buffers,
         *offsets,
         *sizes,
-        **static,
+        **(static | dict(FAST=fast)),
         TILE=shape.tile_tokens,
         SUB=sub,
         REACH_BLOCK=_power_of_two_at_least(reach),

@@ -10,11 +10,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import attrs
 import numpy as np
 import pytest
+import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_kernels import DTYPES, Case, cases, check_against_reference, make_operands
+from test_kernels import DTYPES, Case, bits, cases, check_against_reference, make_operands
 from test_schedule_invariance import Schedule, run_schedule
 
 from stepplan.executor import kernels
@@ -60,6 +62,33 @@ def test_kernels_equal_reference_at_full_size(kind, dtype, layout):
     plan = compile_plan(batch_of(kind, rng), config)
     operands = make_operands(plan, C, K, (K - 1) * D + Q - 1, layout, dtype, "cuda", 7)
     check_against_reference(Case(plan, *operands, dilation=D, group=0))
+
+
+@pytest.mark.parametrize("layout", ["window_channel", "channel_window"])
+def test_tiles_round_alike_packed_or_not(layout):
+    """``Blocks.tiles_packed_rounding`` changes how bf16 accumulators are rounded, not the
+    result: both settings match the reference, and each other bit for bit."""
+    rng = np.random.default_rng(11)
+    config = PlannerConfig(num_spec_tokens=Q - 1, graph_mode="none", max_num_seqs=512)
+    plan = compile_plan(batch_of("mixed ragged", rng), config)
+    window = (K - 1) * D + Q - 1
+    operands = make_operands(plan, C, K, window, layout, torch.bfloat16, "cuda", 5)
+    blocks = kernels.default_blocks(C, layout == "channel_window")
+    outputs = []
+    for packed in (False, True):
+        chosen = attrs.evolve(blocks, tiles_packed_rounding=packed)
+        case = Case(plan, *operands, dilation=D, group=0, blocks=chosen)
+        check_against_reference(case)
+        residual, state = case.residual.clone(), case.conv_state.clone()
+        plan_buffer = torch.from_numpy(np.array(plan.packed)).to("cuda")
+        shape = kernels.launch_shape(plan)
+        kernels.launch_short_conv(
+            shape, plan_buffer, case.x, residual, state, case.weight, dilation=D, group=0,
+            blocks=chosen,
+        )  # fmt: skip
+        outputs.append((bits(residual), bits(state)))
+    assert torch.equal(outputs[0][0], outputs[1][0]), "residual differs"
+    assert torch.equal(outputs[0][1], outputs[1][1]), "state differs"
 
 
 @settings(max_examples=5, deadline=None, suppress_health_check=list(HealthCheck))
