@@ -717,8 +717,8 @@ def default_blocks(channels: int, window_contiguous: bool) -> Blocks:
 
     Chosen on an H200 at C = 8192 by ``bench/kernel_bench.py --sweep`` and the runs
     recorded in ``bench/kernel_notes.md`` (the dependent launches and the tiles'
-    register cap: sixth session; the window rows' order: seventh); narrower blocks
-    where C is small.
+    register cap: sixth session; the window rows' order: seventh; the window tiles'
+    packed rounding: eighth); narrower blocks where C is small.
     """
     # Row programs go rows first (one channel block of consecutive rows) in both
     # layouts: channels first, window spec 256 × 4 ran at 64% of the ceiling, not 71%.
@@ -734,8 +734,6 @@ def default_blocks(channels: int, window_contiguous: bool) -> Blocks:
     # left alone, the compiler's count drifted above that with small changes to the
     # first chunk's code (8 warps fit), which cost the prefill 90% -> 76% of the ceiling.
     tiles, tiles_warps, tokens, tiles_registers = 256, 2, 16, 168
-    # Packed rounding: window-layout prefill 4 × 4096 86% -> 91% of the ceiling, the mixed
-    # step's prefill part 73% -> 79%; in vLLM's layout the tiles were level or slower.
     fit = _power_of_two_at_least(channels)
     return Blocks(
         min(rows, fit),
@@ -748,6 +746,8 @@ def default_blocks(channels: int, window_contiguous: bool) -> Blocks:
         rows_window_tile=window_contiguous,
         dependent=dependent,
         tiles_registers=tiles_registers,
+        # Window layout: prefill 4 × 4096 86% -> 91% of the ceiling, mixed 71.5% -> 75%;
+        # in vLLM's layout the tiles ran level or slower, and the rows slower in both.
         tiles_packed_rounding=window_contiguous,
     )
 
