@@ -365,7 +365,7 @@ def measure(
     if with_torch:
         baseline = TorchBaseline(plan)
         check(plan, first, baseline)
-        # Steps of 0.3-20 ms: a replay's start-up is lost in them, and one pass over the
+        # Steps of 55 µs to 21 ms: a replay's start-up is lost in them, and one pass over the
         # sets keeps the gathers' temporaries to a few steps' worth.
         torch_us = graph_us(lambda i: baseline(sets[i]), min(count, 8), max(5, reps // 4), steps=1)
     floor = floor_bytes(plan, channels)
