@@ -150,8 +150,10 @@ def written_tokens(plan: ExecutionPlan, group: int, num_tokens: int) -> torch.Te
     return written
 
 
-def check_against_reference(case: Case) -> None:
-    """Run both on copies; state must match bit for bit, residual within a rounding."""
+def check_against_reference(case: Case) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run both on copies; state must match bit for bit, residual within a rounding.
+
+    Returns the kernels' residual and state."""
     ref_r, ref_s = case.residual.clone(), case.conv_state.clone()
     got_r, got_s = case.residual.clone(), case.conv_state.clone()
     args = dict(weight=case.weight, dilation=case.dilation, group=case.group)
@@ -171,6 +173,7 @@ def check_against_reference(case: Case) -> None:
     tol = TOLERANCE[case.x.dtype]
     scale = float(ref_r.float().nan_to_num().abs().max()) + 1.0
     torch.testing.assert_close(got_r, ref_r, rtol=tol, atol=tol * scale, equal_nan=True)
+    return got_r, got_s
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
