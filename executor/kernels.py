@@ -65,16 +65,22 @@ def _silu_rounded(acc, dtype: tl.constexpr, FAST: tl.constexpr):
     special-function unit (``ex2.approx.ftz``, ``rcp.approx.ftz``: about 1 ulp of fp32,
     far below the rounding to ``dtype``) instead of ``tl.exp`` and a division, whose
     range fix-ups made the kernels issue-bound. The interpreter runs no PTX (FAST 0):
-    ``tl.exp`` and ``/`` there. FAST 2 also rounds a bf16 accumulator two values per
-    conversion (``cvt.rn.bf16x2.f32``, the same rounding): it sped up the tiles of the
-    window layout and slowed the rows (``Blocks.tiles_packed_rounding``).
+    ``tl.exp`` and ``/`` there. FAST 2 also rounds a bf16 accumulator in one instruction
+    (``Blocks.tiles_high_half_rounding``): ``cvt.rn.bf16x2.f32`` of the value and a zero
+    puts the rounded value in the high half over zero bits, which is already that value
+    as fp32 (bf16 is fp32's upper half), where ``.to`` takes a conversion and a shift.
+    It sped up the window layout's tiles and slowed vLLM's, and the rows.
     """
     if FAST == 2 and dtype == tl.bfloat16:
-        # Triton hands the two values as $1 and $2; the first goes in the low half.
-        pair = tl.inline_asm_elementwise(
-            "cvt.rn.bf16x2.f32 $0, $2, $1;", "=r,r,r", [acc], tl.bfloat16, True, 2
+        high = tl.inline_asm_elementwise(
+            "{ .reg .f32 zero; mov.f32 zero, 0f00000000; cvt.rn.bf16x2.f32 $0, $1, zero; }",
+            "=r,f",
+            [acc],
+            tl.int32,
+            True,
+            1,
         )
-        y = pair.to(tl.float32)
+        y = high.to(tl.float32, bitcast=True)
     else:
         y = acc.to(dtype).to(tl.float32)
     if FAST:
@@ -686,7 +692,7 @@ class Blocks:
     see :func:`_await_previous_kernel`): 0 plainly, 1 each may start while the previous
     kernel finishes and lets the next start likewise, 2 the same without the latter;
     the most registers a thread of the tiles launch may use (0: the compiler's choice);
-    and whether the tiles round a bf16 accumulator two values per conversion
+    and whether the tiles round a bf16 accumulator in one instruction
     (:func:`_silu_rounded`, FAST 2; the results are the same)."""
 
     rows_channels: int
@@ -699,7 +705,7 @@ class Blocks:
     rows_window_tile: bool = False
     dependent: int = 0
     tiles_registers: int = 0
-    tiles_packed_rounding: bool = False
+    tiles_high_half_rounding: bool = False
 
 
 @functools.cache
@@ -718,7 +724,7 @@ def default_blocks(channels: int, window_contiguous: bool) -> Blocks:
     Chosen on an H200 at C = 8192 by ``bench/kernel_bench.py --sweep`` and the runs
     recorded in ``bench/kernel_notes.md`` (the dependent launches and the tiles'
     register cap: sixth session; the window rows' order: seventh; the window tiles'
-    packed rounding: eighth); narrower blocks where C is small.
+    rounding: ninth); narrower blocks where C is small.
     """
     # Row programs go rows first (one channel block of consecutive rows) in both
     # layouts: channels first, window spec 256 × 4 ran at 64% of the ceiling, not 71%.
@@ -746,9 +752,9 @@ def default_blocks(channels: int, window_contiguous: bool) -> Blocks:
         rows_window_tile=window_contiguous,
         dependent=dependent,
         tiles_registers=tiles_registers,
-        # Window layout: prefill 4 × 4096 86% -> 91% of the ceiling, mixed 71.5% -> 75%;
-        # in vLLM's layout the tiles ran level or slower, and the rows slower in both.
-        tiles_packed_rounding=window_contiguous,
+        # H200, window layout: prefill 4 × 4096 at 93% of the ceiling, mixed 76%, against
+        # 86% and 71.5% without it; in vLLM's layout the tiles ran 1.6-1.8 points slower.
+        tiles_high_half_rounding=window_contiguous,
     )
 
 
@@ -890,7 +896,7 @@ def _launch_tiles(
     # Chunks of at least L tokens: then only a request's first chunk reads old state.
     sub = min(shape.tile_tokens, max(blocks.tiles_tokens, _power_of_two_at_least(reach)))
     items = shape.tiles_grid * (shape.tile_tokens // sub)
-    fast = static["FAST"] and (2 if blocks.tiles_packed_rounding else 1)
+    fast = static["FAST"] and (2 if blocks.tiles_high_half_rounding else 1)
     _short_conv_tiles[
         _grid(items, -(-sizes[0] // blocks.tiles_channels), blocks.tiles_channels_first)
     ](

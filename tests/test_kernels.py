@@ -225,11 +225,11 @@ def test_launch_grids_put_the_faster_moving_axis_first():
 @pytest.mark.parametrize("layout", ["window_channel", "channel_window"])
 def test_default_blocks_on_a_mixed_step(layout):
     """The defaults carry settings that only compiled launches use (a programmatic
-    dependent launch, a register cap on the tiles, the window tiles' packed rounding);
+    dependent launch, a register cap on the tiles, the window tiles' one-instruction rounding);
     interpreted, they are plain launches."""
     blocks = kernels.default_blocks(24, layout == "channel_window")
     assert blocks.dependent and blocks.tiles_registers
-    assert blocks.tiles_packed_rounding == (layout == "channel_window")
+    assert blocks.tiles_high_half_rounding == (layout == "channel_window")
     plan = graph_plan([4, 1, 70, 2], [3, -1, -1, -1], [1, 2, 3, 4])
     operands = make_operands(plan, 24, 4, 12, layout, torch.float32, "cpu", 1)
     check_against_reference(Case(plan, *operands, dilation=3, group=0))

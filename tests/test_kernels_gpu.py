@@ -14,6 +14,8 @@ import attrs
 import numpy as np
 import pytest
 import torch
+import triton
+import triton.language as tl
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_kernels import DTYPES, Case, bits, cases, check_against_reference, make_operands
@@ -65,9 +67,9 @@ def test_kernels_equal_reference_at_full_size(kind, dtype, layout):
 
 
 @pytest.mark.parametrize("layout", ["window_channel", "channel_window"])
-def test_tiles_round_alike_packed_or_not(layout):
-    """``Blocks.tiles_packed_rounding`` changes how bf16 accumulators are rounded, not the
-    result: both settings match the reference, and each other bit for bit."""
+def test_tiles_round_alike_either_way(layout):
+    """``Blocks.tiles_high_half_rounding`` changes how bf16 accumulators are rounded, not
+    the result: both settings match the reference, and each other bit for bit."""
     rng = np.random.default_rng(11)
     config = PlannerConfig(num_spec_tokens=Q - 1, graph_mode="none", max_num_seqs=512)
     plan = compile_plan(batch_of("mixed ragged", rng), config)
@@ -76,12 +78,37 @@ def test_tiles_round_alike_packed_or_not(layout):
     case = Case(plan, *operands, dilation=D, group=0)
     blocks = kernels.default_blocks(C, layout == "channel_window")
     outputs = []
-    for packed in (False, True):
-        chosen = attrs.evolve(blocks, tiles_packed_rounding=packed)
+    for high_half in (False, True):
+        chosen = attrs.evolve(blocks, tiles_high_half_rounding=high_half)
         outputs.append(check_against_reference(attrs.evolve(case, blocks=chosen)))
     (one_r, one_s), (two_r, two_s) = outputs
     assert torch.equal(bits(one_r), bits(two_r)), "residual differs"
     assert torch.equal(bits(one_s), bits(two_s)), "state differs"
+
+
+@triton.jit
+def _silu_of(acc_ptr, out_ptr, n, FAST: tl.constexpr, BLOCK: tl.constexpr):
+    at = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    acc = tl.load(acc_ptr + at, mask=at < n)
+    tl.store(out_ptr + at, kernels._silu_rounded(acc, tl.bfloat16, FAST), mask=at < n)
+
+
+def test_one_instruction_rounding_is_the_conversion():
+    """FAST 2's bf16 rounding (one ``cvt.rn.bf16x2.f32`` with a zero) against ``.to``'s
+    (FAST 1) on ties to even either way, the largest finite values, infinities, NaN,
+    subnormals, signed zeros, and a million random bit patterns."""
+    edges = [0x3F808000, 0x3F818000, 0xBF808000, 0x3F80FFFF, 0x3F807FFF, 0x7F7FFFFF]
+    edges += [0x7F7F8000, 0x7F800000, 0xFF800000, 0x7FC00000, 0xFFC00001, 0x00000001]
+    edges += [0x00008000, 0x80000000, 0x00000000, 0x00800000, 0x42B00000, 0xC2B00000]
+    drawn = np.random.default_rng(3).integers(0, 1 << 32, 1 << 20, dtype=np.uint32)
+    patterns = np.concatenate([np.array(edges, dtype=np.uint32), drawn])
+    acc = torch.from_numpy(patterns.view(np.float32)).cuda()
+    got = {fast: torch.empty_like(acc) for fast in (1, 2)}
+    for fast, out in got.items():
+        _silu_of[(triton.cdiv(acc.numel(), 1024),)](acc, out, acc.numel(), fast, 1024)
+    nan = got[1].isnan()
+    assert torch.equal(nan, got[2].isnan())
+    assert torch.equal(bits(got[1][~nan]), bits(got[2][~nan]))
 
 
 @settings(max_examples=5, deadline=None, suppress_health_check=list(HealthCheck))
