@@ -58,18 +58,14 @@ def _past(past_ptr, state_chan, state_win, state_end, pos, chan, valid):
 
 
 @triton.jit
-def _silu_rounded(acc, dtype: tl.constexpr, FAST: tl.constexpr):
-    """``silu(round(acc))`` rounded to ``dtype``, in fp32: like ``F.conv1d`` then ``F.silu``.
+def _rounded(acc, dtype: tl.constexpr, FAST: tl.constexpr):
+    """``acc`` rounded to ``dtype`` (to nearest, ties to even), as fp32.
 
-    FAST (compiled kernels, 1 or 2): the exponential and the reciprocal straight from the
-    special-function unit (``ex2.approx.ftz``, ``rcp.approx.ftz``: about 1 ulp of fp32,
-    far below the rounding to ``dtype``) instead of ``tl.exp`` and a division, whose
-    range fix-ups made the kernels issue-bound. The interpreter runs no PTX (FAST 0):
-    ``tl.exp`` and ``/`` there. FAST 2 also rounds a bf16 accumulator in one instruction
-    (``Blocks.tiles_high_half_rounding``): ``cvt.rn.bf16x2.f32`` of the value and a zero
-    puts the rounded value in the high half over zero bits, which is already that value
-    as fp32 (bf16 is fp32's upper half), where ``.to`` takes a conversion and a shift.
-    It sped up the window layout's tiles and slowed vLLM's, and the rows.
+    FAST 2 rounds a bf16 accumulator in one instruction (``Blocks.tiles_high_half_rounding``):
+    ``cvt.rn.bf16x2.f32`` of the value and a zero puts the rounded value in the high half
+    over zero bits, which is already that value as fp32 (bf16 is fp32's upper half),
+    where ``.to`` takes a conversion and a shift. It sped up the window layout's tiles and
+    slowed vLLM's, and the rows.
     """
     if FAST == 2 and dtype == tl.bfloat16:
         high = tl.inline_asm_elementwise(
@@ -80,9 +76,24 @@ def _silu_rounded(acc, dtype: tl.constexpr, FAST: tl.constexpr):
             True,
             1,
         )
-        y = high.to(tl.float32, bitcast=True)
+        rounded = high.to(tl.float32, bitcast=True)
     else:
-        y = acc.to(dtype).to(tl.float32)
+        rounded = acc.to(dtype).to(tl.float32)
+    return rounded
+
+
+@triton.jit
+def _silu_rounded(acc, dtype: tl.constexpr, FAST: tl.constexpr):
+    """``silu(round(acc))`` rounded to ``dtype``, in fp32: like ``F.conv1d`` then ``F.silu``.
+
+    FAST (compiled kernels, 1 or 2): the exponential and the reciprocal straight from the
+    special-function unit (``ex2.approx.ftz``, ``rcp.approx.ftz``: about 1 ulp of fp32,
+    far below the rounding to ``dtype``) instead of ``tl.exp`` and a division, whose
+    range fix-ups made the kernels issue-bound. The interpreter runs no PTX (FAST 0):
+    ``tl.exp`` and ``/`` there. FAST 2 also rounds the accumulator in one instruction
+    (:func:`_rounded`).
+    """
+    y = _rounded(acc, dtype, FAST)
     if FAST:
         # e^-y = 2^(-y·log2 e), inf for y < -88: the reciprocal is then 0
         power = tl.inline_asm_elementwise(

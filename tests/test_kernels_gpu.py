@@ -87,16 +87,16 @@ def test_tiles_round_alike_either_way(layout):
 
 
 @triton.jit
-def _silu_of(acc_ptr, out_ptr, n, FAST: tl.constexpr, BLOCK: tl.constexpr):
+def _rounded_of(acc_ptr, out_ptr, n, FAST: tl.constexpr, BLOCK: tl.constexpr):
     at = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     acc = tl.load(acc_ptr + at, mask=at < n)
-    tl.store(out_ptr + at, kernels._silu_rounded(acc, tl.bfloat16, FAST), mask=at < n)
+    tl.store(out_ptr + at, kernels._rounded(acc, tl.bfloat16, FAST), mask=at < n)
 
 
 def test_one_instruction_rounding_is_the_conversion():
-    """FAST 2's bf16 rounding (one ``cvt.rn.bf16x2.f32`` with a zero) against ``.to``'s
-    (FAST 1) on ties to even either way, the largest finite values, infinities, NaN,
-    subnormals, signed zeros, and a million random bit patterns."""
+    """FAST 2's bf16 rounding (one ``cvt.rn.bf16x2.f32`` with a zero) and ``.to``'s (FAST 1)
+    against PyTorch's, bit for bit: ties to even either way, the largest finite values,
+    infinities, NaN, subnormals, signed zeros, and a million random bit patterns."""
     edges = [0x3F808000, 0x3F818000, 0xBF808000, 0x3F80FFFF, 0x3F807FFF, 0x7F7FFFFF]
     edges += [0x7F7F8000, 0x7F800000, 0xFF800000, 0x7FC00000, 0xFFC00001, 0x00000001]
     edges += [0x00008000, 0x80000000, 0x00000000, 0x00800000, 0x42B00000, 0xC2B00000]
@@ -105,10 +105,12 @@ def test_one_instruction_rounding_is_the_conversion():
     acc = torch.from_numpy(patterns.view(np.float32)).cuda()
     got = {fast: torch.empty_like(acc) for fast in (1, 2)}
     for fast, out in got.items():
-        _silu_of[(triton.cdiv(acc.numel(), 1024),)](acc, out, acc.numel(), fast, 1024)
-    nan = got[1].isnan()
-    assert torch.equal(nan, got[2].isnan())
-    assert torch.equal(bits(got[1][~nan]), bits(got[2][~nan]))
+        _rounded_of[(triton.cdiv(acc.numel(), 1024),)](acc, out, acc.numel(), fast, 1024)
+    want = acc.to(torch.bfloat16).float()  # PyTorch's rounding: to nearest, ties to even
+    nan = want.isnan()
+    for fast, out in got.items():
+        assert torch.equal(out.isnan(), nan), f"FAST {fast}: NaN elsewhere"
+        assert torch.equal(bits(out[~nan]), bits(want[~nan])), f"FAST {fast}: rounds otherwise"
 
 
 @settings(max_examples=5, deadline=None, suppress_health_check=list(HealthCheck))
