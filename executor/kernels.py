@@ -105,7 +105,8 @@ def _silu_rounded(acc, dtype: tl.constexpr, FAST: tl.constexpr):
         silu = y * inverse
     else:
         silu = y / (1.0 + tl.exp(-y))
-    return silu.to(dtype).to(tl.float32)
+    # By .to even where FAST is 2: the compiler already converts these two per instruction.
+    return _rounded(silu, dtype, 1)
 
 
 @triton.jit
@@ -704,7 +705,7 @@ class Blocks:
     kernel finishes and lets the next start likewise, 2 the same without the latter;
     the most registers a thread of the tiles launch may use (0: the compiler's choice);
     and whether the tiles round a bf16 accumulator in one instruction
-    (:func:`_silu_rounded`, FAST 2; the results are the same)."""
+    (:func:`_rounded`, FAST 2; the results are the same)."""
 
     rows_channels: int
     rows_warps: int
