@@ -1,0 +1,98 @@
+"""Golden simulator results: per-column digests of ``steps.csv`` and ``requests.csv``.
+
+The digests in ``tests/golden/sim_columns.json`` were made by the simulator as it stood
+before the redesign (commit 98b90f7), so every later change that must leave results
+unchanged is checked against that code, not against itself. ``plan_us`` (measured, run
+dependent) is left out. Columns renamed since are compared under their old name
+(:data:`RENAMED`). Regenerate only when a change is *meant* to alter results:
+``python tests/golden_sim.py --write`` (and say so in the commit).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+GOLDEN = Path(__file__).with_name("golden") / "sim_columns.json"
+#: Runs the golden covers: (name, trace spec or None for the bundled default, settings).
+RUNS: tuple[tuple[str, str | None, dict], ...] = (
+    ("bundled-default", None, {}),
+    (
+        "bundled-mixed-q2-groups2",
+        None,
+        {
+            "workload.limit": 600,
+            "planner.graph_mode": "mixed",
+            "scheduler.num_spec_tokens": 2,
+            "scheduler.num_groups": 2,
+        },
+    ),
+    (
+        "synthetic-nospec-seed",
+        "synthetic:n=400,rate=20,cv2=4,prompt=zipf:1.1:6000,output=uniform:1:200",
+        {"scheduler.num_spec_tokens": 0, "cost.host_cost": "seed", "seed": 3},
+    ),
+    (
+        "synthetic-eager-public-fixed",
+        "synthetic:n=300,rate=50,cv2=1,prompt=uniform:16:4000,output=zipf:1.3:300",
+        {
+            "planner.graph_mode": "none",
+            "cost.kernel_profile": "public",
+            "acceptance.model": "fixed",
+            "acceptance.length": 2.5,
+            "scheduler.max_num_seqs": 64,
+            "scheduler.max_num_batched_tokens": 2048,
+        },
+    ),
+)
+#: New column name -> the name the golden knows it by.
+RENAMED: dict[str, str] = {"num_spec_decode_tokens": "num_spec_tokens"}
+SKIPPED = frozenset({"plan_us"})
+
+
+def _digest(values: np.ndarray) -> str:
+    if values.dtype.kind == "f":
+        cells = ["" if v != v else repr(v) for v in values.tolist()]
+    else:
+        cells = [str(v) for v in values.tolist()]
+    return hashlib.sha256("\n".join(cells).encode()).hexdigest()[:32]
+
+
+def digests(columns: dict[str, np.ndarray]) -> dict[str, str]:
+    """``{old column name: digest}`` of every deterministic column."""
+    return {
+        RENAMED.get(name, name): _digest(np.asarray(values))
+        for name, values in columns.items()
+        if name not in SKIPPED
+    }
+
+
+def simulate_run(trace: str | None, settings: dict) -> tuple[dict, dict]:
+    """``(steps columns, requests columns)`` of one golden run, through the public API."""
+    from stepplan.sim import cli
+
+    args = cli.build_parser().parse_args(["simulate", *([trace] if trace else [])])
+    config = cli.with_settings(cli.build_config(args), settings)
+    from stepplan.sim.run import simulate
+
+    result = simulate(cli.load_requests(args, config), config)
+    return result.steps, result.requests
+
+
+def main() -> None:
+    if "--write" not in sys.argv:
+        raise SystemExit("usage: python tests/golden_sim.py --write")
+    document = {}
+    for name, trace, settings in RUNS:
+        steps, requests = simulate_run(trace, settings)
+        document[name] = {"steps": digests(steps), "requests": digests(requests)}
+    GOLDEN.write_text(json.dumps(document, indent=1, sort_keys=True) + "\n")
+    print(f"wrote {GOLDEN}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,20 @@
+"""The simulator's results equal the golden digests made by the code before the redesign."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from golden_sim import GOLDEN, RUNS, digests, simulate_run
+
+EXPECTED = json.loads(GOLDEN.read_text())
+
+
+@pytest.mark.parametrize(("name", "trace", "settings"), RUNS, ids=[run[0] for run in RUNS])
+def test_results_equal_the_golden(name, trace, settings):
+    steps, requests = simulate_run(trace, settings)
+    for table, columns in (("steps", steps), ("requests", requests)):
+        got, want = digests(columns), EXPECTED[name][table]
+        assert set(got) == set(want), f"{table}: columns differ"
+        changed = sorted(column for column in want if got[column] != want[column])
+        assert not changed, f"{name} {table}: columns changed: {changed}"
