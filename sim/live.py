@@ -27,7 +27,7 @@ before and after), which varies from run to run. One-time work falls into the st
 that first needs it: Triton compiling a kernel variant, and (triton on CUDA) the
 capture of a graph bucket's CUDA graph (``live_run.graphs_captured`` counts them).
 
-Only this module and ``cli.py`` touch ``stepplan.executor``, and only when a
+Only this module and the ``cli`` package touch ``stepplan.executor``, and only when a
 stepper is created: a simulation without live mode never imports torch.
 """
 

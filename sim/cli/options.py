@@ -1,10 +1,5 @@
-"""The ``stepplan`` command line.
-
-Each subcommand is one ``add_<name>(subparsers)`` function that builds its parser and
-sets ``handler`` (a function of the parsed arguments returning the exit code);
-:data:`SUBCOMMANDS` lists them. Adding a subcommand is one such function and one
-entry in that tuple.
-"""
+"""What the simulating subcommands share: their options, the settings they build, the trace
+they load, and the summary table they print."""
 
 from __future__ import annotations
 
@@ -19,10 +14,8 @@ import tomllib
 
 from stepplan.planner import GRAPH_MODES
 
-from .acceptance import DEEPSEEK_MTP_PROBS, EAGLE3_PROBS, AcceptanceError
-from .cli_report import ERRORS as REPORT_ERRORS
-from .cli_report import add_buckets, add_report, add_report_option, report_after_simulation
-from .config import (
+from ..acceptance import DEEPSEEK_MTP_PROBS, EAGLE3_PROBS
+from ..config import (
     ACCEPTANCE_MODELS,
     HOST_COSTS,
     LIVE_BACKENDS,
@@ -33,18 +26,15 @@ from .config import (
     load_config,
     with_settings,
 )
-from .cost import ProfileError
-from .results import SimResult, parquet_available, summary_rows, write_results
-from .run import prepare_requests, simulate
-from .traces import FORMATS, RequestTable, TraceError, load_trace
-from .workloads import SYNTHETIC_PREFIX, WorkloadError, parse_synthetic
+from ..results import SimResult, parquet_available, summary_rows, write_results
+from ..run import prepare_requests, simulate
+from ..traces import FORMATS, RequestTable, load_trace
+from ..workloads import SYNTHETIC_PREFIX, parse_synthetic
 
 EMBEDDED_TRACE = "data/azure_llm_2023_code.csv"
 #: Requests the default run keeps of the embedded trace (its first 8.7 minutes)
 #: unless ``--limit`` says otherwise; the whole trace is 8,819 requests, 57 minutes.
 EMBEDDED_LIMIT = 1000
-USER_ERRORS = (ConfigError, TraceError, WorkloadError, ProfileError, AcceptanceError, OSError)
-USER_ERRORS += REPORT_ERRORS
 
 #: ``--flag`` destinations and the setting each overrides.
 OVERRIDES = {
@@ -133,7 +123,7 @@ def load_requests(args: argparse.Namespace, config: SimConfig) -> RequestTable:
     return prepare_requests(table, config)
 
 
-def _run_name(args: argparse.Namespace, config: SimConfig) -> str:
+def run_name(args: argparse.Namespace, config: SimConfig) -> str:
     if config.name:
         return config.name
     if args.trace is None:
@@ -225,7 +215,7 @@ def _add_live_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _simulate_one(
+def simulate_one(
     args: argparse.Namespace, config: SimConfig, out: Path, label: str = ""
 ) -> SimResult:
     requests = load_requests(args, config)
@@ -239,22 +229,7 @@ def _simulate_one(
     return result
 
 
-def run_simulate(args: argparse.Namespace) -> int:
-    """``stepplan simulate``: one simulation, results written, summary printed."""
-    config = build_config(args)
-    name = _run_name(args, config)
-    out = Path(args.out or Path("results") / name)
-    result = _simulate_one(args, config, out)
-    report = report_after_simulation(result, out, args.report)
-    if not args.quiet:
-        print(format_table([(name, result.summary)]))
-        print(f"\nresults: {out}/ (wall {result.summary['run']['wall_s']:.1f} s)")
-        if report is not None:
-            print(f"report: {report}")
-    return 0
-
-
-def _add_run_command(
+def add_run_command(
     subparsers: Any, name: str, handler: Callable[[argparse.Namespace], int], **texts: str
 ) -> argparse.ArgumentParser:
     """A subcommand that simulates a trace: its parser with the trace and setting options."""
@@ -263,90 +238,3 @@ def _add_run_command(
     _add_setting_options(parser)
     parser.set_defaults(handler=handler)
     return parser
-
-
-def add_simulate(subparsers: Any) -> None:
-    """``simulate [TRACE] [options]``."""
-    parser = _add_run_command(
-        subparsers,
-        "simulate",
-        run_simulate,
-        help="replay a trace through the scheduler, planner and cost model",
-        description="Replay a trace (default: the first 1,000 requests of the embedded Azure "
-        "code trace) through the continuous-batching scheduler with the real planner in "
-        "every step.",
-    )
-    add_report_option(parser)
-
-
-def _side_config(args: argparse.Namespace, side: str) -> SimConfig:
-    config = build_config(args, getattr(args, f"{side}_config") or args.config)
-    settings = parse_assignments(getattr(args, f"{side}_set"))
-    for flag in SIDE_FLAGS:
-        settings[OVERRIDES[flag]] = getattr(args, f"{side}_{flag}")
-    return with_settings(config, settings)
-
-
-def run_compare(args: argparse.Namespace) -> int:
-    """``stepplan compare``: the same trace under two configurations, side by side."""
-    configs = {side: _side_config(args, side) for side in ("a", "b")}
-    base = Path(args.out or Path("results") / f"compare-{_run_name(args, configs['a'])}")
-    labels = {side: getattr(args, f"{side}_label") or side.upper() for side in configs}
-    summaries = []
-    for side, config in configs.items():
-        result = _simulate_one(args, config, base / side, labels[side])
-        summaries.append((labels[side], result.summary))
-    if not args.quiet:
-        print(format_table(summaries))
-        print(f"\nresults: {base}/a/ and {base}/b/")
-    return 0
-
-
-def add_compare(subparsers: Any) -> None:
-    """``compare [TRACE] --a-... --b-...``."""
-    parser = _add_run_command(
-        subparsers,
-        "compare",
-        run_compare,
-        help="run two configurations on the same trace and print them side by side",
-        description="Shared options apply to both runs; --a-*/--b-* options to one side "
-        "(for example --b-host-cost seed, or --a-graph-sizes/--b-graph-sizes).",
-    )
-    for side in ("a", "b"):
-        add = parser.add_argument
-        add(f"--{side}-label", help=f"column title of run {side.upper()}")
-        add(f"--{side}-config", help=f"TOML settings of run {side.upper()}")
-        add(f"--{side}-set", action="append", metavar="SECTION.KEY=VALUE")
-        add(f"--{side}-host-cost", choices=HOST_COSTS)
-        add(f"--{side}-graph-mode", choices=GRAPH_MODES)
-        add(f"--{side}-graph-sizes", help="CUDA-graph sizes, e.g. 1,2,4,8")
-
-
-#: One entry per subcommand (see the module docstring).
-SUBCOMMANDS: tuple[Callable[[Any], None], ...] = (
-    add_simulate,
-    add_compare,
-    add_buckets,
-    add_report,
-)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The ``stepplan`` parser with every subcommand of :data:`SUBCOMMANDS`."""
-    parser = argparse.ArgumentParser(
-        prog="stepplan", description="Plan, replay and simulate PLE short-conv serving steps."
-    )
-    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for add in SUBCOMMANDS:
-        add(subparsers)
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``stepplan`` console script."""
-    args = build_parser().parse_args(argv)
-    try:
-        return args.handler(args)
-    except USER_ERRORS as exc:
-        print(f"stepplan: error: {exc}", file=sys.stderr)
-        return 2

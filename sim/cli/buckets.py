@@ -1,7 +1,8 @@
-"""The ``buckets`` and ``report`` subcommands, and ``simulate --report``.
+"""``stepplan buckets``: the graph-size optimizer on a results folder, and the pieces of it
+the report shows.
 
-Part of the command line: the one place where simulation results meet the plots
-(``stepplan.plots`` never imports the simulator, and the simulator never draws).
+The figure modules load matplotlib (about 0.6 s), so they are imported inside the
+functions that draw: every other command starts without it.
 """
 
 from __future__ import annotations
@@ -10,12 +11,9 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
+from stepplan.plots.results_io import Results, ResultsError, load_results
 
-from stepplan.planner import ExecutionPlan, StepBatch, compile_plan
-from stepplan.plots.results_io import Results, ResultsError, load_results, results_from_columns
-
-from .buckets import (
+from ..buckets import (
     BucketError,
     Comparison,
     Score,
@@ -27,16 +25,11 @@ from .buckets import (
     sizes_snippet,
     step_demand,
 )
-from .config import ConfigError, SimConfig, flatten, with_settings
-from .results import SimResult
-from .run import planner_config
+from ..config import ConfigError, SimConfig, flatten, with_settings
 
 if TYPE_CHECKING:
     from stepplan.plots.bucketing import Bucketing
     from stepplan.plots.report import ReportTable
-
-# The figure modules load matplotlib (about 0.6 s), so they are imported inside the
-# functions that draw: every other command starts without it.
 
 #: Errors these commands raise for bad input; ``cli.main`` reports them as one line
 #: (exit code 2) rather than a traceback, as it does for every subcommand.
@@ -154,100 +147,3 @@ def add_buckets(subparsers: Any) -> None:
     parser.add_argument("--graph-mode", choices=("full", "mixed"), help="override the run's")
     parser.add_argument("--max-num-seqs", type=int, help="override the run's")
     parser.set_defaults(handler=run_buckets)
-
-
-def example_plan(results: Results, config: SimConfig) -> ExecutionPlan:
-    """A plan like the run's richest step (most kinds of rows, then most rows), rebuilt
-    from that step's counts: for the op-graph figure."""
-    steps = results.steps
-    steps.require_rows("the op-graph figure")
-    counts = {k: steps.column(f"num_{k}_rows") for k in ("spec", "decode", "prefill")}
-    kinds = sum((c > 0).astype(np.int64) for c in counts.values())
-    row = int(np.lexsort((-steps.column("num_rows"), -kinds))[0])
-    lengths = [
-        _spread(int(steps.column(f"num_{k}_tokens")[row]), int(counts[k][row]))
-        for k in ("spec", "decode", "prefill")
-    ]
-    spec, decode, prefill = (len(part) for part in lengths)
-    live = spec + decode + prefill
-    batch = StepBatch(
-        query_lens=np.concatenate(lengths),
-        num_computed_tokens=np.repeat([8, 8, 0], [spec, decode, prefill]),
-        slots=np.tile(np.arange(1, live + 1), (config.scheduler.num_groups, 1)),
-        num_draft_tokens=np.concatenate([lengths[0] - 1, np.full(decode + prefill, -1)]),
-        num_accepted_tokens=np.ones(live, dtype=np.int64),
-    )
-    return compile_plan(batch, planner_config(config))
-
-
-def _spread(tokens: int, rows: int) -> np.ndarray:
-    """``[rows], int64`` query lengths summing to ``tokens``, as even as can be."""
-    if rows == 0:
-        return np.zeros(0, dtype=np.int64)
-    lengths = np.full(rows, tokens // rows, dtype=np.int64)
-    lengths[: tokens % rows] += 1
-    return lengths
-
-
-def build_run_report(
-    results: Results, path: Path, others: tuple[Results, ...] = (), max_graphs: int | None = None
-) -> Path:
-    """Write the HTML report of ``results``: its figures, with the optimal sizes beside
-    the run's own, and the bucket comparison table."""
-    from stepplan.plots.bucketing import run_bucketing
-    from stepplan.plots.report import report_figures, write_report
-
-    config = run_config(results)
-    tables, bucketings = [], [run_bucketing(results)]
-    if config.planner.graph_mode != "none":
-        demand = run_demand(results, config)
-        comparison = compare_to_defaults(demand, max_graphs=max_graphs)
-        tables.append(comparison_table(comparison))
-        bucketings.append(bucketing_of(demand, comparison.recommended))
-    plan = example_plan(results, config)
-    figures = report_figures(results, bucketings=bucketings, others=others, plan=plan)
-    return write_report(results, path, figures=figures, tables=tables)
-
-
-def run_report(args: argparse.Namespace) -> int:
-    """``stepplan report``: one self-contained HTML page for a results folder."""
-    results = load_results(args.results)
-    others = tuple(load_results(folder) for folder in args.compare or ())
-    path = Path(args.out) if args.out else Path(args.results) / "report.html"
-    build_run_report(results, path, others, args.max_graphs)
-    print(f"report: {path}")
-    return 0
-
-
-def add_report(subparsers: Any) -> None:
-    """``report RESULTS_DIR [--out FILE] [--compare DIR ...] [--max-graphs N]``."""
-    parser = subparsers.add_parser(
-        "report",
-        help="write one self-contained HTML report of a results folder",
-        description="Summary tables, the bucket comparison and every figure, embedded.",
-    )
-    parser.add_argument("results", help="results folder of `stepplan simulate`")
-    parser.add_argument("--out", help="HTML file (default: RESULTS_DIR/report.html)")
-    parser.add_argument("--compare", nargs="+", metavar="DIR", help="more runs for the CDFs")
-    parser.add_argument("--max-graphs", type=int, help="graph budget of the bucket comparison")
-    parser.set_defaults(handler=run_report)
-
-
-def add_report_option(parser: argparse.ArgumentParser) -> None:
-    """``simulate --report [FILE]``: write the report next to the results."""
-    parser.add_argument(
-        "--report",
-        nargs="?",
-        const="",
-        metavar="FILE",
-        help="also write the HTML report (default file: OUT/report.html)",
-    )
-
-
-def report_after_simulation(result: SimResult, out: Path, report: str | None) -> Path | None:
-    """Write the report of a simulation just run when ``--report`` asked for it."""
-    if report is None:
-        return None
-    path = Path(report) if report else out / "report.html"
-    results = results_from_columns(result.steps, result.requests, result.summary, out)
-    return build_run_report(results, path)

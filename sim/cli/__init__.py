@@ -1,0 +1,73 @@
+"""The ``stepplan`` command line (``stepplan.sim.cli``).
+
+Each subcommand is one ``add_<name>(subparsers)`` function that builds its parser and
+sets ``handler`` (a function of the parsed arguments returning the exit code);
+:data:`SUBCOMMANDS` lists them. Adding a subcommand is one such function and one
+entry in that tuple.
+Modules: ``options`` (what the simulating commands share), ``simulate``, ``compare``,
+``buckets`` and ``report``; only this package of the simulator imports ``stepplan.plots``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from ..acceptance import AcceptanceError
+from ..config import ConfigError, with_settings
+from ..cost import ProfileError
+from ..traces import TraceError
+from ..workloads import WorkloadError
+from .buckets import ERRORS as BUCKET_ERRORS
+from .buckets import add_buckets
+from .compare import add_compare, run_compare
+from .options import build_config, load_requests
+from .report import ERRORS as REPORT_ERRORS
+from .report import add_report
+from .simulate import add_simulate
+
+USER_ERRORS = (ConfigError, TraceError, WorkloadError, ProfileError, AcceptanceError, OSError)
+USER_ERRORS += REPORT_ERRORS + BUCKET_ERRORS
+
+__all__ = [
+    "SUBCOMMANDS",
+    "USER_ERRORS",
+    "build_config",
+    "build_parser",
+    "load_requests",
+    "main",
+    "run_compare",
+    "with_settings",
+]
+
+
+#: One entry per subcommand (see the module docstring).
+SUBCOMMANDS: tuple[Callable[[Any], None], ...] = (
+    add_simulate,
+    add_compare,
+    add_buckets,
+    add_report,
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``stepplan`` parser with every subcommand of :data:`SUBCOMMANDS`."""
+    parser = argparse.ArgumentParser(
+        prog="stepplan", description="Plan, replay and simulate PLE short-conv serving steps."
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for add in SUBCOMMANDS:
+        add(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``stepplan`` console script."""
+    args = build_parser().parse_args(argv)
+    try:
+        return args.handler(args)
+    except USER_ERRORS as exc:
+        print(f"stepplan: error: {exc}", file=sys.stderr)
+        return 2

@@ -1,0 +1,39 @@
+"""``stepplan simulate``."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from .options import add_run_command, build_config, format_table, run_name, simulate_one
+from .report import add_report_option, report_after_simulation
+
+
+def run_simulate(args: argparse.Namespace) -> int:
+    """``stepplan simulate``: one simulation, results written, summary printed."""
+    config = build_config(args)
+    name = run_name(args, config)
+    out = Path(args.out or Path("results") / name)
+    result = simulate_one(args, config, out)
+    report = report_after_simulation(result, out, args.report)
+    if not args.quiet:
+        print(format_table([(name, result.summary)]))
+        print(f"\nresults: {out}/ (wall {result.summary['run']['wall_s']:.1f} s)")
+        if report is not None:
+            print(f"report: {report}")
+    return 0
+
+
+def add_simulate(subparsers: Any) -> None:
+    """``simulate [TRACE] [options]``."""
+    parser = add_run_command(
+        subparsers,
+        "simulate",
+        run_simulate,
+        help="replay a trace through the scheduler, planner and cost model",
+        description="Replay a trace (default: the first 1,000 requests of the embedded Azure "
+        "code trace) through the continuous-batching scheduler with the real planner in "
+        "every step.",
+    )
+    add_report_option(parser)
