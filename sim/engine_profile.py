@@ -1,0 +1,371 @@
+"""Engine profiles: an engine's measured step times, and the fit the cost model predicts from.
+
+``stepplan profile`` times the live engine (a model preset served by the executor) over a
+grid of step shapes and writes one JSON document; ``--profile FILE`` makes the cost model
+predict each step from it instead of the roofline wherever the profile covers the step.
+
+**What a step's time depends on** (:class:`StepShape`): whether it replays a CUDA graph and
+which (a graph's dense work is fixed by its bucket), its live tokens and rows per kind, the
+prefill work tiles, the context its decode-like rows read (``context_tokens``: the KV
+entries spec and decode rows attend over) and the query-key pairs of its prefill rows
+(``prefill_pairs``). Time is the engine's whole step as the runner sees it: the plan, the
+host-side metadata and upload, the GPU work and the read-back of the sampled tokens.
+
+**The fit** (:class:`EngineFit`) is two linear models, weighted so that least squares
+minimises *relative* error (the figure of merit is the per-step MAPE):
+
+- graph steps: one base time per bucket, plus shared slopes in ``context_tokens``,
+  ``prefill_pairs`` and live rows;
+- eager steps: a piecewise-linear function of the live tokens over the profile's token grid
+  (hat functions at its nodes), plus slopes in ``context_tokens``, ``prefill_pairs``, rows
+  per kind and tiles.
+
+A graph step is covered when its bucket was measured; an eager step when its tokens lie in
+the token grid and its other features stay within twice the largest measured. Everything
+else falls back to the roofline, and the summary counts the steps of each source.
+
+Document layout (``format`` and ``version`` are checked)::
+
+    {"format": "stepplan-engine-profile", "version": 1,
+     "device": "NVIDIA H200", "versions": {"torch": ..., "triton": ..., "stepplan": ...},
+     "preset": {"name": "hybrid-8b", ...every dimension...},
+     "planner": {"num_spec_tokens": 3, "graph_mode": "full", "graph_sizes": [...],
+                 "max_num_seqs": 256, "prefill_tile_tokens": 64, "num_groups": 1},
+     "runner": {"backend": "triton", "device": "cuda", ...},
+     "token_grid": [1, 2, 4, ...],
+     "points": [{"graph": ["spec", 1024, 256, 0] | null, "rows": [s, d, p],
+                 "tokens": [s, d, p], "tiles": n, "context_tokens": n,
+                 "prefill_pairs": x, "wall_us": median, "gpu_us": median | null}, ...]}
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import attrs
+import numpy as np
+
+FORMAT = "stepplan-engine-profile"
+VERSION = 1
+#: Slopes extrapolate to at most this multiple of the largest measured feature.
+_EXTRAPOLATION = 2.0
+#: Planner settings a profile must share with a simulation; graph sizes and
+#: ``max_num_seqs`` need not match: each step is covered when its bucket was measured.
+PLANNER_KEYS = ("num_spec_tokens", "graph_mode", "prefill_tile_tokens", "num_groups")
+
+
+class EngineProfileError(ValueError):
+    """An engine profile is unreadable, malformed, or made for another setup."""
+
+
+@attrs.frozen
+class StepShape:
+    """What an engine step's time depends on (see the module docstring).
+
+    Attributes:
+        graph: ``(kind, tokens, rows, tiles)`` of the CUDA graph replayed, ``None`` eager.
+        rows: live rows per kind, ``(spec, decode, prefill)``.
+        tokens: live tokens per kind, in that order.
+        tiles: live prefill work tiles.
+        context_tokens: ``sum(num_computed)`` over spec and decode rows.
+        prefill_pairs: ``sum(q * (num_computed + (q + 1) / 2))`` over prefill rows.
+    """
+
+    graph: tuple[str, int, int, int] | None
+    rows: tuple[int, int, int]
+    tokens: tuple[int, int, int]
+    tiles: int
+    context_tokens: int
+    prefill_pairs: float
+
+    @property
+    def num_tokens(self) -> int:
+        """Live tokens."""
+        return sum(self.tokens)
+
+    @property
+    def num_rows(self) -> int:
+        """Live rows."""
+        return sum(self.rows)
+
+    def to_json(self) -> dict[str, Any]:
+        """The shape as the profile's ``points`` entries hold it."""
+        return {
+            "graph": None if self.graph is None else list(self.graph),
+            "rows": list(self.rows),
+            "tokens": list(self.tokens),
+            "tiles": self.tiles,
+            "context_tokens": self.context_tokens,
+            "prefill_pairs": self.prefill_pairs,
+        }
+
+
+def step_shape(plan: Any) -> StepShape:
+    """The :class:`StepShape` of an ``ExecutionPlan`` (its batch gives the contexts)."""
+    batch = plan.batch
+    kinds, q = batch.kinds, batch.query_lens.astype(np.float64)
+    computed = batch.num_computed_tokens.astype(np.int64)
+    prefill = kinds == 2
+    decoding = kinds <= 1
+    pairs = float(q[prefill] @ (computed[prefill] + (q[prefill] + 1.0) * 0.5))
+    graph = plan.graph
+    key = None if graph is None else (graph.kind, graph.num_tokens, graph.num_rows, graph.num_tiles)
+    return StepShape(
+        graph=key,
+        rows=(plan.num_spec_rows, plan.num_decode_rows, plan.num_prefill_rows),
+        tokens=(plan.num_spec_tokens, plan.num_decode_tokens, plan.num_prefill_tokens),
+        tiles=plan.num_tiles,
+        context_tokens=int(computed[decoding].sum()),
+        prefill_pairs=pairs,
+    )
+
+
+@attrs.frozen
+class ProfilePoint:
+    """One measured step shape: median wall and GPU time over the profile's repeats."""
+
+    shape: StepShape
+    wall_us: float
+    gpu_us: float | None = None
+
+
+def _graph_features(shape: StepShape) -> list[float]:
+    return [float(shape.context_tokens), shape.prefill_pairs, float(shape.num_rows)]
+
+
+def _hats(nodes: np.ndarray, tokens: float) -> np.ndarray:
+    """``[len(nodes)]`` weights of the piecewise-linear basis at ``tokens`` (inside the grid)."""
+    weights = np.zeros(nodes.size)
+    index = int(np.searchsorted(nodes, tokens, side="right")) - 1
+    index = min(max(index, 0), nodes.size - 1)
+    if index == nodes.size - 1:
+        weights[index] = 1.0
+        return weights
+    low, high = nodes[index], nodes[index + 1]
+    share = (tokens - low) / (high - low)
+    weights[index], weights[index + 1] = 1.0 - share, share
+    return weights
+
+
+def _eager_features(shape: StepShape) -> list[float]:
+    return [
+        float(shape.context_tokens),
+        shape.prefill_pairs,
+        *(float(r) for r in shape.rows),
+        float(shape.tiles),
+    ]
+
+
+def _weighted_fit(design: np.ndarray, measured: np.ndarray) -> np.ndarray:
+    """Least squares of relative error: rows scaled by ``1 / measured``."""
+    scale = 1.0 / measured
+    solution, *_ = np.linalg.lstsq(design * scale[:, None], measured * scale, rcond=None)
+    return solution
+
+
+@attrs.frozen(eq=False)
+class EngineFit:
+    """The fitted step-time models of one profile (see the module docstring).
+
+    Attributes:
+        buckets: graph key -> its base time (µs).
+        graph_slopes: µs per unit of :func:`_graph_features`' features.
+        nodes: ``[N], float64`` the eager token grid (empty: no eager points).
+        node_us: ``[N], float64`` eager base time at each node.
+        eager_slopes: µs per unit of :func:`_eager_features`' features.
+        graph_limits, eager_limits: the largest measured value of each slope feature.
+    """
+
+    buckets: Mapping[tuple[str, int, int, int], float]
+    graph_slopes: np.ndarray
+    nodes: np.ndarray
+    node_us: np.ndarray
+    eager_slopes: np.ndarray
+    graph_limits: np.ndarray
+    eager_limits: np.ndarray
+
+    def predict_us(self, shape: StepShape) -> float | None:
+        """The step's predicted time in µs, or ``None`` where the profile does not cover it."""
+        if shape.graph is not None:
+            base = self.buckets.get(shape.graph)
+            features = np.asarray(_graph_features(shape))
+            if base is None or (features > self.graph_limits * _EXTRAPOLATION).any():
+                return None
+            return base + float(features @ self.graph_slopes)
+        tokens = shape.num_tokens
+        if not self.nodes.size or not self.nodes[0] <= tokens <= self.nodes[-1]:
+            return None
+        features = np.asarray(_eager_features(shape))
+        if (features > self.eager_limits * _EXTRAPOLATION).any():
+            return None
+        return float(_hats(self.nodes, tokens) @ self.node_us + features @ self.eager_slopes)
+
+
+def fit_points(points: Sequence[ProfilePoint], token_grid: Sequence[int]) -> EngineFit:
+    """Fit :class:`EngineFit` to measured points (pure: equal points give an equal fit)."""
+    graph = [p for p in points if p.shape.graph is not None]
+    eager = [p for p in points if p.shape.graph is None]
+    keys = sorted({p.shape.graph for p in graph})  # type: ignore[type-var]
+    buckets: dict[tuple[str, int, int, int], float] = {}
+    graph_slopes = np.zeros(3)
+    graph_limits = np.zeros(3)
+    if graph:
+        index = {key: i for i, key in enumerate(keys)}
+        design = np.zeros((len(graph), len(keys) + 3))
+        for row, point in enumerate(graph):
+            design[row, index[point.shape.graph]] = 1.0  # type: ignore[index]
+            design[row, len(keys) :] = _graph_features(point.shape)
+        solution = _weighted_fit(design, np.array([p.wall_us for p in graph]))
+        buckets = {key: float(solution[i]) for key, i in index.items()}
+        graph_slopes = solution[len(keys) :]
+        graph_limits = design[:, len(keys) :].max(axis=0)
+    nodes = np.asarray(sorted(set(token_grid)), dtype=np.float64) if eager else np.zeros(0)
+    node_us, eager_slopes, eager_limits = np.zeros(nodes.size), np.zeros(6), np.zeros(6)
+    if eager:
+        design = np.array(
+            [[*_hats(nodes, p.shape.num_tokens), *_eager_features(p.shape)] for p in eager]
+        )
+        solution = _weighted_fit(design, np.array([p.wall_us for p in eager]))
+        node_us, eager_slopes = solution[: nodes.size], solution[nodes.size :]
+        eager_limits = design[:, nodes.size :].max(axis=0)
+    return EngineFit(
+        buckets=MappingProxyType(buckets),
+        graph_slopes=_frozen(graph_slopes),
+        nodes=_frozen(nodes),
+        node_us=_frozen(node_us),
+        eager_slopes=_frozen(eager_slopes),
+        graph_limits=_frozen(graph_limits),
+        eager_limits=_frozen(eager_limits),
+    )
+
+
+def _frozen(array: np.ndarray) -> np.ndarray:
+    array = np.array(array, dtype=np.float64)
+    array.flags.writeable = False
+    return array
+
+
+@attrs.frozen(eq=False)
+class EngineProfile:
+    """One engine profile document (see the module docstring) and its fit.
+
+    Attributes:
+        source: where it was read from (a path), for messages.
+        device, versions, preset, planner, runner: the setup it was measured on.
+        token_grid: the eager token grid.
+        points: every measured shape.
+        fit: :func:`fit_points` of the points.
+    """
+
+    source: str
+    device: str
+    versions: Mapping[str, str]
+    preset: Mapping[str, Any]
+    planner: Mapping[str, Any]
+    runner: Mapping[str, Any]
+    token_grid: tuple[int, ...]
+    points: tuple[ProfilePoint, ...]
+    fit: EngineFit = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        object.__setattr__(self, "fit", fit_points(self.points, self.token_grid))
+
+    def to_json(self) -> dict[str, Any]:
+        """The document :func:`read_engine_profile` reads back."""
+        return {
+            "format": FORMAT,
+            "version": VERSION,
+            "device": self.device,
+            "versions": dict(self.versions),
+            "preset": dict(self.preset),
+            "planner": dict(self.planner),
+            "runner": dict(self.runner),
+            "token_grid": list(self.token_grid),
+            "points": [
+                {**p.shape.to_json(), "wall_us": p.wall_us, "gpu_us": p.gpu_us} for p in self.points
+            ],
+        }
+
+    def check_setup(self, preset: Mapping[str, Any], planner: Mapping[str, Any]) -> None:
+        """Refuse, naming the first difference, a simulation of another model or planner."""
+        for what, mine, theirs in (
+            ("preset", self.preset, preset),
+            ("planner", self.planner, planner),
+        ):
+            for key in sorted(set(mine) | set(theirs)):
+                if _plain(mine.get(key)) != _plain(theirs.get(key)):
+                    raise EngineProfileError(
+                        f"{self.source}: measured with {what} {key} = {mine.get(key)!r}, "
+                        f"the simulation has {theirs.get(key)!r}"
+                    )
+
+
+def _plain(value: object) -> object:
+    """Lists and tuples compare alike (JSON reads tuples back as lists)."""
+    return [_plain(v) for v in value] if isinstance(value, list | tuple) else value
+
+
+def write_engine_profile(profile: EngineProfile, path: str | Path) -> None:
+    """Write ``profile`` as JSON (the caller decides where; see ``sim/outdir.py`` for folders)."""
+    Path(path).write_text(json.dumps(profile.to_json(), indent=1) + "\n")
+
+
+def read_engine_profile(path: str | Path) -> EngineProfile:
+    """Read and check an engine profile; every defect is one :class:`EngineProfileError`."""
+    try:
+        document = json.loads(Path(path).read_bytes().decode("utf-8"))
+    except OSError as exc:
+        raise EngineProfileError(f"{path}: cannot read ({exc.strerror})") from None
+    except UnicodeDecodeError:
+        raise EngineProfileError(f"{path}: not a text file (expected profile JSON)") from None
+    except json.JSONDecodeError as exc:
+        raise EngineProfileError(f"{path}: not JSON ({exc.msg}, line {exc.lineno})") from None
+    if not isinstance(document, dict) or document.get("format") != FORMAT:
+        raise EngineProfileError(f'{path}: not an engine profile (no "format": "{FORMAT}")')
+    if document.get("version") != VERSION:
+        raise EngineProfileError(
+            f"{path}: profile version {document.get('version')!r}, this stepplan reads {VERSION}"
+        )
+    try:
+        points = tuple(_point(entry) for entry in document["points"])
+        grid = tuple(int(t) for t in document["token_grid"])
+        return EngineProfile(
+            source=str(path),
+            device=str(document["device"]),
+            versions=MappingProxyType(dict(document["versions"])),
+            preset=MappingProxyType(dict(document["preset"])),
+            planner=MappingProxyType(dict(document["planner"])),
+            runner=MappingProxyType(dict(document["runner"])),
+            token_grid=grid,
+            points=points,
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise EngineProfileError(
+            f"{path}: malformed profile ({type(exc).__name__}: {exc})"
+        ) from None
+
+
+def _point(entry: Mapping[str, Any]) -> ProfilePoint:
+    graph = entry["graph"]
+    key = None if graph is None else (str(graph[0]), int(graph[1]), int(graph[2]), int(graph[3]))
+    rows = tuple(int(r) for r in entry["rows"])
+    tokens = tuple(int(t) for t in entry["tokens"])
+    if len(rows) != 3 or len(tokens) != 3:
+        raise ValueError("rows and tokens give (spec, decode, prefill)")
+    wall = float(entry["wall_us"])
+    if not wall > 0:
+        raise ValueError(f"wall_us must be positive, got {wall}")
+    gpu = entry.get("gpu_us")
+    shape = StepShape(
+        graph=key,
+        rows=rows,  # type: ignore[arg-type]
+        tokens=tokens,  # type: ignore[arg-type]
+        tiles=int(entry["tiles"]),
+        context_tokens=int(entry["context_tokens"]),
+        prefill_pairs=float(entry["prefill_pairs"]),
+    )
+    return ProfilePoint(shape, wall, None if gpu is None else float(gpu))

@@ -1,0 +1,144 @@
+"""Engine profiles: the fit recovers a known step-time law, coverage, and every bad file."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from stepplan.sim.engine_profile import (
+    EngineProfile,
+    EngineProfileError,
+    ProfilePoint,
+    StepShape,
+    read_engine_profile,
+    write_engine_profile,
+)
+
+GRID = (1, 16, 64, 256, 1024, 4096)
+KEYS = [("spec", 4 * r, r, 0) for r in (1, 8, 64)]
+
+
+def law(shape: StepShape) -> float:
+    """A step-time law of the form the fit assumes: what it must recover exactly."""
+    if shape.graph is not None:
+        base = {key: 900.0 + 40.0 * i for i, key in enumerate(KEYS)}[shape.graph]
+        return base + 0.015 * shape.context_tokens + 2.0 * shape.num_rows
+    tokens = shape.num_tokens
+    dense = np.interp(tokens, GRID, [500, 520, 600, 900, 2100, 8000])
+    return float(dense + 0.01 * shape.context_tokens + 2e-5 * shape.prefill_pairs + 3 * shape.tiles)
+
+
+def random_points(rng: np.random.Generator, count: int) -> list[ProfilePoint]:
+    points = []
+    for _ in range(count):
+        if rng.random() < 0.5:
+            key = KEYS[rng.integers(len(KEYS))]
+            rows = int(rng.integers(1, key[2] + 1))
+            shape = StepShape(
+                key, (rows, 0, 0), (4 * rows, 0, 0), 0, int(rng.integers(0, 9e4)), 0.0
+            )
+        else:
+            spec, prefill = int(rng.integers(0, 16)), int(rng.integers(0, 2))
+            chunk = int(rng.integers(2, 3000)) if prefill else 0
+            pairs = chunk * (rng.integers(0, 2000) + (chunk + 1) / 2) if prefill else 0.0
+            tokens = (4 * spec, 0, chunk)
+            if sum(tokens) == 0:
+                tokens, spec = (4, 0, 0), 1
+            shape = StepShape(
+                None,
+                (spec, 0, prefill),
+                tokens,
+                -(-chunk // 64),
+                int(rng.integers(0, 5e4)),
+                float(pairs),
+            )
+        points.append(ProfilePoint(shape, law(shape)))
+    return points
+
+
+def profile(points, **overrides) -> EngineProfile:
+    fields = dict(
+        source="test",
+        device="cpu",
+        versions={"torch": "x"},
+        preset={"name": "tiny", "hidden_size": 32},
+        planner={"num_spec_tokens": 3, "graph_sizes": [1, 8, 64]},
+        runner={"backend": "reference"},
+        token_grid=GRID,
+        points=tuple(points),
+    )
+    fields.update(overrides)
+    return EngineProfile(**fields)
+
+
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1))
+def test_the_fit_recovers_its_law(seed):
+    rng = np.random.default_rng(seed)
+    fit = profile(random_points(rng, 400)).fit
+    for point in random_points(rng, 50):
+        predicted = fit.predict_us(point.shape)
+        if predicted is not None:
+            assert predicted == pytest.approx(point.wall_us, rel=1e-6)
+
+
+def test_coverage():
+    fit = profile(random_points(np.random.default_rng(1), 300)).fit
+    unmeasured = StepShape(("spec", 512, 128, 0), (128, 0, 0), (512, 0, 0), 0, 10, 0.0)
+    too_long = StepShape(None, (0, 0, 1), (0, 0, 9000), 141, 0, 1e6)
+    far_context = StepShape(KEYS[0], (1, 0, 0), (4, 0, 0), 0, 10**9, 0.0)
+    assert fit.predict_us(unmeasured) is None
+    assert fit.predict_us(too_long) is None
+    assert fit.predict_us(far_context) is None
+
+
+def test_round_trip(tmp_path):
+    original = profile(random_points(np.random.default_rng(2), 60))
+    path = tmp_path / "profile.json"
+    write_engine_profile(original, path)
+    again = read_engine_profile(path)
+    assert again.to_json() == original.to_json()
+    shape = original.points[0].shape
+    assert again.fit.predict_us(shape) == original.fit.predict_us(shape)
+
+
+def test_setup_mismatch_is_named():
+    p = profile(random_points(np.random.default_rng(3), 30))
+    with pytest.raises(EngineProfileError, match="preset hidden_size = 32"):
+        p.check_setup({"name": "tiny", "hidden_size": 64}, dict(p.planner))
+    with pytest.raises(EngineProfileError, match="planner num_spec_tokens = 3"):
+        p.check_setup(dict(p.preset), {"num_spec_tokens": 1})
+    p.check_setup(dict(p.preset), {"num_spec_tokens": 3, "graph_sizes": (1, 8)})
+
+
+def _good_document():
+    return profile(random_points(np.random.default_rng(4), 20)).to_json()
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"\x1f\x8b\x08\x00binary", "not a text file"),
+        (b"{not json", "not JSON"),
+        (b"[1, 2]", "not an engine profile"),
+        (json.dumps({**_good_document(), "version": 9}).encode(), "profile version 9"),
+        (json.dumps({**_good_document(), "points": [{"graph": None}]}).encode(), "malformed"),
+        (
+            json.dumps(
+                {**_good_document(), "points": [{**_good_document()["points"][0], "wall_us": -1}]}
+            ).encode(),
+            "wall_us must be positive",
+        ),
+    ],
+)
+def test_bad_files_are_one_error(tmp_path, content, message):
+    path = tmp_path / "p.json"
+    path.write_bytes(content)
+    with pytest.raises(EngineProfileError, match=message):
+        read_engine_profile(path)
+    with pytest.raises(EngineProfileError, match="cannot read"):
+        read_engine_profile(tmp_path / "missing.json")
