@@ -291,12 +291,14 @@ class EngineProfile:
         }
 
     def check_setup(self, preset: Mapping[str, Any], planner: Mapping[str, Any]) -> None:
-        """Refuse, naming the first difference, a simulation of another model or planner."""
-        for what, mine, theirs in (
-            ("preset", self.preset, preset),
-            ("planner", self.planner, planner),
-        ):
-            for key in sorted(set(mine) | set(theirs)):
+        """Refuse, naming the first difference, a simulation of another model or planner
+        (every preset dimension; the planner's :data:`PLANNER_KEYS`)."""
+        checks = (
+            ("preset", self.preset, preset, sorted(set(self.preset) | set(preset))),
+            ("planner", self.planner, planner, PLANNER_KEYS),
+        )
+        for what, mine, theirs, keys in checks:
+            for key in keys:
                 if _plain(mine.get(key)) != _plain(theirs.get(key)):
                     raise EngineProfileError(
                         f"{self.source}: measured with {what} {key} = {mine.get(key)!r}, "
