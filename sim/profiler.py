@@ -1,0 +1,172 @@
+"""The step shapes ``stepplan profile`` measures, and the measuring loop.
+
+:func:`profile_batches` lays out the grid: every CUDA-graph bucket the planner config
+can replay for uniform steps (each at full rows with three context levels, and once
+partly filled), and eager steps over a token grid (a prefill chunk without and with
+context, and spec rows beside a prefill chunk, at each node and between nodes). The
+planner decides each batch's graph, so the grid needs no copy of the bucket rule.
+:func:`measure` times each batch through a caller's ``run`` (the live engine's timed
+step), after warm-up, as the median of repeats, planner compile included: the same
+work the live engine's measured steps consist of.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+
+import attrs
+import numpy as np
+
+from stepplan.planner import ExecutionPlan, Planner, PlannerConfig, StepBatch
+
+from .engine_profile import ProfilePoint, step_shape
+
+#: Context levels (tokens per row, mean) of each measured graph bucket.
+CONTEXT_LEVELS = (128, 1024, 4096)
+_GRID_NODES = (2, 4, 8, 16, 32, 64, 128, 256, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144)
+
+
+@attrs.frozen
+class GridLimits:
+    """What the measured engine can hold.
+
+    Attributes:
+        max_num_batched_tokens: the token budget of a step (the eager grid's last node).
+        num_slots: conv-state and KV slots, slot 0 (NULL) included.
+        max_len: KV positions per slot (a row's context plus its query).
+        num_groups: layer groups (one slot row each).
+    """
+
+    max_num_batched_tokens: int
+    num_slots: int
+    max_len: int
+    num_groups: int = 1
+
+
+def token_grid(limits: GridLimits) -> tuple[int, ...]:
+    """The eager grid's nodes: powers of two and halves up to the token budget, which is one."""
+    budget = limits.max_num_batched_tokens
+    return tuple(sorted({*(n for n in _GRID_NODES if n < budget), budget}))
+
+
+@attrs.define
+class _Builder:
+    """Makes valid batches: distinct slots, contexts that fit the KV cache."""
+
+    config: PlannerConfig
+    limits: GridLimits
+    rng: np.random.Generator
+
+    def context(self, mean: int, rows: int, q: int) -> np.ndarray:
+        """``[rows], int64`` contexts around ``mean`` (at least 1), each leaving room for ``q``."""
+        top = max(1, self.limits.max_len - q)
+        drawn = self.rng.integers(max(1, mean // 2), max(2, mean * 3 // 2), rows)
+        return np.clip(drawn, 1, top)
+
+    def batch(self, q: list[int], computed: list[int], drafts: list[int]) -> StepBatch | None:
+        """The batch of these rows, or ``None`` where the engine cannot hold it."""
+        rows = len(q)
+        if rows == 0 or rows >= self.limits.num_slots or rows > self.config.max_num_seqs:
+            return None
+        if max(c + n for c, n in zip(computed, q, strict=True)) > self.limits.max_len:
+            return None
+        slots = self.rng.permutation(np.arange(1, self.limits.num_slots))[:rows]
+        return StepBatch(
+            query_lens=np.asarray(q, np.int32),
+            num_computed_tokens=np.asarray(computed, np.int32),
+            slots=np.tile(slots.astype(np.int32), (self.limits.num_groups, 1)),
+            num_draft_tokens=np.asarray(drafts, np.int32),
+            num_accepted_tokens=np.ones(rows, np.int32),
+        )
+
+    def uniform(self, rows: int, mean_context: int) -> StepBatch | None:
+        """``rows`` spec rows of ``Q`` tokens (decode rows when ``Q == 1``)."""
+        q = self.config.query_len_max
+        drafts = [q - 1 if q > 1 else -1] * rows
+        computed = self.context(mean_context, rows, q).tolist()
+        return self.batch([q] * rows, computed, drafts)
+
+    def eager(self, tokens: int, spec_rows: int, prefill_context: int) -> StepBatch | None:
+        """``spec_rows`` spec rows beside one prefill chunk, ``tokens`` in all."""
+        q = self.config.query_len_max
+        if q == 1:
+            spec_rows = 0
+        chunk = tokens - spec_rows * q
+        if chunk < 2:
+            return None
+        spec_context = self.context(1024, spec_rows, q).tolist()
+        return self.batch(
+            [q] * spec_rows + [chunk],
+            [*spec_context, prefill_context],
+            [q - 1] * spec_rows + [-1],
+        )
+
+
+def profile_batches(config: PlannerConfig, limits: GridLimits, seed: int = 0) -> list[StepBatch]:
+    """Every batch of the grid (see the module docstring), in measuring order."""
+    build = _Builder(config, limits, np.random.default_rng(seed))
+    batches: list[StepBatch | None] = []
+    if config.graph_mode != "none":
+        previous = 0
+        for size in config.row_sizes:
+            batches += [build.uniform(size, level) for level in CONTEXT_LEVELS]
+            if size - previous > 1:
+                batches.append(build.uniform(previous + 1, CONTEXT_LEVELS[1]))
+            previous = size
+    nodes = token_grid(limits)
+    cap = min(config.max_num_seqs, limits.num_slots) - 1
+    for low, high in zip(nodes, (*nodes[1:], None), strict=True):
+        spec_rows = int(build.rng.integers(1, max(2, min(cap, low // 8) + 1)))
+        batches.append(build.eager(low, 0, 0))
+        batches.append(build.eager(low, 0, int(build.rng.integers(1, 4096))))
+        batches.append(build.eager(low, spec_rows, int(build.rng.integers(0, 2048))))
+        if high is not None and high - low > 1:
+            between = int(build.rng.integers(low + 1, high))
+            batches.append(build.eager(between, spec_rows, int(build.rng.integers(0, 2048))))
+    return [batch for batch in batches if batch is not None]
+
+
+def sample_index(batch: StepBatch) -> np.ndarray:
+    """``[S], int64`` the tokens whose next token an engine samples: every token of a spec
+    row, a decode row's token, a prefill chunk's last (as if it completed the prompt)."""
+    row = np.repeat(np.arange(batch.num_rows), batch.query_lens)
+    last = np.arange(batch.num_tokens) == batch.query_start[1:][row] - 1
+    return np.flatnonzero((batch.kinds == 0)[row] | last).astype(np.int64)
+
+
+#: ``run(plan, token_ids [T] int64, sample_index [S] int64) -> (wall_s, gpu_s or None)``.
+TimedRun = Callable[[ExecutionPlan, np.ndarray, np.ndarray], tuple[float, float | None]]
+
+
+def measure(
+    batches: Iterable[StepBatch],
+    planner: Planner,
+    run: TimedRun,
+    *,
+    vocab_size: int,
+    repeats: int = 5,
+    warmup: int = 1,
+    seed: int = 0,
+    progress: Callable[[int], None] | None = None,
+) -> list[ProfilePoint]:
+    """Median wall (planner compile plus ``run``) and GPU time of each batch."""
+    rng = np.random.default_rng(seed)
+    points = []
+    for count, batch in enumerate(batches, start=1):
+        ids = rng.integers(0, vocab_size, batch.num_tokens, dtype=np.int64)
+        samples = sample_index(batch)
+        walls, gpus = [], []
+        for attempt in range(warmup + repeats):
+            start = time.perf_counter()
+            plan = planner.compile(batch)
+            compile_s = time.perf_counter() - start
+            wall_s, gpu_s = run(plan, ids, samples)
+            if attempt >= warmup:
+                walls.append(compile_s + wall_s)
+                gpus.append(gpu_s)
+        gpu = None if gpus[0] is None else float(np.median(gpus)) * 1e6
+        points.append(ProfilePoint(step_shape(plan), float(np.median(walls)) * 1e6, gpu))
+        if progress is not None:
+            progress(count)
+    return points

@@ -1,0 +1,64 @@
+"""The profile grid: valid batches, every graph bucket, the eager token grid, medians."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from stepplan.planner import Planner, PlannerConfig
+from stepplan.sim.engine_profile import EngineProfile
+from stepplan.sim.profiler import GridLimits, measure, profile_batches, sample_index, token_grid
+
+CONFIG = PlannerConfig(num_spec_tokens=3, graph_mode="full", max_num_seqs=64)
+LIMITS = GridLimits(max_num_batched_tokens=2048, num_slots=65, max_len=4096)
+
+
+def fake_run(plan, ids, samples):
+    """A deterministic 'engine': time grows with tokens and context."""
+    assert ids.shape == (plan.num_tokens,)
+    assert samples.max() < plan.num_tokens
+    context = int(plan.batch.num_computed_tokens.sum())
+    return 1e-4 + 1e-8 * plan.padded_tokens + 1e-10 * context, None
+
+
+def test_grid_covers_every_bucket_and_the_token_grid():
+    batches = profile_batches(CONFIG, LIMITS)
+    planner = Planner(CONFIG)
+    plans = [planner.compile(batch) for batch in batches]
+    graphs = {plan.graph.num_rows for plan in plans if plan.graph is not None}
+    assert graphs == set(CONFIG.row_sizes)
+    eager = sorted(plan.num_tokens for plan in plans if plan.graph is None)
+    assert eager[0] == 2 and eager[-1] == LIMITS.max_num_batched_tokens
+    for batch in batches:
+        assert (batch.num_computed_tokens + batch.query_lens <= LIMITS.max_len).all()
+        assert batch.slots.max() < LIMITS.num_slots
+    assert token_grid(LIMITS)[-1] == 2048
+
+
+def test_measured_points_fit_back():
+    batches = profile_batches(CONFIG, LIMITS, seed=3)
+    points = measure(batches, Planner(CONFIG), fake_run, vocab_size=50, repeats=2)
+    assert len(points) == len(batches)
+    profile = EngineProfile(
+        source="t",
+        device="cpu",
+        versions={},
+        preset={},
+        planner={},
+        runner={},
+        token_grid=token_grid(LIMITS),
+        points=tuple(points),
+    )
+    errors = [
+        abs(profile.fit.predict_us(p.shape) - p.wall_us) / p.wall_us
+        for p in points
+        if profile.fit.predict_us(p.shape) is not None
+    ]
+    assert len(errors) == len(points)
+    # Planner compile times are measured, so the law is met only up to host noise.
+    assert np.median(errors) < 0.5
+
+
+def test_sample_index():
+    batch = profile_batches(CONFIG, LIMITS)[0]
+    index = sample_index(batch)
+    assert index.tolist() == list(range(batch.num_tokens))  # a pure spec batch samples all
