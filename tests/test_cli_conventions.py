@@ -102,6 +102,10 @@ def test_help_shows_the_settings_defaults_and_the_graph_size_units(capsys):
         cli.main(["compare", "--help"])
     text = squeeze(capsys.readouterr().out)
     assert "column title of run B (default: B)" in text
+    with pytest.raises(SystemExit):
+        cli.main(["buckets", "--help"])
+    text = squeeze(capsys.readouterr().out)  # its overrides default to the run's settings
+    assert "row limit (default: the run's)" in text and "(default: 256)" not in text
 
 
 # ------------------------------------------------------------------ `stepplan config`

@@ -158,7 +158,7 @@ def run_report(args: argparse.Namespace) -> int:
     elif folder.is_dir():
         raise ResultsError(f"{folder}: not a results folder; {EXPECTS}")
     else:
-        raise ResultsError(f"{folder}: no such folder; {EXPECTS}")
+        raise ResultsError(f"{folder}: not a results folder (no such directory); {EXPECTS}")
     print(f"report: {path}")
     return 0
 
@@ -167,7 +167,7 @@ def add_report(subparsers: Any) -> None:
     """``report RESULTS_DIR [--out FILE] [--compare DIR ...] [--max-graphs N]``."""
     parser = subparsers.add_parser(
         "report",
-        help="write one self-contained HTML report of a results folder",
+        help="write one self-contained HTML report of a results or compare folder",
         description="Summary tables, the bucket comparison and every figure, embedded. "
         "On a compare folder: both runs' table with its differences, then run A's report "
         "with run B in the latency CDFs.",
