@@ -92,25 +92,34 @@ def build_report(
     figures: Mapping[str, Figure] | None = None,
     tables: Sequence[ReportTable] = (),
     plan: Any = None,
+    title: str | None = None,
+    leading_tables: Sequence[ReportTable] = (),
 ) -> str:
-    """The HTML page: summary tables, ``tables``, then every figure as an embedded PNG.
+    """The HTML page: ``leading_tables``, the summary tables, ``tables``, every figure
+    as an embedded PNG, then the provenance and the configuration.
 
-    ``figures`` default to :func:`report_figures` of the run (with ``plan``).
+    ``figures`` default to :func:`report_figures` of the run (with ``plan``); ``title``
+    to the run's label.
     """
     if figures is None:
         figures = report_figures(results, plan=plan)
     summary = results.summary
-    title = f"stepplan report: {results.label}"
-    parts = [f"<h1>{html.escape(title)}</h1>", _overview(summary)]
+    title = f"stepplan report: {title or results.label}"
+    parts = [f"<h1>{html.escape(title)}</h1>"]
+    parts.extend(_table(t.title, t.header, t.rows) for t in leading_tables)
+    parts.append(_overview(summary))
     latency = summary.get("latency_ms")
     if isinstance(latency, Mapping) and latency:
         parts.append(_latency_table(latency))
-    skip = {"config", "latency_ms", "itl_ms_quantiles"}
+    skip = {"config", "latency_ms", "itl_ms_quantiles", "provenance"}
     for key, value in summary.items():
         if isinstance(value, Mapping) and key not in skip:
             parts.append(_section(key, value))
     parts.extend(_table(t.title, t.header, t.rows) for t in tables)
     parts.extend(_figure(name, figure) for name, figure in figures.items())
+    provenance = summary.get("provenance")
+    if isinstance(provenance, Mapping):
+        parts.append(_provenance(provenance))
     parts.append(_details("Configuration", _flatten(results.config)))
     quantiles = summary.get("itl_ms_quantiles") or []
     parts.append(_details("ITL quantiles (ms)", [(f"q{i}", v) for i, v in enumerate(quantiles)]))
@@ -168,6 +177,15 @@ def _table(title: str, header: Sequence[str], rows: Sequence[Sequence[object]]) 
         for row in rows
     )
     return f"<h2>{html.escape(title)}</h2>\n<table><tr>{head}</tr>{body}</table>"
+
+
+def _provenance(values: Mapping[str, Any]) -> str:
+    """What the run records to run it again (``command`` stands for ``argv``); its settings
+    TOML as a preformatted block."""
+    rows = [(key, value) for key, value in _flatten(values) if key not in ("argv", "config_toml")]
+    text = values.get("config_toml")
+    block = f"<pre>{html.escape(text)}</pre>" if isinstance(text, str) else ""
+    return _table("Provenance", ("", "value"), rows) + block
 
 
 def _details(title: str, rows: Sequence[tuple[str, Any]]) -> str:

@@ -66,6 +66,12 @@ FLOAT_COLUMNS = frozenset(
 TEXT_COLUMNS = frozenset({"graph_kind"})
 
 
+#: Files of a results folder (tables as ``.csv``, or ``.parquet``).
+RESULT_FILES = ("summary.json", "steps.csv", "requests.csv", "steps.parquet", "requests.parquet")
+#: What a results folder holds, as error messages say it.
+EXPECTED_FILES = "expected summary.json, steps.csv and requests.csv, as `stepplan simulate` writes"
+
+
 class ResultsError(ValueError):
     """A results folder or table that cannot be used, naming the file, column and row."""
 
@@ -123,16 +129,20 @@ class Results:
         steps: one row per simulated step (see the simulator's ``steps.csv``).
         requests: one row per request.
         summary: the parsed ``summary.json``.
+        name: the run's name in legends and titles (``None``: see :attr:`label`).
     """
 
     path: Path | None
     steps: Table
     requests: Table
     summary: Mapping[str, object]
+    name: str | None = attrs.field(default=None, kw_only=True)
 
     @property
     def label(self) -> str:
-        """A short name for legends: the folder name, or ``run``."""
+        """A short name for legends: :attr:`name`, else the folder name, else ``run``."""
+        if self.name is not None:
+            return self.name
         return self.path.name if self.path is not None else "run"
 
     @property
@@ -164,6 +174,8 @@ def load_results(folder: str | Path) -> Results:
     folder = Path(folder)
     if not folder.is_dir():
         raise ResultsError(f"{folder}: not a results folder (no such directory)")
+    if not any((folder / name).exists() for name in RESULT_FILES):
+        raise ResultsError(f"{folder}: not a results folder ({EXPECTED_FILES})")
     summary_path = folder / "summary.json"
     try:
         summary = json.loads(_read_text(summary_path))

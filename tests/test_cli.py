@@ -71,7 +71,7 @@ def test_compare_side_by_side(tmp_path, capsys):
     argv += ["--a-label", "stepplan", "--b-label", "seed"]
     assert cli.main(argv) == 0
     printed = capsys.readouterr().out
-    header = printed.splitlines()[0]
+    header = printed.splitlines()[1]  # below the line naming what ran
     assert "stepplan" in header and "seed" in header
     a, b = summary(out / "a"), summary(out / "b")
     assert a["config"]["cost"]["host_cost"] == "model"
@@ -118,7 +118,7 @@ def test_malformed_trace_line_is_reported(tmp_path, capsys):
 
 def test_subcommands_are_registered_one_per_function():
     parser = cli.build_parser()
-    needs = {"simulate": [], "compare": [], "buckets": ["DIR"], "report": ["DIR"]}
+    needs = {"simulate": [], "compare": [], "buckets": ["DIR"], "report": ["DIR"], "config": []}
     assert len(cli.SUBCOMMANDS) == len(needs)
     for name, rest in needs.items():  # each registered function set its own handler
         assert callable(parser.parse_args([name, *rest]).handler), name

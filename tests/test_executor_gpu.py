@@ -1,6 +1,6 @@
 """The executor on a CUDA GPU: graph replay == eager == reference, over steps crossing buckets.
 
-Run on the device machine: ``python -m pytest -q -m gpu tests/test_executor_gpu.py``.
+Run on a CUDA machine: ``python -m pytest -q -m gpu tests/test_executor_gpu.py``.
 """
 
 from __future__ import annotations

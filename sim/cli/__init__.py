@@ -5,7 +5,10 @@ sets ``handler`` (a function of the parsed arguments returning the exit code);
 :data:`SUBCOMMANDS` lists them. Adding a subcommand is one such function and one
 entry in that tuple.
 Modules: ``options`` (what the simulating commands share), ``simulate``, ``compare``,
-``buckets`` and ``report``; only this package of the simulator imports ``stepplan.plots``.
+``buckets``, ``report`` and ``config_cmd`` (``stepplan config``); ``helptext`` (help that
+shows every default), ``provenance`` (what ``summary.json`` records to run it again) and
+``tables`` (what is printed and saved about runs). Only this package of the simulator
+imports ``stepplan.plots``.
 """
 
 from __future__ import annotations
@@ -23,7 +26,10 @@ from ..workloads import WorkloadError
 from .buckets import ERRORS as BUCKET_ERRORS
 from .buckets import add_buckets
 from .compare import add_compare, run_compare
+from .config_cmd import add_config
+from .helptext import Parser
 from .options import build_config, load_requests
+from .provenance import stepplan_version
 from .report import ERRORS as REPORT_ERRORS
 from .report import add_report
 from .simulate import add_simulate
@@ -49,14 +55,16 @@ SUBCOMMANDS: tuple[Callable[[Any], None], ...] = (
     add_compare,
     add_buckets,
     add_report,
+    add_config,
 )
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``stepplan`` parser with every subcommand of :data:`SUBCOMMANDS`."""
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="stepplan", description="Plan, replay and simulate PLE short-conv serving steps."
     )
+    parser.add_argument("--version", action="version", version=f"stepplan {stepplan_version()}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for add in SUBCOMMANDS:
         add(subparsers)
@@ -65,7 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``stepplan`` console script."""
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
+    args.argv = argv  # what the provenance records
     try:
         return args.handler(args)
     except USER_ERRORS as exc:

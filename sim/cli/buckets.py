@@ -143,7 +143,9 @@ def add_buckets(subparsers: Any) -> None:
     parser.add_argument("--max-graphs", type=int, help="graph budget (default: vLLM's count)")
     parser.add_argument("--write", help="write the optimal sizes as a .toml or .json config")
     parser.add_argument("--figure", help="write the bucketing figure (.png or .svg)")
-    parser.add_argument("--num-spec-tokens", type=int, help="override the run's Q - 1")
-    parser.add_argument("--graph-mode", choices=("full", "mixed"), help="override the run's")
-    parser.add_argument("--max-num-seqs", type=int, help="override the run's")
+    parser.add_argument("--num-spec-tokens", type=int, help="Q - 1 (default: the run's)")
+    parser.add_argument(
+        "--graph-mode", choices=("full", "mixed"), help="graph mode (default: the run's)"
+    )
+    parser.add_argument("--max-num-seqs", type=int, help="row limit (default: the run's)")
     parser.set_defaults(handler=run_buckets)

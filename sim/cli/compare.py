@@ -1,4 +1,8 @@
-"""``stepplan compare``: one trace under two configurations."""
+"""``stepplan compare``: one trace under two configurations.
+
+The runs go to ``OUT/a/`` and ``OUT/b/``; their table, with ``B - A`` and ``(B - A) / A``
+columns, is printed and saved as ``OUT/compare.csv`` and ``OUT/compare.json``
+(``tables.py``), and ``stepplan report OUT`` reports both."""
 
 from __future__ import annotations
 
@@ -14,11 +18,11 @@ from .options import (
     SIDE_FLAGS,
     add_run_command,
     build_config,
-    format_table,
     parse_assignments,
     run_name,
     simulate_one,
 )
+from .tables import compare_table, run_header, write_compare
 
 
 def _side_config(args: argparse.Namespace, side: str) -> SimConfig:
@@ -34,13 +38,19 @@ def run_compare(args: argparse.Namespace) -> int:
     configs = {side: _side_config(args, side) for side in ("a", "b")}
     base = Path(args.out or Path("results") / f"compare-{run_name(args, configs['a'])}")
     labels = {side: getattr(args, f"{side}_label") or side.upper() for side in configs}
-    summaries = []
+    summaries = {}
     for side, config in configs.items():
-        result = simulate_one(args, config, base / side, labels[side])
-        summaries.append((labels[side], result.summary))
+        summaries[side] = simulate_one(args, config, base / side, labels[side]).summary
+    table = compare_table((labels["a"], labels["b"]), summaries["a"], summaries["b"])
+    csv_path, json_path = write_compare(base, table)
     if not args.quiet:
-        print(format_table(summaries))
-        print(f"\nresults: {base}/a/ and {base}/b/")
+        headers = {side: run_header(summary) for side, summary in summaries.items()}
+        if headers["a"] == headers["b"]:
+            print(headers["a"])
+        else:
+            print("\n".join(f"{labels[side]}: {header}" for side, header in headers.items()))
+        print(table.format())
+        print(f"\nresults: {base}/a/ and {base}/b/; table: {csv_path}, {json_path}")
     return 0
 
 
@@ -56,9 +66,27 @@ def add_compare(subparsers: Any) -> None:
     )
     for side in ("a", "b"):
         add = parser.add_argument
-        add(f"--{side}-label", help=f"column title of run {side.upper()}")
-        add(f"--{side}-config", help=f"TOML settings of run {side.upper()}")
-        add(f"--{side}-set", action="append", metavar="SECTION.KEY=VALUE")
-        add(f"--{side}-host-cost", choices=HOST_COSTS)
-        add(f"--{side}-graph-mode", choices=GRAPH_MODES)
-        add(f"--{side}-graph-sizes", help="CUDA-graph sizes, e.g. 1,2,4,8")
+        run = f"run {side.upper()}"
+        add(f"--{side}-label", help=f"column title of {run} (default: {side.upper()})")
+        add(f"--{side}-config", help=f"TOML settings of {run} (default: --config)")
+        add(
+            f"--{side}-set",
+            action="append",
+            metavar="SECTION.KEY=VALUE",
+            help=f"a setting of {run} only, over the shared ones (repeatable)",
+        )
+        add(
+            f"--{side}-host-cost",
+            choices=HOST_COSTS,
+            help=f"--host-cost of {run} (default: the shared one)",
+        )
+        add(
+            f"--{side}-graph-mode",
+            choices=GRAPH_MODES,
+            help=f"--graph-mode of {run} (default: the shared one)",
+        )
+        add(
+            f"--{side}-graph-sizes",
+            help=f"--graph-sizes of {run}, in the units --graph-sizes gives "
+            "(default: the shared one)",
+        )

@@ -30,6 +30,8 @@ from ..results import SimResult, parquet_available, summary_rows, write_results
 from ..run import prepare_requests, simulate
 from ..traces import FORMATS, RequestTable, load_trace
 from ..workloads import SYNTHETIC_PREFIX, parse_synthetic
+from .provenance import provenance, trace_identity, with_provenance
+from .tables import align
 
 EMBEDDED_TRACE = "data/azure_llm_2023_code.csv"
 #: Requests the default run keeps of the embedded trace (its first 8.7 minutes)
@@ -64,6 +66,14 @@ OVERRIDES = {
     "live_device": "live.device",
     "live_time": "live.time",
 }
+#: ``--graph-sizes``: one list in two units (``sim/buckets.py`` and ``planner/config.py``).
+GRAPH_SIZES_HELP = (
+    "CUDA-graph sizes, e.g. 1,2,4,8,16,32, in two units: a spec or decode graph of size s "
+    "holds s rows (a spec graph s*Q tokens, a decode graph s tokens), and only sizes up to "
+    "max-num-seqs serve as row counts; a mixed graph's size counts tokens, as vLLM's "
+    "capture sizes do (its rows take the smallest row size that fits). "
+    "Default: vLLM's list for this Q and max-num-seqs"
+)
 #: ``compare``'s per-side flags (``--a-host-cost``, ...), each overriding its ``OVERRIDES`` key.
 SIDE_FLAGS = ("host_cost", "graph_mode", "graph_sizes")
 #: ``--acceptance`` choices: a model, or a preset of per-position probabilities.
@@ -123,6 +133,12 @@ def load_requests(args: argparse.Namespace, config: SimConfig) -> RequestTable:
     return prepare_requests(table, config)
 
 
+def identify_trace(args: argparse.Namespace) -> dict[str, Any]:
+    """The trace :func:`load_requests` reads, as the provenance records it."""
+    with resources.as_file(resources.files("stepplan.sim").joinpath(EMBEDDED_TRACE)) as path:
+        return trace_identity(args.trace, path)
+
+
 def run_name(args: argparse.Namespace, config: SimConfig) -> str:
     if config.name:
         return config.name
@@ -139,13 +155,7 @@ def format_table(columns: list[tuple[str, dict[str, Any]]]) -> str:
     labels = [label for label, _ in rows[0]]
     header = ["", *(label for label, _ in columns)]
     body = [[label, *(r[i][1] for r in rows)] for i, label in enumerate(labels)]
-    widths = [max(len(line[c]) for line in [header, *body]) for c in range(len(header))]
-    lines = []
-    for line in [header, *body]:
-        cells = [line[0].ljust(widths[0])]
-        cells += [cell.rjust(width) for cell, width in zip(line[1:], widths[1:], strict=True)]
-        lines.append("  ".join(cells))
-    return "\n".join(lines)
+    return align(header, body)
 
 
 def _add_trace_options(parser: argparse.ArgumentParser) -> None:
@@ -161,37 +171,58 @@ def _add_trace_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quiet", action="store_true", help="no progress bar, no table")
 
 
-def _add_setting_options(parser: argparse.ArgumentParser) -> None:
+def add_setting_options(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
-    add("--config", help="TOML settings file (see stepplan.sim.config)")
+    add("--config", help="TOML settings file (`stepplan config` prints one)")
     add("--set", action="append", metavar="SECTION.KEY=VALUE", help="any setting (repeatable)")
     add("--name", help="run name (default: the trace's file name)")
-    add("--seed", type=int)
-    add("--limit", type=int, help="keep the first N requests")
+    add("--seed", type=int, help="seed of the acceptance draws and of synthetic arrivals")
+    add(
+        "--limit",
+        type=int,
+        help="keep the first N requests (default: all; 1,000 of the embedded trace)",
+    )
     add("--num-spec-tokens", type=int, help="drafts per spec step (Q - 1); 0: no spec")
-    add("--max-num-seqs", type=int)
-    add("--max-num-batched-tokens", type=int)
+    add("--max-num-seqs", type=int, help="most requests running at once")
+    add("--max-num-batched-tokens", type=int, help="token budget per step, lookahead included")
     add("--slot-capacity", type=int, help="conv-state slots (default: max-num-seqs)")
     add("--num-groups", type=int, help="layer groups")
-    add("--graph-mode", choices=GRAPH_MODES)
-    add("--graph-sizes", help="CUDA-graph sizes, e.g. 1,2,4,8,16,32 (default: vLLM's)")
+    add(
+        "--graph-mode",
+        choices=GRAPH_MODES,
+        help="none: every step eager; full: CUDA graphs for pure spec or pure decode steps; "
+        "mixed: a graph for any step that fits one",
+    )
+    add("--graph-sizes", help=GRAPH_SIZES_HELP)
     add(
         "--host-cost",
         choices=HOST_COSTS,
         help="host time per step: model (deterministic, default), measured (the planner's "
         "real time; results then vary run to run) or seed (the seed builder's 250/900 us)",
     )
-    add("--kernel-profile", help="kernel profile JSON")
-    add("--acceptance", choices=(*ACCEPTANCE_MODELS, *ACCEPTANCE_PRESETS))
+    add(
+        "--kernel-profile",
+        help="kernel profile JSON, or public for SPEC §4's public kernel "
+        "(default: stepplan's kernels as measured on an H200)",
+    )
+    add(
+        "--acceptance",
+        choices=(*ACCEPTANCE_MODELS, *ACCEPTANCE_PRESETS),
+        help="acceptance model, or a preset of per-position probabilities",
+    )
     add("--acceptance-probs", help="per-position acceptance, e.g. 0.9,0.8,0.7")
     add("--acceptance-length", type=float, help="mean acceptance length for 'fixed'")
     add("--acceptance-trace", help="JSONL of accepted counts for 'replay'")
     add("--rate-scale", type=float, help="arrival-rate multiplier")
-    add("--start-s", type=float, help="window start (trace seconds)")
-    add("--end-s", type=float, help="window end (trace seconds)")
-    add("--rate", type=float, help="req/s for traces without arrival times")
-    add("--slo-ttft-ms", type=float)
-    add("--slo-tpot-ms", type=float)
+    add("--start-s", type=float, help="window start, trace seconds (default: the trace's start)")
+    add("--end-s", type=float, help="window end, trace seconds (default: the trace's end)")
+    add(
+        "--rate",
+        type=float,
+        help="req/s for traces without arrival times (default: none, all arrive at 0)",
+    )
+    add("--slo-ttft-ms", type=float, help="TTFT objective of a good request")
+    add("--slo-tpot-ms", type=float, help="TPOT objective of a good request")
     _add_live_options(parser)
 
 
@@ -219,12 +250,13 @@ def simulate_one(
     args: argparse.Namespace, config: SimConfig, out: Path, label: str = ""
 ) -> SimResult:
     requests = load_requests(args, config)
+    origin = provenance(getattr(args, "argv", None), identify_trace(args), config)
     if args.parquet and not parquet_available():
         print("stepplan: pyarrow is not installed; writing CSV", file=sys.stderr)
     progress = not args.quiet and sys.stderr.isatty()
     if progress and label:
         print(f"simulating {label} ...", file=sys.stderr)
-    result = simulate(requests, config, progress=progress)
+    result = with_provenance(simulate(requests, config, progress=progress), origin)
     write_results(result, out, parquet=args.parquet)
     return result
 
@@ -235,6 +267,6 @@ def add_run_command(
     """A subcommand that simulates a trace: its parser with the trace and setting options."""
     parser = subparsers.add_parser(name, **texts)
     _add_trace_options(parser)
-    _add_setting_options(parser)
+    add_setting_options(parser)
     parser.set_defaults(handler=handler)
     return parser

@@ -1,25 +1,45 @@
-"""``stepplan report`` and ``simulate --report``: one self-contained HTML page of a run."""
+"""``stepplan report`` and ``simulate --report``: one self-contained HTML page of a run,
+or of both runs of a ``stepplan compare`` folder."""
 
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import attrs
 import numpy as np
 
 from stepplan.planner import ExecutionPlan, StepBatch, compile_plan
-from stepplan.plots.results_io import Results, ResultsError, load_results, results_from_columns
+from stepplan.plots.results_io import (
+    RESULT_FILES,
+    Results,
+    ResultsError,
+    load_results,
+    results_from_columns,
+)
 
 from ..buckets import BucketError, compare_to_defaults
 from ..config import ConfigError, SimConfig
 from ..results import SimResult
 from ..run import planner_config
 from .buckets import bucketing_of, comparison_table, run_config, run_demand
+from .tables import compare_table
+
+if TYPE_CHECKING:
+    from stepplan.plots.report import ReportTable
 
 #: Errors this command raises for bad input; ``cli.main`` reports them as one line
 #: (exit code 2) rather than a traceback, as it does for every subcommand.
 ERRORS = (ResultsError, BucketError, ConfigError, OSError)
+#: What ``stepplan report`` takes, as its error message says it.
+EXPECTS = (
+    "stepplan report takes a results folder (summary.json, steps.csv and requests.csv, "
+    "as `stepplan simulate` writes) or a compare folder (a/ and b/, as `stepplan compare` "
+    "writes)"
+)
+SIDES = ("a", "b")
 
 
 def example_plan(results: Results, config: SimConfig) -> ExecutionPlan:
@@ -56,10 +76,15 @@ def _spread(tokens: int, rows: int) -> np.ndarray:
 
 
 def build_run_report(
-    results: Results, path: Path, others: tuple[Results, ...] = (), max_graphs: int | None = None
+    results: Results,
+    path: Path,
+    others: tuple[Results, ...] = (),
+    max_graphs: int | None = None,
+    **page: Any,
 ) -> Path:
     """Write the HTML report of ``results``: its figures, with the optimal sizes beside
-    the run's own, and the bucket comparison table."""
+    the run's own, and the bucket comparison table; ``others`` join the latency CDFs;
+    ``page`` goes to ``write_report`` (``title``, ``leading_tables``)."""
     from stepplan.plots.bucketing import run_bucketing
     from stepplan.plots.report import report_figures, write_report
 
@@ -72,15 +97,68 @@ def build_run_report(
         bucketings.append(bucketing_of(demand, comparison.recommended))
     plan = example_plan(results, config)
     figures = report_figures(results, bucketings=bucketings, others=others, plan=plan)
-    return write_report(results, path, figures=figures, tables=tables)
+    return write_report(results, path, figures=figures, tables=tables, **page)
+
+
+def is_compare_folder(folder: Path) -> bool:
+    """Whether ``folder`` holds the two runs of ``stepplan compare`` (``a/``, ``b/``)."""
+    return all((folder / side / "summary.json").is_file() for side in SIDES)
+
+
+def compare_labels(folder: Path) -> tuple[str, str]:
+    """The runs' labels from ``compare.json`` (``A`` and ``B`` when there is none)."""
+    path = folder / "compare.json"
+    if not path.exists():
+        return ("A", "B")
+    try:
+        document = json.loads(path.read_text())
+        return (str(document["a"]["label"]), str(document["b"]["label"]))
+    except (ValueError, KeyError, TypeError):
+        raise ResultsError(
+            f"{path}: expected the labels as `stepplan compare` writes them "
+            '({"a": {"label": ...}, "b": {"label": ...}, ...})'
+        ) from None
+
+
+def build_compare_report(
+    folder: Path, path: Path, others: tuple[Results, ...] = (), max_graphs: int | None = None
+) -> Path:
+    """One page of both runs of a compare folder: their table with its differences on
+    top, then run A's report with run B beside it in the latency CDFs."""
+    labels = compare_labels(folder)
+    a, b = (
+        attrs.evolve(load_results(folder / side), name=label)
+        for side, label in zip(SIDES, labels, strict=True)
+    )
+    lead = _compare_report_table(a, b)
+    title = f"{a.label} vs {b.label}"
+    return build_run_report(a, path, (b, *others), max_graphs, title=title, leading_tables=(lead,))
+
+
+def _compare_report_table(a: Results, b: Results) -> ReportTable:
+    from stepplan.plots.report import ReportTable
+
+    table = compare_table((a.label, b.label), a.summary, b.summary)
+    title = (
+        f"Run A ({a.label}) against run B ({b.label}); "
+        "the figures show run A, the latency CDFs both"
+    )
+    return ReportTable(title, table.header, table.text_rows())
 
 
 def run_report(args: argparse.Namespace) -> int:
-    """``stepplan report``: one self-contained HTML page for a results folder."""
-    results = load_results(args.results)
-    others = tuple(load_results(folder) for folder in args.compare or ())
-    path = Path(args.out) if args.out else Path(args.results) / "report.html"
-    build_run_report(results, path, others, args.max_graphs)
+    """``stepplan report``: one self-contained HTML page for a results or compare folder."""
+    folder = Path(args.results)
+    others = tuple(load_results(other) for other in args.compare or ())
+    path = Path(args.out) if args.out else folder / "report.html"
+    if any((folder / name).exists() for name in RESULT_FILES):
+        build_run_report(load_results(folder), path, others, args.max_graphs)
+    elif is_compare_folder(folder):
+        build_compare_report(folder, path, others, args.max_graphs)
+    elif folder.is_dir():
+        raise ResultsError(f"{folder}: not a results folder; {EXPECTS}")
+    else:
+        raise ResultsError(f"{folder}: not a results folder (no such directory); {EXPECTS}")
     print(f"report: {path}")
     return 0
 
@@ -89,13 +167,23 @@ def add_report(subparsers: Any) -> None:
     """``report RESULTS_DIR [--out FILE] [--compare DIR ...] [--max-graphs N]``."""
     parser = subparsers.add_parser(
         "report",
-        help="write one self-contained HTML report of a results folder",
-        description="Summary tables, the bucket comparison and every figure, embedded.",
+        help="write one self-contained HTML report of a results or compare folder",
+        description="Summary tables, the bucket comparison and every figure, embedded. "
+        "On a compare folder: both runs' table with its differences, then run A's report "
+        "with run B in the latency CDFs.",
     )
-    parser.add_argument("results", help="results folder of `stepplan simulate`")
+    parser.add_argument(
+        "results",
+        help="results folder of `stepplan simulate`, or the folder of `stepplan compare` "
+        "(both runs on one page)",
+    )
     parser.add_argument("--out", help="HTML file (default: RESULTS_DIR/report.html)")
     parser.add_argument("--compare", nargs="+", metavar="DIR", help="more runs for the CDFs")
-    parser.add_argument("--max-graphs", type=int, help="graph budget of the bucket comparison")
+    parser.add_argument(
+        "--max-graphs",
+        type=int,
+        help="graph budget of the bucket comparison (default: vLLM's count)",
+    )
     parser.set_defaults(handler=run_report)
 
 

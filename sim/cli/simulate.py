@@ -8,6 +8,7 @@ from typing import Any
 
 from .options import add_run_command, build_config, format_table, run_name, simulate_one
 from .report import add_report_option, report_after_simulation
+from .tables import run_header
 
 
 def run_simulate(args: argparse.Namespace) -> int:
@@ -18,6 +19,7 @@ def run_simulate(args: argparse.Namespace) -> int:
     result = simulate_one(args, config, out)
     report = report_after_simulation(result, out, args.report)
     if not args.quiet:
+        print(run_header(result.summary))
         print(format_table([(name, result.summary)]))
         print(f"\nresults: {out}/ (wall {result.summary['run']['wall_s']:.1f} s)")
         if report is not None:

@@ -1,0 +1,60 @@
+"""``--help`` that shows every option's default.
+
+The setting flags default to ``None`` (an unset flag must not override the ``--config``
+file), so argparse's own defaults would all read "None"; :class:`DefaultsHelpFormatter`
+shows the default of the setting a flag overrides instead, read from ``SimConfig()``
+(``--max-num-seqs``: 256). A help text that states its default itself is left as it is.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from ..config import SimConfig
+from .options import OVERRIDES
+
+#: Flag destinations -> the setting whose default they show (``OVERRIDES`` and the one
+#: flag that sets a setting of another name).
+_SETTINGS = {**OVERRIDES, "acceptance": "acceptance.model"}
+
+
+def setting_default(key: str) -> Any:
+    """The default of the dotted setting ``key`` (``scheduler.max_num_seqs``)."""
+    value: Any = SimConfig()
+    for part in key.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def describe(value: Any) -> str:
+    """A default as the flag would take it: lists comma-separated, bools on or off."""
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, list | tuple):
+        return ",".join(str(item) for item in value)
+    return str(value)
+
+
+class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Appends ``(default: ...)`` to every option's help (see the module docstring)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        takes_default = action.option_strings or action.nargs in (argparse.OPTIONAL, "*")
+        if "default" in text.lower() or action.default is argparse.SUPPRESS or not takes_default:
+            return text
+        key = _SETTINGS.get(action.dest)
+        value = setting_default(key) if key is not None else action.default
+        return f"{text} (default: {describe(value).replace('%', '%%')})"
+
+
+class Parser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` with :class:`DefaultsHelpFormatter`; the subcommands'
+    parsers are of its class too, so every ``--help`` shows its defaults."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", DefaultsHelpFormatter)
+        super().__init__(*args, **kwargs)
