@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 from pathlib import Path
 from typing import Any
 
 from stepplan.planner import GRAPH_MODES
 
 from ..config import HOST_COSTS, SimConfig, with_settings
+from ..outdir import ResultsFolder
+from ..results import RESULT_FILES
 from .options import (
     OVERRIDES,
     SIDE_FLAGS,
@@ -16,9 +19,11 @@ from .options import (
     build_config,
     format_table,
     parse_assignments,
-    run_name,
+    results_folder,
     simulate_one,
 )
+
+SIDES = ("a", "b")
 
 
 def _side_config(args: argparse.Namespace, side: str) -> SimConfig:
@@ -31,16 +36,37 @@ def _side_config(args: argparse.Namespace, side: str) -> SimConfig:
 
 def run_compare(args: argparse.Namespace) -> int:
     """``stepplan compare``: the same trace under two configurations, side by side."""
-    configs = {side: _side_config(args, side) for side in ("a", "b")}
-    base = Path(args.out or Path("results") / f"compare-{run_name(args, configs['a'])}")
+    configs = {side: _side_config(args, side) for side in SIDES}
+    key = {"trace": args.trace, "format": args.format}
+    key.update({side: config.to_dict() for side, config in configs.items()})
     labels = {side: getattr(args, f"{side}_label") or side.upper() for side in configs}
     summaries = []
-    for side, config in configs.items():
-        result = simulate_one(args, config, base / side, labels[side])
-        summaries.append((labels[side], result.summary))
+    with contextlib.ExitStack() as stack:
+        # The compare folder is stepplan's too: its manifest lists a/ and b/, each a
+        # results folder of its own; all three are claimed before either run starts.
+        base = stack.enter_context(
+            results_folder(args, configs["a"], key, kind="compare", names=SIDES)
+        )
+        folders = {
+            side: stack.enter_context(
+                ResultsFolder.claim(
+                    Path(base.shown) / side, overwrite=args.overwrite, names=RESULT_FILES
+                )
+            )
+            for side in SIDES
+        }
+        try:
+            for side, config in configs.items():
+                result = simulate_one(args, config, folders[side], labels[side])
+                summaries.append((labels[side], result.summary))
+        finally:
+            written = [side for side in SIDES if folders[side].placed]
+            if written:
+                base.record(written, complete=len(summaries) == len(SIDES))
     if not args.quiet:
-        print(format_table(summaries))
-        print(f"\nresults: {base}/a/ and {base}/b/")
+        print(format_table(summaries) + "\n")
+    if not args.quiet or not args.out:  # a folder stepplan named is always said
+        print(f"results: {base.shown}/a/ and {base.shown}/b/")
     return 0
 
 
