@@ -27,15 +27,8 @@ from .config import ConfigError, SimConfig
 from .cost import CostModel, StepLoad
 from .live import LiveStepper
 from .progress import Progress
-from .results import (
-    GRAPH_KINDS,
-    MEASURED,
-    RequestLog,
-    SimResult,
-    request_columns,
-    step_columns,
-    summarize,
-)
+from .records import RequestLog, request_columns, step_columns
+from .results import GRAPH_KINDS, MEASURED, SimResult, summarize
 from .scheduler import ScheduledStep, Scheduler
 from .traces import RequestTable
 
@@ -154,11 +147,11 @@ def simulate(
     clock = 0.0
     stopped = False
     while not scheduler.done:
+        if progress is not None:
+            progress.update(len(records), scheduler.num_finished, clock)
         if stop is not None and stop.is_set():
             stopped = True
             break
-        if progress is not None:
-            progress.update(len(records), scheduler.num_finished, clock)
         step = scheduler.schedule(clock)
         if step is None:
             clock = max(clock, scheduler.next_arrival_s())
