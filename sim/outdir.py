@@ -143,7 +143,7 @@ class ResultsFolder:
         shown, path = str(path), Path(path)
         for _ in range(_CLAIM_TRIES):
             created = _make_folder(path, shown)
-            fd = _lock(path, shown)
+            fd = _lock(path, shown)  # busy: what it made stays, the holder may be using it
             if _same_folder(fd, path):
                 break
             os.close(fd)  # removed or replaced between mkdir and lock: once more
