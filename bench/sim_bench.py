@@ -55,6 +55,7 @@ def main() -> None:
 
 def report(args: argparse.Namespace, num_requests: int, load_s: float, wall: float, result) -> None:
     steps, summary = result.steps, result.summary
+    host = summary["measured"]["host"]  # the measured figures (measured.json in a folder)
     count = steps["step"].size
     plan_s = steps["plan_us"].sum() * 1e-6
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
@@ -73,7 +74,7 @@ def report(args: argparse.Namespace, num_requests: int, load_s: float, wall: flo
         ("simulated / wall", f"{summary['duration_s'] / wall:.0f}x"),
         (
             "plan us p50 / p90",
-            f"{summary['host']['plan_us_p50']:.1f} / {summary['host']['plan_us_p90']:.1f}",
+            f"{host['plan_us_p50']:.1f} / {host['plan_us_p90']:.1f}",
         ),
         ("plan us fit", f"{intercept:.1f} + {slope:.3f} * rows"),
         ("rows / step mean, max", f"{steps['num_rows'].mean():.1f}, {steps['num_rows'].max()}"),

@@ -39,6 +39,8 @@ def plot_host_time(results: Results, num_groups: int | None = None) -> Figure:
     steps = results.steps
     steps.require_rows("the host-time figure")
     groups = run_num_groups(results) if num_groups is None else num_groups
+    if "plan_us" not in steps.columns:
+        raise ResultsError(f"{steps.name}: no plan_us column (measured_steps.csv is missing)")
     planner = steps.column("plan_us")
     if not np.isfinite(planner).all() or (planner < 0).any():
         row = int(np.argmax(~np.isfinite(planner) | (planner < 0)))

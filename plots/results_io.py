@@ -1,4 +1,5 @@
-"""Read a simulation results folder (``steps.csv``, ``requests.csv``, ``summary.json``).
+"""Read a simulation results folder (``steps.csv``, ``requests.csv``, ``summary.json``,
+and the measured files ``measured_steps.csv`` and ``measured.json`` when present).
 
 The folder is the contract between the simulator and everything that draws or
 analyses its output, so this module reads files and never imports the simulator.
@@ -64,6 +65,8 @@ FLOAT_COLUMNS = frozenset(
     }
 )
 TEXT_COLUMNS = frozenset({"graph_kind"})
+#: The summary's section that holds ``measured.json`` (as the simulator keeps it in memory).
+MEASURED = "measured"
 
 
 #: Files of a results folder (tables as ``.csv``, or ``.parquet``).
@@ -126,9 +129,10 @@ class Results:
 
     Attributes:
         path: the folder it was read from (``None`` when built in memory).
-        steps: one row per simulated step (see the simulator's ``steps.csv``).
+        steps: one row per simulated step (see the simulator's ``steps.csv``), with
+            ``plan_us`` from ``measured_steps.csv`` when the folder has it.
         requests: one row per request.
-        summary: the parsed ``summary.json``.
+        summary: the parsed ``summary.json``, with ``measured.json`` under ``"measured"``.
         name: the run's name in legends and titles (``None``: see :attr:`label`).
     """
 
@@ -170,7 +174,8 @@ def results_from_columns(
 
 def load_results(folder: str | Path) -> Results:
     """Read ``steps.csv``, ``requests.csv`` and ``summary.json`` from ``folder``
-    (``.parquet`` tables instead of CSV when the folder has them and pyarrow is installed)."""
+    (``.parquet`` tables instead of CSV when the folder has them and pyarrow is installed),
+    and the measured ``plan_us`` column and figures when it has them."""
     folder = Path(folder)
     if not folder.is_dir():
         raise ResultsError(f"{folder}: not a results folder (no such directory)")
@@ -183,9 +188,31 @@ def load_results(folder: str | Path) -> Results:
         raise ResultsError(f"{summary_path}:{exc.lineno}: not valid JSON ({exc.msg})") from None
     if not isinstance(summary, dict):
         raise ResultsError(f"{summary_path}: must hold a JSON object")
-    steps = _read_any(folder, "steps")
+    measured = folder / "measured.json"
+    if measured.exists():
+        summary[MEASURED] = _read_json(measured)
+    steps = _with_measured(_read_any(folder, "steps"), folder)
     requests = _read_any(folder, "requests")
     return Results(folder, steps, requests, MappingProxyType(summary))
+
+
+def _read_json(path: Path) -> object:
+    try:
+        return json.loads(_read_text(path))
+    except json.JSONDecodeError as exc:
+        raise ResultsError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})") from None
+
+
+def _with_measured(steps: Table, folder: Path) -> Table:
+    """``steps`` with the columns of ``measured_steps`` (matched on ``step``) when present."""
+    if not any((folder / f"measured_steps{ext}").exists() for ext in (".csv", ".parquet")):
+        return steps
+    measured = _read_any(folder, "measured_steps")
+    if not np.array_equal(measured.column("step"), steps.column("step")):
+        raise ResultsError(f"{measured.name}: its steps differ from {steps.name}'s")
+    columns = dict(steps.columns)
+    columns.update((k, v) for k, v in measured.columns.items() if k != "step")
+    return Table.from_columns(steps.name, columns)
 
 
 def _read_any(folder: Path, name: str) -> Table:

@@ -1,7 +1,6 @@
 """Simulation results: per-request and per-step tables, the summary, and their files.
 
-A results folder holds three files, written atomically (all appear together or none
-does; an older folder of the same name is replaced whole):
+A results folder (see ``outdir.py`` for what ``--out`` may touch) holds:
 
 ``steps.csv`` -- one row per step, in order:
     ``step`` (0-based), ``start_s``, ``duration_s`` (simulated clock);
@@ -11,22 +10,24 @@ does; an older folder of the same name is replaced whole):
     ``graph_kind`` (``spec``, ``decode``, ``mixed``, or empty when the step ran
     eagerly), ``graph_tokens, graph_rows`` (the bucket; 0 when eager), ``graph_hit``
     (0/1); ``padded_tokens, padded_rows`` (the plan's capacity minus its live part);
-    ``plan_us`` (measured host time of ``StepBatch`` validation + ``Planner.compile``,
-    not deterministic); ``model_s, conv_s, host_s, launch_s`` (the cost terms,
-    ``duration_s`` is their sum; see ``cost.py``).
+    ``model_s, conv_s, host_s, launch_s`` (the cost terms, ``duration_s`` is their sum;
+    see ``cost.py``).
 
 ``requests.csv`` -- one row per request, in arrival order:
     ``request_id`` (row of the trace after filtering), ``arrival_s, prompt_tokens,
     output_tokens, first_token_s, finish_s``, ``ttft_s`` (first token - arrival),
     ``tpot_s`` ((finish - first token) / (output - 1); empty for one-token outputs),
     ``e2e_s`` (finish - arrival), ``num_steps`` (steps the request was scheduled in),
-    ``accepted_tokens, drafted_tokens`` (drafts over its spec steps).
+    ``accepted_tokens, drafted_tokens`` (drafts over its spec steps). In a partial run
+    the requests not finished have empty ``finish_s`` (and ``first_token_s``, ``ttft_s``
+    until their first token).
 
 ``summary.json``::
 
     {"stepplan_version", "config": {every setting, by section},
      "trace": {"path", "format", "requests", "span_s", "skipped"},
-     "requests", "duration_s" (first arrival to last finish),
+     "complete": false when the run was stopped early (Ctrl-C, SIGTERM), else true,
+     "requests", "finished_requests", "duration_s" (first arrival to last finish),
      "throughput": {"requests_per_s", "output_tokens_per_s", "total_tokens_per_s"},
      "goodput": {"slo": {"ttft_ms", "tpot_ms"}, "requests_per_s", "share"},
      "latency_ms": {"ttft" | "tpot" | "itl" | "e2e": {"mean", "p50", "p90", "p99"}},
@@ -37,31 +38,39 @@ does; an older folder of the same name is replaced whole):
      "acceptance": {"mean_accepted_per_spec_step", "mean_acceptance_length",
                     "draft_acceptance_rate", "spec_steps", "drafted_tokens",
                     "accepted_tokens"},
-     "host": {"plan_us_p50", "plan_us_p90", "plan_us_mean"} (measured),
      "time_s": {"model", "short_conv", "host", "launch", "busy", "idle"},
-     "run": {"wall_s", "steps_per_s"} (measured),
      "live": true when a real toy model ran every step (``live.py``; then
              "acceptance" is its real verification), else false,
      "live_run": {"backend", "device", "device_name", "dtype", "time",
                   "reproducible", "model" (the toy model's shape), "slots",
-                  "graphs_captured", "model_wall_s" (measured)} (live runs only)}
+                  "graphs_captured"} (live runs only)}
+
+Throughput, goodput and latency are over the finished requests (all of them in a
+complete run); the step figures over the steps simulated.
+
+``measured_steps.csv`` (``step``, ``plan_us``: host time of ``StepBatch`` validation +
+``Planner.compile``) and ``measured.json`` (``{"host": {"plan_us_p50", "plan_us_p90",
+"plan_us_mean"}, "run": {"wall_s", "steps_per_s"}, "live_run": {"model_wall_s"}}``)
+hold what is measured on the machine and varies from run to run. Everything else is
+a function of the inputs: the same command gives byte-identical ``steps.csv``,
+``requests.csv`` and ``summary.json`` (unless ``cost.host_cost`` or ``live.time`` is
+``measured``, which feed measured times into the clock). In memory
+(:class:`SimResult`) ``plan_us`` is a column of ``steps`` and ``measured.json`` is the
+summary's ``"measured"`` section; :func:`read_results` puts them back there.
 
 In a live run with ``live.time = "measured"``, ``model_s`` is the model run's
 measured wall time and ``conv_s`` and ``launch_s`` are 0 (it includes them).
 
 ITL is the gap between consecutive steps in which a request emitted tokens. A
 request is *good* when its TTFT and TPOT meet the SLOs. Latency statistics of an
-empty set are ``null``. Parquet files (``steps.parquet``, ``requests.parquet``)
-replace the CSVs when asked for and ``pyarrow`` is importable.
+empty set are ``null``. Parquet files (``*.parquet``) replace the CSVs when asked for
+and ``pyarrow`` is importable.
 """
 
 from __future__ import annotations
 
 import csv
 import json
-import os
-import shutil
-import tempfile
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -69,9 +78,11 @@ from typing import Any
 import attrs
 import numpy as np
 
+from .outdir import ResultsFolder
+
 GRAPH_KINDS = ("", "spec", "decode", "mixed")  # code 0 is eager
 
-#: ``steps.csv`` columns in order; the first block is recorded per step by the loop.
+#: The loop's per-step record, in order.
 STEP_RECORD = (
     "start_s",
     "duration_s",
@@ -92,6 +103,8 @@ STEP_RECORD = (
     "host_s",
     "launch_s",
 )
+#: In-memory step columns in order: ``steps.csv``'s, then the measured ``plan_us``
+#: (``measured_steps.csv``), where a reader that joins the two files puts it too.
 STEP_COLUMNS = (
     "step",
     *STEP_RECORD[:8],
@@ -101,7 +114,8 @@ STEP_COLUMNS = (
     "graph_tokens",
     "graph_rows",
     "graph_hit",
-    *STEP_RECORD[11:],
+    *(name for name in STEP_RECORD[11:] if name != "plan_us"),
+    "plan_us",
 )
 REQUEST_COLUMNS = (
     "request_id",
@@ -117,114 +131,46 @@ REQUEST_COLUMNS = (
     "accepted_tokens",
     "drafted_tokens",
 )
-_FLOAT_STEP_COLUMNS = frozenset(
+#: ``measured_steps.csv``: the measured per-step column, apart from ``steps.csv``.
+MEASURED_STEP_COLUMNS = ("step", "plan_us")
+#: The summary's section that goes to ``measured.json``.
+MEASURED = "measured"
+#: Every file a results folder may get (CSV or Parquet tables).
+RESULT_FILES = (
+    *(
+        f"{name}{ext}"
+        for name in ("steps", "requests", "measured_steps")
+        for ext in (".csv", ".parquet")
+    ),
+    "summary.json",
+    "measured.json",
+)
+#: Float columns of the step tables (the rest are int64, and ``graph_kind`` text).
+FLOAT_STEP_COLUMNS = frozenset(
     ("start_s", "duration_s", "plan_us", "model_s", "conv_s", "host_s", "launch_s")
 )
-_FLOAT_COLUMNS = _FLOAT_STEP_COLUMNS | frozenset(
+_FLOAT_COLUMNS = FLOAT_STEP_COLUMNS | frozenset(
     ("arrival_s", "first_token_s", "finish_s", "ttft_s", "tpot_s", "e2e_s")
 )
 
 
-class RequestLog:
-    """Per-request accumulators the loop updates after every step.
-
-    Arrays are ``[N]``: ``first_token_s``, ``finish_s``, ``last_emit_s`` (float64,
-    NaN until set), ``num_steps``, ``drafted``, ``accepted`` (int64); ``itl_s`` collects
-    ``[k], float64`` chunks of inter-token gaps.
-    """
-
-    def __init__(self, num_requests: int) -> None:
-        self.first_token_s = np.full(num_requests, np.nan)
-        self.finish_s = np.full(num_requests, np.nan)
-        self.last_emit_s = np.full(num_requests, np.nan)
-        self.num_steps = np.zeros(num_requests, np.int64)
-        self.drafted = np.zeros(num_requests, np.int64)
-        self.accepted = np.zeros(num_requests, np.int64)
-        self.itl_s: list[np.ndarray] = []
-
-    def record(
-        self,
-        ids: np.ndarray,
-        emitted: np.ndarray,
-        finished: np.ndarray,
-        end_s: float,
-    ) -> None:
-        """One step's rows: ``ids``, ``emitted`` (``[R], int64``), ``finished`` (``[R], bool``)."""
-        self.num_steps[ids] += 1
-        emitting = ids[emitted > 0]
-        last = self.last_emit_s[emitting]
-        seen = ~np.isnan(last)
-        if seen.any():
-            self.itl_s.append(end_s - last[seen])
-        if not seen.all():
-            self.first_token_s[emitting[~seen]] = end_s
-        self.last_emit_s[emitting] = end_s
-        if finished.any():
-            self.finish_s[ids[finished]] = end_s
-
-    def record_spec(self, ids: np.ndarray, drafts: np.ndarray, accepted: np.ndarray) -> None:
-        """Spec rows' drafts and accepted drafts (``[S], int64`` each)."""
-        self.drafted[ids] += drafts
-        self.accepted[ids] += accepted
-
-
 @attrs.frozen(eq=False)
 class SimResult:
-    """A finished simulation.
+    """A simulation, finished or stopped early (``summary["complete"]``).
 
     Attributes:
-        steps: ``steps.csv`` columns, ``[num_steps]`` each (``graph_kind`` as str).
+        steps: ``steps.csv`` columns and ``plan_us`` (``measured_steps.csv``),
+            ``[num_steps]`` each (``graph_kind`` as str).
         requests: ``requests.csv`` columns, ``[N]`` each.
         itl_s: ``[k], float64`` every inter-token gap.
-        summary: the ``summary.json`` document.
+        summary: the ``summary.json`` document, with ``measured.json``'s under
+            ``"measured"``.
     """
 
     steps: dict[str, np.ndarray]
     requests: dict[str, np.ndarray]
     itl_s: np.ndarray
     summary: dict[str, Any]
-
-
-def step_columns(records: list[tuple[float, ...]]) -> dict[str, np.ndarray]:
-    """``steps.csv`` columns from the loop's per-step tuples (``STEP_RECORD`` order)."""
-    table = np.array(records, dtype=np.float64).reshape(len(records), len(STEP_RECORD))
-    columns = {
-        name: table[:, i] if name in _FLOAT_STEP_COLUMNS else table[:, i].astype(np.int64)
-        for i, name in enumerate(STEP_RECORD)
-    }
-    code = columns.pop("graph_code")
-    columns["step"] = np.arange(len(records), dtype=np.int64)
-    columns["num_rows"] = sum(columns[f"num_{k}_rows"] for k in ("spec", "decode", "prefill"))
-    columns["num_tokens"] = sum(columns[f"num_{k}_tokens"] for k in ("spec", "decode", "prefill"))
-    columns["graph_kind"] = np.asarray(GRAPH_KINDS, dtype=object)[code]
-    columns["graph_hit"] = (code > 0).astype(np.int64)
-    return {name: columns[name] for name in STEP_COLUMNS}
-
-
-def request_columns(
-    arrival_s: np.ndarray,
-    prompt: np.ndarray,
-    output: np.ndarray,
-    log: RequestLog,
-) -> dict[str, np.ndarray]:
-    """``requests.csv`` columns (``[N]`` each) from the trace and the log."""
-    ttft = log.first_token_s - arrival_s
-    with np.errstate(invalid="ignore", divide="ignore"):
-        tpot = np.where(output > 1, (log.finish_s - log.first_token_s) / (output - 1), np.nan)
-    return {
-        "request_id": np.arange(arrival_s.size, dtype=np.int64),
-        "arrival_s": arrival_s,
-        "prompt_tokens": prompt,
-        "output_tokens": output,
-        "first_token_s": log.first_token_s,
-        "finish_s": log.finish_s,
-        "ttft_s": ttft,
-        "tpot_s": tpot,
-        "e2e_s": log.finish_s - arrival_s,
-        "num_steps": log.num_steps,
-        "accepted_tokens": log.accepted,
-        "drafted_tokens": log.drafted,
-    }
 
 
 def _stats_ms(values_s: np.ndarray) -> dict[str, float | None]:
@@ -256,6 +202,7 @@ def _latency(requests: dict[str, np.ndarray], itl_s: np.ndarray) -> dict[str, An
 
 
 def _goodput(requests: dict[str, np.ndarray], slo: dict[str, float], duration: float) -> dict:
+    """Over ``requests``, the finished requests' columns."""
     ttft_ok = requests["ttft_s"] * 1e3 <= slo["ttft_ms"]
     tpot = requests["tpot_s"]
     tpot_ok = np.isnan(tpot) | (tpot * 1e3 <= slo["tpot_ms"])
@@ -314,35 +261,49 @@ def summarize(
     itl_s: np.ndarray,
     spec_steps: int,
     wall_s: float,
+    *,
+    complete: bool = True,
 ) -> dict[str, Any]:
-    """The ``summary.json`` document (see the module docstring)."""
+    """The ``summary.json`` document, with the ``"measured"`` section (see the module
+    docstring); request figures are over the finished requests."""
     n = int(requests["request_id"].size)
-    duration = float(np.nanmax(requests["finish_s"])) if n else 0.0
-    output, prompt = int(requests["output_tokens"].sum()), int(requests["prompt_tokens"].sum())
-    plan_us = steps["plan_us"]
+    done = ~np.isnan(requests["finish_s"])
+    finished = {name: column[done] for name, column in requests.items()}
+    duration = float(finished["finish_s"].max()) if done.any() else 0.0
+    output, prompt = int(finished["output_tokens"].sum()), int(finished["prompt_tokens"].sum())
+    count = int(done.sum())
     itl_ms = itl_s * 1e3
     return {
         "stepplan_version": _version(),
         "config": config,
         "trace": trace,
+        "complete": complete,
         "requests": n,
+        "finished_requests": count,
         "duration_s": duration,
         "throughput": {
-            "requests_per_s": _ratio(n, duration),
+            "requests_per_s": _ratio(count, duration),
             "output_tokens_per_s": _ratio(output, duration),
             "total_tokens_per_s": _ratio(output + prompt, duration),
         },
-        "goodput": _goodput(requests, config["slo"], duration),
-        "latency_ms": _latency(requests, itl_s),
+        "goodput": _goodput(finished, config["slo"], duration),
+        "latency_ms": _latency(finished, itl_s),
         "itl_ms_quantiles": np.percentile(itl_ms, np.arange(101)).tolist() if itl_ms.size else [],
         "steps": _step_summary(steps),
         "acceptance": _acceptance(requests, spec_steps),
+        "time_s": _times(steps, duration),
+        MEASURED: _measured(steps["plan_us"], wall_s),
+    }
+
+
+def _measured(plan_us: np.ndarray, wall_s: float) -> dict[str, Any]:
+    """``measured.json``'s figures of ``plan_us`` (``[num_steps], float64``) and the wall time."""
+    return {
         "host": {
             "plan_us_p50": float(np.percentile(plan_us, 50)) if plan_us.size else 0.0,
             "plan_us_p90": float(np.percentile(plan_us, 90)) if plan_us.size else 0.0,
             "plan_us_mean": float(plan_us.mean()) if plan_us.size else 0.0,
         },
-        "time_s": _times(steps, duration),
         "run": {"wall_s": wall_s, "steps_per_s": _ratio(plan_us.size, wall_s)},
     }
 
@@ -381,38 +342,47 @@ def parquet_available() -> bool:
     return True
 
 
-def write_results(result: SimResult, out_dir: str | Path, *, parquet: bool = False) -> Path:
-    """Write ``result`` into ``out_dir`` atomically; returns the folder.
+def _write_files(stage: Path, result: SimResult, parquet: bool) -> list[str]:
+    """Write the result's files into ``stage``; their names."""
+    use_parquet = parquet and parquet_available()
+    write_table = _write_parquet if use_parquet else _write_csv
+    suffix = ".parquet" if use_parquet else ".csv"
+    steps = {k: v for k, v in result.steps.items() if k not in MEASURED_STEP_COLUMNS[1:]}
+    measured_steps = {k: result.steps[k] for k in MEASURED_STEP_COLUMNS if k in result.steps}
+    summary = {k: v for k, v in result.summary.items() if k != MEASURED}
+    tables = {"steps": steps, "requests": result.requests, "measured_steps": measured_steps}
+    names = []
+    for name, columns in tables.items():
+        write_table(stage / f"{name}{suffix}", columns)
+        names.append(f"{name}{suffix}")
+    documents = {"summary.json": summary, "measured.json": result.summary.get(MEASURED, {})}
+    for name, document in documents.items():
+        (stage / name).write_text(json.dumps(document, indent=2) + "\n")
+        names.append(name)
+    return names
 
-    Files go to a temporary folder next to ``out_dir`` that is renamed into place;
-    an existing ``out_dir`` is moved aside first and removed after, so a reader
-    sees the old folder or the new one, never a half-written one.
+
+def write_results(
+    result: SimResult,
+    out: str | Path | ResultsFolder,
+    *,
+    parquet: bool = False,
+    overwrite: bool = False,
+) -> Path:
+    """Write ``result`` into the results folder ``out``; returns the folder.
+
+    ``out`` is a folder already claimed (:class:`ResultsFolder`), or a path that is
+    claimed for the write: new or empty, or -- with ``overwrite`` -- an earlier stepplan
+    run, whose listed files alone are replaced (see ``outdir.py``). Files are staged
+    and renamed into place; a failed write leaves the folder as it was.
     """
-    out = Path(out_dir)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
-    try:
-        use_parquet = parquet and parquet_available()
-        write_table = _write_parquet if use_parquet else _write_csv
-        suffix = ".parquet" if use_parquet else ".csv"
-        write_table(scratch / f"steps{suffix}", result.steps)
-        write_table(scratch / f"requests{suffix}", result.requests)
-        (scratch / "summary.json").write_text(json.dumps(result.summary, indent=2) + "\n")
-        _swap_in(scratch, out)
-    except BaseException:
-        shutil.rmtree(scratch, ignore_errors=True)
-        raise
-    return out
-
-
-def _swap_in(scratch: Path, out: Path) -> None:
-    if not out.exists():
-        os.rename(scratch, out)
-        return
-    old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
-    os.rename(out, old / "previous")
-    os.rename(scratch, out)
-    shutil.rmtree(old, ignore_errors=True)
+    summary_complete = bool(result.summary.get("complete", True))
+    if isinstance(out, ResultsFolder):
+        out.put(lambda stage: _write_files(stage, result, parquet), complete=summary_complete)
+        return out.path
+    with ResultsFolder.claim(out, overwrite=overwrite, names=RESULT_FILES) as folder:
+        folder.put(lambda stage: _write_files(stage, result, parquet), complete=summary_complete)
+    return folder.path
 
 
 def _read_csv(path: Path) -> dict[str, np.ndarray]:
@@ -434,11 +404,17 @@ def _read_csv(path: Path) -> dict[str, np.ndarray]:
 
 def read_results(out_dir: str | Path) -> SimResult:
     """Read a results folder back (CSV files; ``itl_s`` is not stored and comes back
-    empty, ``summary["itl_ms_quantiles"]`` has its distribution)."""
+    empty, ``summary["itl_ms_quantiles"]`` has its distribution). The measured files,
+    when present, come back as the ``plan_us`` column and the ``"measured"`` section."""
     out = Path(out_dir)
     summary = json.loads((out / "summary.json").read_text())
+    steps = _read_csv(out / "steps.csv")
+    if (out / "measured_steps.csv").exists():
+        steps["plan_us"] = _read_csv(out / "measured_steps.csv")["plan_us"]
+    if (out / "measured.json").exists():
+        summary[MEASURED] = json.loads((out / "measured.json").read_text())
     return SimResult(
-        steps=_read_csv(out / "steps.csv"),
+        steps=steps,
         requests=_read_csv(out / "requests.csv"),
         itl_s=np.zeros(0),
         summary=summary,
@@ -456,11 +432,23 @@ def _live_cell(summary: dict[str, Any]) -> str:
     return f"{run['backend']} {run['device']} {run['dtype']}, {run['time']} time"
 
 
+def _plan_us_p50(summary: dict[str, Any]) -> float | None:
+    """From the ``"measured"`` section (``measured.json``), or an older summary's ``host``."""
+    host = summary.get(MEASURED, summary).get("host")
+    return host.get("plan_us_p50") if isinstance(host, dict) else None
+
+
+def _requests_cell(summary: dict[str, Any]) -> str:
+    if summary.get("complete", True):
+        return f"{summary['requests']:,}"
+    return f"{summary.get('finished_requests', 0):,} of {summary['requests']:,} (partial)"
+
+
 def summary_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
     """The summary as ``(label, value)`` text rows, for tables in the CLI and reports."""
     latency, steps, times = summary["latency_ms"], summary["steps"], summary["time_s"]
     rows = [
-        ("requests", f"{summary['requests']:,}"),
+        ("requests", _requests_cell(summary)),
         ("duration s", _cell(summary["duration_s"], 1)),
         ("throughput req/s", _cell(summary["throughput"]["requests_per_s"], 3)),
         ("output tok/s", _cell(summary["throughput"]["output_tokens_per_s"], 1)),
@@ -475,7 +463,7 @@ def summary_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
         ("padded token share", _cell(steps["padded_token_share"], 4)),
         ("live", _live_cell(summary)),
         ("acceptance length", _cell(summary["acceptance"]["mean_acceptance_length"], 3)),
-        ("plan us p50 (measured)", _cell(summary["host"]["plan_us_p50"], 1)),
+        ("plan us p50 (measured)", _cell(_plan_us_p50(summary), 1)),
     ]
     for term in ("model", "short_conv", "host", "launch", "idle"):
         rows.append((f"time {term} s", _cell(times[term], 3)))

@@ -4,19 +4,21 @@ Each step the scheduler hands over a ``StepBatch``; the real planner compiles it
 (timed with ``perf_counter_ns``); the cost model turns the plan into time; the
 acceptance model decides the spec rows' outcome; the scheduler commits it and the
 clock moves to the step's end. When nothing can run the clock jumps to the next
-arrival. With ``cost.host_cost`` ``model`` or ``seed`` the clock never reads the
-measured planner time, so the same trace, config and seed give the same requests
-and step times bit for bit; ``measured`` feeds the planner's real time into the
-clock and results then vary from run to run.
+arrival. A ``stop`` event, checked before every step, ends the run early with what it
+has (``summary["complete"]`` false; requests not finished have no finish time).
+With ``cost.host_cost`` ``model`` or ``seed`` the clock never reads the measured
+planner time, so the same trace, config and seed give the same requests and step
+times bit for bit; ``measured`` feeds the planner's real time into the clock and
+results then vary from run to run.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
 import numpy as np
-from tqdm import tqdm
 
 from stepplan.planner import ExecutionPlan, PlanError, Planner, PlannerConfig
 
@@ -24,19 +26,13 @@ from .acceptance import AcceptanceModel, make_acceptance
 from .config import ConfigError, SimConfig
 from .cost import CostModel, StepLoad
 from .live import LiveStepper
-from .results import (
-    GRAPH_KINDS,
-    RequestLog,
-    SimResult,
-    request_columns,
-    step_columns,
-    summarize,
-)
+from .progress import Progress
+from .records import RequestLog, request_columns, step_columns
+from .results import GRAPH_KINDS, MEASURED, SimResult, summarize
 from .scheduler import ScheduledStep, Scheduler
 from .traces import RequestTable
 
 _GRAPH_CODES = {kind: code for code, kind in enumerate(GRAPH_KINDS)}  # steps.csv graph_kind
-_PROGRESS_EVERY = 512  # steps between progress-bar refreshes
 
 
 def planner_config(config: SimConfig) -> PlannerConfig:
@@ -128,12 +124,14 @@ def simulate(
     table: RequestTable,
     config: SimConfig,
     *,
-    progress: bool = False,
+    progress: Progress | None = None,
     live: LiveStepper | None = None,
+    stop: threading.Event | None = None,
 ) -> SimResult:
     """Simulate ``table`` (already windowed; see :func:`prepare_requests`) under
-    ``config``. ``progress`` shows a tqdm bar of finished requests. With
-    ``config.live.enabled`` the steps run on ``live`` (a new stepper when ``None``)."""
+    ``config``. ``progress`` hears of every step. With ``config.live.enabled`` the steps
+    run on ``live`` (a new stepper when ``None``). When ``stop`` is set the run ends
+    before its next step and returns the steps so far (``summary["complete"]`` false)."""
     wall_start = time.perf_counter()
     scheduler = Scheduler(table, config.scheduler)
     plan_config = planner_config(config)
@@ -147,8 +145,13 @@ def simulate(
     log = RequestLog(table.num_requests)
     records: list[tuple[float, ...]] = []
     clock = 0.0
-    bar = tqdm(total=table.num_requests, unit="req", disable=not progress, leave=False)
+    stopped = False
     while not scheduler.done:
+        if progress is not None:
+            progress.update(len(records), scheduler.num_finished, clock)
+        if stop is not None and stop.is_set():
+            stopped = True
+            break
         step = scheduler.schedule(clock)
         if step is None:
             clock = max(clock, scheduler.next_arrival_s())
@@ -168,11 +171,10 @@ def simulate(
         log.record(step.request_ids, emitted, finished, end)
         records.append(_record(plan, clock, plan_us, costs))
         clock = end
-        if len(records) % _PROGRESS_EVERY == 0:
-            bar.update(scheduler.num_finished - bar.n)
-    bar.close()
+    if progress is not None:
+        progress.close()
     wall_s = time.perf_counter() - wall_start
-    return _result(table, config, records, log, scheduler, wall_s, live)
+    return _result(table, config, records, log, scheduler, wall_s, live, complete=not stopped)
 
 
 def _result(
@@ -183,6 +185,8 @@ def _result(
     scheduler: Scheduler,
     wall_s: float,
     live: LiveStepper | None = None,
+    *,
+    complete: bool = True,
 ) -> SimResult:
     steps = step_columns(records)
     requests = request_columns(table.arrival_s, table.prompt_tokens, table.output_tokens, log)
@@ -202,8 +206,10 @@ def _result(
         itl_s,
         int(scheduler.spec_steps.sum()),
         wall_s,
+        complete=complete,
     )
     summary["live"] = live is not None
     if live is not None:
-        summary["live_run"] = live.summary()
+        live_run = summary["live_run"] = live.summary()
+        summary[MEASURED]["live_run"] = {"model_wall_s": live_run.pop("model_wall_s")}
     return SimResult(steps=steps, requests=requests, itl_s=itl_s, summary=summary)

@@ -18,7 +18,14 @@ def test_simulate_embedded_trace(tmp_path, capsys):
     assert cli.main(["simulate", "--limit", "80", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "azure_llm_2023_code" in printed and "TTFT p50 ms" in printed
-    assert sorted(p.name for p in out.iterdir()) == ["requests.csv", "steps.csv", "summary.json"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "measured.json",
+        "measured_steps.csv",
+        "requests.csv",
+        "stepplan-manifest.json",
+        "steps.csv",
+        "summary.json",
+    ]
     document = summary(out)
     assert document["requests"] == 80 and document["trace"]["format"] == "azure"
 

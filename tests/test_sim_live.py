@@ -171,9 +171,12 @@ def test_cli_live_run(tmp_path, capsys):
     argv += ["--max-num-seqs", "4", "--max-num-batched-tokens", "20"]
     assert cli.main(argv) == 0
     assert capsys.readouterr().out == ""
-    assert sorted(p.name for p in out.iterdir()) == ["requests.csv", "steps.csv", "summary.json"]
+    assert {"requests.csv", "steps.csv", "summary.json"} <= {p.name for p in out.iterdir()}
     summary = json.loads((out / "summary.json").read_text())
     assert summary["live"] is True and summary["requests"] == 4
+    assert "model_wall_s" not in summary["live_run"]  # measured: in measured.json
+    measured = json.loads((out / "measured.json").read_text())
+    assert measured["live_run"]["model_wall_s"] > 0
     assert summary["config"]["live"]["time"] == "model"
 
 

@@ -112,7 +112,14 @@ def test_graph_modes_and_no_spec():
 
 def test_write_read_round_trip_and_replace(tmp_path, result):
     out = write_results(result, tmp_path / "run")
-    assert sorted(p.name for p in out.iterdir()) == ["requests.csv", "steps.csv", "summary.json"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "measured.json",
+        "measured_steps.csv",
+        "requests.csv",
+        "stepplan-manifest.json",
+        "steps.csv",
+        "summary.json",
+    ]
     back = read_results(out)
     for table, original in ((back.steps, result.steps), (back.requests, result.requests)):
         for name, column in original.items():
@@ -121,7 +128,7 @@ def test_write_read_round_trip_and_replace(tmp_path, result):
             else:
                 np.testing.assert_array_equal(table[name], column, err_msg=name)
     assert back.summary == json.loads(json.dumps(result.summary))
-    write_results(result, out)  # over an existing folder
+    write_results(result, out, overwrite=True)  # over an earlier run's folder
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
 
 
@@ -135,8 +142,9 @@ def test_failed_write_leaves_nothing_behind(tmp_path, result, monkeypatch):
 
     monkeypatch.setattr(results_module, "_write_csv", broken)
     with pytest.raises(OSError, match="disk full"):
-        write_results(result, tmp_path / "run")
+        write_results(result, tmp_path / "run", overwrite=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+    assert not [p for p in (tmp_path / "run").iterdir() if p.name.startswith(".")]
     assert (tmp_path / "run" / "steps.csv").read_text() == before
 
 

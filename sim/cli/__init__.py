@@ -21,6 +21,7 @@ from typing import Any
 from ..acceptance import AcceptanceError
 from ..config import ConfigError, with_settings
 from ..cost import ProfileError
+from ..outdir import OutDirError
 from ..traces import TraceError
 from ..workloads import WorkloadError
 from .buckets import ERRORS as BUCKET_ERRORS
@@ -32,9 +33,11 @@ from .options import build_config, load_requests
 from .provenance import stepplan_version
 from .report import ERRORS as REPORT_ERRORS
 from .report import add_report
+from .signals import Interrupted, stop_on_signals
 from .simulate import add_simulate
 
 USER_ERRORS = (ConfigError, TraceError, WorkloadError, ProfileError, AcceptanceError, OSError)
+USER_ERRORS += (OutDirError,)
 USER_ERRORS += REPORT_ERRORS + BUCKET_ERRORS
 
 __all__ = [
@@ -72,12 +75,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``stepplan`` console script."""
+    """Entry point of the ``stepplan`` console script. Ctrl-C and SIGTERM end it with one
+    line and exit code 130/143 (``signals.py``; handlers see them as ``args.stop``)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
     args.argv = argv  # what the provenance records
     try:
-        return args.handler(args)
+        with stop_on_signals() as args.stop:
+            return args.handler(args)
+    except Interrupted as exc:
+        print(exc, file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:  # a SIGINT before the handler was in place
+        print("stepplan: interrupted by SIGINT", file=sys.stderr)
+        return 130
     except USER_ERRORS as exc:
         print(f"stepplan: error: {exc}", file=sys.stderr)
         return 2

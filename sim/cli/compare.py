@@ -7,22 +7,34 @@ columns, is printed and saved as ``OUT/compare.csv`` and ``OUT/compare.json``
 from __future__ import annotations
 
 import argparse
+import contextlib
 from pathlib import Path
 from typing import Any
 
 from stepplan.planner import GRAPH_MODES
 
 from ..config import HOST_COSTS, SimConfig, with_settings
+from ..outdir import ResultsFolder
+from ..results import RESULT_FILES
 from .options import (
     OVERRIDES,
     SIDE_FLAGS,
     add_run_command,
     build_config,
     parse_assignments,
-    run_name,
+    results_folder,
     simulate_one,
 )
-from .tables import compare_table, run_header, write_compare
+from .tables import (
+    COMPARE_FILES,
+    CompareTable,
+    compare_csv,
+    compare_json,
+    compare_table,
+    run_header,
+)
+
+SIDES = ("a", "b")
 
 
 def _side_config(args: argparse.Namespace, side: str) -> SimConfig:
@@ -35,14 +47,36 @@ def _side_config(args: argparse.Namespace, side: str) -> SimConfig:
 
 def run_compare(args: argparse.Namespace) -> int:
     """``stepplan compare``: the same trace under two configurations, side by side."""
-    configs = {side: _side_config(args, side) for side in ("a", "b")}
-    base = Path(args.out or Path("results") / f"compare-{run_name(args, configs['a'])}")
+    configs = {side: _side_config(args, side) for side in SIDES}
+    key = {"trace": args.trace, "format": args.format}
+    key.update({side: config.to_dict() for side, config in configs.items()})
     labels = {side: getattr(args, f"{side}_label") or side.upper() for side in configs}
-    summaries = {}
-    for side, config in configs.items():
-        summaries[side] = simulate_one(args, config, base / side, labels[side]).summary
-    table = compare_table((labels["a"], labels["b"]), summaries["a"], summaries["b"])
-    csv_path, json_path = write_compare(base, table)
+    summaries: dict[str, dict[str, Any]] = {}
+    table = None
+    with contextlib.ExitStack() as stack:
+        # The compare folder is stepplan's too: its manifest lists a/, b/ and the table;
+        # all three folders are claimed before either run starts.
+        base = stack.enter_context(
+            results_folder(args, configs["a"], key, kind="compare", names=SIDES + COMPARE_FILES)
+        )
+        folders = {
+            side: stack.enter_context(
+                ResultsFolder.claim(
+                    Path(base.shown) / side, overwrite=args.overwrite, names=RESULT_FILES
+                )
+            )
+            for side in SIDES
+        }
+        try:
+            for side, config in configs.items():
+                summaries[side] = simulate_one(args, config, folders[side], labels[side]).summary
+            table = compare_table((labels["a"], labels["b"]), summaries["a"], summaries["b"])
+            base.put(lambda stage: _write_table(stage, table), complete=False)
+        finally:
+            written = [side for side in SIDES if folders[side].placed]
+            if written:
+                tables = list(COMPARE_FILES) if table is not None else []
+                base.record(written + tables, complete=len(summaries) == len(SIDES))
     if not args.quiet:
         headers = {side: run_header(summary) for side, summary in summaries.items()}
         if headers["a"] == headers["b"]:
@@ -50,8 +84,17 @@ def run_compare(args: argparse.Namespace) -> int:
         else:
             print("\n".join(f"{labels[side]}: {header}" for side, header in headers.items()))
         print(table.format())
-        print(f"\nresults: {base}/a/ and {base}/b/; table: {csv_path}, {json_path}")
+    if not args.quiet or not args.out:  # a folder stepplan named is always said
+        shown = base.shown
+        print(f"\nresults: {shown}/a/ and {shown}/b/; table: {shown}/compare.csv, .json")
     return 0
+
+
+def _write_table(stage: Path, table: CompareTable) -> list[str]:
+    """``compare.csv`` and ``compare.json`` into the staging folder; their names."""
+    for name, text in zip(COMPARE_FILES, (compare_csv(table), compare_json(table)), strict=True):
+        (stage / name).write_text(text)
+    return list(COMPARE_FILES)
 
 
 def add_compare(subparsers: Any) -> None:
@@ -66,27 +109,9 @@ def add_compare(subparsers: Any) -> None:
     )
     for side in ("a", "b"):
         add = parser.add_argument
-        run = f"run {side.upper()}"
-        add(f"--{side}-label", help=f"column title of {run} (default: {side.upper()})")
-        add(f"--{side}-config", help=f"TOML settings of {run} (default: --config)")
-        add(
-            f"--{side}-set",
-            action="append",
-            metavar="SECTION.KEY=VALUE",
-            help=f"a setting of {run} only, over the shared ones (repeatable)",
-        )
-        add(
-            f"--{side}-host-cost",
-            choices=HOST_COSTS,
-            help=f"--host-cost of {run} (default: the shared one)",
-        )
-        add(
-            f"--{side}-graph-mode",
-            choices=GRAPH_MODES,
-            help=f"--graph-mode of {run} (default: the shared one)",
-        )
-        add(
-            f"--{side}-graph-sizes",
-            help=f"--graph-sizes of {run}, in the units --graph-sizes gives "
-            "(default: the shared one)",
-        )
+        add(f"--{side}-label", help=f"column title of run {side.upper()}")
+        add(f"--{side}-config", help=f"TOML settings of run {side.upper()}")
+        add(f"--{side}-set", action="append", metavar="SECTION.KEY=VALUE")
+        add(f"--{side}-host-cost", choices=HOST_COSTS)
+        add(f"--{side}-graph-mode", choices=GRAPH_MODES)
+        add(f"--{side}-graph-sizes", help="CUDA-graph sizes, e.g. 1,2,4,8")

@@ -26,17 +26,22 @@ from ..config import (
     load_config,
     with_settings,
 )
-from ..results import SimResult, parquet_available, summary_rows, write_results
+from ..outdir import ResultsFolder, claim_new, config_digest
+from ..progress import Progress, ProgressBar, ProgressLines, live_warning
+from ..results import RESULT_FILES, SimResult, parquet_available, summary_rows, write_results
 from ..run import prepare_requests, simulate
 from ..traces import FORMATS, RequestTable, load_trace
 from ..workloads import SYNTHETIC_PREFIX, parse_synthetic
 from .provenance import provenance, trace_identity, with_provenance
+from .signals import StopRequest
 from .tables import align
 
 EMBEDDED_TRACE = "data/azure_llm_2023_code.csv"
 #: Requests the default run keeps of the embedded trace (its first 8.7 minutes)
 #: unless ``--limit`` says otherwise; the whole trace is 8,819 requests, 57 minutes.
 EMBEDDED_LIMIT = 1000
+#: Where runs without ``--out`` go: ``results/<name>-<digest>`` (see :func:`results_folder`).
+RESULTS_PARENT = "results"
 
 #: ``--flag`` destinations and the setting each overrides.
 OVERRIDES = {
@@ -166,9 +171,22 @@ def _add_trace_options(parser: argparse.ArgumentParser) -> None:
         "default: the first 1,000 requests of the embedded Azure code trace",
     )
     parser.add_argument("--format", choices=FORMATS, help="trace format (default: detected)")
-    parser.add_argument("--out", help="results folder (default: results/<name>)")
+    parser.add_argument(
+        "--out",
+        help="results folder: new or empty (default: a new results/<name>-<settings digest>)",
+    )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="reuse a results folder of an earlier run: replaces the files its "
+        "stepplan-manifest.json lists, nothing else",
+    )
     parser.add_argument("--parquet", action="store_true", help="Parquet files (needs pyarrow)")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar, no table")
+    parser.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no progress, no table (a results folder stepplan named is still printed)",
+    )
 
 
 def add_setting_options(parser: argparse.ArgumentParser) -> None:
@@ -246,18 +264,63 @@ def _add_live_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def results_folder(
+    args: argparse.Namespace,
+    config: SimConfig,
+    key: object,
+    *,
+    kind: str = "simulate",
+    names: tuple[str, ...] = RESULT_FILES,
+) -> ResultsFolder:
+    """The run's results folder, checked and locked before any work: ``--out``, or a new
+    ``results/<name>-<digest of key>`` (``results/<--name>`` when named; ``-2``, ``-3``,
+    ... when taken). ``key`` is what makes runs differ: the trace spec and settings."""
+    if args.out:
+        return ResultsFolder.claim(args.out, kind=kind, overwrite=args.overwrite, names=names)
+    name = run_name(args, config)
+    stem = name if config.name else f"{name}-{config_digest(key)}"
+    if kind == "compare":
+        stem = f"compare-{stem}"
+    return claim_new(RESULTS_PARENT, stem, kind=kind, overwrite=args.overwrite, names=names)
+
+
+def _progress(args: argparse.Namespace, total: int, label: str) -> Progress | None:
+    if args.quiet:
+        return None
+    if sys.stderr.isatty():
+        if label:
+            print(f"simulating {label} ...", file=sys.stderr)
+        return ProgressBar(total, sys.stderr)
+    return ProgressLines(total, sys.stderr, label=label)
+
+
 def simulate_one(
-    args: argparse.Namespace, config: SimConfig, out: Path, label: str = ""
+    args: argparse.Namespace, config: SimConfig, folder: ResultsFolder, label: str = ""
 ) -> SimResult:
+    """Load the trace, simulate it and write the results into ``folder``. A first
+    Ctrl-C/SIGTERM (``args.stop``) stops the loop; the steps so far are written, then
+    :class:`~.signals.Interrupted` says where."""
+    stop: StopRequest = getattr(args, "stop", None) or StopRequest()
     requests = load_requests(args, config)
     origin = provenance(getattr(args, "argv", None), identify_trace(args), config)
     if args.parquet and not parquet_available():
         print("stepplan: pyarrow is not installed; writing CSV", file=sys.stderr)
-    progress = not args.quiet and sys.stderr.isatty()
-    if progress and label:
-        print(f"simulating {label} ...", file=sys.stderr)
-    result = with_provenance(simulate(requests, config, progress=progress), origin)
-    write_results(result, out, parquet=args.parquet)
+    warning = None if args.quiet else live_warning(requests, config)
+    if warning:
+        print(warning, file=sys.stderr)
+    with stop.deferred() as event:
+        progress = _progress(args, requests.num_requests, label)
+        result = simulate(requests, config, progress=progress, stop=event)
+        result = with_provenance(result, origin)
+        write_results(result, folder, parquet=args.parquet)
+    summary = result.summary
+    if summary["complete"]:
+        stop.raise_if_stopped(f"the run had finished: results in {folder.shown}/")
+    stop.raise_if_stopped(
+        f"{summary['steps']['count']:,} steps simulated, {summary['finished_requests']:,} of "
+        f"{summary['requests']:,} requests finished: partial results in {folder.shown}/ "
+        '(summary.json "complete": false)'
+    )
     return result
 
 

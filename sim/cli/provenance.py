@@ -108,7 +108,8 @@ def provenance(
     document: dict[str, Any] = {}
     if argv is not None:
         words = ["stepplan", *argv]
-        document.update(argv=words, command=shlex.join(words), cwd=os.getcwd())
+        # No working folder: equal commands give equal files wherever they run.
+        document.update(argv=words, command=shlex.join(words))
     document.update(
         stepplan_version=stepplan_version(),
         python=platform.python_version(),

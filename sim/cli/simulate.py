@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
 
-from .options import add_run_command, build_config, format_table, run_name, simulate_one
+from ..results import MEASURED
+from .options import (
+    add_run_command,
+    build_config,
+    format_table,
+    results_folder,
+    run_name,
+    simulate_one,
+)
 from .report import add_report_option, report_after_simulation
 from .tables import run_header
 
@@ -15,15 +22,18 @@ def run_simulate(args: argparse.Namespace) -> int:
     """``stepplan simulate``: one simulation, results written, summary printed."""
     config = build_config(args)
     name = run_name(args, config)
-    out = Path(args.out or Path("results") / name)
-    result = simulate_one(args, config, out)
-    report = report_after_simulation(result, out, args.report)
+    key = {"trace": args.trace, "format": args.format, "config": config.to_dict()}
+    with results_folder(args, config, key) as folder:
+        result = simulate_one(args, config, folder)
+        report = report_after_simulation(result, folder.path, args.report)
     if not args.quiet:
         print(run_header(result.summary))
-        print(format_table([(name, result.summary)]))
-        print(f"\nresults: {out}/ (wall {result.summary['run']['wall_s']:.1f} s)")
-        if report is not None:
-            print(f"report: {report}")
+        print(format_table([(name, result.summary)]) + "\n")
+    if not args.quiet or not args.out:  # a folder stepplan named is always said
+        wall_s = result.summary[MEASURED]["run"]["wall_s"]
+        print(f"results: {folder.shown}/ (wall {wall_s:.1f} s)")
+    if report is not None and not args.quiet:
+        print(f"report: {report}")
     return 0
 
 

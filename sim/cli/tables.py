@@ -196,13 +196,3 @@ def compare_json(table: CompareTable) -> str:
         for side, label in zip(("a", "b"), table.labels, strict=True)
     }
     return json.dumps({**sides, "rows": rows}, indent=2) + "\n"
-
-
-def write_compare(folder: Path, table: CompareTable) -> tuple[Path, Path]:
-    """Write ``compare.csv`` and ``compare.json`` into ``folder``, each atomically."""
-    from stepplan.plots.canvas import write_atomically  # loads matplotlib: only here
-
-    paths = tuple(folder / name for name in COMPARE_FILES)
-    for path, text in zip(paths, (compare_csv(table), compare_json(table)), strict=True):
-        write_atomically(path, text.encode())
-    return paths[0], paths[1]

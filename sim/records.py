@@ -1,0 +1,93 @@
+"""What the simulation loop records: per-request accumulators, and the per-step and
+per-request columns of a :class:`~.results.SimResult` built from them."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .results import FLOAT_STEP_COLUMNS, GRAPH_KINDS, STEP_COLUMNS, STEP_RECORD
+
+
+class RequestLog:
+    """Per-request accumulators the loop updates after every step.
+
+    Arrays are ``[N]``: ``first_token_s``, ``finish_s``, ``last_emit_s`` (float64,
+    NaN until set), ``num_steps``, ``drafted``, ``accepted`` (int64); ``itl_s`` collects
+    ``[k], float64`` chunks of inter-token gaps.
+    """
+
+    def __init__(self, num_requests: int) -> None:
+        self.first_token_s = np.full(num_requests, np.nan)
+        self.finish_s = np.full(num_requests, np.nan)
+        self.last_emit_s = np.full(num_requests, np.nan)
+        self.num_steps = np.zeros(num_requests, np.int64)
+        self.drafted = np.zeros(num_requests, np.int64)
+        self.accepted = np.zeros(num_requests, np.int64)
+        self.itl_s: list[np.ndarray] = []
+
+    def record(
+        self,
+        ids: np.ndarray,
+        emitted: np.ndarray,
+        finished: np.ndarray,
+        end_s: float,
+    ) -> None:
+        """One step's rows: ``ids``, ``emitted`` (``[R], int64``), ``finished`` (``[R], bool``)."""
+        self.num_steps[ids] += 1
+        emitting = ids[emitted > 0]
+        last = self.last_emit_s[emitting]
+        seen = ~np.isnan(last)
+        if seen.any():
+            self.itl_s.append(end_s - last[seen])
+        if not seen.all():
+            self.first_token_s[emitting[~seen]] = end_s
+        self.last_emit_s[emitting] = end_s
+        if finished.any():
+            self.finish_s[ids[finished]] = end_s
+
+    def record_spec(self, ids: np.ndarray, drafts: np.ndarray, accepted: np.ndarray) -> None:
+        """Spec rows' drafts and accepted drafts (``[S], int64`` each)."""
+        self.drafted[ids] += drafts
+        self.accepted[ids] += accepted
+
+
+def step_columns(records: list[tuple[float, ...]]) -> dict[str, np.ndarray]:
+    """``steps.csv`` columns from the loop's per-step tuples (``STEP_RECORD`` order)."""
+    table = np.array(records, dtype=np.float64).reshape(len(records), len(STEP_RECORD))
+    columns = {
+        name: table[:, i] if name in FLOAT_STEP_COLUMNS else table[:, i].astype(np.int64)
+        for i, name in enumerate(STEP_RECORD)
+    }
+    code = columns.pop("graph_code")
+    columns["step"] = np.arange(len(records), dtype=np.int64)
+    columns["num_rows"] = sum(columns[f"num_{k}_rows"] for k in ("spec", "decode", "prefill"))
+    columns["num_tokens"] = sum(columns[f"num_{k}_tokens"] for k in ("spec", "decode", "prefill"))
+    columns["graph_kind"] = np.asarray(GRAPH_KINDS, dtype=object)[code]
+    columns["graph_hit"] = (code > 0).astype(np.int64)
+    return {name: columns[name] for name in STEP_COLUMNS}
+
+
+def request_columns(
+    arrival_s: np.ndarray,
+    prompt: np.ndarray,
+    output: np.ndarray,
+    log: RequestLog,
+) -> dict[str, np.ndarray]:
+    """``requests.csv`` columns (``[N]`` each) from the trace and the log."""
+    ttft = log.first_token_s - arrival_s
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tpot = np.where(output > 1, (log.finish_s - log.first_token_s) / (output - 1), np.nan)
+    return {
+        "request_id": np.arange(arrival_s.size, dtype=np.int64),
+        "arrival_s": arrival_s,
+        "prompt_tokens": prompt,
+        "output_tokens": output,
+        "first_token_s": log.first_token_s,
+        "finish_s": log.finish_s,
+        "ttft_s": ttft,
+        "tpot_s": tpot,
+        "e2e_s": log.finish_s - arrival_s,
+        "num_steps": log.num_steps,
+        "accepted_tokens": log.accepted,
+        "drafted_tokens": log.drafted,
+    }
