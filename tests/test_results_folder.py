@@ -216,7 +216,8 @@ def test_compare_folder_is_stepplans(tmp_path, capsys):
     out = tmp_path / "cmp"
     argv = ["compare", *FAST, "--out", str(out), "--b-host-cost", "seed"]
     assert cli.main(argv) == 0
-    assert manifest(out)["kind"] == "compare" and manifest(out)["entries"] == ["a", "b"]
+    entries = ["a", "b", "compare.csv", "compare.json"]
+    assert manifest(out)["kind"] == "compare" and manifest(out)["entries"] == entries
     assert manifest(out / "a")["kind"] == "simulate"
     assert cli.main(argv) == 2
     one_error_line(capsys.readouterr().err, str(out), "--overwrite")

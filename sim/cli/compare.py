@@ -109,9 +109,27 @@ def add_compare(subparsers: Any) -> None:
     )
     for side in ("a", "b"):
         add = parser.add_argument
-        add(f"--{side}-label", help=f"column title of run {side.upper()}")
-        add(f"--{side}-config", help=f"TOML settings of run {side.upper()}")
-        add(f"--{side}-set", action="append", metavar="SECTION.KEY=VALUE")
-        add(f"--{side}-host-cost", choices=HOST_COSTS)
-        add(f"--{side}-graph-mode", choices=GRAPH_MODES)
-        add(f"--{side}-graph-sizes", help="CUDA-graph sizes, e.g. 1,2,4,8")
+        run = f"run {side.upper()}"
+        add(f"--{side}-label", help=f"column title of {run} (default: {side.upper()})")
+        add(f"--{side}-config", help=f"TOML settings of {run} (default: --config)")
+        add(
+            f"--{side}-set",
+            action="append",
+            metavar="SECTION.KEY=VALUE",
+            help=f"a setting of {run} only, over the shared ones (repeatable)",
+        )
+        add(
+            f"--{side}-host-cost",
+            choices=HOST_COSTS,
+            help=f"--host-cost of {run} (default: the shared one)",
+        )
+        add(
+            f"--{side}-graph-mode",
+            choices=GRAPH_MODES,
+            help=f"--graph-mode of {run} (default: the shared one)",
+        )
+        add(
+            f"--{side}-graph-sizes",
+            help=f"--graph-sizes of {run}, in the units --graph-sizes gives "
+            "(default: the shared one)",
+        )

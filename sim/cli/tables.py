@@ -41,7 +41,7 @@ METRIC_PATHS: Mapping[str, tuple[str, ...]] = {
     "graph hit rate": ("steps", "graph_hit_rate"),
     "padded token share": ("steps", "padded_token_share"),
     "acceptance length": ("acceptance", "mean_acceptance_length"),
-    "plan us p50 (measured)": ("host", "plan_us_p50"),
+    "plan us p50 (measured)": ("measured", "host", "plan_us_p50"),
     **_TIMES,
 }
 #: The files ``compare`` writes beside its two runs.
