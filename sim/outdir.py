@@ -184,7 +184,8 @@ class ResultsFolder:
         listed = set(manifest["entries"])
         for name in sorted(set(names) & set(entries)):
             entry = self.path / name
-            kind_ok = entry.is_dir() if self.kind == "compare" else entry.is_file()
+            # A compare folder holds its runs' folders and its table's files.
+            kind_ok = entry.is_file() or (self.kind == "compare" and entry.is_dir())
             ours = name in listed and kind_ok
             if not ours or entry.is_symlink():
                 raise FolderTaken(
