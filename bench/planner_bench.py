@@ -1,8 +1,8 @@
 """Host time of the planner per step: StepBatch validation (compiled check, and numpy's in
-column ``numpy validate``, as where the packer does not build), compile_plan (compile + pack),
-and the same step through a kept ``Planner``, which packs with the compiled packer (column
-``path`` says whether it built: ``native``, else ``numpy``), and through a kept
-``Planner(native=False)`` (numpy packing with its graph keys, layouts and row templates).
+column ``numpy validate``, as where the extension is not installed), compile_plan (compile +
+pack), and the same step through a kept ``Planner``, which packs with the compiled packer
+(column ``path`` says whether the extension is installed: ``native``, else ``numpy``), and
+through a kept ``Planner(native=False)`` (compile_plan's numpy packing).
 
 Each case is a stream of >= 1000 distinct steps (fresh slots, accepted counts and
 draft counts each step, as an engine would hand over; mixed steps also vary their

@@ -4,8 +4,15 @@ Imports nothing else of stepplan. See ``SPEC.md`` §1 and §3.
 """
 
 from .batch import DECODE, KIND_NAMES, PADDING, PREFILL, SPEC, StepBatch
-from .compile import compile_plan, largest_graph_layout, layout_capacity
-from .config import GRAPH_MODES, PlannerConfig, default_graph_sizes
+from .buckets import (
+    GraphChoices,
+    choose_graph,
+    choose_graphs,
+    largest_graph_layout,
+    layout_capacity,
+)
+from .compile import check_limits, compile_plan
+from .config import GRAPH_MODES, MAX_GRAPH_SIZE, MAX_NUM_SEQS, PlannerConfig, default_graph_sizes
 from .errors import PlanError
 from .layout import FIELDS, BufferField, PlanLayout
 from .native import NativeBuildError
@@ -17,11 +24,14 @@ __all__ = [
     "FIELDS",
     "GRAPH_MODES",
     "KIND_NAMES",
+    "MAX_GRAPH_SIZE",
+    "MAX_NUM_SEQS",
     "PADDING",
     "PREFILL",
     "SPEC",
     "BufferField",
     "ExecutionPlan",
+    "GraphChoices",
     "GraphKey",
     "NativeBuildError",
     "Op",
@@ -30,6 +40,9 @@ __all__ = [
     "Planner",
     "PlannerConfig",
     "StepBatch",
+    "check_limits",
+    "choose_graph",
+    "choose_graphs",
     "compile_plan",
     "default_graph_sizes",
     "largest_graph_layout",

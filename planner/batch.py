@@ -8,7 +8,8 @@ import attrs
 import numpy as np
 
 from .errors import PlanError
-from .native import packer_or_none
+from .layout import batch_buffer_arrays, batch_buffer_size
+from .native import installed_packer
 
 #: Row kinds, in group order. Padding rows (not spec, ``q == 0``) join no group.
 SPEC, DECODE, PREFILL, PADDING = 0, 1, 2, 3
@@ -43,6 +44,7 @@ _INPUTS = (
     "num_accepted_tokens",
 )
 _INT32_MAX = 2**31 - 1
+_COUNT_TYPES = (int, type(None))
 
 
 def _int32_array(field: str, value: object, ndim: int) -> np.ndarray:
@@ -65,15 +67,35 @@ def _int32_field(field: str) -> Callable[[object], np.ndarray]:
     return convert
 
 
-def _checked_int_array(field: str, value: object, ndim: int) -> np.ndarray:
+#: What an array of each numpy kind holds, for the error that refuses it.
+_KIND_WORDS = {
+    "b": "booleans",
+    "U": "strings",
+    "S": "bytes",
+    "c": "complex numbers",
+    "M": "datetimes",
+    "m": "time spans",
+    "V": "raw records",
+}
+
+
+def _checked_int_array(field: str, value: object, ndim: int | None) -> np.ndarray:
+    """``value`` as a fresh int32 array of ``ndim`` dimensions (``None``: 1 or 2), or a
+    :class:`PlanError` naming ``field`` that says in words what is wrong with it."""
     if hasattr(value, "detach"):  # a torch tensor
         value = value.detach().to("cpu").numpy()  # type: ignore[attr-defined]
     try:
         array = np.asarray(value)
-    except (TypeError, ValueError) as exc:  # ragged or non-numeric input
-        raise PlanError(field, None, f"not an integer array ({exc})") from None
-    if array.dtype.kind not in "iub" and array.size:
-        raise PlanError(field, None, f"must hold integers, got dtype {array.dtype}")
+    except ValueError:  # numpy's word for lists of unequal lengths
+        raise PlanError(
+            field, None, "must be a rectangular array of integers, got rows of unequal lengths"
+        ) from None
+    except TypeError:
+        raise PlanError(field, None, f"must be integers, got {_type_of(value)}") from None
+    if array.size and array.dtype.kind not in "iu":
+        array = _integers_of(field, array)
+    if ndim is None:
+        ndim = 1 if array.ndim == 1 else 2
     if array.ndim != ndim:
         raise PlanError(field, None, f"must be {ndim}-D, got shape {list(array.shape)}")
     if array.size and (array.max() > _INT32_MAX or array.min() < -_INT32_MAX):
@@ -81,22 +103,66 @@ def _checked_int_array(field: str, value: object, ndim: int) -> np.ndarray:
     return np.array(array, dtype=np.int32)
 
 
+def _integers_of(field: str, array: np.ndarray) -> np.ndarray:
+    """A non-empty array that is not of an integer dtype: its whole floats (exactly), or
+    the error naming what it holds instead."""
+    kind = array.dtype.kind
+    if kind == "f":
+        whole = np.isfinite(array) & (array == np.round(array))
+        if not whole.all():
+            bad = array.flat[int(np.argmin(whole.ravel()))]
+            raise PlanError(field, None, f"must be integers, got {bad} (not a whole number)")
+        if array.max() > _INT32_MAX or array.min() < -_INT32_MAX:  # before the cast wraps
+            raise PlanError(field, None, "values do not fit int32")
+        return array.astype(np.int64)
+    if kind != "O":
+        raise PlanError(field, None, f"must be integers, got {_KIND_WORDS.get(kind, kind)}")
+    for item in array.flat:  # objects: name the first that is not an integer
+        if isinstance(item, (bool, np.bool_)):
+            raise PlanError(field, None, "must be integers, got booleans")
+        if not isinstance(item, (int, np.integer)):
+            what = "None" if item is None else _KIND_WORDS.get(np.asarray(item).dtype.kind)
+            raise PlanError(field, None, f"must be integers, got {what or _type_of(item)}")
+    raise PlanError(field, None, "values do not fit int32")  # Python ints past int64
+
+
+def _type_of(value: object) -> str:
+    return f"values of type {type(value).__name__}"
+
+
 def _slots_array(value: object) -> np.ndarray:
     if isinstance(value, np.ndarray) and value.ndim == 1:
         value = value[None]
     elif not isinstance(value, np.ndarray):
-        array = _checked_int_array("slots", value, np.ndim(value))  # type: ignore[arg-type]
+        array = _checked_int_array("slots", value, None)
         value = array[None] if array.ndim == 1 else array
     return _int32_array("slots", value, 2)
 
 
+def _check_scalars(batch: StepBatch) -> None:
+    """The fields that are not arrays: counts are integers or ``None``, the flag a bool."""
+    for name in ("num_padded_rows", "num_padded_tokens"):
+        value = getattr(batch, name)
+        if value is not None and (
+            not isinstance(value, (int, np.integer)) or isinstance(value, (bool, np.bool_))
+        ):
+            raise PlanError(name, None, f"must be an integer or None, got {value!r}")
+    flag = batch.allow_null_slots
+    if not isinstance(flag, (bool, np.bool_)):
+        raise PlanError("allow_null_slots", None, f"must be True or False, got {flag!r}")
+
+
+#: The installed extension, for StepBatch's compiled check: a batch has no Planner to
+#: take a packer from, so it uses what the install built (or numpy, where nothing).
+_INSTALLED = installed_packer()
+
+
 def native_check() -> Callable[..., tuple[int, int, int, int] | None] | None:
-    """The compiled check (``check_batch`` of ``plan_packer.c``): StepBatch's copies,
-    checks and derived fields in one pass, or ``None`` where the packer does not build
-    (then numpy checks, quietly: a Planner already warns). Tests replace this function to
-    compare the two paths."""
-    packer = packer_or_none()
-    return None if packer is None else packer.check_batch
+    """The compiled check (``check_batch`` of the packer extension, ``csrc/check.c``):
+    StepBatch's copies, checks and derived fields in one pass, or ``None`` where the
+    extension is not installed (then numpy checks, quietly: a Planner already warns).
+    Tests replace this function to compare the two paths."""
+    return None if _INSTALLED is None else _INSTALLED.check_batch
 
 
 def _first(mask: np.ndarray) -> int:
@@ -108,7 +174,9 @@ class StepBatch:
     """One step's request set, validated on construction (SPEC §3.6).
 
     Rows are the engine's requests in the engine's order; padding rows are
-    allowed (not spec, query length 0).
+    allowed (not spec, query length 0). Array fields take integer arrays, torch
+    tensors or lists (whole floats pass; booleans, strings, None and ragged lists
+    are refused with a :class:`PlanError` naming the field).
 
     Attributes:
         query_lens: ``[R], int32`` tokens scheduled this step per row.
@@ -146,6 +214,12 @@ class StepBatch:
 
     def __attrs_post_init__(self) -> None:
         # The converters left the caller's int32 arrays as they are: both paths copy them.
+        if not (
+            type(self.num_padded_rows) in _COUNT_TYPES
+            and type(self.num_padded_tokens) in _COUNT_TYPES
+            and type(self.allow_null_slots) is bool
+        ):  # one cheap test for what engines pass; the rest is looked at closely
+            _check_scalars(self)
         check = native_check()
         if check is None or not self._adopt_checked(check):  # numpy checks, names errors
             self._freeze_inputs()
@@ -156,9 +230,9 @@ class StepBatch:
     def _adopt_checked(self, check: Callable[..., tuple[int, int, int, int] | None]) -> bool:
         """Copies, checks and derived fields by one call of ``check`` (:func:`native_check`);
         whether the batch passed (if not, nothing is set). The copies share one read-only
-        buffer, ``[query_lens | computed | drafts | accepted | slots | query_start]``."""
+        buffer laid out as :data:`~.layout.BATCH_FIELDS` says."""
         rows, groups = self.query_lens.shape[0], self.slots.shape[0]
-        data, kinds = np.empty((5 + groups) * rows + 1, _INT32), np.empty(rows, _INT8)
+        data, kinds = np.empty(batch_buffer_size(rows, groups), _INT32), np.empty(rows, _INT8)
         counts = check(
             self.query_lens,
             self.num_computed_tokens,
@@ -173,13 +247,14 @@ class StepBatch:
             return False
         data.setflags(write=False)  # and so its slices
         kinds.setflags(write=False)
-        slots_end, setattr_ = (4 + groups) * rows, object.__setattr__
-        setattr_(self, "query_lens", data[:rows])
-        setattr_(self, "num_computed_tokens", data[rows : 2 * rows])
-        setattr_(self, "num_draft_tokens", data[2 * rows : 3 * rows])
-        setattr_(self, "num_accepted_tokens", data[3 * rows : 4 * rows])
-        setattr_(self, "slots", data[4 * rows : slots_end].reshape(groups, rows))
-        setattr_(self, "query_start", data[slots_end:])
+        setattr_ = object.__setattr__
+        lens, computed, drafts, accepted, slots, starts = batch_buffer_arrays(data, rows, groups)
+        setattr_(self, "query_lens", lens)
+        setattr_(self, "num_computed_tokens", computed)
+        setattr_(self, "num_draft_tokens", drafts)
+        setattr_(self, "num_accepted_tokens", accepted)
+        setattr_(self, "slots", slots)
+        setattr_(self, "query_start", starts)
         setattr_(self, "kinds", kinds)
         setattr_(self, "kind_counts", counts)
         return True

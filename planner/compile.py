@@ -1,19 +1,19 @@
-"""``compile_plan``: one step's request set to one execution plan (SPEC §3)."""
+"""``compile_plan``: one step's request set to one execution plan (SPEC §3).
+
+Its numpy packer is the specification of a plan's bytes: the compiled packer (``csrc/``,
+which :class:`~.planner.Planner` uses) fills the same buffer byte for byte.
+"""
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .batch import DECODE, PADDING, PREFILL, SPEC, StepBatch
+from .buckets import choose_graph
 from .config import PlannerConfig
 from .errors import PlanError
-from .layout import FIELDS, PlanLayout
-from .plan import ExecutionPlan, GraphKey
-
-if TYPE_CHECKING:
-    from .planner import Planner
+from .layout import FIELD_INDEX, FIELDS, PAD_VALUES, PlanLayout
+from .plan import ExecutionPlan
 
 
 def _read_only(values: object, shape: tuple[int, ...] = ()) -> np.ndarray:
@@ -23,9 +23,28 @@ def _read_only(values: object, shape: tuple[int, ...] = ()) -> np.ndarray:
 
 
 _ZERO, _ONE = _read_only(0), _read_only(1)
-# Padding of the six [R] fields from row_token_start to row_request, as one column.
-_ROW_PADS = _read_only([pad for _, size, pad in FIELDS if size == "R"], (6, 1))
-_TILE_PADS = _read_only([pad for name, _, pad in FIELDS if name.startswith("tile_")], (2, 1))
+# Positions of the fields in PlanLayout.starts().
+(_TOKEN_MAP, _QUERY_START, _TOKEN_START, _KIND, _STATE_OFFSET, _READS_STATE, _ACCEPTED) = (
+    FIELD_INDEX[name]
+    for name in (
+        "token_map",
+        "row_query_start",
+        "row_token_start",
+        "row_kind",
+        "row_state_offset",
+        "row_reads_state",
+        "row_num_accepted",
+    )
+)
+_REQUEST, _SLOT, _TILE_ROW, _TILE_START = (
+    FIELD_INDEX[name] for name in ("row_request", "row_slot", "tile_row", "tile_start")
+)
+_TOKEN_PAD, _SLOT_PAD = PAD_VALUES[_TOKEN_MAP], PAD_VALUES[_SLOT]
+# The [R] fields lie side by side, row_token_start to row_request: padded as one block.
+_ROW_BLOCK = [index for index, (_, size, _) in enumerate(FIELDS) if size == "R"]
+assert list(range(_TOKEN_START, _SLOT)) == _ROW_BLOCK, "the [R] fields must be contiguous"
+_ROW_PADS = _read_only([PAD_VALUES[index] for index in _ROW_BLOCK], (len(_ROW_BLOCK), 1))
+_TILE_PADS = _read_only([PAD_VALUES[_TILE_ROW], PAD_VALUES[_TILE_START]], (2, 1))
 _LOOP_TILES_UP_TO_ROWS = 8
 
 
@@ -42,10 +61,19 @@ def compile_plan(batch: StepBatch, config: PlannerConfig) -> ExecutionPlan:
     """Compile one step into an :class:`ExecutionPlan`. Pure: equal inputs give equal plans.
 
     Raises :class:`PlanError` where the batch breaks the config's limits
-    (drafts beyond ``num_spec_tokens``, accepted counts outside ``1..Q``,
-    more live rows than ``max_num_seqs``).
+    (:func:`check_limits`).
     """
     return _compile(batch, config, in_engine_order=_rows_in_group_order(batch))
+
+
+def check_limits(batch: StepBatch, config: PlannerConfig) -> None:
+    """Raise ``compile_plan``'s :class:`PlanError` where ``batch`` breaks ``config``'s
+    limits, checked in this order: drafts beyond ``num_spec_tokens``, more live rows
+    than ``max_num_seqs``, accepted counts of spec rows outside ``1..Q``."""
+    _check_drafts_and_rows(batch, config)
+    accepted = batch.num_accepted_tokens[batch.kinds == SPEC]
+    if accepted.size and (accepted.min() < 1 or accepted.max() > config.query_len_max):
+        _raise_accepted(batch, config.query_len_max)
 
 
 def _rows_in_group_order(batch: StepBatch) -> bool:
@@ -70,35 +98,27 @@ def _rows_in_group_order(batch: StepBatch) -> bool:
     return True
 
 
-def _compile(
-    batch: StepBatch,
-    config: PlannerConfig,
-    *,
-    in_engine_order: bool,
-    shapes: Planner | None = None,
-) -> ExecutionPlan:
+def _compile(batch: StepBatch, config: PlannerConfig, *, in_engine_order: bool) -> ExecutionPlan:
     """``compile_plan`` with the row order given; ``in_engine_order=False`` (sorting the
-    rows by kind) gives the same plan for any batch, and is what the tests compare with.
-    ``shapes`` lends its kept graph choices, layouts and graph-plan templates (same values)."""
+    rows by kind) gives the same plan for any batch, and is what the tests compare with."""
     num_spec, num_decode, num_prefill, _ = batch.kind_counts
-    _check_limits(batch, config)
+    _check_drafts_and_rows(batch, config)
     live = num_spec + num_decode + num_prefill
     order = None if in_engine_order else batch.kinds.argsort(kind="stable")[:live]
     lens = batch.query_lens[:live] if order is None else batch.query_lens.take(order)
     prefill_lens = lens[num_spec + num_decode :]
     num_tiles = _count_tiles(prefill_lens, config.prefill_tile_tokens)
     num_tokens = batch.num_tokens  # padding rows have no tokens
+    need = max(num_tokens, batch.num_padded_tokens or 0)
+    graph = choose_graph(config, num_spec, num_decode, num_prefill, need)
     groups = batch.num_groups
-    if shapes is None:
-        bucket = _choose_graph(batch, config, num_tokens)
-        graph, layout = graph_and_layout(bucket, num_tokens, live, num_tiles, groups)
-        template = None
+    if graph is None:
+        layout = PlanLayout(num_tokens, live, num_tiles, groups)
     else:
-        graph, layout = shapes.graph_and_layout(batch, num_tokens, num_tiles)
-        counts = (num_spec, num_decode, num_prefill)
-        template = None if graph is None else shapes.template(layout, counts, order is None)
-    packed = _pack(batch, config, order, lens, layout, prefill_lens, num_tiles, template)
-    spec_tokens = num_tokens if num_spec == live else int(packed[layout.num_tokens + num_spec])
+        layout = graph.layout(groups)
+    at = layout.starts()
+    packed = _pack(batch, config, order, lens, layout, at, prefill_lens, num_tiles)
+    spec_tokens = num_tokens if num_spec == live else int(packed[at[_QUERY_START] + num_spec])
     return ExecutionPlan(
         batch=batch,
         config=config,
@@ -125,7 +145,7 @@ def _count_tiles(prefill_lens: np.ndarray, tile: int) -> int:
     return int(((prefill_lens + (tile - 1)) // tile).sum())
 
 
-def _check_limits(batch: StepBatch, config: PlannerConfig) -> None:
+def _check_drafts_and_rows(batch: StepBatch, config: PlannerConfig) -> None:
     num_spec, num_decode, num_prefill, _ = batch.kind_counts
     if num_spec:
         drafts = batch.num_draft_tokens
@@ -144,136 +164,56 @@ def _check_limits(batch: StepBatch, config: PlannerConfig) -> None:
         )
 
 
-def _choose_graph(
-    batch: StepBatch, config: PlannerConfig, num_tokens: int
-) -> tuple[str, int, int, int] | None:
-    """The smallest bucket that fits as ``(kind, tokens, rows, tiles)``, or ``None``
-    (eager) where none does."""
-    num_spec, num_decode, num_prefill, _ = batch.kind_counts
-    live = num_spec + num_decode + num_prefill
-    if config.graph_mode == "none" or live == 0:
-        return None
-    need_tokens = max(num_tokens, batch.num_padded_tokens or 0)
-    if num_spec == live or num_decode == live:
-        per_row = config.query_len_max if num_spec else 1
-        rows = config.smallest_size(max(live, -(-need_tokens // per_row)), rows=True)
-        if rows is not None:
-            return ("spec" if num_spec else "decode", rows * per_row, rows, 0)
-    if config.graph_mode != "mixed":
-        return None
-    tokens = config.smallest_size(need_tokens)
-    rows = config.smallest_size(live, rows=True)
-    if tokens is None or rows is None:
-        return None
-    return ("mixed", tokens, rows, _tile_capacity(tokens, rows, config))
-
-
-def graph_and_layout(
-    bucket: tuple[str, int, int, int] | None,
-    num_tokens: int,
-    live: int,
-    num_tiles: int,
-    groups: int,
-) -> tuple[GraphKey | None, PlanLayout]:
-    """The graph of ``bucket`` (``None``: eager) and the plan's buffer layout."""
-    if bucket is None:
-        return None, PlanLayout(num_tokens, live, num_tiles, groups)
-    kind, tokens, rows, tiles = bucket
-    return GraphKey(kind, tokens, rows, tiles), PlanLayout(tokens, rows, tiles, groups)
-
-
-def _tile_capacity(tokens: int, rows: int, config: PlannerConfig) -> int:
-    """Prefill tiles any batch of a mixed bucket can need.
-
-    Prefill rows have q >= 2, so a bucket holds at most ``min(rows, tokens / 2)``
-    of them, and ``sum(ceil(q / tile)) <= prefill rows + tokens / tile``.
-    """
-    return min(rows, tokens // 2) + tokens // config.prefill_tile_tokens
-
-
-def layout_capacity(
-    config: PlannerConfig, num_tokens: int, num_rows: int, num_groups: int
-) -> PlanLayout:
-    """A layout at least as large, field by field, as that of any plan (graph or
-    eager) of at most ``num_tokens`` tokens and ``num_rows`` live rows."""
-    return PlanLayout(
-        num_tokens, num_rows, _tile_capacity(num_tokens, num_rows, config), num_groups
-    )
-
-
-def largest_graph_layout(config: PlannerConfig, num_groups: int) -> PlanLayout | None:
-    """A layout at least as large, field by field, as that of any graph plan of ``config``.
-
-    What an executor sizes its persistent plan buffer by; ``None`` when the
-    config captures no graphs.
-    """
-    sizes, rows = config.sizes, config.row_sizes
-    if config.graph_mode == "none" or not rows:
-        return None
-    spec_tokens = rows[-1] * config.query_len_max
-    if config.graph_mode == "full":
-        return PlanLayout(spec_tokens, rows[-1], 0, num_groups)
-    return layout_capacity(config, max(spec_tokens, sizes[-1]), rows[-1], num_groups)
-
-
 def _pack(
     batch: StepBatch,
     config: PlannerConfig,
     order: np.ndarray | None,
     lens: np.ndarray,
     layout: PlanLayout,
+    at: tuple[int, ...],
     prefill_lens: np.ndarray,
     num_tiles: int,
-    template: np.ndarray | None = None,
 ) -> np.ndarray:
-    """Write one plan's fields into a fresh int32 buffer, laid out as ``layout`` says.
+    """Write one plan's fields into a fresh int32 buffer, laid out as ``layout`` says
+    (``at`` is its :meth:`~.PlanLayout.starts`).
 
     Rows arrive in group order, so each group is a contiguous range and most
     fields are filled per range, each straight into its slice of the buffer;
     entries past the live part get their field's padding value
     (``layout.FIELDS``). ``order`` maps group-ordered rows to engine rows;
     ``None`` when they coincide (then every gather is a prefix view).
-    ``template`` (a graph plan's whole buffer as :meth:`Planner.template` keeps
-    it; copied, never written) holds what :func:`shape_rows` writes and the
-    token map's -1 padding; ``None`` writes those entries here.
     """
-    tokens, rows, groups = layout.num_tokens, layout.num_rows, layout.num_groups
-    at_tiles = tokens + (7 + groups) * rows + 1
-    num_tokens = batch.num_tokens
-    if template is not None:
-        packed = template.copy()
-        section = packed[tokens:at_tiles]
-    else:
-        packed = np.empty(at_tiles + 2 * layout.num_tiles, dtype=np.int32)
-        section = packed[tokens:at_tiles]
-        counts = batch.kind_counts[:PADDING]
-        shape_rows(section, rows, groups, counts, order is None, config.index_ramp)
-        if num_tokens < tokens:
-            packed[num_tokens:tokens] = -1
+    rows, groups = layout.num_rows, layout.num_groups
+    packed = np.empty(at[-1], dtype=np.int32)
+    counts = batch.kind_counts[:PADDING]
+    _shape_rows(packed, at, rows, groups, counts, order is None, config.index_ramp)
+    num_tokens, token_map = batch.num_tokens, at[_TOKEN_MAP]
+    if num_tokens < layout.num_tokens:
+        packed[token_map + num_tokens : token_map + layout.num_tokens] = _TOKEN_PAD
     if order is None:
-        _engine_order_tokens(packed, batch, lens.shape[0], tokens, rows, config.index_ramp)
+        _engine_order_tokens(packed, at, batch, lens.shape[0], config.index_ramp)
     else:
-        _regrouped_tokens(packed, batch, order, lens, tokens, rows, config.index_ramp)
-    _step_rows(section, batch, order, rows, groups, config.query_len_max)
+        _regrouped_tokens(packed, at, batch, order, lens, config.index_ramp)
+    _step_rows(packed, at, batch, order, rows, config.query_len_max)
     if layout.num_tiles:
-        tile_fields = packed[at_tiles:].reshape(2, layout.num_tiles)
+        tile_fields = packed[at[_TILE_ROW] : at[_TILE_START + 1]].reshape(2, layout.num_tiles)
         tile = config.prefill_tile_tokens
         _tile_fields(tile_fields, prefill_lens, lens.shape[0], num_tiles, tile, config.index_ramp)
     packed.flags.writeable = False
     return packed
 
 
-def shape_rows(
-    section: np.ndarray,
+def _shape_rows(
+    packed: np.ndarray,
+    at: tuple[int, ...],
     rows: int,
     groups: int,
     counts: tuple[int, int, int],
     in_engine_order: bool,
     ramp: np.ndarray,
 ) -> None:
-    """The row section's entries that only the plan's shape decides.
+    """The row fields' entries that only the plan's shape decides.
 
-    ``section`` is ``[R + 1 + 6 R + G R], int32``, row_query_start to row_slot;
     ``counts`` are the live rows per group. Writes the leading query start,
     every row kind, the constant parts of state offsets, has-state flags and
     accepted counts, the requests when rows keep the engine's order, and every
@@ -283,97 +223,97 @@ def shape_rows(
     spec, decode, prefill = counts
     live = spec + decode + prefill
     if not in_engine_order:  # the engine-order token writer copies the leading 0 itself
-        section[0] = 0
-    kind, offset, reads = 2 * rows + 1, 3 * rows + 1, 4 * rows + 1
-    accepted, request = 5 * rows + 1, 6 * rows + 1
+        packed[at[_QUERY_START]] = 0
+    kind, offset, reads = at[_KIND], at[_STATE_OFFSET], at[_READS_STATE]
+    accepted, request = at[_ACCEPTED], at[_REQUEST]
     if live < rows:
-        section[rows + 1 : 7 * rows + 1].reshape(6, rows)[:, live:] = _ROW_PADS
-        section[7 * rows + 1 :].reshape(groups, rows)[:, live:] = 0
+        block = packed[at[_TOKEN_START] : at[_SLOT]].reshape(len(_ROW_BLOCK), rows)
+        block[:, live:] = _ROW_PADS
+        packed[at[_SLOT] : at[_TILE_ROW]].reshape(groups, rows)[:, live:] = _SLOT_PAD
     if spec:
-        section[kind : kind + spec] = SPEC
-        section[reads : reads + spec] = 1  # spec rows read their state
+        packed[kind : kind + spec] = SPEC
+        packed[reads : reads + spec] = 1  # spec rows read their state
     if spec < live:
         if decode:
-            section[kind + spec : kind + spec + decode] = DECODE
+            packed[kind + spec : kind + spec + decode] = DECODE
         if prefill:
-            section[kind + spec + decode : kind + live] = PREFILL
-        section[offset + spec : offset + live] = 0
-        section[accepted + spec : accepted + live] = 1
+            packed[kind + spec + decode : kind + live] = PREFILL
+        packed[offset + spec : offset + live] = 0
+        packed[accepted + spec : accepted + live] = 1
     if in_engine_order:
-        section[request : request + live] = ramp_to(ramp, live)
+        packed[request : request + live] = ramp_to(ramp, live)
 
 
 def _engine_order_tokens(
-    packed: np.ndarray, batch: StepBatch, live: int, tokens: int, rows: int, ramp: np.ndarray
+    packed: np.ndarray, at: tuple[int, ...], batch: StepBatch, live: int, ramp: np.ndarray
 ) -> None:
     """Token map, query starts and token starts when group order is engine order."""
     num_tokens, starts = batch.num_tokens, batch.query_start
-    packed[tokens : tokens + live + 1] = starts[: live + 1]
-    at = tokens + rows + 1  # row_token_start
-    packed[at : at + live] = starts[:live]
-    packed[:num_tokens] = ramp_to(ramp, num_tokens)
+    query_start, token_start, token_map = at[_QUERY_START], at[_TOKEN_START], at[_TOKEN_MAP]
+    packed[query_start : query_start + live + 1] = starts[: live + 1]
+    packed[token_start : token_start + live] = starts[:live]
+    packed[token_map : token_map + num_tokens] = ramp_to(ramp, num_tokens)
 
 
 def _regrouped_tokens(
     packed: np.ndarray,
+    at: tuple[int, ...],
     batch: StepBatch,
     order: np.ndarray,
     lens: np.ndarray,
-    tokens: int,
-    rows: int,
     ramp: np.ndarray,
 ) -> None:
     """Token map, query starts, token starts and requests of rows taken in ``order``."""
     num_tokens, live = batch.num_tokens, order.shape[0]
-    query_start = packed[tokens : tokens + live + 1]
+    query_start = packed[at[_QUERY_START] : at[_QUERY_START] + live + 1]
     np.add.accumulate(lens, 0, None, query_start[1:])
     starts = batch.query_start.take(order)
-    at = tokens + rows + 1  # row_token_start
-    packed[at : at + live] = starts
+    packed[at[_TOKEN_START] : at[_TOKEN_START] + live] = starts
     shifts = (starts - query_start[:live]).repeat(lens)
-    np.add(shifts, ramp_to(ramp, num_tokens), packed[:num_tokens])
-    at += 5 * rows  # row_request
-    packed[at : at + live] = order
+    token_map = packed[at[_TOKEN_MAP] : at[_TOKEN_MAP] + num_tokens]
+    np.add(shifts, ramp_to(ramp, num_tokens), token_map)
+    packed[at[_REQUEST] : at[_REQUEST] + live] = order
 
 
 def _step_rows(
-    section: np.ndarray,
+    packed: np.ndarray,
+    at: tuple[int, ...],
     batch: StepBatch,
     order: np.ndarray | None,
     rows: int,
-    groups: int,
     query_len_max: int,
 ) -> None:
-    """The row section's per-step entries the token writers leave: query starts of
+    """The row fields' per-step entries the token writers leave: query starts of
     padding rows, spec rows' state offsets and accepted counts, the other rows'
-    has-state flags, and the slots. ``section`` as in :func:`shape_rows`."""
+    has-state flags, and the slots."""
     spec, decode, prefill, _ = batch.kind_counts
     live = spec + decode + prefill
     if live < rows:  # zero-length padding rows: query starts repeat the total
-        section[live + 1 : rows + 1] = batch.num_tokens
+        packed[at[_QUERY_START] + live + 1 : at[_TOKEN_START]] = batch.num_tokens
     if spec:
         counts = batch.num_accepted_tokens
         counts = counts[:spec] if order is None else counts.take(order[:spec])
-        offsets = section[3 * rows + 1 : 3 * rows + 1 + spec]
+        offsets = packed[at[_STATE_OFFSET] : at[_STATE_OFFSET] + spec]
         np.subtract(counts, _ONE, offsets)
         # One unsigned test checks 1 <= accepted <= Q (accepted - 1 wraps below 1).
         unsigned = offsets.view(np.uint32)
         if unsigned.item(unsigned.argmax()) >= query_len_max:
             _raise_accepted(batch, query_len_max)
-        section[5 * rows + 1 : 5 * rows + 1 + spec] = counts
+        packed[at[_ACCEPTED] : at[_ACCEPTED] + spec] = counts
     if spec < live:
         computed = batch.num_computed_tokens
         computed = computed[spec:live] if order is None else computed.take(order[spec:])
-        section[4 * rows + 1 + spec : 4 * rows + 1 + live] = computed > _ZERO
+        packed[at[_READS_STATE] + spec : at[_READS_STATE] + live] = computed > _ZERO
     slots = batch.slots
     if order is not None:
         slots = slots.take(order, axis=1)
     elif live < slots.shape[1]:
         slots = slots[:, :live]
+    slot_field = packed[at[_SLOT] : at[_TILE_ROW]]
     if live == rows:
-        section[7 * rows + 1 :] = slots.reshape(-1)
+        slot_field[:] = slots.reshape(-1)
     else:
-        section[7 * rows + 1 :].reshape(groups, rows)[:, :live] = slots
+        slot_field.reshape(slots.shape[0], rows)[:, :live] = slots
 
 
 def _raise_accepted(batch: StepBatch, query_len_max: int) -> None:

@@ -13,6 +13,11 @@ from .errors import PlanError
 #: for uniform batches (pure spec, pure decode). ``mixed``: a graph for any batch
 #: that fits a (tokens, rows) bucket, since the kernels read the plan from buffers.
 GRAPH_MODES = ("none", "full", "mixed")
+#: The largest graph size a config takes (tokens; a spec graph of this many rows holds
+#: ``Q`` times as many): the config allocates an index ramp as long as its largest graph.
+MAX_GRAPH_SIZE = 2**20
+#: The most live rows a config takes (``max_num_seqs``): the ramp covers every row index.
+MAX_NUM_SEQS = 2**20
 _RAMP_MIN = 8192
 
 
@@ -27,10 +32,28 @@ def default_graph_sizes(max_num_seqs: int, num_spec_tokens: int) -> tuple[int, .
     return tuple(s for s in sizes if s <= largest)
 
 
+def _is_integer(value: object) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
 def _sizes_converter(value: object) -> tuple[int, ...] | None:
     if value is None:
         return None
-    return tuple(sorted({int(v) for v in value}))  # type: ignore[union-attr]
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        raise PlanError("graph_sizes", None, f"must be a list of integers, got {value!r}")
+    sizes = list(value)  # type: ignore[call-overload]
+    for size in sizes:  # whole floats pass, as StepBatch's arrays take them
+        whole = isinstance(size, (float, np.floating)) and float(size).is_integer()
+        if not (_is_integer(size) or whole):
+            raise PlanError("graph_sizes", None, f"must be integers, got {size!r}")
+    return tuple(sorted({int(v) for v in sizes}))
+
+
+def _check_integers(config: PlannerConfig) -> None:
+    for name in ("num_spec_tokens", "max_num_seqs", "prefill_tile_tokens"):
+        value = getattr(config, name)
+        if not _is_integer(value):
+            raise PlanError(name, None, f"must be an integer, got {value!r}")
 
 
 @attrs.frozen
@@ -41,9 +64,10 @@ class PlannerConfig:
         num_spec_tokens: drafts per spec request; ``Q = num_spec_tokens + 1``.
         graph_mode: one of :data:`GRAPH_MODES`.
         graph_sizes: capture sizes in tokens (spec graphs use each size as a row
-            count, with ``size * Q`` tokens). ``None`` picks
-            :func:`default_graph_sizes`.
-        max_num_seqs: the most live rows a step may have.
+            count, with ``size * Q`` tokens), each ``1 .. MAX_GRAPH_SIZE`` (2**20).
+            ``None`` picks :func:`default_graph_sizes`. Which graph a step replays:
+            :mod:`.buckets`.
+        max_num_seqs: the most live rows a step may have, ``1 .. MAX_NUM_SEQS`` (2**20).
         prefill_tile_tokens: tokens per prefill work tile of the kernels; a
             power of two at least the convolution's reach ``(K - 1) * D``.
     """
@@ -61,14 +85,17 @@ class PlannerConfig:
     index_ramp: np.ndarray = attrs.field(init=False, eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
+        _check_integers(self)
         if self.num_spec_tokens < 0 or self.num_spec_tokens > 7:
             raise PlanError("num_spec_tokens", None, f"must be in 0..7, got {self.num_spec_tokens}")
         if self.graph_mode not in GRAPH_MODES:
             raise PlanError(
                 "graph_mode", None, f"must be one of {GRAPH_MODES}, got {self.graph_mode!r}"
             )
-        if self.max_num_seqs < 1:
-            raise PlanError("max_num_seqs", None, f"must be positive, got {self.max_num_seqs}")
+        if not 1 <= self.max_num_seqs <= MAX_NUM_SEQS:
+            raise PlanError(
+                "max_num_seqs", None, f"must be in 1..{MAX_NUM_SEQS}, got {self.max_num_seqs}"
+            )
         tile = self.prefill_tile_tokens
         if tile < 8 or tile & (tile - 1):
             raise PlanError("prefill_tile_tokens", None, f"must be a power of two >= 8, got {tile}")
@@ -77,6 +104,12 @@ class PlannerConfig:
             object.__setattr__(self, "graph_sizes", sizes)
         elif not self.graph_sizes or self.graph_sizes[0] < 1:
             raise PlanError("graph_sizes", None, "must be positive integers, at least one")
+        elif self.graph_sizes[-1] > MAX_GRAPH_SIZE:
+            raise PlanError(
+                "graph_sizes",
+                None,
+                f"must be at most {MAX_GRAPH_SIZE} tokens, got {self.graph_sizes[-1]}",
+            )
         rows = self.sizes[: bisect.bisect_right(self.sizes, self.max_num_seqs)]
         object.__setattr__(self, "row_sizes", rows)
         longest = max(_RAMP_MIN, self.sizes[-1] * self.query_len_max, self.max_num_seqs)

@@ -1,7 +1,13 @@
-"""Where each plan array lives inside the one int32 buffer that is uploaded per step."""
+"""Where each array lives inside the planner's int32 buffers: the plan's, uploaded per step,
+and StepBatch's, which holds a validated batch's copies.
+
+The one place their offsets are worked out: everything else reads them from here (the C
+packer has its twin in ``csrc/layout.h``).
+"""
 
 from __future__ import annotations
 
+from itertools import accumulate
 from types import MappingProxyType
 
 import attrs
@@ -26,7 +32,9 @@ FIELDS: tuple[tuple[str, str, int], ...] = (
 
 #: Every field's padding value, in buffer order.
 PAD_VALUES: tuple[int, ...] = tuple(pad for _, _, pad in FIELDS)
-_INDEX = MappingProxyType({name: index for index, (name, _, _) in enumerate(FIELDS)})
+#: Every field's position in :data:`FIELDS` (and so in :meth:`PlanLayout.starts`).
+FIELD_INDEX = MappingProxyType({name: index for index, (name, _, _) in enumerate(FIELDS)})
+_INDEX = FIELD_INDEX
 
 
 @attrs.frozen
@@ -94,3 +102,42 @@ class PlanLayout:
     def offsets(self) -> dict[str, tuple[int, int]]:
         """``{name: (offset, size)}`` for every field."""
         return {field.name: (field.offset, field.size) for field in self.fields}
+
+    def starts(self) -> tuple[int, ...]:
+        """Every field's offset in :data:`FIELDS` order, then :attr:`size`: field ``i``
+        is ``packed[starts[i] : starts[i + 1]]`` (index by :data:`FIELD_INDEX`). One
+        call for all offsets: what the packer reads per plan."""
+        return tuple(accumulate(self.sizes(), initial=0))
+
+
+#: StepBatch's own buffer (``StepBatch`` keeps its validated copies in one read-only
+#: int32 buffer, filled by the compiled check): its arrays in order, with their sizes
+#: (``R`` rows, ``G`` layer groups).
+BATCH_FIELDS: tuple[tuple[str, str], ...] = (
+    ("query_lens", "R"),
+    ("num_computed_tokens", "R"),
+    ("num_draft_tokens", "R"),
+    ("num_accepted_tokens", "R"),
+    ("slots", "G*R"),  # [G, R]
+    ("query_start", "R+1"),
+)
+
+
+def batch_buffer_size(rows: int, groups: int) -> int:
+    """int32 entries of StepBatch's buffer (:data:`BATCH_FIELDS`) for ``rows`` rows and
+    ``groups`` layer groups."""
+    return (5 + groups) * rows + 1
+
+
+def batch_buffer_arrays(data: np.ndarray, rows: int, groups: int) -> tuple[np.ndarray, ...]:
+    """The views of :data:`BATCH_FIELDS` into ``data`` (``[batch_buffer_size], int32``), in
+    that order; ``slots`` as ``[G, R]``."""
+    slots_end = (4 + groups) * rows
+    return (
+        data[:rows],
+        data[rows : 2 * rows],
+        data[2 * rows : 3 * rows],
+        data[3 * rows : 4 * rows],
+        data[4 * rows : slots_end].reshape(groups, rows),
+        data[slots_end:],
+    )

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 @attrs.frozen
 class GraphKey:
-    """The CUDA graph a plan replays.
+    """The CUDA graph a plan replays (which one a step gets: :mod:`.buckets`).
 
     Attributes:
         kind: ``spec`` or ``decode`` (uniform batches, the seed's graphs) or
@@ -36,6 +36,11 @@ class GraphKey:
         return (
             f"{self.kind}(tokens={self.num_tokens}, rows={self.num_rows}, tiles={self.num_tiles})"
         )
+
+    def layout(self, num_groups: int) -> PlanLayout:
+        """The buffer layout of every plan that replays this graph with ``num_groups``
+        layer groups."""
+        return PlanLayout(self.num_tokens, self.num_rows, self.num_tiles, num_groups)
 
 
 @attrs.frozen

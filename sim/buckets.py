@@ -1,38 +1,11 @@
 """Choose CUDA-graph sizes for a workload: exact dynamic programming over its step sizes.
 
-**How the planner uses one list of sizes** (``planner/compile.py``, ``_choose_graph``):
+Which graph a step replays under a list of sizes is the planner's bucket rule,
+:mod:`stepplan.planner.buckets`: this module asks it (:func:`assign`, :func:`coverage`)
+and uses its terms (row sizes; a uniform step's ``need`` and tokens per unit ``u``).
 
-* a *uniform* step (every live row spec, or every live row decode) takes the
-  smallest size ``s >= need`` among the sizes ``<= max_num_seqs`` ("row sizes"),
-  ``need = max(rows, ceil(tokens / u))``, and replays a graph of ``s`` rows and
-  ``s * u`` tokens, where ``u = Q`` for spec and ``u = 1`` for decode;
-* in ``mixed`` graph mode every other step (and a uniform one no row size fits)
-  takes the smallest size ``>= tokens`` for its tokens and the smallest row size
-  ``>= rows`` for its rows; in ``full`` mode it runs eagerly, as it does
-  wherever no size fits.
-
-**The 1-D problem.** So every step that replays a graph has a *demand* ``d`` on
-the one size axis (``need`` for a uniform step, its token count for a mixed
-one) and a *weight* ``u`` (padded tokens per unit of size: ``Q``, ``1``, ``1``).
-A list ``S`` pads it by ``u * (min{s in S : s >= d} - d)`` tokens, plus, for a
-spec step whose rows carry fewer than ``Q`` tokens, ``u * d - tokens``, which
-no list changes. The optimizer takes the steps a reference list covers (those
-that replay a graph under it), keeps that list's largest size ``M`` and largest
-row size ``R`` (so exactly the same steps replay a graph, and the same still run
-eagerly) and, for a budget of ``N`` sizes, minimizes the total padded tokens
-over the covered steps. It never places a size in ``(R, max_num_seqs]``: there
-it would become a row size and let uniform steps beyond ``R`` replay a graph,
-changing which steps are covered. Padded *rows* of mixed graphs are not part
-of the objective (it counts tokens).
-
-**Why the dynamic program is exact.** Moving any size of an optimal list down
-to the largest demand it serves (or to ``max_num_seqs + 1`` when that demand is
-in the excluded range) keeps every step fitting and pads no more; a size that
-serves nothing can be dropped. So sizes at observed demands, the forced sizes
-and ``max_num_seqs + 1`` suffice, and over those candidates the classic
-interval DP (``f[k][j]``: least padding of the demands up to candidate ``j``
-with ``k`` sizes, the last at ``j``) finds the optimum, in
-``O(N * m^2)`` for ``m`` candidates.
+The 1-D problem the optimizer solves, and why its dynamic program is exact:
+:mod:`stepplan.sim.size_dp`.
 """
 
 from __future__ import annotations
@@ -43,11 +16,40 @@ from collections.abc import Mapping, Sequence
 import attrs
 import numpy as np
 
-from stepplan.planner import GRAPH_MODES, default_graph_sizes
+from stepplan.planner import GRAPH_MODES, PlanError, PlannerConfig, default_graph_sizes
+from stepplan.planner.buckets import (
+    DECODE_GRAPH,
+    MIXED_GRAPH,
+    SPEC_GRAPH,
+    GraphChoices,
+    choose_graphs,
+    uniform_demand,
+)
 
+from .size_dp import BucketError, optimal_sizes, padded_cost, sorted_sizes
 
-class BucketError(ValueError):
-    """Input the optimizer cannot use, saying which and why."""
+__all__ = [  # the optimizer's names, wherever they live
+    "Assignment",
+    "BucketError",
+    "Comparison",
+    "Coverage",
+    "Score",
+    "StepDemand",
+    "assign",
+    "best_sizes",
+    "compare_to_defaults",
+    "coverage",
+    "default_lists",
+    "format_table",
+    "graph_edges",
+    "optimal_sizes",
+    "padded_cost",
+    "score",
+    "sglang_default_graph_sizes",
+    "sizes_snippet",
+    "step_demand",
+    "usable_sizes",
+]
 
 
 def sglang_default_graph_sizes(max_bs: int, speculative: bool) -> tuple[int, ...]:
@@ -80,6 +82,7 @@ class StepDemand:
     """What each simulated step asks of a graph-size list (see the module docstring).
 
     Attributes:
+        kind_rows: ``[3, S], int64`` live spec, decode and prefill rows of each step.
         rows: ``[S], int64`` live rows of each step.
         tokens: ``[S], int64`` live tokens of each step.
         need: ``[S], int64`` size a uniform step needs; 0 for other steps.
@@ -90,6 +93,7 @@ class StepDemand:
         num_spec_tokens: drafts per spec row (``Q - 1``) the demand was read with.
     """
 
+    kind_rows: np.ndarray
     rows: np.ndarray
     tokens: np.ndarray
     need: np.ndarray
@@ -127,12 +131,8 @@ def step_demand(
     if graph_mode not in GRAPH_MODES:
         raise BucketError(f"graph_mode must be one of {GRAPH_MODES}, got {graph_mode!r}")
     live_rows, live_tokens = rows[0] + rows[1] + rows[2], tokens[0] + tokens[1] + tokens[2]
-    pure_spec = (rows[0] == live_rows) & (live_rows > 0)
-    pure_decode = (rows[1] == live_rows) & (live_rows > 0)
-    per_unit = np.where(pure_spec, num_spec_tokens + 1, np.where(pure_decode, 1, 0))
-    safe_unit = np.maximum(per_unit, 1)
-    need = np.where(per_unit > 0, np.maximum(live_rows, -(-live_tokens // safe_unit)), 0)
-    frozen = [_frozen(a) for a in (live_rows, live_tokens, need, per_unit)]
+    per_unit, need = uniform_demand(*rows, live_tokens, num_spec_tokens + 1)
+    frozen = [_frozen(a) for a in (np.stack(rows), live_rows, live_tokens, need, per_unit)]
     return StepDemand(
         *frozen, graph_mode=graph_mode, max_num_seqs=max_num_seqs, num_spec_tokens=num_spec_tokens
     )
@@ -156,19 +156,19 @@ def _frozen(array: np.ndarray) -> np.ndarray:
     return array
 
 
-def _sorted_sizes(sizes: Sequence[int]) -> np.ndarray:
-    array = np.array(sorted({int(s) for s in sizes}), dtype=np.int64)
-    if array.size == 0 or array[0] < 1:
-        raise BucketError(f"graph sizes must be positive integers, at least one; got {sizes}")
-    return array
-
-
-def _bucket(sizes: np.ndarray, need: np.ndarray) -> np.ndarray:
-    """``[S], int64``: the smallest size ``>= need``, or 0 where none is."""
-    if sizes.size == 0:
-        return np.zeros_like(need)
-    index = np.searchsorted(sizes, need, side="left")
-    return np.where(index < sizes.size, sizes[np.minimum(index, sizes.size - 1)], 0)
+def _graphs(demand: StepDemand, sizes: np.ndarray) -> GraphChoices:
+    """The graph of every step under ``sizes``: the planner's rule, with the config the
+    simulation would plan with (a setting the planner refuses is a :class:`BucketError`)."""
+    try:
+        config = PlannerConfig(
+            num_spec_tokens=demand.num_spec_tokens,
+            graph_mode=demand.graph_mode,
+            graph_sizes=sizes.tolist(),
+            max_num_seqs=demand.max_num_seqs,
+        )
+    except PlanError as exc:
+        raise BucketError(str(exc)) from None
+    return choose_graphs(config, *demand.kind_rows, demand.tokens)
 
 
 @attrs.frozen(eq=False)
@@ -186,22 +186,8 @@ class Assignment:
 
 def assign(demand: StepDemand, sizes: Sequence[int]) -> Assignment:
     """Bucket every step as ``compile_plan`` would with ``graph_sizes=sizes``."""
-    all_sizes = _sorted_sizes(sizes)
-    row_sizes = all_sizes[all_sizes <= demand.max_num_seqs]
-    graph_tokens = np.zeros(demand.num_steps, dtype=np.int64)
-    graph_rows = np.zeros(demand.num_steps, dtype=np.int64)
-    if demand.graph_mode == "none":
-        return Assignment(_frozen(graph_tokens), _frozen(graph_rows))
-    uniform_rows = np.where(demand.uniform, _bucket(row_sizes, demand.need), 0)
-    hit = uniform_rows > 0
-    graph_rows[hit] = uniform_rows[hit]
-    graph_tokens[hit] = uniform_rows[hit] * demand.per_unit[hit]
-    if demand.graph_mode == "mixed":
-        tokens = _bucket(all_sizes, demand.tokens)
-        rows = _bucket(row_sizes, demand.rows)
-        mixed = ~hit & (demand.rows > 0) & (tokens > 0) & (rows > 0)
-        graph_tokens[mixed], graph_rows[mixed] = tokens[mixed], rows[mixed]
-    return Assignment(_frozen(graph_tokens), _frozen(graph_rows))
+    graphs = _graphs(demand, sorted_sizes(sizes))
+    return Assignment(graphs.num_tokens, graphs.num_rows)
 
 
 @attrs.frozen
@@ -249,27 +235,13 @@ def score(demand: StepDemand, sizes: Sequence[int], label: str) -> Score:
     hit = graphs > 0
     return Score(
         label=label,
-        sizes=tuple(int(s) for s in _sorted_sizes(sizes)),
+        sizes=tuple(int(s) for s in sorted_sizes(sizes)),
         steps=demand.num_steps,
         graph_steps=int(hit.sum()),
         live_tokens=int(demand.tokens.sum()),
         graph_tokens=int(graphs.sum()),
         padded_tokens=int((graphs - demand.tokens)[hit].sum()),
     )
-
-
-def padded_cost(values: np.ndarray, weights: np.ndarray, sizes: Sequence[int]) -> float:
-    """The objective: ``sum(weights * (smallest size >= value - value))``.
-
-    ``values`` and ``weights`` are ``[n]`` (int64 and float64); every value
-    must fit the largest size.
-    """
-    array = _sorted_sizes(sizes)
-    values = np.asarray(values, dtype=np.int64)
-    if values.size and values.max() > array[-1]:
-        raise BucketError(f"demand {values.max()} exceeds the largest size {array[-1]}")
-    buckets = _bucket(array, values)
-    return float((np.asarray(weights, dtype=np.float64) * (buckets - values)).sum())
 
 
 @attrs.frozen
@@ -293,127 +265,23 @@ class Coverage:
 
 def coverage(demand: StepDemand, reference: Sequence[int]) -> Coverage:
     """The steps ``reference`` makes replay a graph, with its largest sizes forced."""
-    sizes = _sorted_sizes(reference)
+    sizes = sorted_sizes(reference)
     row_sizes = sizes[sizes <= demand.max_num_seqs]
     if row_sizes.size == 0:
         raise BucketError(f"no size of {tuple(sizes)} is <= max_num_seqs={demand.max_num_seqs}")
     largest, largest_row = int(sizes[-1]), int(row_sizes[-1])
-    uniform = demand.uniform & (demand.need <= largest_row)
-    values, weights = [demand.need[uniform]], [demand.per_unit[uniform]]
-    forbidden = None
-    if demand.graph_mode == "mixed":
-        mixed = ~uniform & (demand.rows > 0) & (demand.rows <= largest_row)
-        mixed &= demand.tokens <= largest
-        values.append(demand.tokens[mixed])
-        weights.append(np.ones(int(mixed.sum()), dtype=np.int64))
-        if largest_row < demand.max_num_seqs < largest:
-            forbidden = (largest_row, demand.max_num_seqs)
-    elif demand.graph_mode != "full":
+    if demand.graph_mode == "none":
         raise BucketError("graph_mode is none: no step replays a graph, nothing to optimize")
+    kind = _graphs(demand, sizes).kind
+    uniform = (kind == SPEC_GRAPH) | (kind == DECODE_GRAPH)
+    mixed = kind == MIXED_GRAPH
+    values = [demand.need[uniform], demand.tokens[mixed]]
+    weights = [demand.per_unit[uniform], np.ones(int(mixed.sum()), dtype=np.int64)]
+    forbidden = None
+    if demand.graph_mode == "mixed" and largest_row < demand.max_num_seqs < largest:
+        forbidden = (largest_row, demand.max_num_seqs)
     forced = tuple(sorted({largest_row, largest}))
     return Coverage(np.concatenate(values), np.concatenate(weights), forced, forbidden)
-
-
-def optimal_sizes(
-    values: np.ndarray,
-    weights: np.ndarray,
-    *,
-    max_graphs: int,
-    forced: Sequence[int],
-    forbidden: tuple[int, int] | None = None,
-) -> tuple[int, ...]:
-    """The size list of at most ``max_graphs`` sizes with the least :func:`padded_cost`.
-
-    Args:
-        values: ``[n], int`` demands (each ``1 <= v <= max(forced)``).
-        weights: ``[n], int or float`` padded tokens per unit of size, ``>= 0``.
-        max_graphs: the budget of sizes.
-        forced: sizes the list must hold (its largest is the list's largest).
-        forbidden: ``(lo, hi)``: no size in ``(lo, hi]``.
-
-    Returns the sizes ascending; among lists of equal cost, the one with the
-    fewest sizes.
-    """
-    values, weights = _check_problem(values, weights, max_graphs, forced, forbidden)
-    candidates = _candidates(values, forced, forbidden)
-    allowed = np.ones(candidates.size, dtype=bool)
-    if forbidden is not None:
-        allowed &= (candidates <= forbidden[0]) | (candidates > forbidden[1])
-    index = np.searchsorted(candidates, values)
-    candidate_weights = np.bincount(index, weights, minlength=candidates.size)
-    is_forced = np.isin(candidates, np.asarray(forced, dtype=np.int64))
-    ends = _solve(candidates, candidate_weights, allowed, is_forced, max_graphs)
-    return tuple(int(candidates[j]) for j in ends)
-
-
-def _check_problem(
-    values: np.ndarray,
-    weights: np.ndarray,
-    max_graphs: int,
-    forced: Sequence[int],
-    forbidden: tuple[int, int] | None,
-) -> tuple[np.ndarray, np.ndarray]:
-    values = np.asarray(values, dtype=np.int64)
-    weights = np.asarray(weights, dtype=np.float64)
-    if values.shape != weights.shape or values.ndim != 1:
-        raise BucketError(f"values {values.shape} and weights {weights.shape} must be equal 1-D")
-    if not forced or min(forced) < 1:
-        raise BucketError(f"forced sizes must be positive, at least one; got {tuple(forced)}")
-    if len(set(forced)) > max_graphs:
-        raise BucketError(f"max_graphs={max_graphs} cannot hold the forced sizes {tuple(forced)}")
-    if values.size and (values.min() < 1 or values.max() > max(forced)):
-        raise BucketError(
-            f"demands must lie in 1..{max(forced)}, got {values.min()}..{values.max()}"
-        )
-    if (weights < 0).any():
-        raise BucketError("weights must be >= 0")
-    if forbidden is not None and any(forbidden[0] < f <= forbidden[1] for f in forced):
-        raise BucketError(f"a forced size lies in the forbidden range {forbidden}")
-    return values, weights
-
-
-def _candidates(
-    values: np.ndarray, forced: Sequence[int], forbidden: tuple[int, int] | None
-) -> np.ndarray:
-    extra = list(forced)
-    if forbidden is not None and forbidden[1] + 1 <= max(forced):
-        extra.append(forbidden[1] + 1)  # the lowest size above the forbidden range
-    return np.unique(np.concatenate([values, np.asarray(extra, dtype=np.int64)]))
-
-
-def _solve(
-    candidates: np.ndarray,
-    weights: np.ndarray,
-    allowed: np.ndarray,
-    is_forced: np.ndarray,
-    max_graphs: int,
-) -> list[int]:
-    """Indices of the candidates chosen as sizes (the interval DP, 1-based inside)."""
-    m = candidates.size
-    budget = min(max_graphs, m)
-    count = np.concatenate([[0.0], np.cumsum(weights)])  # weight of candidates 1..j
-    mass = np.concatenate([[0.0], np.cumsum(weights * candidates)])
-    size = np.concatenate([[0], candidates])
-    best = np.full((budget + 1, m + 1), np.inf)
-    parent = np.zeros((budget + 1, m + 1), dtype=np.int64)
-    best[0, 0] = 0.0
-    last_forced = 0  # a segment (i, j] may not pass over a forced candidate
-    for j in range(1, m + 1):
-        if allowed[j - 1]:
-            starts = np.arange(last_forced, j)
-            cost = size[j] * (count[j] - count[starts]) - (mass[j] - mass[starts])
-            total = best[:budget, last_forced:j] + cost
-            pick = np.argmin(total, axis=1)
-            best[1:, j] = total[np.arange(budget), pick]
-            parent[1:, j] = last_forced + pick
-        if is_forced[j - 1]:
-            last_forced = j
-    k = int(np.argmin(best[:, m]))
-    ends, j = [], m
-    while j > 0:
-        ends.append(j - 1)
-        j, k = int(parent[k, j]), k - 1
-    return ends[::-1]
 
 
 @attrs.frozen
@@ -468,7 +336,7 @@ def compare_to_defaults(demand: StepDemand, *, max_graphs: int | None = None) ->
 
 def usable_sizes(demand: StepDemand, sizes: Sequence[int]) -> tuple[int, ...]:
     """The sizes the planner can replay: in ``full`` mode only row sizes (``<= max_num_seqs``)."""
-    ordered = tuple(int(s) for s in _sorted_sizes(sizes))
+    ordered = tuple(int(s) for s in sorted_sizes(sizes))
     if demand.graph_mode == "mixed":
         return ordered
     return tuple(s for s in ordered if s <= demand.max_num_seqs)
@@ -489,7 +357,7 @@ def graph_edges(
 ) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """The token and row capacities of the graphs ``sizes`` give the kinds of steps
     this simulation has (spec graphs hold ``size * Q`` tokens): bucket edges to draw."""
-    all_sizes = _sorted_sizes(sizes)
+    all_sizes = sorted_sizes(sizes)
     row_sizes = all_sizes[all_sizes <= demand.max_num_seqs]
     tokens = {int(s * u) for u in np.unique(demand.per_unit[demand.uniform]) for s in row_sizes}
     if demand.graph_mode == "mixed":

@@ -1,9 +1,9 @@
-"""StepBatch's compiled checks (``check_batch`` in plan_packer.c): the same batches and the
+"""StepBatch's compiled checks (``check_batch`` in csrc/check.c): the same batches and the
 same errors as the numpy checks, and the C function's refusal of malformed arguments.
 
 The numpy path is forced by replacing ``batch.native_check`` (the one place StepBatch asks
-for the compiled check) with a function that returns ``None``, as where the packer does
-not build.
+for the compiled check) with a function that returns ``None``, as where the extension is
+not installed.
 """
 
 from __future__ import annotations
@@ -108,19 +108,14 @@ def raw_batches(draw: st.DrawFn) -> dict:
     if groups == 1 and draw(st.booleans()):
         fields["slots"] = np.asarray(fields["slots"])[0]  # 1-D: one group
     total = sum(lens)
-    padded_rows = draw(st.sampled_from([None, rows, rows + 3, rows - 1]))
-    padded_tokens = draw(st.sampled_from([None, total, total + 5, total - 1]))
-    return {
-        **fields,
-        "num_padded_rows": padded_rows,
-        "num_padded_tokens": padded_tokens,
-        "allow_null_slots": draw(st.booleans()),
-    }
+    fields["num_padded_rows"] = draw(st.sampled_from([None, rows, rows + 3, rows - 1]))
+    fields["num_padded_tokens"] = draw(st.sampled_from([None, total, total + 5, total - 1]))
+    return {**fields, "allow_null_slots": draw(st.booleans())}
 
 
 def test_the_compiled_check_is_in_use_here():
-    # The packer builds on every machine these tests run on; without it they compare
-    # numpy with numpy.
+    # pip install builds the extension on every machine these tests run on; without it
+    # they compare numpy with numpy.
     assert batch_module.native_check() is not None
 
 
@@ -203,8 +198,8 @@ def test_many_rows_take_the_heap_hash_set():
             StepBatch(**fields)
 
 
-def test_without_the_packer_batches_validate_with_numpy_quietly(monkeypatch):
-    monkeypatch.setattr(batch_module, "packer_or_none", lambda: None)
+def test_without_the_extension_batches_validate_with_numpy_quietly(monkeypatch):
+    monkeypatch.setattr(batch_module, "_INSTALLED", None)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         batch = StepBatch(

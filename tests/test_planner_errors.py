@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from decimal import Decimal
+
 import numpy as np
 import pytest
+import torch
 
 from stepplan.planner import PlanError, PlannerConfig, StepBatch, compile_plan
 
@@ -129,3 +132,108 @@ def test_input_arrays_are_copied_not_aliased():
     batch = StepBatch(**fields)
     fields["query_lens"][2] = 99
     assert batch.query_lens.tolist() == [4, 1, 6, 0]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field", "words"),
+    [
+        ({"slots": [["1", "2", "3", "4"]]}, "slots", "must be integers, got strings"),
+        ({"slots": "1 2 3 4"}, "slots", "must be integers, got strings"),
+        (
+            {"num_accepted_tokens": np.array(["2"] * 4)},
+            "num_accepted_tokens",
+            "must be integers, got strings",
+        ),
+        ({"query_lens": [b"4"] * 4}, "query_lens", "must be integers, got bytes"),
+        (
+            {"query_lens": [4.0, 1.5, 6.0, 0.0]},
+            "query_lens",
+            "must be integers, got 1.5 (not a whole number)",
+        ),
+        (
+            {"query_lens": [4, 1, 6, float("nan")]},
+            "query_lens",
+            "must be integers, got nan (not a whole number)",
+        ),
+        ({"query_lens": [True, True, True, False]}, "query_lens", "must be integers, got booleans"),
+        (
+            {"query_lens": torch.tensor([1, 1, 1, 0]).bool()},
+            "query_lens",
+            "must be integers, got booleans",
+        ),
+        ({"query_lens": [1j] * 4}, "query_lens", "must be integers, got complex numbers"),
+        ({"query_lens": None}, "query_lens", "must be integers, got None"),
+        ({"num_draft_tokens": [3, None, -1, -1]}, "num_draft_tokens", "must be integers, got None"),
+        (
+            {"num_computed_tokens": [Decimal(1)] * 4},
+            "num_computed_tokens",
+            "must be integers, got values of type Decimal",
+        ),
+        ({"slots": {1: 2}}, "slots", "must be integers, got values of type dict"),
+        ({"query_lens": object()}, "query_lens", "must be integers, got values of type object"),
+        (
+            {"slots": [[1, 2, 3, 0], [5, 6]]},
+            "slots",
+            "must be a rectangular array of integers, got rows of unequal lengths",
+        ),
+        (
+            {"query_lens": [[4, 1], [6]]},
+            "query_lens",
+            "must be a rectangular array of integers, got rows of unequal lengths",
+        ),
+        ({"query_lens": [4, 1, 6, 2**70]}, "query_lens", "values do not fit int32"),
+        ({"query_lens": [4, 1, 6, 1e12]}, "query_lens", "values do not fit int32"),
+        ({"num_padded_tokens": "12"}, "num_padded_tokens", "must be an integer or None, got '12'"),
+        ({"num_padded_rows": True}, "num_padded_rows", "must be an integer or None, got True"),
+        ({"allow_null_slots": "no"}, "allow_null_slots", "must be True or False, got 'no'"),
+    ],
+)
+def test_values_of_the_wrong_type_are_refused_in_plain_words(overrides, field, words):
+    with pytest.raises(PlanError) as caught:
+        StepBatch(**good(**overrides))
+    assert str(caught.value) == f"{field}: {words}"
+    assert caught.value.field == field and caught.value.row is None
+
+
+def test_whole_floats_and_numpy_scalars_are_taken_as_integers():
+    batch = StepBatch(**good(query_lens=[4.0, 1.0, 6.0, 0.0], num_padded_tokens=np.int64(12)))
+    assert batch.query_lens.tolist() == [4, 1, 6, 0] and batch.num_padded_tokens == 12
+    assert compile_plan(batch, CONFIG) == compile_plan(StepBatch(**good()), CONFIG)
+
+
+@pytest.mark.parametrize(
+    ("settings", "field", "words"),
+    [
+        (
+            {"graph_sizes": [10**10]},
+            "graph_sizes",
+            "must be at most 1048576 tokens, got 10000000000",
+        ),
+        (
+            {"graph_sizes": [8, 2**20 + 1]},
+            "graph_sizes",
+            "must be at most 1048576 tokens, got 1048577",
+        ),
+        ({"graph_sizes": [0, 8]}, "graph_sizes", "must be positive integers, at least one"),
+        ({"graph_sizes": []}, "graph_sizes", "must be positive integers, at least one"),
+        ({"graph_sizes": ["8"]}, "graph_sizes", "must be integers, got '8'"),
+        ({"graph_sizes": [8.5]}, "graph_sizes", "must be integers, got 8.5"),
+        ({"graph_sizes": [True]}, "graph_sizes", "must be integers, got True"),
+        ({"graph_sizes": 8}, "graph_sizes", "must be a list of integers, got 8"),
+        ({"max_num_seqs": 10**9}, "max_num_seqs", "must be in 1..1048576, got 1000000000"),
+        ({"max_num_seqs": 0}, "max_num_seqs", "must be in 1..1048576, got 0"),
+        ({"max_num_seqs": "8"}, "max_num_seqs", "must be an integer, got '8'"),
+        ({"num_spec_tokens": True}, "num_spec_tokens", "must be an integer, got True"),
+        ({"prefill_tile_tokens": 64.0}, "prefill_tile_tokens", "must be an integer, got 64.0"),
+    ],
+)
+def test_config_bounds_and_types_are_refused_before_anything_is_allocated(settings, field, words):
+    with pytest.raises(PlanError) as caught:
+        PlannerConfig(**settings)
+    assert str(caught.value) == f"{field}: {words}" and caught.value.field == field
+
+
+def test_the_largest_sizes_are_taken():
+    config = PlannerConfig(graph_sizes=[2**20], max_num_seqs=2**20, graph_mode="mixed")
+    assert config.sizes == (2**20,) and config.row_sizes == (2**20,)
+    assert PlannerConfig(graph_sizes=[8.0, 4]).sizes == (4, 8)

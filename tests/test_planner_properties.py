@@ -205,7 +205,7 @@ def test_engine_order_fast_path_equals_the_general_path(case):
 
 
 # Few rows and short prefills in mixed mode: most steps get a graph, many with rows
-# out of group order (the regrouped path through a kept whole-buffer template).
+# out of group order (the regrouped path).
 _STREAM_STEPS = st.one_of(
     step_batches(max_rows=24), step_batches(max_rows=8, max_prefill=20, graph_modes=("mixed",))
 )
@@ -228,13 +228,13 @@ def test_planner_compiles_exactly_what_compile_plan_does(native):
     reached = {"regrouped graph": 0, "engine-order graph": 0, "eager": 0}
 
     @settings(settings.get_profile("planner"), max_examples=40)
-    @given(st.lists(_STREAM_STEPS, min_size=1, max_size=6), st.integers(1, 3))
-    @example([_regrouped_mixed_step()], 1)  # the regrouped graph path, whatever is drawn
-    def check(cases, max_templates):
+    @given(st.lists(_STREAM_STEPS, min_size=1, max_size=6))
+    @example([_regrouped_mixed_step()])  # the regrouped graph path, whatever is drawn
+    def check(cases):
         # One planner per config, fed a stream of steps; repeat steps hit its kept shapes.
         planners, plans = {}, []
         for batch, config in cases + cases[:2]:
-            planner = planners.setdefault(config, Planner(config, max_templates, native))
+            planner = planners.setdefault(config, Planner(config, native=native))
             assert planner.native is native
             for step in (batch, rows_by_kind(batch)):
                 kept = planner.compile(step)
@@ -248,46 +248,15 @@ def test_planner_compiles_exactly_what_compile_plan_does(native):
                 if kept.graph is not None and not _rows_in_group_order(step):
                     path = "regrouped graph"
                 reached[path] += 1
-        for planner in planners.values():
-            assert len(planner._templates) <= max_templates
-            for template in planner._templates.values():
-                assert not template.flags.writeable
-                assert not any(np.shares_memory(template, plan.packed) for plan in plans)
+        for i, plan in enumerate(plans):  # every plan has a buffer of its own
+            assert not any(np.shares_memory(plan.packed, other.packed) for other in plans[:i])
 
     check()
     assert all(reached.values()), reached
 
 
-@pytest.mark.parametrize("native", [True, False], ids=["native", "numpy"])
-def test_a_kept_template_is_never_handed_out(native):
-    batch, config = (
-        StepBatch(
-            query_lens=[4, 4],
-            num_computed_tokens=[3, 0],
-            slots=[1, 2],
-            num_draft_tokens=[3, 3],
-            num_accepted_tokens=[2, 4],
-        ),
-        PlannerConfig(num_spec_tokens=3),
-    )
-    planner = Planner(config, native=native)
-    first, second = planner.compile(batch), planner.compile(batch)
-    assert first == second == compile_plan(batch, config)
-    assert not np.shares_memory(first.packed, second.packed)
-    assert not first.packed.flags.writeable and not second.packed.flags.writeable
-    if native:  # the compiled packer fills a fresh buffer per plan and keeps none
-        assert not planner._templates
-        return
-    (template,) = planner._templates.values()
-    assert not template.flags.writeable
-    with pytest.raises(ValueError):
-        Planner(config, max_templates=0)
-
-
-@pytest.mark.parametrize("native", [True, False], ids=["native", "numpy"])
-def test_eager_steps_keep_no_template_and_their_graph_choice_is_kept(monkeypatch, native):
-    # Eager steps of ever-changing counts must not push graph templates out, and a
-    # repeated eager shape must not search the buckets again.
+def test_a_repeated_shape_asks_the_bucket_rule_once(monkeypatch):
+    # The native planner keeps its graph choices, eager ones too.
     import stepplan.planner.planner as planner_module
 
     config = PlannerConfig(num_spec_tokens=1, graph_mode="full", graph_sizes=(4, 8))
@@ -298,32 +267,29 @@ def test_eager_steps_keep_no_template_and_their_graph_choice_is_kept(monkeypatch
         num_draft_tokens=[1, 1],
         num_accepted_tokens=[1, 2],
     )
-
-    def mixed(prefill):
-        return StepBatch(
-            query_lens=[2, 1, prefill],
-            num_computed_tokens=[1, 1, 0],
-            slots=[1, 2, 3],
-            num_draft_tokens=[1, -1, -1],
-            num_accepted_tokens=[1, 1, 1],
-        )
-
-    planner = Planner(config, max_templates=2, native=native)
-    assert planner.compile(spec).graph is not None
-    kept = tuple(planner._templates.values())
-    assert len(kept) == (0 if native else 1)
-    for prefill in range(2, 20):
-        step = mixed(prefill)
-        assert planner.compile(step) == compile_plan(step, config)
-    templates = tuple(planner._templates.values())
-    assert len(templates) == len(kept) and all(a is b for a, b in zip(templates, kept, strict=True))
+    mixed = StepBatch(  # eager in full mode, without asking the rule for sizes
+        query_lens=[2, 1, 7],
+        num_computed_tokens=[1, 1, 0],
+        slots=[1, 2, 3],
+        num_draft_tokens=[1, -1, -1],
+        num_accepted_tokens=[1, 1, 1],
+    )
+    decode = StepBatch(  # eager: no row size holds 9 rows
+        query_lens=[1] * 9,
+        num_computed_tokens=[1] * 9,
+        slots=list(range(1, 10)),
+        num_draft_tokens=[-1] * 9,
+        num_accepted_tokens=[1] * 9,
+    )
+    planner = Planner(config, native=True)
     choices = []
-    search = planner_module._choose_graph
-    monkeypatch.setattr(planner_module, "_choose_graph", lambda *a: choices.append(a) or search(*a))
+    rule = planner_module.choose_graph
+    monkeypatch.setattr(planner_module, "choose_graph", lambda *a: choices.append(a) or rule(*a))
     for _ in range(3):
-        assert planner.compile(mixed(7)) == compile_plan(mixed(7), config)
-        assert planner.compile(spec).graph is not None
-    assert choices == []
+        for step in (spec, mixed, decode):
+            assert planner.compile(step) == compile_plan(step, config)
+    assert len(choices) == 2  # spec and decode once each; mixed never
+    assert planner.compile(spec).graph is not None and planner.compile(decode).graph is None
 
 
 def test_inert_buffer_is_every_fields_padding():

@@ -1,0 +1,302 @@
+/* The plan packer: one step's packed int32 buffer, from a census pass over the engine
+ * rows (rows.c) and then one short loop per field (copies where rows keep the engine's
+ * order).
+ *
+ * The compiled twin of the numpy packer in compile.py (``_pack`` and its helpers), which
+ * stays the specification: a plan packed here equals compile_plan's byte for byte. The
+ * buffer layout is planner/layout.py's (layout.h); Python allocates the buffer for each
+ * plan and chooses its layout, this code only fills it. Every argument is checked (types,
+ * contiguity, lengths, no memory shared with the output) and every count a write is
+ * bounded by is checked against the layout before that write, so a wrong call raises
+ * TypeError or ValueError naming the argument instead of writing out of bounds.
+ */
+#include "pack.h"
+
+#include <string.h>
+
+#include "buffers.h"
+#include "rows.h"
+
+/* Token map entries a short row writes at once: its tokens, then whatever follows, which
+ * later rows of its group (or the padding) overwrite. A fixed count keeps the loop free
+ * of a branch on each row's length, which varies at random among spec rows. */
+enum { SPAN = 8 };
+
+/* Group-ordered rows ``p`` (engine rows ``request[p]``), kind by kind; each field gets a
+ * loop of its own (short, independent, vectorizable where rows keep the engine order). */
+
+/* row_request: the engine row of every group-ordered row. Each row goes where its kind's
+ * next row goes, chosen by selects rather than branches (kinds interleave at random), and
+ * a padding row into a local sink. */
+static void write_requests(const Batch *b, const Fields *f, const Census *c, int in_order) {
+    Py_ssize_t live = c->rows[SPEC] + c->rows[DECODE] + c->rows[PREFILL];
+    if (in_order) {
+        for (Py_ssize_t p = 0; p < live; p++) {
+            f->request[p] = (int32_t)p;
+        }
+        return;
+    }
+    int32_t sink, *spec = f->request, *decode = spec + c->rows[SPEC];
+    int32_t *prefill = decode + c->rows[DECODE];
+    for (Py_ssize_t r = 0; r < b->num_rows; r++) {
+        int kind = b->kinds[r];
+        int32_t *at = kind == SPEC ? spec : kind == DECODE ? decode : prefill;
+        at = kind == PADDING ? &sink : at;
+        *at = (int32_t)r;
+        spec += kind == SPEC, decode += kind == DECODE, prefill += kind == PREFILL;
+    }
+}
+
+/* out[p] = values[order[p]] for p < n; a plain copy where ``order`` is NULL (rows in
+ * engine order). */
+static void gather(int32_t *restrict out, const int32_t *restrict values,
+                   const int32_t *restrict order, Py_ssize_t n) {
+    if (order == NULL) {
+        memcpy(out, values, (size_t)n * sizeof(int32_t));
+        return;
+    }
+    for (Py_ssize_t p = 0; p < n; p++) {
+        out[p] = values[order[p]];
+    }
+}
+
+/* row_kind, row_state_offset, row_reads_state, row_num_accepted. */
+static void write_flags(const Batch *b, const Fields *f, const Census *c,
+                        const int32_t *order) {
+    Py_ssize_t spec = c->rows[SPEC], decode = c->rows[DECODE];
+    Py_ssize_t live = spec + decode + c->rows[PREFILL];
+    gather(f->num_accepted, b->accepted, order, spec);
+    for (Py_ssize_t p = 0; p < spec; p++) {
+        f->kind[p] = SPEC, f->state_offset[p] = f->num_accepted[p] - 1, f->reads_state[p] = 1;
+    }
+    if (order == NULL) {
+        gather(f->reads_state + spec, b->computed + spec, NULL, live - spec);
+    } else {
+        gather(f->reads_state + spec, b->computed, order + spec, live - spec);
+    }
+    for (Py_ssize_t p = spec; p < live; p++) {
+        f->kind[p] = p < spec + decode ? DECODE : PREFILL;
+        f->state_offset[p] = 0, f->num_accepted[p] = 1;
+        f->reads_state[p] = f->reads_state[p] > 0; /* has state: computed tokens > 0 */
+    }
+}
+
+/* row_query_start, row_token_start and row_slot of the live rows. */
+static void write_starts_and_slots(const Batch *b, const Fields *f, Py_ssize_t live,
+                                   const int32_t *order) {
+    gather(f->token_start, b->query_start, order, live);
+    if (order == NULL) { /* live + 1: the padding rows that follow have no tokens */
+        memcpy(f->query_start, b->query_start, (size_t)(live + 1) * sizeof(int32_t));
+    } else { /* the lengths in group order, one place on, then summed up in place */
+        int32_t *starts = f->query_start;
+        for (Py_ssize_t p = 0; p < live; p++) {
+            starts[p + 1] = b->query_start[order[p] + 1] - b->query_start[order[p]];
+        }
+        starts[0] = 0;
+        for (Py_ssize_t p = 1; p <= live; p++) {
+            starts[p] += starts[p - 1];
+        }
+    }
+    for (Py_ssize_t g = 0; g < f->groups; g++) {
+        gather(f->slot + g * f->rows, b->slots + g * b->num_rows, order, live);
+    }
+}
+
+/* token_map of rows ``begin .. stop``, whose tokens end at ``end`` (the next group's first
+ * token, or the map's end). Needs row_query_start and row_token_start written. */
+static void write_tokens(const Fields *f, Py_ssize_t begin, Py_ssize_t stop, int64_t end) {
+    for (Py_ssize_t p = begin; p < stop; p++) {
+        int32_t first = f->query_start[p], engine_first = f->token_start[p];
+        int32_t q = f->query_start[p + 1] - first, j = 0;
+        int32_t *tokens = f->token_map + first;
+        if (first + SPAN <= end) {
+            for (; j < SPAN; j++) {
+                tokens[j] = engine_first + j;
+            }
+        }
+        for (; j < q; j++) {
+            tokens[j] = engine_first + j;
+        }
+    }
+}
+
+/* tile_row and tile_start of the live tiles: the prefill rows' tiles in row order. */
+static void write_tiles(const Fields *f, const Census *c, Py_ssize_t tile) {
+    Py_ssize_t begin = c->rows[SPEC] + c->rows[DECODE], stop = begin + c->rows[PREFILL];
+    int64_t next = 0;
+    for (Py_ssize_t p = begin; p < stop; p++) {
+        int32_t q = f->query_start[p + 1] - f->query_start[p];
+        int32_t count = (int32_t)((q + tile - 1) / tile);
+        for (int32_t i = 0; i < count; i++, next++) {
+            f->tile_row[next] = (int32_t)p, f->tile_start[next] = (int32_t)(i * tile);
+        }
+    }
+}
+
+/* Every entry past the live rows, tokens and tiles: its field's padding value. */
+static void write_padding(const Fields *f, Py_ssize_t live, int64_t num_tokens,
+                          int64_t num_tiles) {
+    for (Py_ssize_t t = num_tokens; t < f->tokens; t++) {
+        f->token_map[t] = -1;
+    }
+    for (Py_ssize_t p = live; p <= f->rows; p++) {
+        f->query_start[p] = (int32_t)num_tokens;
+    }
+    for (Py_ssize_t p = live; p < f->rows; p++) {
+        f->token_start[p] = 0, f->kind[p] = PADDING, f->state_offset[p] = 0;
+        f->reads_state[p] = 0, f->num_accepted[p] = 1, f->request[p] = -1;
+    }
+    for (Py_ssize_t g = 0; g < f->groups; g++) {
+        for (Py_ssize_t p = live; p < f->rows; p++) {
+            f->slot[g * f->rows + p] = 0;
+        }
+    }
+    for (Py_ssize_t i = num_tiles; i < f->tiles; i++) {
+        f->tile_row[i] = -1, f->tile_start[i] = 0;
+    }
+}
+
+/* Tiles and the longest query of the prefill rows (their engine rows are the last ones
+ * in row_request), into ``census``. */
+static void count_tiles(const Batch *b, const Fields *f, Py_ssize_t tile, Census *census) {
+    Py_ssize_t begin = census->rows[SPEC] + census->rows[DECODE];
+    for (Py_ssize_t p = begin; p < begin + census->rows[PREFILL]; p++) {
+        Py_ssize_t r = f->request[p];
+        int32_t q = b->query_start[r + 1] - b->query_start[r];
+        census->tiles += (q + tile - 1) / tile;
+        census->longest_prefill = q > census->longest_prefill ? q : census->longest_prefill;
+    }
+}
+
+/* Places the fields (``f`` holds the layout's sizes), writes row_request and counts the
+ * tiles, which the layout must then be checked to hold; returns the count. */
+static int64_t order_rows(const Batch *b, int32_t *buffer, Census *census, Py_ssize_t tile,
+                          Fields *f) {
+    place_fields(buffer, f);
+    write_requests(b, f, census, census->in_order);
+    count_tiles(b, f, tile, census);
+    return census->tiles;
+}
+
+/* The whole buffer but row_request (written first): rows in group order [spec | decode |
+ * prefill], the engine's order within a group. Rows already in that order (``in_order``)
+ * map tokens to themselves. */
+static void write_plan(const Batch *b, const Fields *f, const Census *c, Py_ssize_t tile,
+                       int in_order) {
+    Py_ssize_t spec = c->rows[SPEC], decode = c->rows[DECODE];
+    Py_ssize_t live = spec + decode + c->rows[PREFILL];
+    int64_t spec_end = c->tokens[SPEC], decode_end = spec_end + c->tokens[DECODE];
+    int64_t num_tokens = decode_end + c->tokens[PREFILL];
+    const int32_t *order = in_order ? NULL : f->request;
+    write_flags(b, f, c, order);
+    write_starts_and_slots(b, f, live, order);
+    if (in_order) {
+        for (int64_t t = 0; t < num_tokens; t++) {
+            f->token_map[t] = (int32_t)t;
+        }
+    } else {
+        write_tokens(f, 0, spec, spec_end);
+        write_tokens(f, spec, spec + decode, decode_end);
+        write_tokens(f, spec + decode, live, f->tokens);
+    }
+    write_tiles(f, c, tile);
+    write_padding(f, live, num_tokens, c->tiles);
+}
+
+/* Whether the output buffer shares a byte with any of the batch's arrays (the packer reads
+ * lengths and rows back while it writes, so it must not write into them). */
+static int overlaps(const Py_buffer *out, const Batch *batch) {
+    uintptr_t begin = (uintptr_t)out->buf, end = begin + (uintptr_t)out->len;
+    for (int i = 0; i < batch->held; i++) {
+        uintptr_t other = (uintptr_t)batch->views[i].buf;
+        if (other < end && begin < other + (uintptr_t)batch->views[i].len) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+const char PACK_DOC[] =
+    "pack(packed, query_start, num_computed_tokens, num_accepted_tokens, slots, kinds,\n"
+    "     num_tokens, num_rows, num_tiles, num_groups, query_len_max, tile)\n"
+    "Fill ``packed`` (int32, laid out as PlanLayout(num_tokens, num_rows, num_tiles,\n"
+    "num_groups)) with one step's plan. Returns (num_tiles, longest prefill, spec tokens),\n"
+    "or None when a spec row breaks the config's limits (q > Q or accepted outside\n"
+    "1..Q); the buffer is then left unspecified.";
+
+/* pack's six counts (num_tokens, num_rows, num_tiles, num_groups, query_len_max, tile)
+ * from ``args``, each checked, and the layout they give checked to fit Py_ssize_t; 0, or
+ * -1 with an exception set. */
+static int take_counts(PyObject *const *args, Py_ssize_t counts[6]) {
+    static const char *const names[] = {"num_tokens", "num_rows",      "num_tiles",
+                                        "num_groups", "query_len_max", "tile"};
+    for (int i = 0; i < 6; i++) {
+        if ((counts[i] = get_count(args[i], names[i])) < 0) {
+            return -1;
+        }
+    }
+    Py_ssize_t tokens = counts[0], rows = counts[1], tiles = counts[2], groups = counts[3];
+    if (groups < 1 || groups > (1 << 20) || counts[5] < 1 ||
+        rows > (PY_SSIZE_T_MAX / 16) / (groups + 8) || tokens > PY_SSIZE_T_MAX / 16 ||
+        tiles > PY_SSIZE_T_MAX / 16) {
+        PyErr_SetString(PyExc_ValueError,
+                        "num_groups, tile: must be positive, and the layout's sizes in range");
+        return -1;
+    }
+    return 0;
+}
+
+PyObject *pack(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    Py_ssize_t counts[6];
+    if (nargs != 12) {
+        PyErr_Format(PyExc_TypeError, "pack takes 12 arguments, got %zd", nargs);
+        return NULL;
+    }
+    if (take_counts(args + 6, counts) < 0) {
+        return NULL;
+    }
+    Py_ssize_t tokens = counts[0], rows = counts[1], tiles = counts[2], groups = counts[3];
+    Py_ssize_t query_len_max = counts[4], tile = counts[5];
+    Batch batch;
+    if (take_batch(&batch, args + 1, groups) < 0) {
+        return NULL;
+    }
+    Py_buffer out;
+    if (get_array(args[0], &out, "packed", 'i', 4, 1) < 0) {
+        release_batch(&batch);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    Py_ssize_t size = plan_size(tokens, rows, tiles, groups);
+    Census census;
+    Fields fields = {.tokens = tokens, .rows = rows, .tiles = tiles, .groups = groups};
+    if (overlaps(&out, &batch)) {
+        PyErr_SetString(PyExc_ValueError, "packed: shares memory with the batch's arrays");
+    } else if (out.len != size * 4) {
+        PyErr_Format(PyExc_ValueError, "packed: has %zd entries, the layout needs %zd",
+                     out.len / 4, size);
+    } else if (take_census(&batch, query_len_max, &census) == 0) {
+        Py_ssize_t live = census.rows[SPEC] + census.rows[DECODE] + census.rows[PREFILL];
+        int64_t num_tokens = census.tokens[SPEC] + census.tokens[DECODE] + census.tokens[PREFILL];
+        if (census.tokens[PADDING]) {
+            PyErr_SetString(PyExc_ValueError, "query_start: a padding row (kind 3) has tokens");
+        } else if (census.breaks_limits) {
+            result = Py_NewRef(Py_None);
+        } else if (live > rows || num_tokens > tokens) {
+            PyErr_Format(PyExc_ValueError,
+                         "packed: %zd rows, %lld tokens exceed the layout's %zd, %zd", live,
+                         (long long)num_tokens, rows, tokens);
+        } else if (order_rows(&batch, out.buf, &census, tile, &fields) > tiles) {
+            PyErr_Format(PyExc_ValueError, "packed: %lld tiles exceed the layout's %zd",
+                         (long long)census.tiles, tiles);
+        } else {
+            write_plan(&batch, &fields, &census, tile, census.in_order);
+            result = Py_BuildValue("(LiL)", (long long)census.tiles,
+                                   (int)census.longest_prefill, (long long)census.tokens[SPEC]);
+        }
+    }
+    PyBuffer_Release(&out);
+    release_batch(&batch);
+    return result;
+}

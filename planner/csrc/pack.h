@@ -1,0 +1,14 @@
+/* The plan packer's Python function (pack.c). */
+#ifndef STEPPLAN_PACK_H
+#define STEPPLAN_PACK_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+extern const char PACK_DOC[];
+
+/* pack(packed, query_start, num_computed_tokens, num_accepted_tokens, slots, kinds,
+ *      num_tokens, num_rows, num_tiles, num_groups, query_len_max, tile): PACK_DOC. */
+PyObject *pack(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+
+#endif
