@@ -17,8 +17,8 @@ from stepplan.executor import (
     ReplayMismatchError,
     StepGraphs,
     check_replay,
-    runtime,
 )
+from stepplan.executor.graphs import _Captured
 from stepplan.executor.kernels import launch_shape
 from stepplan.executor.staging_kernel import pull_plan
 from stepplan.executor.upload import PinnedUpload, StagingRing
@@ -367,10 +367,10 @@ class _EmulatedStepGraphs(StepGraphs):
         )
         self.captures = 0
 
-    def _capture(self, plan) -> runtime._Captured:
+    def _capture(self, plan) -> _Captured:
         self.captures += 1
         graphs = tuple(_EmulatedGraph(self, plan, i) for i in range(self._ring.ring_size))
-        return runtime._Captured(self._executor.signature(plan), plan.config, plan.layout, graphs)
+        return _Captured(self._executor.signature(plan), plan.config, plan.layout, graphs)
 
 
 def emulated_graph_executor(config: PlannerConfig) -> Executor:
