@@ -12,9 +12,8 @@ import pytest
 import torch
 
 from stepplan.executor import Executor, ReplayMismatchError
-from stepplan.executor.engine import Engine, EngineConfig
+from stepplan.executor.engine import Engine, EngineConfig, ToyModelConfig, ToyModelRunner
 from stepplan.executor.staging_kernel import pull_plan
-from stepplan.executor.toy_model import ToyModelConfig, ToyModelRunner
 from stepplan.executor.upload import StagingRing
 from stepplan.executor.vllm import PlanMetadataBuilder
 from stepplan.planner import PlannerConfig, StepBatch, compile_plan
