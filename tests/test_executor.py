@@ -14,8 +14,10 @@ from hypothesis import strategies as st
 from stepplan.executor import (
     BACKENDS,
     Executor,
+    ReferenceBackend,
     ReplayMismatchError,
     StepGraphs,
+    TritonBackend,
     check_replay,
 )
 from stepplan.executor.graphs import _Captured
@@ -207,6 +209,21 @@ def test_bad_geometry_is_refused():
                 use_graphs=True,
                 **{**kwargs, "backend": backend},
             )
+
+
+def test_each_backend_name_is_a_class_that_owns_its_conv():
+    """The names Executor takes map to the backend classes; the reference one keeps no
+    device plan buffer and refuses what only graphs need."""
+    assert (TritonBackend.name, ReferenceBackend.name) == BACKENDS
+    config = CONFIGS[0]
+    plan = compile_plan(random_batch(np.random.default_rng(3), 4, 3, groups=2), config)
+    triton, reference = make_executor("triton", config), make_executor("reference", config)
+    assert all(w.stride(0) == 1 for w in triton.weights)  # channel-contiguous copies
+    assert triton.graph_plan_buffer(plan).shape == (plan.layout.size,)
+    with pytest.raises(RuntimeError, match="reference backend has no plan buffer"):
+        reference.graph_plan_buffer(plan)
+    with pytest.raises(RuntimeError, match="reference backend is never graphed"):
+        reference.prepare_graphed(plan, torch.zeros(plan.layout.size, dtype=torch.int32))
 
 
 def test_pinned_upload_round_trips_through_its_ring():
