@@ -1,19 +1,17 @@
 """stepplan.executor: replays plans (kernels, runtime, vLLM builder, a toy engine)."""
 
-from .runtime import (
-    BACKENDS,
-    Executor,
-    ReplayMismatchError,
-    ReplaySignature,
-    StepGraphs,
-    check_replay,
-)
+from .backends import BACKENDS, Backend, ReferenceBackend, TritonBackend
+from .graphs import ReplayMismatchError, ReplaySignature, StepGraphs, check_replay
+from .runtime import Executor
 
 __all__ = [
     "BACKENDS",
+    "Backend",
     "Executor",
+    "ReferenceBackend",
     "ReplayMismatchError",
     "ReplaySignature",
     "StepGraphs",
+    "TritonBackend",
     "check_replay",
 ]

@@ -3,21 +3,16 @@
 An :class:`Executor` is built once for a layer geometry and a planner config.
 Per step it copies the plan's packed int32 buffer to the device once (pinned,
 asynchronous) and runs the short conv of every layer, each on its own state
-pool, at the slots of its layer group. Plans that carry a graph key replay a CUDA graph captured
-for that key on first use (:class:`StepGraphs`); the graph's first node is a
-kernel that pulls the plan from pinned memory and then writes a ticket back there,
-which tells the host when that staging memory may be written again. So a graph
-step costs the host a write into pinned memory and one CUDA call, the launch. Before a replay the
-plan's :class:`ReplaySignature` must equal the captured one, so a plan never
-replays a graph recorded for another shape.
+pool, at the slots of its layer group; a backend (:mod:`.backends`) runs the convs.
+Plans that carry a graph key replay a CUDA graph captured for that key on first use
+(:class:`~stepplan.executor.graphs.StepGraphs`), so a graph step costs the host a write
+into pinned memory and one CUDA call, the launch.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
 
-import attrs
 import torch
 
 from stepplan.planner import (
@@ -28,65 +23,17 @@ from stepplan.planner import (
     largest_graph_layout,
 )
 
-from .upload import PinnedUpload, StagingRing
+from .backends import (
+    BACKENDS,
+    Backend,
+    Prepared,
+    check_backend_name,
+    import_kernels,
+    make_backend,
+)
+from .graphs import ReplaySignature, StepGraphs
 
-BACKENDS = ("triton", "reference")
-
-
-class ReplayMismatchError(RuntimeError):
-    """A plan's signature differs from the one its CUDA graph was captured with."""
-
-
-@attrs.frozen
-class ReplaySignature:
-    """Everything a captured step depends on besides the plan buffer's contents."""
-
-    graph: GraphKey | None
-    layout: PlanLayout
-    query_len_max: int
-    tile_tokens: int
-    launch: Any  # the kernels' LaunchShape: grids and constexprs baked into the graph
-    dtype: torch.dtype
-    channels: int
-    backend: str
-
-    def differences(self, other: ReplaySignature) -> list[str]:
-        """``name: captured A, plan has B`` for every field that differs."""
-        return [
-            f"{field.name}: captured {getattr(self, field.name)}, plan has "
-            f"{getattr(other, field.name)}"
-            for field in attrs.fields(ReplaySignature)
-            if getattr(self, field.name) != getattr(other, field.name)
-        ]
-
-
-def check_replay(captured: ReplaySignature, wanted: ReplaySignature) -> None:
-    """Raise :class:`ReplayMismatchError` naming every field where ``wanted`` differs."""
-    if captured != wanted:  # attrs compares field by field: some field differs
-        raise ReplayMismatchError(
-            f"the plan does not fit the CUDA graph captured for {captured.graph}: "
-            + "; ".join(captured.differences(wanted))
-        )
-
-
-def _import_kernels() -> Any:
-    """The Triton kernels module, imported on use: the reference backend runs where
-    Triton can't."""
-    from . import kernels
-
-    return kernels
-
-
-@attrs.frozen
-class _Prepared:
-    """The plan the next :meth:`Executor.conv` calls run."""
-
-    plan: ExecutionPlan | None  # None when the buffer is filled at replay (graph capture)
-    launch: Any  # kernels.LaunchShape, or None on the reference backend
-    buffer: torch.Tensor | None  # [layout.size] int32 on the device
-    # Rows beside tiles on the executor's side stream (kernels.launch_short_conv): free in a
-    # replayed graph, four stream calls per layer on the host when eager, so graphs only.
-    side_stream: torch.cuda.Stream | None = None
+__all__ = ["BACKENDS", "Executor"]
 
 
 class Executor:
@@ -131,35 +78,24 @@ class Executor:
         self.config = config
         self.backend = backend
         self._check_geometry()
-        if backend == "triton":
-            self.weights = tuple(w if w.stride(0) == 1 else w.t().contiguous().t() for w in weights)
         #: Layer groups ``G``: plans must carry one slot row per group.
         self.num_groups = max(self.layer_groups) + 1
         self.device, self.dtype = self.weights[0].device, self.weights[0].dtype
         self.channels = int(self.weights[0].shape[0])
-        on_cuda = self.device.type == "cuda"
-        if use_graphs is None:
-            use_graphs = backend == "triton" and on_cuda
-        if use_graphs and not (backend == "triton" and on_cuda):
-            raise ValueError("use_graphs: CUDA graphs need the triton backend on a CUDA device")
-        self.use_graphs = use_graphs
-        self._kernels: Any = None
-        self._blocks: tuple[Any, ...] = ()  # kernels.Blocks per layer
-        if backend == "triton":
-            self._kernels = _import_kernels()
-            # Chosen once, not per launch: they depend only on C and the state's memory layout.
-            self._blocks = tuple(
-                self._kernels.default_blocks(self.channels, state.stride(2) == 1)
-                for state in self.conv_states
-            )
         self.capacity = largest_graph_layout(config, self.num_groups) or PlanLayout(
             1, 1, 0, self.num_groups
         )
-        # One int32 more than the largest plan: the ticket word of a graph's upload.
-        self._upload = (
-            PinnedUpload(4 * (self.capacity.size + 1), self.device) if backend == "triton" else None
+        self._backend: Backend = make_backend(
+            backend, self.weights, self.conv_states, self.device, self.capacity
         )
-        self._prepared: _Prepared | None = None
+        self.weights = self._backend.weights
+        graphs_on = self._backend.graphs_on(self.device)
+        if use_graphs is None:
+            use_graphs = graphs_on
+        if use_graphs and not graphs_on:
+            raise ValueError("use_graphs: CUDA graphs need the triton backend on a CUDA device")
+        self.use_graphs = use_graphs
+        self._prepared: Prepared | None = None
         self._staging: tuple[torch.Tensor, torch.Tensor] | None = None
         self._side_stream = torch.cuda.Stream(self.device) if use_graphs else None
         self._staging_views: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -188,8 +124,7 @@ class Executor:
             self._step_graphs.warm_up(plans)
 
     def _check_geometry(self) -> None:
-        if self.backend not in BACKENDS:
-            raise ValueError(f"backend: must be one of {BACKENDS}, got {self.backend!r}")
+        check_backend_name(self.backend)
         if not self.weights:
             raise ValueError("weights: needs at least one layer")
         first = self.weights[0]
@@ -241,7 +176,7 @@ class Executor:
             layout=plan.layout,
             query_len_max=plan.query_len_max,
             tile_tokens=plan.tile_tokens,
-            launch=(self._kernels or _import_kernels()).launch_shape(plan),
+            launch=import_kernels().launch_shape(plan),
             dtype=self.dtype,
             channels=self.channels,
             backend=self.backend,
@@ -254,16 +189,7 @@ class Executor:
         copy into a fresh device buffer instead of the persistent one.
         """
         self._check_plan(plan)
-        if self.backend == "reference":
-            self._prepared = _Prepared(plan, None, None)
-            return
-        assert self._upload is not None
-        launch = self._kernels.launch_shape(plan)
-        if plan.packed.size * 4 <= self._upload.capacity_bytes:
-            buffer = self._upload.upload_int32(plan.packed)
-        else:
-            buffer = torch.from_numpy(plan.packed.copy()).to(self.device)
-        self._prepared = _Prepared(plan, launch, buffer)
+        self._prepared = self._backend.prepare(plan)
 
     def graph_plan_buffer(self, plan: ExecutionPlan, with_ticket: bool = False) -> torch.Tensor:
         """``[layout.size], int32``: the persistent device buffer that graphs of ``plan``'s
@@ -271,22 +197,21 @@ class Executor:
         ``[layout.size + 1]``, the word after the plan too, where a graph's upload puts
         the staging ring's ticket (:class:`StepGraphs`)."""
         self._check_plan(plan)
-        if self._upload is None:
+        upload = self._backend.upload
+        if upload is None:
             raise RuntimeError("graph_plan_buffer(): the reference backend has no plan buffer")
         words = plan.packed.size + with_ticket
-        if words * 4 > self._upload.capacity_bytes:
+        if words * 4 > upload.capacity_bytes:
             raise ValueError(
                 f"plan: graph {plan.graph} has layout {plan.layout}, larger than the persistent "
                 f"buffer sized for {self.capacity}"
             )
-        return self._upload.device_buffer[: words * 4].view(torch.int32)
+        return upload.device_buffer[: words * 4].view(torch.int32)
 
     def prepare_graphed(self, plan: ExecutionPlan, buffer: torch.Tensor) -> None:
         """Make the next :meth:`conv` calls read a plan of ``plan``'s launch shape from
         ``buffer`` (:meth:`graph_plan_buffer`), whatever it holds when they run: for capture."""
-        self._prepared = _Prepared(
-            None, self._kernels.launch_shape(plan), buffer, self._side_stream
-        )
+        self._prepared = self._backend.prepare_graphed(plan, buffer, self._side_stream)
 
     def forget_prepared(self) -> None:
         """No plan is prepared: :meth:`conv` refuses to run until the next :meth:`prepare`.
@@ -314,26 +239,14 @@ class Executor:
         prepared = self._prepared
         if prepared is None:
             raise RuntimeError("conv() before prepare(): no plan to run")
-        group = self.layer_groups[layer]
-        state, weight = self.conv_states[layer], self.weights[layer]
-        if self.backend == "reference":
-            from . import reference
-
-            reference.short_conv(
-                prepared.plan, x, residual, state, weight, dilation=self.dilation, group=group
-            )
-            return
-        self._kernels.launch_short_conv(
-            prepared.launch,
-            prepared.buffer,
+        self._backend.conv(
+            prepared,
+            layer,
             x,
             residual,
-            state,
-            weight,
+            self.conv_states[layer],
             dilation=self.dilation,
-            group=group,
-            blocks=self._blocks[layer],
-            side_stream=prepared.side_stream,
+            group=self.layer_groups[layer],
         )
 
     def run_layers(self, x: torch.Tensor, residual: torch.Tensor) -> None:
@@ -421,146 +334,3 @@ class Executor:
                     f"{name}: must be [engine_tokens >= {tokens}, C={self.channels}], "
                     f"got {list(tensor.shape)}"
                 )
-
-
-@attrs.frozen
-class _Captured:
-    """The graphs of one key, one per staging-ring entry, and what a replay must match."""
-
-    signature: ReplaySignature
-    # A plan of this config and layout has this signature (see StepGraphs.entry): checked
-    # with an identity and one attrs comparison instead of building its signature.
-    config: PlannerConfig
-    layout: PlanLayout
-    graphs: tuple[Any, ...]  # torch.cuda.CUDAGraph per ring entry
-
-
-class StepGraphs:
-    """CUDA graphs of one forward function, one per graph key, captured on first use.
-
-    ``forward(num_tokens)`` runs a whole step on persistent tensors, reading
-    the plan only through ``executor.conv``; an engine passes its model's
-    forward, :meth:`Executor.step` its layer loop. A key is captured once per
-    entry of a :class:`StagingRing` (each graph pulls from its own entry), so
-    the host can write step ``n + 1``'s plan while step ``n``'s graph is still
-    queued. Each graph starts with one upload kernel
-    (:func:`~stepplan.executor.staging_kernel.pull_plan`), then the forward. The
-    kernel loads the entry's plan and ticket, ``[size + 1], int32``, from pinned
-    memory into the executor's persistent plan buffer and the word right after
-    it, and once every thread's load is over, stores the ticket into the entry's
-    pinned ``done`` word. One kernel node, not two copy nodes: each copy node made a
-    graph launch cost the host more than a kernel node does
-    (``bench/graph_launch_bench.py``).
-
-    So a replay is: claim an entry (a load from pinned memory), write plan and
-    a fresh ticket into it, launch. Seeing the ticket in ``done`` proves the
-    entry's only reader is done with it. The host thus never calls CUDA to learn
-    when it may rewrite an entry.
-
-    Before capture the forward runs once on an inert plan (padding only), after
-    the same upload kernel, so every kernel is compiled outside the capture and
-    no state changes.
-
-    Replays go through :meth:`run` on one stream, the one eager steps use too:
-    the executor's device plan buffer and ticket word (shared by every
-    ``StepGraphs`` of the executor and by eager steps) are ordered by it, and
-    :meth:`StagingRing.claim` synchronizes that stream when a ticket is late.
-
-    Args:
-        executor: runs the convs; built with graphs.
-        forward: the step on persistent tensors, ``forward(num_tokens)``.
-        ring_size: staging buffers (and graphs per key) used in turn.
-    """
-
-    def __init__(
-        self, executor: Executor, forward: Callable[[int], None], ring_size: int = 2
-    ) -> None:
-        if not executor.use_graphs:
-            raise ValueError("executor: built without graphs (use_graphs=False)")
-        self._executor = executor
-        self._forward = forward
-        self._graphs: dict[GraphKey, _Captured] = {}
-        self._pool = torch.cuda.graph_pool_handle()
-        self._ring = StagingRing(4 * executor.capacity.size, executor.device, ring_size)
-
-    @property
-    def captured(self) -> tuple[GraphKey, ...]:
-        """Keys of the graphs captured so far."""
-        return tuple(self._graphs)
-
-    def warm_up(self, plans: Sequence[ExecutionPlan]) -> None:
-        """Capture the graphs of ``plans``' keys now (eager plans and known keys are skipped).
-
-        Capture runs nothing on the state: the plans only lend their shapes.
-        """
-        for plan in plans:
-            if plan.graph is not None and plan.graph not in self._graphs:
-                self._graphs[plan.graph] = self._capture(plan)
-
-    def run(self, plan: ExecutionPlan) -> None:
-        """Upload ``plan`` and replay its graph (captured now if new); needs ``plan.graph``.
-
-        Nothing waits for the GPU unless the staging entry to write is still
-        read by a replay queued two steps ago (a ring of two); the launch is the
-        only CUDA call.
-        """
-        captured = self.entry(plan)
-        index = self._ring.claim()
-        self._ring.write(index, plan.packed)
-        self._executor.forget_prepared()
-        captured.graphs[index].replay()
-
-    def entry(self, plan: ExecutionPlan) -> _Captured:
-        """The captured graphs ``plan`` replays (captured now if new), its signature checked.
-
-        Raises :class:`ReplayMismatchError` naming every field that differs.
-        """
-        key = plan.graph
-        if key is None:
-            raise ValueError("plan: has no graph key (an eager plan); run it eagerly")
-        captured = self._graphs.get(key)
-        if captured is None:
-            captured = self._graphs[key] = self._capture(plan)
-        elif (plan.config is not captured.config and plan.config != captured.config) or (
-            plan.layout is not captured.layout and plan.layout != captured.layout
-        ):
-            # The signature is a function of the key, the layout and the config's Q and
-            # tile size (a graph plan's launch shape reads no live count; a CPU test pins
-            # this): equal config and layout mean an equal signature. Anything else is
-            # checked in full, which names every differing field.
-            check_replay(captured.signature, self._executor.signature(plan))
-        return captured
-
-    def _capture(self, plan: ExecutionPlan) -> _Captured:
-        assert plan.graph is not None
-        executor, ring, tokens = self._executor, self._ring, plan.graph.num_tokens
-        with_ticket = executor.graph_plan_buffer(plan, with_ticket=True)
-        plan_buffer = with_ticket[:-1]
-        ring.wait_all()  # queued replays may still read the entries the graphs pull from
-        ring.write(0, plan.layout.inert_buffer())
-        executor.prepare_graphed(plan, plan_buffer)
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # compiles every kernel; the inert plan changes nothing
-            self._upload_with_ticket(0, with_ticket)
-            self._forward(tokens)
-        torch.cuda.current_stream().wait_stream(side)
-        side.synchronize()  # the warm-up's ticket is back: every entry is free
-        graphs = []
-        for index in range(ring.ring_size):
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool):
-                self._upload_with_ticket(index, with_ticket)
-                self._forward(tokens)
-            graphs.append(graph)
-        executor.forget_prepared()
-        return _Captured(executor.signature(plan), plan.config, plan.layout, tuple(graphs))
-
-    def _upload_with_ticket(self, index: int, with_ticket: torch.Tensor) -> None:
-        """Entry ``index``'s plan and ticket into ``with_ticket`` (``[size + 1], int32`` on
-        the device), then the ticket back into the entry's ``done`` word: one kernel that
-        reads and writes the pinned memory itself, the graph's first node."""
-        from .staging_kernel import pull_plan  # Triton: CUDA graphs only
-
-        size = with_ticket.numel() - 1
-        pull_plan(self._ring.graph_source(index, size), with_ticket, self._ring.done_word(index))

@@ -4,9 +4,8 @@ The staging entry and its ``done`` word (:class:`~stepplan.executor.upload.Stagi
 are pinned with ``cudaHostAlloc``, which on a unified-address system maps them into
 the device's address space: a kernel may load and store them directly. One kernel
 node does what two copy nodes did (the plan and ticket host→device, then the ticket
-back): on an H200 those two copy nodes made a 32-layer graph's launch cost the host
-6 µs more (10.9 against 4.9 µs), the kernel node nothing measurable
-(``bench/graph_launch_bench.py``).
+back): copy nodes made a graph's launch cost the host more, the kernel node nothing
+measurable (``bench/graph_launch_bench.py``; figures in ``bench/RESULTS.md``, Runtime).
 """
 
 # Triton types kernel arguments at launch, not through annotations.

@@ -270,7 +270,7 @@ class LiveConfig:
             time replaces the model, short-conv and launch terms: not reproducible).
         dtype: the toy model's precision.
         vocab_size, hidden_size, mlp_size, num_layers, kernel_size, dilation, seed:
-            the toy model (``stepplan.executor.toy_model.ToyModelConfig``); ``seed``
+            the toy model (``stepplan.executor.engine.ToyModelConfig``); ``seed``
             draws its weights.
         num_groups: the toy model's layer groups; ``None`` follows
             ``scheduler.num_groups``, which it must equal.

@@ -2,7 +2,7 @@
 
 The simulation loop (``run.py``) hands each step's :class:`ScheduledStep` and its
 compiled plan to a :class:`LiveStepper`, which feeds them to
-``stepplan.executor.toy_model.ToyModelRunner`` -- the executor's demo engine model,
+``stepplan.executor.engine.ToyModelRunner`` -- the executor's demo engine model,
 the same planner config, the scheduler's slots (``1..slots``, the same index in
 every layer group) -- and folds the greedy tokens back into each request:
 
@@ -48,7 +48,7 @@ from .config import ConfigError, LiveConfig, SimConfig
 from .scheduler import ScheduledStep
 
 if TYPE_CHECKING:
-    from stepplan.executor.toy_model import ToyModelRunner
+    from stepplan.executor.engine import ToyModelRunner
 
 
 @attrs.frozen(eq=False)
@@ -109,7 +109,7 @@ def make_runner(config: SimConfig, planner: PlannerConfig) -> ToyModelRunner:
     """The toy model runner ``config.live`` describes, with a slot per scheduler slot."""
     import torch
 
-    from stepplan.executor.toy_model import ToyModelConfig, ToyModelRunner
+    from stepplan.executor.engine import ToyModelConfig, ToyModelRunner
 
     live = config.live
     _check_device(live)

@@ -12,10 +12,12 @@ from stepplan.executor.engine import (
     Engine,
     EngineConfig,
     SlotPool,
+    ToyModelConfig,
+    ToyModelRunner,
     accepted_prefix,
+    dense_greedy_tokens,
     propose_drafts,
 )
-from stepplan.executor.toy_model import ToyModelConfig, ToyModelRunner, dense_greedy_tokens
 from stepplan.planner import PlannerConfig, StepBatch
 
 MODEL = ToyModelConfig(vocab_size=48, hidden_size=24, mlp_size=48, num_layers=4, num_groups=2)

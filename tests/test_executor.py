@@ -14,11 +14,13 @@ from hypothesis import strategies as st
 from stepplan.executor import (
     BACKENDS,
     Executor,
+    ReferenceBackend,
     ReplayMismatchError,
     StepGraphs,
+    TritonBackend,
     check_replay,
-    runtime,
 )
+from stepplan.executor.graphs import _Captured
 from stepplan.executor.kernels import launch_shape
 from stepplan.executor.staging_kernel import pull_plan
 from stepplan.executor.upload import PinnedUpload, StagingRing
@@ -209,6 +211,21 @@ def test_bad_geometry_is_refused():
             )
 
 
+def test_each_backend_name_is_a_class_that_owns_its_conv():
+    """The names Executor takes map to the backend classes; the reference one keeps no
+    device plan buffer and refuses what only graphs need."""
+    assert (TritonBackend.name, ReferenceBackend.name) == BACKENDS
+    config = CONFIGS[0]
+    plan = compile_plan(random_batch(np.random.default_rng(3), 4, 3, groups=2), config)
+    triton, reference = make_executor("triton", config), make_executor("reference", config)
+    assert all(w.stride(0) == 1 for w in triton.weights)  # channel-contiguous copies
+    assert triton.graph_plan_buffer(plan).shape == (plan.layout.size,)
+    with pytest.raises(RuntimeError, match="reference backend has no plan buffer"):
+        reference.graph_plan_buffer(plan)
+    with pytest.raises(RuntimeError, match="reference backend is never graphed"):
+        reference.prepare_graphed(plan, torch.zeros(plan.layout.size, dtype=torch.int32))
+
+
 def test_pinned_upload_round_trips_through_its_ring():
     upload = PinnedUpload(64, torch.device("cpu"), ring_size=2)
     for step in range(5):
@@ -367,10 +384,10 @@ class _EmulatedStepGraphs(StepGraphs):
         )
         self.captures = 0
 
-    def _capture(self, plan) -> runtime._Captured:
+    def _capture(self, plan) -> _Captured:
         self.captures += 1
         graphs = tuple(_EmulatedGraph(self, plan, i) for i in range(self._ring.ring_size))
-        return runtime._Captured(self._executor.signature(plan), plan.config, plan.layout, graphs)
+        return _Captured(self._executor.signature(plan), plan.config, plan.layout, graphs)
 
 
 def emulated_graph_executor(config: PlannerConfig) -> Executor:

@@ -12,13 +12,11 @@ import pytest
 import torch
 
 from stepplan.executor import Executor, ReplayMismatchError
-from stepplan.executor.engine import Engine, EngineConfig
+from stepplan.executor.engine import Engine, EngineConfig, ToyModelConfig, ToyModelRunner
 from stepplan.executor.staging_kernel import pull_plan
-from stepplan.executor.toy_model import ToyModelConfig, ToyModelRunner
 from stepplan.executor.upload import StagingRing
-from stepplan.executor.vllm import PlanMetadataBuilder
+from stepplan.executor.vllm import PlanMetadataBuilder, plan_from_common_metadata, seed_view
 from stepplan.planner import PlannerConfig, StepBatch, compile_plan
-from stepplan.planner.vllm import plan_from_common_metadata, seed_view
 
 pytestmark = pytest.mark.gpu
 

@@ -187,16 +187,16 @@ def test_kernels_equal_reference_on_mixed_steps(case):
 def test_compact_windows_move_whole_and_equal_reference(case):
     """Windows of 2 to 21 entries in a compact pool take the rows' whole-window path."""
     window = case.conv_state.shape[2]
-    assert kernels._compact_window(case.conv_state) == (window if window > 1 else 0)
+    assert kernels.launch._compact_window(case.conv_state) == (window if window > 1 else 0)
     check_against_reference(case)
 
 
 def test_only_compact_small_windows_move_whole():
     pool = torch.empty(3, 8, 12)
-    assert kernels._compact_window(pool) == 12
-    assert kernels._compact_window(torch.empty(3, 12, 8).transpose(1, 2)) == 0
-    assert kernels._compact_window(torch.empty(3, 8, 16)[..., :12]) == 0  # padded windows
-    assert kernels._compact_window(torch.empty(3, 8, 33)) == 0  # wider than registers hold
+    assert kernels.launch._compact_window(pool) == 12
+    assert kernels.launch._compact_window(torch.empty(3, 12, 8).transpose(1, 2)) == 0
+    assert kernels.launch._compact_window(torch.empty(3, 8, 16)[..., :12]) == 0  # padded windows
+    assert kernels.launch._compact_window(torch.empty(3, 8, 33)) == 0  # wider than registers hold
 
 
 @settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -212,14 +212,14 @@ def test_channels_first_programs_past_the_grid_axis_limit(case):
     axis 0 with their blocks and find their place by division (the limit is lowered to
     one item here to get there without 65,536 of them)."""
     first = attrs.evolve(case.blocks, rows_channels_first=True, tiles_channels_first=True)
-    with mock.patch.object(kernels, "_GRID_AXIS_MAX", 1):
+    with mock.patch.object(kernels.grid, "_GRID_AXIS_MAX", 1):
         check_against_reference(attrs.evolve(case, blocks=first))
 
 
 def test_launch_grids_put_the_faster_moving_axis_first():
-    assert kernels._grid(300, 4, channels_first=False) == (300, 4)
-    assert kernels._grid(300, 4, channels_first=True) == (4, 300)
-    assert kernels._grid(70_000, 4, channels_first=True) == (280_000,)
+    assert kernels.grid._grid(300, 4, channels_first=False) == (300, 4)
+    assert kernels.grid._grid(300, 4, channels_first=True) == (4, 300)
+    assert kernels.grid._grid(70_000, 4, channels_first=True) == (280_000,)
 
 
 @pytest.mark.parametrize("layout", ["window_channel", "channel_window"])
@@ -324,7 +324,7 @@ def test_bad_launches_are_refused_by_name():
     narrow = kernels.Blocks(4, 1, 8, 1, 16, rows_channels_first=False)  # 8 channels: 2 blocks
     before = bits(residual), bits(state)
     with (
-        mock.patch.object(kernels, "_GRID_AXIS_MAX", 1),
+        mock.patch.object(kernels.grid, "_GRID_AXIS_MAX", 1),
         pytest.raises(ValueError, match=r"^channels: 8 channels make more than 1 blocks of 4"),
     ):
         kernels.launch_short_conv(

@@ -90,7 +90,7 @@ def test_tiles_round_alike_either_way(layout):
 def _rounded_of(acc_ptr, out_ptr, n, FAST: tl.constexpr, BLOCK: tl.constexpr):
     at = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     acc = tl.load(acc_ptr + at, mask=at < n)
-    tl.store(out_ptr + at, kernels._rounded(acc, tl.bfloat16, FAST), mask=at < n)
+    tl.store(out_ptr + at, kernels.device._rounded(acc, tl.bfloat16, FAST), mask=at < n)
 
 
 def test_one_instruction_rounding_is_the_conversion():

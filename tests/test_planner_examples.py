@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from stepplan.executor.vllm import seed_view
 from stepplan.planner import GraphKey, Planner, PlannerConfig, StepBatch, compile_plan
-from stepplan.planner.vllm import seed_view
 
 Q4 = PlannerConfig(num_spec_tokens=3, graph_mode="full", graph_sizes=(1, 2, 4, 8, 16))
 

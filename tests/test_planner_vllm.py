@@ -9,8 +9,8 @@ import torch
 from hypothesis import given, settings
 from planner_strategies import step_batches
 
+from stepplan.executor.vllm import plan_from_common_metadata, seed_view
 from stepplan.planner import Planner, PlannerConfig, compile_plan
-from stepplan.planner.vllm import plan_from_common_metadata, seed_view
 
 
 @attrs.frozen

@@ -12,7 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stepplan.executor.toy_model import dense_greedy_tokens, make_weights
+from stepplan.executor.engine import dense_greedy_tokens, make_weights
 from stepplan.sim import cli
 from stepplan.sim.config import ConfigError, SimConfig, with_settings
 from stepplan.sim.live import LiveStepper, pad_drafts, request_prompt

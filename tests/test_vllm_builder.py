@@ -9,9 +9,14 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stepplan.executor.vllm import BOOL_FIELDS, INT32_FIELDS, PlanMetadataBuilder
+from stepplan.executor.vllm import (
+    BOOL_FIELDS,
+    INT32_FIELDS,
+    PlanMetadataBuilder,
+    plan_from_common_metadata,
+    seed_view,
+)
 from stepplan.planner import PlannerConfig
-from stepplan.planner.vllm import plan_from_common_metadata, seed_view
 
 
 @attrs.frozen

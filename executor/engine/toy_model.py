@@ -16,7 +16,8 @@ import torch.nn.functional as F
 
 from stepplan.planner import ExecutionPlan, GraphKey, Planner, PlannerConfig, StepBatch
 
-from .runtime import Executor, StepGraphs
+from ..graphs import StepGraphs
+from ..runtime import Executor
 
 
 @attrs.frozen

@@ -2,8 +2,8 @@
 
 :class:`PlanMetadataBuilder` has the seed builder's ``build`` and
 ``build_for_cudagraph_capture``; it compiles the step with
-:func:`stepplan.planner.vllm.plan_from_common_metadata`, lays the plan out as
-the seed's fields with :func:`~stepplan.planner.vllm.seed_view`, and copies
+:func:`~stepplan.executor.vllm.plan_from_common_metadata`, lays the plan out as
+the seed's fields with :func:`~stepplan.executor.vllm.seed_view`, and copies
 every array, plus the packed plan for stepplan's kernels, to the device in one
 copy. Duck-typed: vLLM is never imported.
 
@@ -22,14 +22,10 @@ import numpy as np
 import torch
 
 from stepplan.planner import ExecutionPlan, Planner, PlannerConfig, layout_capacity
-from stepplan.planner.vllm import (
-    host_array,
-    plan_from_common_metadata,
-    seed_graph_limits,
-    seed_view,
-)
 
-from .upload import PinnedUpload
+from ..upload import PinnedUpload
+from .bridge import host_array, plan_from_common_metadata
+from .seed import seed_graph_limits, seed_view
 
 #: Seed fields that are int32 arrays (``None`` where the seed leaves them unset).
 INT32_FIELDS = (

@@ -1,0 +1,32 @@
+"""Triton kernels for SPEC §2's dilated short convolution: any mixed step in two launches.
+
+Launch A (``_short_conv_rows``, :mod:`.rows`) runs one program per (row, channel block)
+over the spec and decode rows; launch B (``_short_conv_tiles``, :mod:`.tiles`) one program
+per (chunk of a prefill tile, channel block). Both read the plan from its packed int32
+buffer on the device, so one captured CUDA graph replays any plan of the same layout.
+Every program loads what it needs once, before its first store (``_load_history`` in
+:mod:`.device`, the helpers both share). :mod:`.launch` turns a plan and its operands into
+the launches, :mod:`.tuning` holds the block sizes, :mod:`.grid` the grid geometry.
+
+Why one launch each is race-free although every program updates state in place:
+the planner refuses one slot on two live rows of a group (slot 0 aside, which no
+program reads or writes), so each slot's channels are read and written by
+exactly one program: launch A's program of its row, or launch B's program of its
+request's *first* chunk (the only one that reads old state; it also writes the
+final state). Inside that program ``tl.debug_barrier()`` separates the last read of the
+old window from the first write of the new one. Residual rows are disjoint too
+(a token belongs to one row, and to one chunk), and ``x`` is only read. So
+outputs need no second pass and the two launches could even overlap.
+"""
+
+from .launch import LaunchShape, launch_shape, launch_short_conv, short_conv
+from .tuning import Blocks, default_blocks
+
+__all__ = [
+    "Blocks",
+    "LaunchShape",
+    "default_blocks",
+    "launch_shape",
+    "launch_short_conv",
+    "short_conv",
+]
