@@ -14,6 +14,7 @@ from .options import (
     SIDE_FLAGS,
     add_run_command,
     build_config,
+    checked,
     format_table,
     parse_assignments,
     run_name,
@@ -22,11 +23,11 @@ from .options import (
 
 
 def _side_config(args: argparse.Namespace, side: str) -> SimConfig:
-    config = build_config(args, getattr(args, f"{side}_config") or args.config)
+    config = build_config(args, getattr(args, f"{side}_config") or args.config, check=False)
     settings = parse_assignments(getattr(args, f"{side}_set"))
     for flag in SIDE_FLAGS:
         settings[OVERRIDES[flag]] = getattr(args, f"{side}_{flag}")
-    return with_settings(config, settings)
+    return checked(with_settings(config, settings))  # both sides, before either runs
 
 
 def run_compare(args: argparse.Namespace) -> int:

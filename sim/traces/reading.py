@@ -78,9 +78,11 @@ def _decoded(path: Path, stream: BinaryIO) -> Iterator[str]:
         except UnicodeDecodeError as exc:
             byte, column = data[exc.start], exc.start + 1
             raise TraceError(
-                path, number, f"not UTF-8 text (byte 0x{byte:02x} at column {column}): "
+                path,
+                number,
+                f"not UTF-8 text (byte 0x{byte:02x} at column {column}): "
                 "a binary file, or a text encoding other than UTF-8",
-            ) from None  # fmt: skip
+            ) from None
         if number == 1:
             text = text.removeprefix("\ufeff")
             if text.startswith(_LFS):
@@ -115,9 +117,10 @@ def _source(path: Path, lines: Iterator[str]) -> _Source:
     start = first.lstrip()
     if start.startswith("["):
         raise TraceError(
-            path, before + 1, "a JSON array: traces are JSON Lines, one object per line "
-            "(jq -c '.[]' converts it)",
-        )  # fmt: skip
+            path,
+            before + 1,
+            "a JSON array: traces are JSON Lines, one object per line (jq -c '.[]' converts it)",
+        )
     if start.startswith("<"):
         raise TraceError(path, before + 1, "an HTML or XML page, not a trace")
     if start.startswith("{"):
@@ -177,9 +180,11 @@ def _detected(path: Path, source: _Source) -> TraceFormat:
     if entry is None:
         what = "JSON trace keys" if source.json_lines else "trace header"
         raise TraceError(
-            path, source.header_line, f"unknown {what} {list(source.names)}: no arrival "
+            path,
+            source.header_line,
+            f"unknown {what} {list(source.names)}: no arrival "
             f"time and length columns of a known format ({', '.join(FORMATS)})",
-        )  # fmt: skip
+        )
     return entry
 
 
@@ -245,9 +250,10 @@ def _parse(path: Path, source: _Source, entry: TraceFormat) -> _Rows:
     if columns is None:
         needed = [c for c in (entry.time, *entry.lengths[0]) if c is not None]
         raise TraceError(
-            path, source.header_line, f"{entry.name} trace needs columns {needed}, "
-            f"header is {list(source.names)}",
-        )  # fmt: skip
+            path,
+            source.header_line,
+            f"{entry.name} trace needs columns {needed}, header is {list(source.names)}",
+        )
     time, prompt, output = columns
     prefix = None
     if entry.prefix is not None and source.json_lines:
@@ -318,7 +324,8 @@ def _table(
     output = np.asarray(rows.output, dtype=np.int64)
     kept = np.flatnonzero((prompt > 0) & (output > 0))
     if kept.size == 0:
-        raise TraceError(path, None, f"all {count} rows have zero prompt or output tokens")
+        every = "its one row has" if count == 1 else f"all {count} rows have"
+        raise TraceError(path, None, f"{every} zero prompt or output tokens")
     late = np.flatnonzero(np.diff(arrival[kept]) < 0)
     order = kept[np.argsort(arrival[kept], kind="stable")]
     offsets = blocks = None
