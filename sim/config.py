@@ -377,6 +377,8 @@ def read_text(path: str | Path, error: type[ValueError] = ConfigError) -> str:
         raise error(f"{path}: cannot read ({exc.strerror})") from None
     if data.startswith(b"\x1f\x8b"):
         raise error(f"{path}: is gzip-compressed, not a text file: decompress it first")
+    if data.startswith(b"version https://git-lfs.github.com/spec/v1"):
+        raise error(f"{path}: is a Git LFS pointer, not the file: run git lfs pull")
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+import re
 from collections.abc import Callable, Collection
 from typing import Any
 
@@ -46,7 +47,7 @@ class Clock:
     """How a format stores arrival times.
 
     Attributes:
-        unit: what the docs call it (``s``, ``ms``, ``ns``, ``wall clock``).
+        unit: what the docs and errors call it (``seconds``, ..., ``wall clock``).
         parse: stored value -> ``(day, seconds)``; the day is kept apart so that
             epoch or wall-clock stamps keep sub-microsecond differences. Raises
             ``ValueError`` with the reason.
@@ -60,7 +61,7 @@ class Clock:
 
 def _counting(unit: str, per_second: int) -> Clock:
     """A clock that counts ``1 / per_second`` seconds; integer counts split off whole
-    days exactly."""
+    days exactly. A date and time in its place is read as a wall clock."""
 
     def parse(value: object) -> tuple[int, float]:
         if isinstance(value, int) and not isinstance(value, bool):
@@ -69,7 +70,13 @@ def _counting(unit: str, per_second: int) -> Clock:
         text = value.strip() if isinstance(value, str) else value
         if isinstance(text, str) and text.lstrip("-").isdecimal():
             return parse(int(text))
-        return 0, _number(text) / per_second if per_second > 1 else _number(text)
+        try:
+            number = _number(text)
+        except ValueError:
+            if isinstance(text, str) and ":" in text:
+                return _parse_wall_clock(text)
+            raise ValueError(f"is not a number of {unit} nor a date and time") from None
+        return 0, number / per_second if per_second > 1 else number
 
     def write(seconds: float) -> object:
         return repr(seconds) if per_second == 1 else round(seconds * per_second)
@@ -79,15 +86,23 @@ def _counting(unit: str, per_second: int) -> Clock:
 
 def _parse_wall_clock(value: object) -> tuple[int, float]:
     """``YYYY-MM-DD HH:MM:SS.fffffff`` (any fraction digits, ``T`` or a space, an
-    optional ``Z``) as (day ordinal, second of day)."""
+    optional ``Z`` or ``+HH:MM`` offset) as (day ordinal, second of the UTC day);
+    a plain number is seconds."""
+    text = str(value).strip().removesuffix("Z").replace("T", " ")
+    day, _, clock = text.partition(" ")
+    offset = re.search(r"([+-])(\d\d):?(\d\d)$", clock)
     try:
-        text = str(value).strip().removesuffix("Z").replace("T", " ")
-        day, _, clock = text.partition(" ")
-        hours, minutes, seconds = clock.split(":")
+        if not clock and not isinstance(value, bool):
+            return 0, _number(value)
         ordinal = dt.date.fromisoformat(day).toordinal()
-        return ordinal, int(hours) * 3600 + int(minutes) * 60 + float(seconds)
+        hours, minutes, seconds = clock[: offset.start() if offset else None].split(":")
+        second = int(hours) * 3600 + int(minutes) * 60 + float(seconds)
     except ValueError:
         raise ValueError("is not a date and time (YYYY-MM-DD HH:MM:SS.fff)") from None
+    if offset:
+        sign = 1 if offset[1] == "+" else -1
+        second -= sign * (int(offset[2]) * 3600 + int(offset[3]) * 60)
+    return ordinal, second
 
 
 def _write_wall_clock(seconds: float) -> str:
@@ -95,9 +110,9 @@ def _write_wall_clock(seconds: float) -> str:
     return stamp.strftime("%Y-%m-%d %H:%M:%S.%f") + "0"
 
 
-SECONDS = _counting("s", 1)
-MILLISECONDS = _counting("ms", 1000)
-NANOSECONDS = _counting("ns", 10**9)
+SECONDS = _counting("seconds", 1)
+MILLISECONDS = _counting("milliseconds", 1000)
+NANOSECONDS = _counting("nanoseconds", 10**9)
 WALL_CLOCK = Clock("wall clock", _parse_wall_clock, _write_wall_clock)
 
 
