@@ -16,7 +16,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 #: Output formats by file suffix.
-FORMATS = {".png": "png", ".svg": "svg"}
+FORMATS = {".png": "png", ".svg": "svg", ".pdf": "pdf"}
 
 #: One colour per step part, used by every figure.
 COLORS = {
@@ -38,11 +38,11 @@ def new_figure(width: float, height: float) -> Figure:
 
 
 def figure_bytes(figure: Figure, fmt: str, dpi: int = 110) -> bytes:
-    """The figure rendered as ``png`` or ``svg`` bytes (no timestamps: equal figures,
-    equal bytes)."""
+    """The figure rendered as ``png``, ``svg`` or ``pdf`` bytes (no timestamps: equal
+    figures, equal bytes)."""
     if fmt not in FORMATS.values():
-        raise ValueError(f"figure format must be png or svg, got {fmt!r}")
-    metadata = {"Date": None} if fmt == "svg" else {"Software": None}
+        raise ValueError(f"figure format must be one of {tuple(FORMATS.values())}, got {fmt!r}")
+    metadata = {"svg": {"Date": None}, "pdf": {"CreationDate": None}}.get(fmt, {"Software": None})
     buffer = io.BytesIO()
     # SVG element ids are random unless salted; the salt is set only while saving.
     with rc_context({"svg.hashsalt": "stepplan"}):
@@ -50,12 +50,20 @@ def figure_bytes(figure: Figure, fmt: str, dpi: int = 110) -> bytes:
     return buffer.getvalue()
 
 
-def save_figure(figure: Figure, path: str | Path, dpi: int = 110) -> Path:
-    """Write the figure to ``path`` (``.png`` or ``.svg``), all at once or not at all."""
-    path = Path(path)
-    fmt = FORMATS.get(path.suffix.lower())
+def figure_format(path: str | Path) -> str:
+    """The format a figure file's suffix asks for; ``ValueError`` for any other suffix
+    (check it before the work that draws the figure)."""
+    fmt = FORMATS.get(Path(path).suffix.lower())
     if fmt is None:
-        raise ValueError(f"{path}: figure files must end in .png or .svg")
+        raise ValueError(f"{path}: figure files must end in {', '.join(FORMATS)}")
+    return fmt
+
+
+def save_figure(figure: Figure, path: str | Path, dpi: int = 110) -> Path:
+    """Write the figure to ``path`` (``.png``, ``.svg`` or ``.pdf``), all at once or not
+    at all."""
+    path = Path(path)
+    fmt = figure_format(path)
     write_atomically(path, figure_bytes(figure, fmt, dpi))
     return path
 

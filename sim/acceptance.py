@@ -30,7 +30,7 @@ from typing import Protocol
 import attrs
 import numpy as np
 
-from .config import AcceptanceConfig
+from .config import AcceptanceConfig, read_text
 
 DEEPSEEK_MTP_PROBS = (0.87,)
 EAGLE3_PROBS = (0.74,)
@@ -167,10 +167,7 @@ def load_replay(path: str | Path) -> Replay:
     non-empty list of accepted-draft counts (``>= 0``) of one request's spec steps."""
     path = Path(path)
     sequences: list[list[int]] = []
-    try:
-        lines = path.read_text().splitlines()
-    except OSError as exc:
-        raise AcceptanceError(f"{path}: cannot read ({exc.strerror})") from None
+    lines = read_text(path, AcceptanceError).splitlines()
     for number, text in enumerate(lines, start=1):
         if not text.strip():
             continue

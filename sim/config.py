@@ -20,7 +20,9 @@ A TOML file has one table per section, each key a field of that section's class:
     enabled = true
     backend = "reference"
 
-Unknown sections or keys are errors (a misspelt key must not be silently ignored).
+Unknown sections or keys are errors (a misspelt key must not be silently ignored), and
+values are checked as the flags check them (``config_values.py``: ``64.5`` is not an
+integer). Rules across sections hold on the final settings (:func:`check_config`).
 Overrides use dotted keys, ``scheduler.max_num_seqs = 128``.
 """
 
@@ -34,61 +36,29 @@ import tomllib
 
 from stepplan.planner import GRAPH_MODES
 
+from .config_values import (
+    INT,
+    REAL,
+    ConfigError,
+    _at_least_one,
+    _flag,
+    _floats,
+    _integer,
+    _non_negative,
+    _one_of,
+    _optional,
+    _optional_ints,
+    _positive,
+    _real,
+    _text,
+)
+
 HOST_COSTS = ("model", "measured", "seed")
 ACCEPTANCE_MODELS = ("per-position", "fixed", "replay")
 LIVE_BACKENDS = ("reference", "triton")
 LIVE_DEVICES = ("cpu", "cuda")
 LIVE_TIMES = ("model", "measured")
 LIVE_DTYPES = ("float32", "bfloat16", "float16")
-
-
-class ConfigError(ValueError):
-    """A setting is unknown or out of range; the message names it."""
-
-
-def _positive(instance: object, attribute: attrs.Attribute, value: float) -> None:
-    if value is not None and value <= 0:
-        raise ConfigError(f"{attribute.name}: must be positive, got {value}")
-
-
-def _non_negative(instance: object, attribute: attrs.Attribute, value: float) -> None:
-    if value is not None and value < 0:
-        raise ConfigError(f"{attribute.name}: must be >= 0, got {value}")
-
-
-def _one_of(choices: tuple[str, ...]) -> Any:
-    def check(instance: object, attribute: attrs.Attribute, value: str) -> None:
-        if value not in choices:
-            raise ConfigError(f"{attribute.name}: must be one of {choices}, got {value!r}")
-
-    return check
-
-
-def _optional_ints(value: object) -> tuple[int, ...] | None:
-    if value is None or value == "default":
-        return None
-    if isinstance(value, str):
-        value = [v for v in value.replace(",", " ").split() if v]
-    return tuple(sorted({int(v) for v in value}))  # type: ignore[union-attr]
-
-
-def _floats(value: object) -> tuple[float, ...]:
-    if isinstance(value, str):
-        value = [v for v in value.replace(",", " ").split() if v]
-    if isinstance(value, int | float):
-        value = [value]
-    return tuple(float(v) for v in value)  # type: ignore[union-attr]
-
-
-def _flag(value: object, field: attrs.Attribute) -> bool:
-    try:
-        return attrs.converters.to_bool(value)
-    except ValueError:
-        raise ConfigError(f"{field.name}: must be true or false, got {value!r}") from None
-
-
-def _optional(kind: type) -> Any:
-    return lambda value: None if value is None else kind(value)
 
 
 @attrs.frozen
@@ -105,13 +75,13 @@ class SchedulerConfig:
         num_groups: layer groups; each gives a request the same slot index in its pool.
     """
 
-    max_num_seqs: int = attrs.field(default=256, converter=int, validator=_positive)
-    max_num_batched_tokens: int = attrs.field(default=8192, converter=int, validator=_positive)
-    num_spec_tokens: int = attrs.field(default=3, converter=int, validator=_non_negative)
+    max_num_seqs: int = attrs.field(default=256, converter=INT, validator=_positive)
+    max_num_batched_tokens: int = attrs.field(default=8192, converter=INT, validator=_positive)
+    num_spec_tokens: int = attrs.field(default=3, converter=INT, validator=_non_negative)
     slot_capacity: int | None = attrs.field(
-        default=None, converter=_optional(int), validator=_positive
+        default=None, converter=_optional(_integer), validator=_positive
     )
-    num_groups: int = attrs.field(default=1, converter=int, validator=_positive)
+    num_groups: int = attrs.field(default=1, converter=INT, validator=_positive)
 
     @property
     def slots(self) -> int:
@@ -130,8 +100,10 @@ class PlannerSettings:
     """
 
     graph_mode: str = attrs.field(default="full", validator=_one_of(GRAPH_MODES))
-    graph_sizes: tuple[int, ...] | None = attrs.field(default=None, converter=_optional_ints)
-    prefill_tile_tokens: int = attrs.field(default=64, converter=int)
+    graph_sizes: tuple[int, ...] | None = attrs.field(
+        default=None, converter=attrs.Converter(_optional_ints, takes_field=True)
+    )
+    prefill_tile_tokens: int = attrs.field(default=64, converter=INT)
 
 
 @attrs.frozen
@@ -142,21 +114,24 @@ class ModelConfig:
     them short-conv layers whose convolution runs over ``2 * hidden`` channels (as
     Mamba-style blocks do over their expanded inner width) with ``K = 4, D = 3`` --
     the SPEC §4 geometry -- and 16 attention layers with 8 KV heads of 128 dims in
-    bf16: ``16 * 2 * 8 * 128 * 2 = 65,536`` KV bytes per token.
+    bf16: ``16 * 2 * 8 * 128 * 2 = 65,536`` KV bytes per token. ``max_model_len`` is
+    its context in tokens: a request whose prompt plus output exceeds it is rejected
+    before the simulation, as vLLM rejects it (``RequestTable.within_model_len``).
     """
 
-    name: str = "hybrid-8b"
-    params: float = attrs.field(default=8.0e9, converter=float, validator=_positive)
-    layers: int = attrs.field(default=32, converter=int, validator=_positive)
-    hidden_size: int = attrs.field(default=4096, converter=int, validator=_positive)
-    conv_layers: int = attrs.field(default=16, converter=int, validator=_non_negative)
+    name: str = attrs.field(default="hybrid-8b", validator=_text)
+    params: float = attrs.field(default=8.0e9, converter=REAL, validator=_positive)
+    layers: int = attrs.field(default=32, converter=INT, validator=_positive)
+    hidden_size: int = attrs.field(default=4096, converter=INT, validator=_positive)
+    conv_layers: int = attrs.field(default=16, converter=INT, validator=_non_negative)
     kv_bytes_per_token: float = attrs.field(
-        default=65536.0, converter=float, validator=_non_negative
+        default=65536.0, converter=REAL, validator=_non_negative
     )
-    dtype_bytes: int = attrs.field(default=2, converter=int, validator=_positive)
-    conv_channels: int = attrs.field(default=8192, converter=int, validator=_positive)
-    conv_kernel_size: int = attrs.field(default=4, converter=int, validator=_positive)
-    conv_dilation: int = attrs.field(default=3, converter=int, validator=_positive)
+    dtype_bytes: int = attrs.field(default=2, converter=INT, validator=_positive)
+    conv_channels: int = attrs.field(default=8192, converter=INT, validator=_positive)
+    conv_kernel_size: int = attrs.field(default=4, converter=INT, validator=_positive)
+    conv_dilation: int = attrs.field(default=3, converter=INT, validator=_positive)
+    max_model_len: int = attrs.field(default=131072, converter=INT, validator=_positive)
 
     def __attrs_post_init__(self) -> None:
         if self.conv_layers > self.layers:
@@ -175,12 +150,12 @@ class GpuConfig:
     ``kernel_launch_us``.
     """
 
-    name: str = "H200"
-    memory_bw_bytes_s: float = attrs.field(default=4.26e12, converter=float, validator=_positive)
-    peak_flops: float = attrs.field(default=790e12, converter=float, validator=_positive)
-    graph_launch_us: float = attrs.field(default=15.0, converter=float, validator=_non_negative)
-    kernel_launch_us: float = attrs.field(default=5.0, converter=float, validator=_non_negative)
-    eager_launches_per_layer: int = attrs.field(default=3, converter=int, validator=_non_negative)
+    name: str = attrs.field(default="H200", validator=_text)
+    memory_bw_bytes_s: float = attrs.field(default=4.26e12, converter=REAL, validator=_positive)
+    peak_flops: float = attrs.field(default=790e12, converter=REAL, validator=_positive)
+    graph_launch_us: float = attrs.field(default=15.0, converter=REAL, validator=_non_negative)
+    kernel_launch_us: float = attrs.field(default=5.0, converter=REAL, validator=_non_negative)
+    eager_launches_per_layer: int = attrs.field(default=3, converter=INT, validator=_non_negative)
 
 
 @attrs.frozen
@@ -200,10 +175,10 @@ class CostConfig:
     """
 
     host_cost: str = attrs.field(default="model", validator=_one_of(HOST_COSTS))
-    host_base_us: float = attrs.field(default=8.0, converter=float, validator=_non_negative)
-    host_per_row_us: float = attrs.field(default=0.02, converter=float, validator=_non_negative)
-    host_mixed_us: float = attrs.field(default=3.5, converter=float, validator=_non_negative)
-    kernel_profile: str | None = None
+    host_base_us: float = attrs.field(default=8.0, converter=REAL, validator=_non_negative)
+    host_per_row_us: float = attrs.field(default=0.02, converter=REAL, validator=_non_negative)
+    host_mixed_us: float = attrs.field(default=3.5, converter=REAL, validator=_non_negative)
+    kernel_profile: str | None = attrs.field(default=None, validator=_text)
 
 
 @attrs.frozen
@@ -214,14 +189,17 @@ class AcceptanceConfig:
         model: ``per-position``, ``fixed`` or ``replay``.
         probs: per-position conditional acceptance probabilities; positions past the
             list reuse its last value. Default: DeepSeek-V3's MTP figure (0.85-0.9).
-        length: mean acceptance length (accepted drafts + 1) for ``fixed``.
+        length: mean acceptance length (accepted drafts + 1) for ``fixed``, at most
+            ``Q`` (:func:`check_config`).
         trace: JSONL path of per-request accepted counts for ``replay``.
     """
 
     model: str = attrs.field(default="per-position", validator=_one_of(ACCEPTANCE_MODELS))
-    probs: tuple[float, ...] = attrs.field(default=(0.87,), converter=_floats)
-    length: float = attrs.field(default=3.5, converter=float, validator=_positive)
-    trace: str | None = None
+    probs: tuple[float, ...] = attrs.field(
+        default=(0.87,), converter=attrs.Converter(_floats, takes_field=True)
+    )
+    length: float = attrs.field(default=3.5, converter=REAL, validator=_at_least_one)
+    trace: str | None = attrs.field(default=None, validator=_text)
 
     def __attrs_post_init__(self) -> None:
         if not self.probs or not all(0.0 <= p <= 1.0 for p in self.probs):
@@ -241,19 +219,21 @@ class WorkloadConfig:
         rate: requests per second for traces without arrival times (Poisson).
     """
 
-    rate_scale: float = attrs.field(default=1.0, converter=float, validator=_positive)
-    start_s: float | None = attrs.field(default=None, converter=_optional(float))
-    end_s: float | None = attrs.field(default=None, converter=_optional(float))
-    limit: int | None = attrs.field(default=None, converter=_optional(int), validator=_positive)
-    rate: float | None = attrs.field(default=None, converter=_optional(float), validator=_positive)
+    rate_scale: float = attrs.field(default=1.0, converter=REAL, validator=_positive)
+    start_s: float | None = attrs.field(default=None, converter=_optional(_real))
+    end_s: float | None = attrs.field(default=None, converter=_optional(_real))
+    limit: int | None = attrs.field(
+        default=None, converter=_optional(_integer), validator=_positive
+    )
+    rate: float | None = attrs.field(default=None, converter=_optional(_real), validator=_positive)
 
 
 @attrs.frozen
 class SloConfig:
     """Service-level objectives for goodput: a request is good when both hold."""
 
-    ttft_ms: float = attrs.field(default=1000.0, converter=float, validator=_positive)
-    tpot_ms: float = attrs.field(default=50.0, converter=float, validator=_positive)
+    ttft_ms: float = attrs.field(default=1000.0, converter=REAL, validator=_positive)
+    tpot_ms: float = attrs.field(default=50.0, converter=REAL, validator=_positive)
 
 
 @attrs.frozen
@@ -282,17 +262,17 @@ class LiveConfig:
     device: str = attrs.field(default="cpu", validator=_one_of(LIVE_DEVICES))
     time: str = attrs.field(default="model", validator=_one_of(LIVE_TIMES))
     dtype: str = attrs.field(default="float32", validator=_one_of(LIVE_DTYPES))
-    vocab_size: int = attrs.field(default=64, converter=int, validator=_positive)
-    hidden_size: int = attrs.field(default=32, converter=int, validator=_positive)
-    mlp_size: int = attrs.field(default=64, converter=int, validator=_positive)
-    num_layers: int = attrs.field(default=4, converter=int, validator=_positive)
+    vocab_size: int = attrs.field(default=64, converter=INT, validator=_positive)
+    hidden_size: int = attrs.field(default=32, converter=INT, validator=_positive)
+    mlp_size: int = attrs.field(default=64, converter=INT, validator=_positive)
+    num_layers: int = attrs.field(default=4, converter=INT, validator=_positive)
     num_groups: int | None = attrs.field(
-        default=None, converter=_optional(int), validator=_positive
+        default=None, converter=_optional(_integer), validator=_positive
     )
-    kernel_size: int = attrs.field(default=4, converter=int, validator=_positive)
-    dilation: int = attrs.field(default=2, converter=int, validator=_positive)
-    seed: int = attrs.field(default=0, converter=int)
-    ngram_max: int = attrs.field(default=3, converter=int, validator=_positive)
+    kernel_size: int = attrs.field(default=4, converter=INT, validator=_positive)
+    dilation: int = attrs.field(default=2, converter=INT, validator=_positive)
+    seed: int = attrs.field(default=0, converter=INT)
+    ngram_max: int = attrs.field(default=3, converter=INT, validator=_positive)
 
 
 SECTIONS: dict[str, type] = {
@@ -312,8 +292,8 @@ SECTIONS: dict[str, type] = {
 class SimConfig:
     """Every setting of one simulation (written whole into ``summary.json``)."""
 
-    name: str = ""
-    seed: int = attrs.field(default=0, converter=int)
+    name: str = attrs.field(default="", validator=_text)
+    seed: int = attrs.field(default=0, converter=INT, validator=_non_negative)
     scheduler: SchedulerConfig = attrs.Factory(SchedulerConfig)
     planner: PlannerSettings = attrs.Factory(PlannerSettings)
     model: ModelConfig = attrs.Factory(ModelConfig)
@@ -379,12 +359,57 @@ def load_config(path: str | Path, base: SimConfig | None = None) -> SimConfig:
     """Read a TOML file over ``base`` (defaults when ``None``)."""
     path = Path(path)
     try:
-        document = tomllib.loads(path.read_text())
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read ({exc.strerror})") from None
+        document = tomllib.loads(read_text(path))
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: {exc}") from None
     try:
         return with_settings(base or SimConfig(), flatten(document))
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from None
+
+
+def read_text(path: str | Path, error: type[ValueError] = ConfigError) -> str:
+    """A settings file's UTF-8 text (a byte-order mark dropped): a file that can't be
+    read or is not UTF-8 text is an ``error`` naming it (and the line)."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise error(f"{path}: cannot read ({exc.strerror})") from None
+    if data.startswith(b"\x1f\x8b"):
+        raise error(f"{path}: is gzip-compressed, not a text file: decompress it first")
+    if data.startswith(b"version https://git-lfs.github.com/spec/v1"):
+        raise error(f"{path}: is a Git LFS pointer, not the file: run git lfs pull")
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        byte = data[exc.start]
+        raise error(f"{path}:{line}: not UTF-8 text (byte 0x{byte:02x})") from None
+
+
+def check_config(config: SimConfig) -> SimConfig:
+    """``config``, once the rules across settings hold; checked on the final settings
+    (a file's graph sizes may need the budget a later flag raises). Every limit that
+    keeps a run finite is checked here, before anything is allocated."""
+    scheduler, sizes = config.scheduler, config.planner.graph_sizes
+    budget = scheduler.max_num_batched_tokens
+    if sizes and sizes[-1] > budget:
+        raise ConfigError(
+            f"planner.graph_sizes: {sizes[-1]} exceeds scheduler.max_num_batched_tokens = "
+            f"{budget} (no step holds more tokens than the budget)"
+        )
+    if scheduler.max_num_seqs > budget:  # vLLM's rule too: every running request may step
+        raise ConfigError(
+            f"scheduler.max_num_seqs: {scheduler.max_num_seqs} exceeds "
+            f"scheduler.max_num_batched_tokens = {budget}"
+        )
+    acceptance, q = config.acceptance, scheduler.num_spec_tokens + 1
+    if acceptance.model == "fixed" and q > 1 and acceptance.length > q:
+        raise ConfigError(
+            f"acceptance.length: {acceptance.length} exceeds Q = scheduler.num_spec_tokens + 1 "
+            f"= {q} (a spec step emits at most Q tokens)"
+        )
+    start, end = config.workload.start_s, config.workload.end_s
+    if start is not None and end is not None and start >= end:
+        raise ConfigError(f"workload.start_s: {start} is not before workload.end_s = {end}")
+    return config

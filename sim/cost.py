@@ -54,7 +54,7 @@ import attrs
 
 from stepplan.planner import ExecutionPlan
 
-from .config import CostConfig, GpuConfig, ModelConfig
+from .config import CostConfig, GpuConfig, ModelConfig, read_text
 
 KINDS = ("spec", "decode", "prefill", "mixed")
 SEED_UNIFORM_US = 250.0
@@ -150,12 +150,17 @@ class KernelProfile:
         return attrs.evolve(self, geometry=geometry)
 
 
-def _entry_points(path: str, document: dict) -> tuple[ConvGeometry, dict[str, list]]:
-    try:
-        geometry = ConvGeometry(**document["geometry"])
-        entries = document["entries"]
-    except (KeyError, TypeError) as exc:
-        raise ProfileError(f"{path}: needs 'geometry' and 'entries' ({exc})") from None
+def _entry_points(path: str, document: object) -> tuple[ConvGeometry, dict[str, list]]:
+    if not isinstance(document, dict) or not isinstance(document.get("entries"), list):
+        raise ProfileError(f"{path}: must be a JSON object with 'geometry' and an 'entries' list")
+    names = [field.name for field in attrs.fields(ConvGeometry)]
+    values = document.get("geometry")
+    if not isinstance(values, dict) or not all(
+        type(values.get(name)) is int and values[name] > 0 for name in names
+    ):
+        raise ProfileError(f"{path}: geometry: needs positive integers {', '.join(names)}")
+    geometry = ConvGeometry(**{name: values[name] for name in names})
+    entries = document["entries"]
     points: dict[str, list] = {}
     for index, entry in enumerate(entries):
         try:
@@ -188,10 +193,7 @@ def load_profile(path: str | Path | None = None) -> KernelProfile:
         text = resources.files("stepplan.sim").joinpath("data", file).read_text()
         path = f"stepplan/sim/data/{file}"
     else:
-        try:
-            text = Path(path).read_text()
-        except OSError as exc:
-            raise ProfileError(f"{path}: cannot read ({exc.strerror})") from None
+        text = read_text(path, ProfileError)
     try:
         document = json.loads(text)
     except json.JSONDecodeError as exc:

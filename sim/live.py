@@ -105,6 +105,13 @@ def _check_device(live: LiveConfig) -> None:
         )
 
 
+def check_live(config: SimConfig) -> None:
+    """Refuse live settings that cannot run, before anything does (``ConfigError``)."""
+    if config.live.enabled:
+        _resolved_groups(config)
+        _check_device(config.live)
+
+
 def make_runner(config: SimConfig, planner: PlannerConfig) -> ToyModelRunner:
     """The toy model runner ``config.live`` describes, with a slot per scheduler slot."""
     import torch

@@ -30,7 +30,7 @@ from .progress import Progress
 from .records import RequestLog, request_columns, step_columns
 from .results import GRAPH_KINDS, MEASURED, SimResult, summarize
 from .scheduler import ScheduledStep, Scheduler
-from .traces import RequestTable
+from .traces import RequestTable, TraceError
 
 _GRAPH_CODES = {kind: code for code, kind in enumerate(GRAPH_KINDS)}  # steps.csv graph_kind
 
@@ -52,16 +52,35 @@ def planner_config(config: SimConfig) -> PlannerConfig:
 
 
 def prepare_requests(table: RequestTable, config: SimConfig) -> RequestTable:
-    """The trace after the workload's window, limit and rate scaling (in that order)."""
+    """The trace after the workload's window and limit, less the requests longer than
+    ``model.max_model_len``, rate-scaled (in that order); a :class:`TraceError` when
+    nothing is left."""
     workload = config.workload
     if workload.start_s is not None or workload.end_s is not None:
-        table = table.window(workload.start_s, workload.end_s)
+        window = table.window(workload.start_s, workload.end_s)
+        if window.num_requests == 0:
+            low = "-inf" if workload.start_s is None else workload.start_s
+            high = "inf" if workload.end_s is None else workload.end_s
+            raise TraceError(
+                table.source,
+                None,
+                f"no requests arrive in the window [{low}, {high}) s: "
+                f"they arrive from {table.arrival_s[0]:.6g} to {table.arrival_s[-1]:.6g} s",
+            )
+        table = window
     if workload.limit is not None:
         table = table.limit(workload.limit)
+    chosen, max_len = table.num_requests, config.model.max_model_len
+    table = table.within_model_len(max_len)
+    if table.num_requests == 0:
+        raise TraceError(
+            table.source,
+            None,
+            f"all {chosen} requests exceed model.max_model_len = "
+            f"{max_len} tokens (prompt + output); raise it with --max-model-len",
+        )
     if workload.rate_scale != 1.0:
         table = table.scale_rate(workload.rate_scale)
-    if table.num_requests == 0:
-        raise ValueError(f"{table.source}: no requests left after the window and limit")
     return table
 
 
@@ -197,6 +216,7 @@ def _result(
         "requests": table.num_requests,
         "span_s": table.span_s,
         "skipped": table.skipped,
+        "rejected_max_model_len": table.rejected,
     }
     summary = summarize(
         config.to_dict(),

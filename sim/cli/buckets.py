@@ -93,6 +93,7 @@ def comparison_table(comparison: Comparison) -> ReportTable:
 
 def run_buckets(args: argparse.Namespace) -> int:
     """``stepplan buckets``: the optimizer against vLLM's and SGLang's default lists."""
+    _check_outputs(args)
     results = load_results(args.results)
     demand = run_demand(results, run_config(results), args)
     comparison = compare_to_defaults(demand, max_graphs=args.max_graphs)
@@ -121,13 +122,23 @@ def _run_title(results: Results, demand: StepDemand) -> str:
     )
 
 
+def _check_outputs(args: argparse.Namespace) -> None:
+    """Refuse output files the command could not write, before any work."""
+    if args.write and Path(args.write).suffix.lower() != ".toml":
+        raise BucketError(f"{args.write}: --write takes a .toml file (what --config reads)")
+    if args.figure:
+        from stepplan.plots.canvas import figure_format
+
+        try:
+            figure_format(args.figure)
+        except ValueError as exc:
+            raise BucketError(f"--figure: {exc}") from None
+
+
 def _write_snippet(path: Path, sizes: tuple[int, ...]) -> None:
     from stepplan.plots.canvas import write_atomically
 
-    fmt = {".toml": "toml", ".json": "json"}.get(path.suffix.lower())
-    if fmt is None:
-        raise BucketError(f"{path}: --write takes a .toml or .json file")
-    write_atomically(path, sizes_snippet(sizes, fmt).encode())
+    write_atomically(path, sizes_snippet(sizes, "toml").encode())
     print(f"wrote {path}")
 
 
@@ -141,8 +152,8 @@ def add_buckets(subparsers: Any) -> None:
     )
     parser.add_argument("results", help="results folder of `stepplan simulate`")
     parser.add_argument("--max-graphs", type=int, help="graph budget (default: vLLM's count)")
-    parser.add_argument("--write", help="write the optimal sizes as a .toml or .json config")
-    parser.add_argument("--figure", help="write the bucketing figure (.png or .svg)")
+    parser.add_argument("--write", help="write the optimal sizes as a .toml config file")
+    parser.add_argument("--figure", help="write the bucketing figure (.png, .svg or .pdf)")
     parser.add_argument("--num-spec-tokens", type=int, help="Q - 1 (default: the run's)")
     parser.add_argument(
         "--graph-mode", choices=("full", "mixed"), help="graph mode (default: the run's)"

@@ -21,6 +21,7 @@ from .options import (
     SIDE_FLAGS,
     add_run_command,
     build_config,
+    checked,
     parse_assignments,
     results_folder,
     simulate_one,
@@ -38,11 +39,11 @@ SIDES = ("a", "b")
 
 
 def _side_config(args: argparse.Namespace, side: str) -> SimConfig:
-    config = build_config(args, getattr(args, f"{side}_config") or args.config)
+    config = build_config(args, getattr(args, f"{side}_config") or args.config, check=False)
     settings = parse_assignments(getattr(args, f"{side}_set"))
     for flag in SIDE_FLAGS:
         settings[OVERRIDES[flag]] = getattr(args, f"{side}_{flag}")
-    return with_settings(config, settings)
+    return checked(with_settings(config, settings))  # both sides, before either runs
 
 
 def run_compare(args: argparse.Namespace) -> int:

@@ -14,7 +14,7 @@ import tomllib
 
 from stepplan.planner import GRAPH_MODES
 
-from ..acceptance import DEEPSEEK_MTP_PROBS, EAGLE3_PROBS
+from ..acceptance import DEEPSEEK_MTP_PROBS, EAGLE3_PROBS, load_replay
 from ..config import (
     ACCEPTANCE_MODELS,
     HOST_COSTS,
@@ -23,13 +23,16 @@ from ..config import (
     LIVE_TIMES,
     ConfigError,
     SimConfig,
+    check_config,
     load_config,
     with_settings,
 )
+from ..cost import load_profile
+from ..live import check_live
 from ..outdir import ResultsFolder, claim_new, config_digest
 from ..progress import Progress, ProgressBar, ProgressLines, live_warning
 from ..results import RESULT_FILES, SimResult, parquet_available, summary_rows, write_results
-from ..run import prepare_requests, simulate
+from ..run import planner_config, prepare_requests, simulate
 from ..traces import FORMATS, RequestTable, load_trace
 from ..workloads import SYNTHETIC_PREFIX, parse_synthetic
 from .provenance import provenance, trace_identity, with_provenance
@@ -49,6 +52,7 @@ OVERRIDES = {
     "max_num_seqs": "scheduler.max_num_seqs",
     "max_num_batched_tokens": "scheduler.max_num_batched_tokens",
     "slot_capacity": "scheduler.slot_capacity",
+    "max_model_len": "model.max_model_len",
     "num_groups": "scheduler.num_groups",
     "graph_mode": "planner.graph_mode",
     "graph_sizes": "planner.graph_sizes",
@@ -111,16 +115,36 @@ def _acceptance_settings(choice: str | None) -> dict[str, Any]:
     return {"acceptance.model": choice}
 
 
-def build_config(args: argparse.Namespace, config_path: str | None = None) -> SimConfig:
-    """Defaults, then the TOML file, then ``--set`` items, then explicit flags."""
+def build_config(
+    args: argparse.Namespace, config_path: str | None = None, *, check: bool = True
+) -> SimConfig:
+    """Defaults, then the TOML file, then ``--set`` items, then explicit flags; with
+    ``check``, the result is :func:`checked`."""
     config = SimConfig()
     path = config_path if config_path is not None else args.config
     if path:
         config = load_config(path, config)
-    config = with_settings(config, parse_assignments(args.set))
+    try:
+        config = with_settings(config, parse_assignments(args.set))
+    except ConfigError as exc:
+        raise ConfigError(f"--set: {exc}") from None
     flags = {key: getattr(args, dest) for dest, key in OVERRIDES.items()}
     flags.update(_acceptance_settings(args.acceptance))
-    return with_settings(config, flags)
+    config = with_settings(config, flags)
+    return checked(config) if check else config
+
+
+def checked(config: SimConfig) -> SimConfig:
+    """``config`` once the rules across its settings hold, the planner takes it and the
+    files it names (kernel profile, acceptance trace) read, so that every refusal comes
+    before anything runs or is written."""
+    check_config(config)
+    planner_config(config)
+    load_profile(config.cost.kernel_profile)
+    check_live(config)
+    if config.acceptance.model == "replay" and config.acceptance.trace:
+        load_replay(config.acceptance.trace)
+    return config
 
 
 def load_requests(args: argparse.Namespace, config: SimConfig) -> RequestTable:
@@ -135,7 +159,44 @@ def load_requests(args: argparse.Namespace, config: SimConfig) -> RequestTable:
         table = parse_synthetic(args.trace, seed=config.seed)
     else:
         table = load_trace(args.trace, args.format, rate=config.workload.rate, seed=config.seed)
-    return prepare_requests(table, config)
+    prepared = prepare_requests(table, config)
+    for note in trace_notes(prepared, config):  # once nothing can fail: an error is one line
+        print(f"stepplan: note: {note}", file=sys.stderr)
+    return prepared
+
+
+def trace_notes(table: RequestTable, config: SimConfig) -> list[str]:
+    """What the user should know about how ``table`` was read: dropped and rejected
+    requests, missing arrival times, out-of-order rows."""
+    source, notes = table.source, []
+    if table.skipped:
+        rows = "row" if table.skipped == 1 else "rows"
+        notes.append(f"{source}: dropped {table.skipped} {rows} with zero prompt or output tokens")
+    if table.rejected:
+        notes.append(
+            f"{source}: rejected {table.rejected} request(s) longer than model.max_model_len = "
+            f"{config.model.max_model_len} tokens (prompt + output)"
+        )
+    if table.arrivals == "none":
+        notes.append(
+            f"{source}: no arrival times: all requests arrive at t = 0 (--rate R "
+            "gives Poisson arrivals at R req/s)"
+        )
+    elif table.arrivals == "poisson":
+        notes.append(
+            f"{source}: no arrival times: Poisson arrivals at {config.workload.rate:g} req/s "
+            f"(seed {config.seed})"
+        )
+    elif config.workload.rate is not None and table.format != "synthetic":
+        notes.append(
+            f"{source}: has arrival times, so --rate is ignored (--rate-scale speeds them up)"
+        )
+    if table.unsorted_line is not None:
+        notes.append(
+            f"{source}:{table.unsorted_line}: arrives before the row above it; requests "
+            "sorted by arrival time"
+        )
+    return notes
 
 
 def identify_trace(args: argparse.Namespace) -> dict[str, Any]:
@@ -205,6 +266,11 @@ def add_setting_options(parser: argparse.ArgumentParser) -> None:
     add("--max-num-batched-tokens", type=int, help="token budget per step, lookahead included")
     add("--slot-capacity", type=int, help="conv-state slots (default: max-num-seqs)")
     add("--num-groups", type=int, help="layer groups")
+    add(
+        "--max-model-len",
+        type=int,
+        help="context in tokens: longer requests (prompt + output) are rejected",
+    )
     add(
         "--graph-mode",
         choices=GRAPH_MODES,

@@ -1,0 +1,127 @@
+"""The requests of a trace, read-only and sorted by arrival, and the error for a bad trace."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import attrs
+import numpy as np
+
+#: How a table's arrival times came about (:attr:`RequestTable.arrivals`).
+ARRIVALS = ("trace", "none", "poisson")
+
+
+class TraceError(ValueError):
+    """A trace can't be read; the message starts with ``file:line:`` (``file:`` when
+    no single line is to blame)."""
+
+    def __init__(self, path: str | Path, line: int | None, message: str) -> None:
+        where = f"{path}:{line}" if line is not None else str(path)
+        super().__init__(f"{where}: {message}")
+        self.path = str(path)
+        self.line = line
+
+
+def frozen(array: np.ndarray) -> np.ndarray:
+    """``array``, made read-only."""
+    array.flags.writeable = False
+    return array
+
+
+@attrs.frozen(eq=False)
+class RequestTable:
+    """Requests sorted by arrival.
+
+    Attributes:
+        arrival_s: ``[N], float64`` arrival times, non-decreasing, the first at 0
+            (unless a window or slice moved it).
+        prompt_tokens: ``[N], int64`` prompt lengths, ``>= 1``.
+        output_tokens: ``[N], int64`` output lengths, ``>= 1``.
+        prefix_offsets: ``[N + 1], int64`` offsets into :attr:`prefix_blocks`, or ``None``.
+        prefix_blocks: ``[sum], int64`` prefix-block ids of every request, or ``None``.
+        source: where the requests came from (a path or a synthetic spec).
+        format: a trace format's name, or ``synthetic``.
+        skipped: rows dropped for a zero prompt or output length.
+        arrivals: ``trace`` (the file's own times), ``none`` (the file has none: all at
+            0) or ``poisson`` (the file has none: drawn at a given rate).
+        unsorted_line: the file's first line that arrives before the row above it (the
+            table is sorted all the same), or ``None``.
+        rejected: requests dropped because prompt plus output exceeds the model's
+            context (:meth:`within_model_len`).
+    """
+
+    arrival_s: np.ndarray = attrs.field(converter=lambda v: frozen(np.array(v, np.float64)))
+    prompt_tokens: np.ndarray = attrs.field(converter=lambda v: frozen(np.array(v, np.int64)))
+    output_tokens: np.ndarray = attrs.field(converter=lambda v: frozen(np.array(v, np.int64)))
+    prefix_offsets: np.ndarray | None = None
+    prefix_blocks: np.ndarray | None = None
+    source: str = ""
+    format: str = ""
+    skipped: int = 0
+    arrivals: str = attrs.field(default="trace", validator=attrs.validators.in_(ARRIVALS))
+    unsorted_line: int | None = None
+    rejected: int = 0
+
+    def __attrs_post_init__(self) -> None:
+        n = self.arrival_s.shape[0]
+        if self.prompt_tokens.shape != (n,) or self.output_tokens.shape != (n,):
+            raise ValueError("arrival_s, prompt_tokens and output_tokens must be [N] each")
+        if n and (np.diff(self.arrival_s) < 0).any():
+            raise ValueError("arrival_s must be sorted")
+        if n and min(self.prompt_tokens.min(), self.output_tokens.min()) < 1:
+            raise ValueError("prompt_tokens and output_tokens must be >= 1")
+
+    @property
+    def num_requests(self) -> int:
+        """``N``."""
+        return int(self.arrival_s.shape[0])
+
+    @property
+    def span_s(self) -> float:
+        """Seconds from the first to the last arrival."""
+        return float(self.arrival_s[-1] - self.arrival_s[0]) if self.num_requests else 0.0
+
+    def take(self, index: np.ndarray) -> RequestTable:
+        """The requests at sorted positions ``index`` (``[M], int64``, increasing)."""
+        offsets, blocks = self.prefix_offsets, self.prefix_blocks
+        if offsets is not None and blocks is not None:
+            lengths = np.diff(offsets)[index]
+            starts = offsets[:-1][index]
+            pieces = [blocks[s : s + n] for s, n in zip(starts, lengths, strict=True)]
+            blocks = frozen(np.concatenate([np.zeros(0, np.int64), *pieces]))
+            offsets = frozen(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64))
+        return attrs.evolve(
+            self,
+            arrival_s=self.arrival_s[index],
+            prompt_tokens=self.prompt_tokens[index],
+            output_tokens=self.output_tokens[index],
+            prefix_offsets=offsets,
+            prefix_blocks=blocks,
+        )
+
+    def limit(self, count: int) -> RequestTable:
+        """The first ``count`` requests."""
+        return self.take(np.arange(min(count, self.num_requests)))
+
+    def window(self, start_s: float | None, end_s: float | None) -> RequestTable:
+        """Requests arriving in ``[start_s, end_s)``, shifted so ``start_s`` becomes 0."""
+        low = -np.inf if start_s is None else start_s
+        high = np.inf if end_s is None else end_s
+        kept = self.take(np.flatnonzero((self.arrival_s >= low) & (self.arrival_s < high)))
+        shift = 0.0 if start_s is None else start_s
+        return attrs.evolve(kept, arrival_s=kept.arrival_s - shift)
+
+    def scale_rate(self, factor: float) -> RequestTable:
+        """Arrivals ``factor`` times as dense (inter-arrival gaps divided by ``factor``)."""
+        if factor <= 0:
+            raise ValueError(f"rate scale must be positive, got {factor}")
+        return attrs.evolve(self, arrival_s=self.arrival_s / factor)
+
+    def within_model_len(self, max_model_len: int) -> RequestTable:
+        """The requests whose prompt plus output fits ``max_model_len`` tokens (vLLM
+        rejects the others at arrival); the dropped ones add to :attr:`rejected`."""
+        fits = self.prompt_tokens + self.output_tokens <= max_model_len
+        if fits.all():
+            return self
+        kept = self.take(np.flatnonzero(fits))
+        return attrs.evolve(kept, rejected=self.rejected + int((~fits).sum()))

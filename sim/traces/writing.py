@@ -1,0 +1,63 @@
+"""Writing a :class:`RequestTable` as any format of the table (``load_trace`` reads it back)."""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+from .formats import BY_NAME, FORMATS, TraceFormat
+from .request_table import RequestTable
+
+
+def _requests(table: RequestTable) -> Iterator[tuple[float, int, int, list[int]]]:
+    offsets, blocks = table.prefix_offsets, table.prefix_blocks
+    for i, (t, p, o) in enumerate(
+        zip(
+            table.arrival_s.tolist(),
+            table.prompt_tokens.tolist(),
+            table.output_tokens.tolist(),
+            strict=True,
+        )
+    ):
+        ids = [] if offsets is None or blocks is None else blocks[offsets[i] : offsets[i + 1]]
+        yield t, p, o, list(map(int, ids))
+
+
+def trace_text(table: RequestTable, entry: TraceFormat) -> str:
+    """The whole trace file's text in format ``entry``."""
+    rows = (entry.row(*request) for request in _requests(table))
+    if entry.layout == "jsonl":
+        return "".join(json.dumps(dict(zip(entry.header, r, strict=True))) + "\n" for r in rows)
+    buffer = io.StringIO()
+    writer = csv.writer(
+        buffer, delimiter="\t" if entry.layout == "tsv" else ",", lineterminator="\n"
+    )
+    writer.writerow(entry.header)
+    writer.writerows(rows)
+    return buffer.getvalue()
+
+
+def write_trace(table: RequestTable, path: str | Path, fmt: str) -> None:
+    """Write ``table`` as a ``fmt`` trace, gzip-compressed when ``path`` ends in ``.gz``.
+
+    Azure timestamps count from 2023-11-16 00:00; integer timestamps are rounded to
+    the format's unit (ms for Mooncake, ns for LLMServingSim). The file appears whole
+    or not at all.
+    """
+    if fmt not in BY_NAME:
+        raise ValueError(f"unknown format {fmt!r} (known: {', '.join(FORMATS)})")
+    data = trace_text(table, BY_NAME[fmt]).encode()
+    path = Path(path)
+    if path.suffix == ".gz":
+        data = gzip.compress(data, mtime=0)  # no timestamp: equal tables, equal bytes
+    partial = path.with_name(f".{path.name}.partial")
+    try:
+        partial.write_bytes(data)
+        os.replace(partial, path)  # readers never see a half-written trace
+    finally:
+        partial.unlink(missing_ok=True)
