@@ -163,7 +163,7 @@ CASES: list[tuple[str, dict[str, str | bytes], list[str], str]] = [
     ("buckets-figure-suffix", {}, ["buckets", "run", "--figure", "f.jpg"],
      "--figure: f.jpg: figure files must end in .png, .svg, .pdf"),
     ("buckets-not-results", {"x/y": ""}, ["buckets", "x", "--write", "s.toml"],
-     "x/summary.json: missing"),
+     "x: not a results folder (expected summary.json"),
 ]  # fmt: skip
 
 
@@ -200,8 +200,9 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(
 def run_notes(tmp_path, capsys, text: str, *flags: str) -> tuple[list[str], dict]:
     trace = tmp_path / "t.csv"
     trace.write_text(text)
-    out = tmp_path / "out"
-    assert cli.main(["simulate", str(trace), "--quiet", "--out", str(out), *flags]) == 0
+    out = tmp_path / "out"  # reused by the next call of a test: --overwrite
+    argv = ["simulate", str(trace), "--quiet", "--out", str(out), "--overwrite", *flags]
+    assert cli.main(argv) == 0
     notes = capsys.readouterr().err.splitlines()
     assert all(line.startswith("stepplan: note: ") for line in notes)
     return notes, json.loads((out / "summary.json").read_text())
