@@ -55,24 +55,23 @@ class StepShape:
     max_query_len: int
     max_kv_len: int
 
-    def _sizes(self) -> dict[str, int]:
-        return {"T": self.num_tokens, "S": self.num_samples, "R": self.num_rows}
+    #: ``(name, dtype, byte offset, elements)`` of every field in buffer order; derived.
+    spans: tuple[tuple[str, np.dtype, int, int], ...] = attrs.field(
+        init=False, eq=False, repr=False
+    )
+    #: Bytes of the whole buffer; derived.
+    nbytes: int = attrs.field(init=False, eq=False, repr=False)
 
-    @property
-    def spans(self) -> tuple[tuple[str, np.dtype, int, int], ...]:
-        """``(name, dtype, byte offset, elements)`` of every field, in buffer order."""
-        sizes, spans, offset = self._sizes(), [], 0
+    def __attrs_post_init__(self) -> None:
+        # Made once per shape: a step reads them several times, and graph shapes repeat.
+        sizes = {"T": self.num_tokens, "S": self.num_samples, "R": self.num_rows}
+        spans, offset = [], 0
         for name, dtype, size in _FIELDS:
             count = sizes[size[0]] + (1 if size.endswith("+1") else 0)
             spans.append((name, dtype, offset, count))
             offset += count * dtype.itemsize
-        return tuple(spans)
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of the whole buffer."""
-        _, dtype, offset, count = self.spans[-1]
-        return offset + count * dtype.itemsize
+        object.__setattr__(self, "spans", tuple(spans))
+        object.__setattr__(self, "nbytes", offset)
 
 
 def graph_shape(key: GraphKey, query_len_max: int, max_len: int) -> StepShape:
@@ -230,9 +229,10 @@ def check_inputs(
 def _check_rows(rows: LiveRows, batch: StepBatch, num_slots: int, max_len: int) -> None:
     if rows.num_rows == 0:
         return
-    live = batch.kinds != PADDING
+    padded = batch.kind_counts[PADDING] > 0
+    live = batch.kinds != PADDING if padded else slice(None)
     if batch.slots[:, live].max() >= num_slots:
-        group, row = np.argwhere((batch.slots >= num_slots) & live)[0]
+        group, row = np.argwhere((batch.slots >= num_slots) & (batch.kinds != PADDING))[0]
         raise ValueError(
             f"slots: row {row} of group {group} uses slot {batch.slots[group, row]}, "
             f"the runner has slots 0..{num_slots - 1}"
@@ -240,7 +240,7 @@ def _check_rows(rows: LiveRows, batch: StepBatch, num_slots: int, max_len: int) 
     ends = rows.num_computed + rows.query_lens
     if ends.max() > max_len:
         bad = int(np.flatnonzero(ends > max_len)[0])
-        row = int(np.flatnonzero(live)[bad])
+        row = int(np.flatnonzero(batch.kinds != PADDING)[bad])
         raise ValueError(
             f"num_computed_tokens: row {row} reaches {ends[bad]} positions, beyond the KV "
             f"cache's max_len = {max_len}"

@@ -115,27 +115,7 @@ class HybridModelRunner:
             num_slots=num_slots,
             max_len=max_len,
         )
-        self.weights = make_weights(shape, self.device)
-        self.cache = KVCache(
-            num_layers=len(shape.attention_layers),
-            num_slots=num_slots,
-            max_len=max_len,
-            num_kv_heads=shape.num_kv_heads,
-            head_dim=shape.head_dim,
-            dtype=shape.torch_dtype,
-            device=self.device,
-        )
-        self.conv_states = self._conv_states(planner.query_len_max)
-        conv_layers = len(shape.conv_layers)
-        self.executor = Executor(
-            weights=[self.weights.layers[i].mixer.conv for i in shape.conv_layers],
-            layer_groups=[i * num_groups // conv_layers for i in range(conv_layers)],
-            conv_states=self.conv_states,
-            dilation=shape.conv_dilation,
-            config=planner,
-            backend=backend,
-            use_graphs=use_graphs,
-        )
+        self._allocate_model(planner, num_groups, backend, use_graphs)
         self.forward = ModelForward(
             shape, self.weights, self.executor, self.cache, self.attention, max_len
         )
@@ -153,6 +133,36 @@ class HybridModelRunner:
             (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
             if on_cuda
             else None
+        )
+
+    def _allocate_model(
+        self, planner: PlannerConfig, num_groups: int, backend: str, use_graphs: bool
+    ) -> None:
+        """Weights, KV cache, conv state and the executor over it (memory checked already)."""
+        shape = self.shape
+        self.weights = make_weights(shape, self.device)
+        self.cache = KVCache(
+            num_layers=len(shape.attention_layers),
+            num_slots=self.num_slots,
+            max_len=self.max_len,
+            num_kv_heads=shape.num_kv_heads,
+            head_dim=shape.head_dim,
+            dtype=shape.torch_dtype,
+            device=self.device,
+        )
+        #: ``[conv layers, num_slots, W, C]``: every conv layer's state, one allocation.
+        self.conv_state_memory = self._conv_state_memory(planner.query_len_max)
+        #: Per conv layer the executor's ``[num_slots, C, W]`` view of it.
+        self.conv_states = tuple(layer.permute(0, 2, 1) for layer in self.conv_state_memory)
+        conv_layers = len(shape.conv_layers)
+        self.executor = Executor(
+            weights=[self.weights.layers[i].mixer.conv for i in shape.conv_layers],
+            layer_groups=[i * num_groups // conv_layers for i in range(conv_layers)],
+            conv_states=self.conv_states,
+            dilation=shape.conv_dilation,
+            config=planner,
+            backend=backend,
+            use_graphs=use_graphs,
         )
 
     def _check_arguments(
@@ -224,20 +234,17 @@ class HybridModelRunner:
             workspace=activations + logits + staging + _GIB,  # + allocator and library slack
         )
 
-    def _conv_states(self, query_len_max: int) -> tuple[torch.Tensor, ...]:
-        """Per conv layer a zeroed ``[num_slots, C, W]`` view of ``[slot, W, C]`` memory
-        (vLLM's default layout), all in one allocation."""
+    def _conv_state_memory(self, query_len_max: int) -> torch.Tensor:
+        """Zeroed conv state in vLLM's default ``[slot, W, C]`` memory layout."""
         shape = self.shape
-        window = shape.state_window(query_len_max)
-        memory = torch.zeros(
+        return torch.zeros(
             len(shape.conv_layers),
             self.num_slots,
-            window,
+            shape.state_window(query_len_max),
             shape.conv_channels,
             dtype=shape.torch_dtype,
             device=self.device,
         )
-        return tuple(layer.permute(0, 2, 1) for layer in memory)
 
     @property
     def captured_graphs(self) -> tuple[GraphKey, ...]:
