@@ -330,7 +330,7 @@ def test_timed_run_on_the_cpu():
     )
     assert greedy.shape == (1,) and greedy.dtype == np.int64
     assert timing.gpu_s is None and timing.wall_s >= timing.host_s > 0
-    assert runner.captured_graphs == ()
+    assert runner.captured_graphs == () and runner.num_groups == 2
     runner.warm_up([runner.planner.compile(batch)])  # no graphs on the CPU: nothing to do
 
 

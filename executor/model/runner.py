@@ -247,6 +247,11 @@ class HybridModelRunner:
         )
 
     @property
+    def num_groups(self) -> int:
+        """Conv layer groups: rows of a batch's ``slots``."""
+        return self.executor.num_groups
+
+    @property
     def captured_graphs(self) -> tuple[GraphKey, ...]:
         """Graph keys whose forward has been captured so far."""
         return self._graphs.captured if self._graphs else ()
@@ -363,6 +368,11 @@ class HybridModelRunner:
         if plan.num_tokens == 0:
             return None
         replay = allow_replay and key is not None and self._graphs is not None
+        if replay and shape.nbytes > self._upload.capacity_bytes:
+            raise ValueError(
+                f"plan: graph {key} is larger than this runner's graphs; compile plans with "
+                "its planner config (runner.planner)"
+            )
         if replay:
             self._ensure_captured(plan, shape)
         meta, host = self._upload_step(shape, rows, ids, samples)
