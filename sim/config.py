@@ -48,6 +48,7 @@ from .config_values import (
     _one_of,
     _optional,
     _optional_ints,
+    _optional_one_of,
     _positive,
     _real,
     _text,
@@ -59,6 +60,7 @@ LIVE_BACKENDS = ("reference", "triton")
 LIVE_DEVICES = ("cpu", "cuda")
 LIVE_TIMES = ("model", "measured")
 LIVE_DTYPES = ("float32", "bfloat16", "float16")
+LIVE_ATTENTION = ("flash", "sdpa")
 
 
 @attrs.frozen
@@ -238,22 +240,22 @@ class SloConfig:
 
 @attrs.frozen
 class LiveConfig:
-    """Live mode (``live.py``): every step runs a real toy model whose greedy tokens
-    verify the drafts, in place of the acceptance model.
+    """Live mode (``live.py``): every step runs the simulated model (``model.name``'s
+    preset, at full size, seeded random weights), whose greedy tokens verify the drafts in
+    place of the acceptance model.
 
     Attributes:
         enabled: run live (``--live``).
         backend: the executor's ``reference`` (PyTorch) or ``triton`` kernels.
         device: ``cpu`` or ``cuda``.
-        time: ``model`` (the cost model's step time, as without live mode:
-            deterministic on a given backend) or ``measured`` (the model run's wall
-            time replaces the model, short-conv and launch terms: not reproducible).
-        dtype: the toy model's precision.
-        vocab_size, hidden_size, mlp_size, num_layers, kernel_size, dilation, seed:
-            the toy model (``stepplan.executor.engine.ToyModelConfig``); ``seed``
-            draws its weights.
-        num_groups: the toy model's layer groups; ``None`` follows
-            ``scheduler.num_groups``, which it must equal.
+        time: ``model`` (the cost model's step time, as without live mode) or
+            ``measured`` (each step lasts what the engine took: not reproducible).
+        dtype: the model's precision; ``None`` keeps the preset's.
+        attention: ``flash`` (CUDA, bf16/fp16) or ``sdpa`` (per-row reference);
+            ``None`` picks flash on CUDA.
+        max_len: KV-cache positions per slot; ``None`` sizes them for the trace's longest
+            request.
+        seed: draws the model's weights.
         ngram_max: longest suffix the prompt-lookup draft proposer matches.
     """
 
@@ -261,16 +263,11 @@ class LiveConfig:
     backend: str = attrs.field(default="reference", validator=_one_of(LIVE_BACKENDS))
     device: str = attrs.field(default="cpu", validator=_one_of(LIVE_DEVICES))
     time: str = attrs.field(default="model", validator=_one_of(LIVE_TIMES))
-    dtype: str = attrs.field(default="float32", validator=_one_of(LIVE_DTYPES))
-    vocab_size: int = attrs.field(default=64, converter=INT, validator=_positive)
-    hidden_size: int = attrs.field(default=32, converter=INT, validator=_positive)
-    mlp_size: int = attrs.field(default=64, converter=INT, validator=_positive)
-    num_layers: int = attrs.field(default=4, converter=INT, validator=_positive)
-    num_groups: int | None = attrs.field(
+    dtype: str | None = attrs.field(default=None, validator=_optional_one_of(LIVE_DTYPES))
+    attention: str | None = attrs.field(default=None, validator=_optional_one_of(LIVE_ATTENTION))
+    max_len: int | None = attrs.field(
         default=None, converter=_optional(_integer), validator=_positive
     )
-    kernel_size: int = attrs.field(default=4, converter=INT, validator=_positive)
-    dilation: int = attrs.field(default=2, converter=INT, validator=_positive)
     seed: int = attrs.field(default=0, converter=INT)
     ngram_max: int = attrs.field(default=3, converter=INT, validator=_positive)
 

@@ -42,6 +42,17 @@ def _one_of(choices: tuple[str, ...]) -> Any:
     return check
 
 
+def _optional_one_of(choices: tuple[str, ...]) -> Any:
+    """:func:`_one_of`, or ``None`` (the default decides)."""
+    check = _one_of(choices)
+
+    def optional(instance: object, attribute: attrs.Attribute, value: str | None) -> None:
+        if value is not None:
+            check(instance, attribute, value)
+
+    return optional
+
+
 def _as_int(value: object) -> int | None:
     """``value`` as an integer setting, or ``None``: TOML and flag integers, or text
     that parses as one (``--set``); never a float (64.5 must not become 64) nor a

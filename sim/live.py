@@ -1,54 +1,58 @@
-"""Live mode: a real toy model runs every step and decides what the spec rows accept.
+"""Live mode: the simulated model runs every step, and its greedy tokens decide acceptance.
 
-The simulation loop (``run.py``) hands each step's :class:`ScheduledStep` and its
-compiled plan to a :class:`LiveStepper`, which feeds them to
-``stepplan.executor.engine.ToyModelRunner`` -- the executor's demo engine model,
-the same planner config, the scheduler's slots (``1..slots``, the same index in
-every layer group) -- and folds the greedy tokens back into each request:
+The model is the one the cost model describes: ``model.name``'s preset
+(``sim/presets.py``), built at full size with seeded random weights by
+``stepplan.executor.model.HybridModelRunner`` -- short-conv layers through the executor's
+kernels, attention over a KV cache indexed by the scheduler's slots, CUDA graphs per
+bucket -- with the loop's planner config and the scheduler's slots (``1..slots``, the
+same index in every layer group). The simulation loop (``run.py``) hands each step's
+:class:`ScheduledStep` and compiled plan to a :class:`LiveStepper`, which folds the
+greedy tokens back into each request:
 
 - **Prompts.** A trace only has lengths, so request ``r`` gets ``prompt_tokens[r]``
   token ids drawn uniformly from the vocabulary, seeded by ``(run seed, r)``.
-- **Inputs.** A prefill chunk feeds its prompt tokens ``[computed, computed + q)``;
-  a decode feeds the request's last emitted token; a spec row feeds the last emitted
-  token and its ``k = q - 1`` drafts.
-- **Drafts.** The engine's prompt-lookup proposer (``propose_drafts``) over the
-  request's prompt and output so far; when it finds fewer than ``k`` the rest repeat
-  its last draft (or the last token), and are verified like any draft.
-- **Verification.** ``a`` = the longest prefix of drafts equal to the model's greedy
-  tokens before them; the row emits those drafts and the greedy token after the last
-  accepted one (``a + 1`` tokens, as ``Scheduler.commit`` expects). Greedy decoding
-  does not depend on the schedule (SPEC §2), so every request's output equals plain
-  one-token-at-a-time greedy decoding of its prompt.
+- **Inputs.** A prefill chunk feeds its tokens ``[computed, computed + q)`` of the
+  request's stream (its prompt, and after a preemption the output it already had); a
+  decode feeds the last emitted token; a spec row feeds it and its ``k = q - 1`` drafts.
+- **Drafts.** Prompt lookup (``NgramIndex``, ``propose_drafts``'s answers in constant
+  time) over the request's stream; when it finds fewer than ``k`` the rest repeat its
+  last draft (or the last token), and are verified like any draft.
+- **Sampling and verification.** The model computes logits where an engine samples: a
+  spec row's every token, a decode row's, the last of a prefill chunk that completes
+  the prompt. ``a`` = the longest prefix of drafts equal to the greedy tokens before
+  them; the row emits those drafts and the greedy token after the last accepted one
+  (``a + 1`` tokens, as ``Scheduler.commit`` expects).
 
 Time (``live.time``): ``model`` keeps the cost model's step time, so only acceptance
-is live and a run is reproducible on a given backend; ``measured`` replaces the
-model, short-conv and launch terms by the model run's wall time (CUDA synchronized
-before and after), which varies from run to run. One-time work falls into the step
-that first needs it: Triton compiling a kernel variant, and (triton on CUDA) the
-capture of a graph bucket's CUDA graph (``live_run.graphs_captured`` counts them).
+is live; ``measured`` makes each step last what the engine took -- the planner's measured
+time plus the runner's whole call, the device synchronized at both ends -- which varies
+from run to run. A step that captured a CUDA graph or compiled a Triton kernel is *cold*
+(:attr:`LiveOutcome.cold`); fidelity scoring keeps such steps apart.
 
-Only this module and the ``cli`` package touch ``stepplan.executor``, and only when a
-stepper is created: a simulation without live mode never imports torch.
+Only this module and the live-mode commands touch ``stepplan.executor``, inside
+functions: a simulation without live mode never imports torch.
 """
 
 from __future__ import annotations
 
-import functools
 import os
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
 import numpy as np
 
-from stepplan.planner import ExecutionPlan, PlannerConfig
+from stepplan.planner import DECODE, ExecutionPlan, PlannerConfig
 
-from .config import ConfigError, LiveConfig, SimConfig
+from .config import ConfigError, SimConfig
+from .presets import MODEL_PRESETS
 from .scheduler import ScheduledStep
 
 if TYPE_CHECKING:
-    from stepplan.executor.engine import ToyModelRunner
+    from stepplan.executor.model import HybridModelRunner
+
+#: KV positions per slot are rounded up to this when sized from the trace.
+_LEN_QUANTUM = 256
 
 
 @attrs.frozen(eq=False)
@@ -57,11 +61,15 @@ class LiveOutcome:
 
     Attributes:
         accepted: ``[R], int64`` accepted drafts per row (0 off the spec rows).
-        wall_s: measured wall time of the model run (device synchronized).
+        wall_s: the runner's whole call (device synchronized at both ends).
+        gpu_s: its GPU time by CUDA events (``None`` off CUDA).
+        cold: the step captured a CUDA graph or compiled a kernel.
     """
 
     accepted: np.ndarray
     wall_s: float
+    gpu_s: float | None = None
+    cold: bool = False
 
 
 def request_prompt(seed: int, request_id: int, length: int, vocab_size: int) -> np.ndarray:
@@ -78,24 +86,38 @@ def pad_drafts(proposed: Sequence[int], count: int, last_token: int) -> list[int
     return drafts + [fill] * (count - len(drafts))
 
 
-def _resolved_groups(config: SimConfig) -> int:
-    live, groups = config.live, config.scheduler.num_groups
-    if live.num_groups is not None and live.num_groups != groups:
-        raise ConfigError(
-            f"live.num_groups: {live.num_groups} differs from scheduler.num_groups = {groups} "
-            "(the toy model's layer groups are the scheduler's)"
-        )
-    if live.num_layers < groups:
-        raise ConfigError(
-            f"live.num_layers: {live.num_layers} layers cannot fill "
-            f"scheduler.num_groups = {groups} layer groups"
-        )
-    return groups
+def model_preset(config: SimConfig) -> dict[str, Any]:
+    """``model.name``'s preset with the live run's dtype (``live.dtype`` when set)."""
+    name = config.model.name
+    if name not in MODEL_PRESETS:
+        known = ", ".join(sorted(MODEL_PRESETS))
+        raise ConfigError(f"model.name: no model preset {name!r} to run live (known: {known})")
+    preset = dict(MODEL_PRESETS[name])
+    if config.live.dtype is not None:
+        preset["dtype"] = config.live.dtype
+    return preset
 
 
-def _check_device(live: LiveConfig) -> None:
+def kv_positions(config: SimConfig, lengths: np.ndarray | None) -> int:
+    """KV positions per slot: ``live.max_len``, else the longest request (prompt plus
+    output) rounded up, within the model's ``max_model_len``."""
+    limit = min(int(model_preset(config)["max_model_len"]), config.model.max_model_len)
+    if config.live.max_len is not None:
+        if config.live.max_len > limit:
+            raise ConfigError(f"live.max_len: {config.live.max_len} exceeds max_model_len {limit}")
+        return config.live.max_len
+    longest = int(lengths.max()) if lengths is not None and lengths.size else limit
+    return min(limit, -(-longest // _LEN_QUANTUM) * _LEN_QUANTUM)
+
+
+def check_live(config: SimConfig) -> None:
+    """Refuse live settings that cannot run, before anything does (``ConfigError``)."""
+    if not config.live.enabled:
+        return
+    model_preset(config)
     import torch
 
+    live = config.live
     if live.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("live.device: cuda asked for, but torch sees no CUDA device")
     if live.backend == "triton" and live.device == "cpu" and not os.environ.get("TRITON_INTERPRET"):
@@ -105,63 +127,49 @@ def _check_device(live: LiveConfig) -> None:
         )
 
 
-def check_live(config: SimConfig) -> None:
-    """Refuse live settings that cannot run, before anything does (``ConfigError``)."""
-    if config.live.enabled:
-        _resolved_groups(config)
-        _check_device(config.live)
+def make_runner(config: SimConfig, planner: PlannerConfig, max_len: int) -> HybridModelRunner:
+    """The live engine: ``model.name``'s model, a slot per scheduler slot (and NULL)."""
+    from stepplan.executor.model import HybridModelRunner, ModelShape
 
-
-def make_runner(config: SimConfig, planner: PlannerConfig) -> ToyModelRunner:
-    """The toy model runner ``config.live`` describes, with a slot per scheduler slot."""
-    import torch
-
-    from stepplan.executor.engine import ToyModelConfig, ToyModelRunner
-
+    check_live(attrs.evolve(config, live=attrs.evolve(config.live, enabled=True)))
     live = config.live
-    _check_device(live)
-    model = ToyModelConfig(
-        vocab_size=live.vocab_size,
-        hidden_size=live.hidden_size,
-        mlp_size=live.mlp_size,
-        num_layers=live.num_layers,
-        num_groups=_resolved_groups(config),
-        kernel_size=live.kernel_size,
-        dilation=live.dilation,
-        seed=live.seed,
-    )
     try:
-        return ToyModelRunner(
-            model,
+        shape = ModelShape(**model_preset(config), seed=live.seed)
+        return HybridModelRunner(
+            shape,
             planner,
             num_slots=config.scheduler.slots + 1,  # slot 0 is NULL
+            max_len=max_len,
+            num_groups=config.scheduler.num_groups,
             device=live.device,
-            dtype=getattr(torch, live.dtype),
             backend=live.backend,
+            attention=live.attention,
         )
     except ValueError as exc:
         raise ConfigError(f"live: {exc}") from None
 
 
 class LiveStepper:
-    """Runs the scheduler's steps on a toy model and keeps every request's tokens.
+    """Runs the scheduler's steps on the live engine and keeps every request's tokens.
 
     Args:
-        runner: the model; its planner config must be the one the loop compiles
+        runner: the engine; its planner config must be the one the loop compiles
             plans with, its groups the scheduler's, its slots cover ``1..slots``.
         prompt_tokens: ``[N], int64`` prompt length of every request.
         config: the simulation's settings (``live``, ``scheduler`` and ``seed``).
     """
 
     def __init__(
-        self, runner: ToyModelRunner, prompt_tokens: np.ndarray, config: SimConfig
+        self, runner: HybridModelRunner, prompt_tokens: np.ndarray, config: SimConfig
     ) -> None:
-        from stepplan.executor.engine import accepted_prefix, propose_drafts
+        from stepplan.executor.engine import NgramIndex, accepted_prefix
+        from stepplan.executor.kernels import compiled_variants
+        from stepplan.executor.model import sample_positions
 
         scheduler = config.scheduler
-        if runner.model.num_groups != scheduler.num_groups:
+        if runner.num_groups != scheduler.num_groups:
             raise ConfigError(
-                f"live: the model has {runner.model.num_groups} layer groups, "
+                f"live: the model has {runner.num_groups} layer groups, "
                 f"scheduler.num_groups is {scheduler.num_groups}"
             )
         if runner.num_slots <= scheduler.slots:
@@ -170,63 +178,70 @@ class LiveStepper:
                 f"uses 1..{scheduler.slots}"
             )
         self.runner, self.settings = runner, config.live
-        self._seed = config.seed
+        self._seed, self._model_name = config.seed, config.model.name
         self._prompt_lens = np.asarray(prompt_tokens, np.int64)
-        self._tokens: dict[int, list[int]] = {}  # prompt then output, per started request
-        self._propose = functools.partial(propose_drafts, ngram_max=config.live.ngram_max)
-        self._verify = accepted_prefix
-        self._sync = _synchronizer(runner)
+        self._streams: dict[int, Any] = {}  # NgramIndex per started request
+        self._index, self._verify = NgramIndex, accepted_prefix
+        self._samples, self._compiled = sample_positions, compiled_variants
         self.model_wall_s = 0.0
 
     @classmethod
-    def create(
-        cls, config: SimConfig, planner: PlannerConfig, prompt_tokens: np.ndarray
-    ) -> LiveStepper:
-        """A stepper over a fresh :func:`make_runner` model."""
-        return cls(make_runner(config, planner), prompt_tokens, config)
+    def create(cls, config: SimConfig, planner: PlannerConfig, table: Any) -> LiveStepper:
+        """A stepper over a fresh :func:`make_runner` engine sized for ``table``'s
+        requests (a ``RequestTable``)."""
+        lengths = np.asarray(table.prompt_tokens) + np.asarray(table.output_tokens)
+        runner = make_runner(config, planner, kv_positions(config, lengths))
+        return cls(runner, table.prompt_tokens, config)
 
     @property
     def measured_time(self) -> bool:
-        """Whether the model run's wall time replaces the cost model's GPU terms."""
+        """Whether the engine's measured time replaces the cost model's."""
         return self.settings.time == "measured"
 
     def prompt(self, request_id: int) -> np.ndarray:
         """``[prompt_tokens], int64`` the request's prompt."""
         length = int(self._prompt_lens[request_id])
-        return request_prompt(self._seed, request_id, length, self.runner.model.vocab_size)
+        return request_prompt(self._seed, request_id, length, self.runner.shape.vocab_size)
 
     def output(self, request_id: int) -> np.ndarray:
         """``[emitted], int64`` the tokens the request has emitted so far."""
-        tokens = self._tokens.get(request_id, [])
+        stream = self._streams.get(request_id)
+        tokens = stream.tokens if stream is not None else []
         return np.asarray(tokens[int(self._prompt_lens[request_id]) :], np.int64)
 
     def run(self, step: ScheduledStep, plan: ExecutionPlan) -> LiveOutcome:
-        """Run ``step`` (compiled as ``plan``) on the model; verify drafts, emit tokens."""
+        """Run ``step`` (compiled as ``plan``) on the engine; verify drafts, emit tokens."""
         inputs, drafts = self._inputs(step)
         ids = np.fromiter((t for row in inputs for t in row), np.int64, plan.num_tokens)
-        self._sync()
-        start = time.perf_counter()
-        greedy = self.runner.run_plan(plan, ids).tolist()
-        self._sync()
-        wall_s = time.perf_counter() - start
-        self.model_wall_s += wall_s
-        return LiveOutcome(self._emit(step, inputs, drafts, greedy), wall_s)
+        samples = self._samples(step.batch, step.emits_first)
+        graphs, compiled = len(self.runner.captured_graphs), self._compiled()
+        greedy, timing = self.runner.timed_run(plan, ids, samples)
+        cold = len(self.runner.captured_graphs) != graphs or self._compiled() != compiled
+        self.model_wall_s += timing.wall_s
+        accepted = self._emit(step, drafts, greedy.tolist())
+        return LiveOutcome(accepted, timing.wall_s, timing.gpu_s, cold)
 
-    def _stream(self, request_id: int) -> list[int]:
-        tokens = self._tokens.get(request_id)
-        if tokens is None:
-            tokens = self._tokens[request_id] = self.prompt(request_id).tolist()
-        return tokens
+    def _stream(self, request_id: int) -> Any:
+        stream = self._streams.get(request_id)
+        if stream is None:
+            prompt = self.prompt(request_id).tolist()
+            stream = self._streams[request_id] = self._index(prompt, self.settings.ngram_max)
+        return stream
 
     def _inputs(self, step: ScheduledStep) -> tuple[list[list[int]], list[list[int] | None]]:
         """Each row's input ids and (spec rows) drafts, in the batch's row order."""
         batch = step.batch
         inputs: list[list[int]] = []
         drafts: list[list[int] | None] = []
-        rows = zip(step.request_ids.tolist(), batch.query_lens.tolist(), strict=True)
-        for row, (request_id, q) in enumerate(rows):
-            tokens = self._stream(request_id)
-            computed = int(batch.num_computed_tokens[row])
+        rows = zip(
+            step.request_ids.tolist(),
+            batch.query_lens.tolist(),
+            batch.num_computed_tokens.tolist(),
+            strict=True,
+        )
+        for row, (request_id, q, computed) in enumerate(rows):
+            stream = self._stream(request_id)
+            tokens = stream.tokens
             if not step.decoding[row]:
                 inputs.append(tokens[computed : computed + q])
                 drafts.append(None)
@@ -236,59 +251,65 @@ class LiveStepper:
                     f"live: request {request_id} decodes at position {computed}, "
                     f"but has {len(tokens)} tokens"
                 )
-            row_drafts = pad_drafts(self._propose(tokens, q - 1), q - 1, tokens[-1])
+            row_drafts = pad_drafts(stream.propose(q - 1), q - 1, tokens[-1])
             inputs.append([tokens[-1], *row_drafts])
             drafts.append(row_drafts if step.is_spec[row] else None)
         return inputs, drafts
 
     def _emit(
-        self,
-        step: ScheduledStep,
-        inputs: list[list[int]],
-        drafts: list[list[int] | None],
-        greedy: list[int],
+        self, step: ScheduledStep, drafts: list[list[int] | None], greedy: list[int]
     ) -> np.ndarray:
-        """Append each row's emitted tokens; ``[R], int64`` accepted drafts per row."""
-        accepted = np.zeros(len(inputs), np.int64)
+        """Append each row's emitted tokens; ``[R], int64`` accepted drafts per row.
+        ``greedy`` holds the sampled tokens row by row, as :meth:`run` asked for them:
+        ``q`` of a spec row, one of a decode-kind row (a one-token prefill chunk too),
+        one of a prefill chunk that completes its prompt."""
+        batch = step.batch
+        kinds, query_lens = batch.kinds.tolist(), batch.query_lens.tolist()
+        accepted = np.zeros(len(drafts), np.int64)
         start = 0
         for row, request_id in enumerate(step.request_ids.tolist()):
-            out = greedy[start : start + len(inputs[row])]
-            start += len(inputs[row])
-            tokens, row_drafts = self._tokens[request_id], drafts[row]
+            stream, row_drafts = self._streams[request_id], drafts[row]
             if row_drafts is not None:
+                out = greedy[start : start + query_lens[row]]
+                start += query_lens[row]
                 a = self._verify(row_drafts, out)
-                tokens.extend([*row_drafts[:a], out[a]])
+                stream.extend([*row_drafts[:a], out[a]])
                 accepted[row] = a
-            elif step.decoding[row] or step.emits_first[row]:
-                tokens.append(out[-1])
+                continue
+            sampled = kinds[row] == DECODE or bool(step.emits_first[row])
+            if sampled and (step.decoding[row] or step.emits_first[row]):
+                stream.extend([greedy[start]])
+            start += sampled
         return accepted
 
     def summary(self) -> dict[str, Any]:
         """The run's live facts for ``summary.json`` (``live_run``)."""
+        runner = self.runner
         return {
             "backend": self.settings.backend,
-            "device": str(self.runner.device),
-            "device_name": _device_name(self.runner),
-            "dtype": self.settings.dtype,
+            "device": str(runner.device),
+            "device_name": _device_name(runner),
+            "model": self._model_name,
+            "shape": _plain(attrs.asdict(runner.shape)),
+            "dtype": runner.shape.dtype,
+            "attention": runner.attention,
             "time": self.settings.time,
             "reproducible": not self.measured_time,
-            "model": attrs.asdict(self.runner.model),
-            "slots": self.runner.num_slots,
-            "graphs_captured": len(self.runner.captured_graphs),
+            "slots": runner.num_slots,
+            "max_len": runner.max_len,
+            "graphs_captured": len(runner.captured_graphs),
             "model_wall_s": self.model_wall_s,
         }
 
 
-def _synchronizer(runner: ToyModelRunner) -> Callable[[], None]:
-    """Waits for the runner's device (a no-op off CUDA)."""
-    if runner.device.type != "cuda":
-        return lambda: None
-    import torch
-
-    return lambda: torch.cuda.synchronize(runner.device)
+def _plain(value: Any) -> Any:
+    """Tuples as lists, for JSON."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return [_plain(v) for v in value] if isinstance(value, list | tuple) else value
 
 
-def _device_name(runner: ToyModelRunner) -> str:
+def _device_name(runner: HybridModelRunner) -> str:
     if runner.device.type != "cuda":
         return "cpu"
     import torch

@@ -127,15 +127,17 @@ def _run_live(
     live: LiveStepper,
     log: RequestLog,
     costs: tuple[float, ...],
+    plan_us: float,
 ) -> tuple[np.ndarray, tuple[float, ...]]:
-    """The live model's accepted drafts per row, and the step's cost terms."""
+    """The live model's accepted drafts per row, and the step's cost terms: measured, the
+    engine's whole step (the runner's call as ``model``, the planner's as ``host``)."""
     outcome = live.run(step, plan)
     spec = step.is_spec
     if spec.any():
         drafts = step.batch.num_draft_tokens[spec].astype(np.int64)
         log.record_spec(step.request_ids[spec], drafts, outcome.accepted[spec])
     if live.measured_time:
-        costs = (outcome.wall_s, 0.0, costs[2], 0.0)
+        costs = (outcome.wall_s, 0.0, plan_us * 1e-6, 0.0)
     return outcome.accepted, costs
 
 
@@ -158,7 +160,7 @@ def simulate(
     if live is not None and not config.live.enabled:
         raise ValueError("live: a stepper was given but config.live.enabled is false")
     if config.live.enabled and live is None:
-        live = LiveStepper.create(config, plan_config, table.prompt_tokens)
+        live = LiveStepper.create(config, plan_config, table)
     cost = CostModel.create(config.model, config.gpu, config.cost, config.scheduler.num_groups)
     acceptance = make_acceptance(config.acceptance, config.seed)
     log = RequestLog(table.num_requests)
@@ -184,7 +186,7 @@ def simulate(
         if live is None:
             accepted = _accepted(step, scheduler, acceptance, log)
         else:
-            accepted, costs = _run_live(step, plan, live, log, costs)
+            accepted, costs = _run_live(step, plan, live, log, costs, plan_us)
         emitted, finished = scheduler.commit(step, accepted)
         end = clock + sum(costs)
         log.record(step.request_ids, emitted, finished, end)

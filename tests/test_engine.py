@@ -143,3 +143,22 @@ def test_engine_refuses_what_its_planner_cannot_plan():
         Engine(runner, EngineConfig(num_spec_tokens=3))
     with pytest.raises(ValueError, match=r"prompts\[0\]"):
         Engine(runner, EngineConfig(num_spec_tokens=1)).generate([[]], 3)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    tokens=st.lists(st.integers(0, 4), max_size=60),
+    splits=st.lists(st.integers(1, 7), min_size=1, max_size=12),
+    ngram_max=st.integers(1, 4),
+    count=st.integers(0, 5),
+)
+def test_ngram_index_proposes_what_propose_drafts_does(tokens, splits, ngram_max, count):
+    from stepplan.executor.engine import NgramIndex
+
+    index = NgramIndex(tokens[: splits[0]], ngram_max)
+    assert index.propose(count) == propose_drafts(tokens[: splits[0]], count, ngram_max)
+    end = splits[0]
+    for size in splits[1:]:
+        index.extend(tokens[end : end + size])
+        end += size
+        assert index.propose(count) == propose_drafts(tokens[:end], count, ngram_max)

@@ -1,4 +1,5 @@
-"""Live mode: the simulator drives the toy model; its tokens are plain greedy decoding."""
+"""Live mode: the simulator drives the hybrid model (attention included); its tokens are
+plain greedy decoding of each prompt."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stepplan.executor.engine import dense_greedy_tokens, make_weights
+from stepplan.executor.model.dense import dense_logits
 from stepplan.sim import cli
 from stepplan.sim.config import ConfigError, SimConfig, with_settings
 from stepplan.sim.live import LiveStepper, pad_drafts, request_prompt
@@ -23,6 +24,7 @@ from stepplan.sim.workloads import parse_synthetic
 WORKLOAD = "synthetic:n=6,rate=200,prompt=uniform:2:40,output=uniform:1:24"
 SETTINGS = {
     "live.enabled": True,
+    "model.name": "tiny",
     "scheduler.max_num_seqs": 4,
     "scheduler.max_num_batched_tokens": 20,
     "scheduler.num_spec_tokens": 3,
@@ -35,7 +37,7 @@ GPU_SETTINGS = {"live.backend": "triton", "live.device": "cuda"}
 def live_run(seed: int = 0, **settings):
     config = with_settings(SimConfig(seed=seed), {**SETTINGS, **settings})
     table = prepare_requests(parse_synthetic(WORKLOAD, seed=4), config)
-    live = LiveStepper.create(config, planner_config(config), table.prompt_tokens)
+    live = LiveStepper.create(config, planner_config(config), table)
     return table, live, simulate(table, config, live=live)
 
 
@@ -47,14 +49,15 @@ def reference_run():
 def greedy_continues(live: LiveStepper, request_id: int) -> bool:
     """Whether the output is the dense model's greedy decoding of the prompt.
 
-    One causal pass over prompt + output checks every output token at once; the
-    weights are drawn again in fp32 on the CPU (the runner's are the same values).
+    One causal pass of the dense oracle (no cache, no plan) over prompt + output checks
+    every output token at once, with the runner's own weights.
     """
     prompt, output = live.prompt(request_id), live.output(request_id)
-    model = live.runner.model
-    weights = make_weights(model, torch.float32, torch.device("cpu"))
+    runner = live.runner
+    weights = runner.weights
     stream = torch.as_tensor(np.concatenate([prompt, output]))
-    greedy = dense_greedy_tokens(weights, model, stream).numpy()
+    with torch.no_grad():
+        greedy = dense_logits(weights, runner.shape, stream).argmax(dim=-1).cpu().numpy()
     return bool((greedy[prompt.size - 1 : -1] == output).all())
 
 
@@ -127,12 +130,14 @@ def test_same_seed_same_results_with_model_time(reference_run):
         np.testing.assert_array_equal(live.output(request_id), again_live.output(request_id))
 
 
-def test_measured_time_replaces_the_gpu_terms():
+def test_measured_time_is_the_engines_step():
     _, live, result = live_run(**{"live.time": "measured"})
     steps = result.steps
     assert (steps["conv_s"] == 0).all() and (steps["launch_s"] == 0).all()
     assert (steps["model_s"] > 0).all()
     assert steps["model_s"].sum() == pytest.approx(live.model_wall_s)
+    # the rest of the engine's step: the planner's measured time
+    np.testing.assert_allclose(steps["host_s"], steps["plan_us"] * 1e-6)
     assert result.summary["live_run"]["reproducible"] is False
 
 
@@ -151,23 +156,22 @@ def test_missing_drafts_repeat_the_last_one():
     assert pad_drafts([], 0, 9) == []
 
 
-def test_groups_must_match_the_scheduler():
+def test_layer_groups_and_presets():
     table = parse_synthetic(WORKLOAD, seed=4)
-    config = with_settings(SimConfig(), {**SETTINGS, "live.num_groups": 2})
-    with pytest.raises(
-        ConfigError, match=r"live\.num_groups: 2 differs from scheduler\.num_groups = 1"
-    ):
-        simulate(table, config)
     config = with_settings(SimConfig(), {**SETTINGS, "scheduler.num_groups": 3})
-    with pytest.raises(ConfigError, match=r"live\.num_layers: 2 layers cannot fill"):
-        simulate(table, with_settings(config, {"live.num_layers": 2}))
-    result = simulate(table, config)  # 4 layers over the scheduler's 3 groups
-    assert result.summary["live_run"]["model"]["num_groups"] == 3
+    with pytest.raises(ConfigError, match=r"live: num_groups: must be in 1\.\.2"):
+        simulate(table, config)  # tiny has two conv layers
+    result = simulate(table, with_settings(config, {"scheduler.num_groups": 2}))
+    assert result.summary["live_run"]["model"] == "tiny"
+    assert result.summary["live_run"]["shape"]["num_heads"] == 4
+    with pytest.raises(ConfigError, match=r"model\.name: no model preset 'nope'"):
+        simulate(table, with_settings(config, {"model.name": "nope"}))
 
 
 def test_cli_live_run(tmp_path, capsys):
     out = tmp_path / "live"
     argv = ["simulate", WORKLOAD, "--live", "--quiet", "--out", str(out), "--limit", "4"]
+    argv += ["--set", "model.name=tiny"]
     argv += ["--max-num-seqs", "4", "--max-num-batched-tokens", "20"]
     assert cli.main(argv) == 0
     assert capsys.readouterr().out == ""
@@ -184,6 +188,7 @@ def test_cli_refuses_cuda_without_a_gpu(tmp_path, capsys):
     if torch.cuda.is_available():
         pytest.skip("a GPU is present")
     argv = ["simulate", WORKLOAD, "--live", "--live-device", "cuda", "--out", str(tmp_path)]
+    argv += ["--set", "model.name=tiny"]
     assert cli.main(argv) == 2
     assert "live.device: cuda" in capsys.readouterr().err
 
@@ -228,6 +233,7 @@ def test_cli_live_run_on_cuda_with_measured_time(tmp_path):
     argv = ["simulate", WORKLOAD, "--live", "--live-backend", "triton", "--live-device", "cuda"]
     argv += ["--live-time", "measured", "--quiet", "--out", str(out), "--graph-mode", "mixed"]
     argv += ["--max-num-seqs", "4", "--max-num-batched-tokens", "20", "--graph-sizes", "1,2,4,8,16"]
+    argv += ["--set", "model.name=tiny", "--set", "live.dtype=bfloat16"]
     assert cli.main(argv) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["live_run"]["time"] == "measured" and summary["live_run"]["device"].startswith(

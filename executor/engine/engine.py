@@ -67,6 +67,41 @@ def propose_drafts(tokens: Sequence[int], count: int, ngram_max: int) -> list[in
     return []
 
 
+class NgramIndex:
+    """:func:`propose_drafts` for a stream that only grows, in time independent of its length.
+
+    For each ``n <= ngram_max`` it keeps every ``n``-gram that some token follows, mapped
+    to its latest start; :meth:`propose` then looks the stream's suffixes up instead of
+    scanning back through the stream, and gives exactly what :func:`propose_drafts` gives.
+    """
+
+    def __init__(self, tokens: Sequence[int], ngram_max: int) -> None:
+        self.tokens: list[int] = []
+        self.ngram_max = ngram_max
+        self._starts: list[dict[tuple[int, ...], int]] = [{} for _ in range(ngram_max + 1)]
+        self.extend(tokens)
+
+    def extend(self, new: Sequence[int]) -> None:
+        """Append ``new`` to the stream."""
+        tokens, starts = self.tokens, self._starts
+        for token in new:
+            end = len(tokens)  # the n-grams ending here are now followed by ``token``
+            for n in range(1, min(self.ngram_max, end) + 1):
+                starts[n][tuple(tokens[end - n : end])] = end - n
+            tokens.append(int(token))
+
+    def propose(self, count: int) -> list[int]:
+        """``propose_drafts(self.tokens, count, self.ngram_max)``."""
+        tokens = self.tokens
+        if count <= 0:
+            return []
+        for n in range(min(self.ngram_max, len(tokens) - 1), 0, -1):
+            start = self._starts[n].get(tuple(tokens[-n:]))
+            if start is not None:
+                return tokens[start + n : start + n + count]
+        return []
+
+
 def accepted_prefix(drafts: Sequence[int], greedy: Sequence[int]) -> int:
     """How many drafts match the model's greedy tokens in a row (``greedy[i]`` follows draft i)."""
     count = 0

@@ -19,12 +19,14 @@ old window from the first write of the new one. Residual rows are disjoint too
 outputs need no second pass and the two launches could even overlap.
 """
 
+from .compiled import compiled_variants
 from .launch import LaunchShape, launch_shape, launch_short_conv, short_conv
 from .tuning import Blocks, default_blocks
 
 __all__ = [
     "Blocks",
     "LaunchShape",
+    "compiled_variants",
     "default_blocks",
     "launch_shape",
     "launch_short_conv",
