@@ -126,11 +126,14 @@ def step_shape(plan: Any) -> StepShape:
 
 @attrs.frozen
 class ProfilePoint:
-    """One measured step shape: median wall and GPU time over the profile's repeats."""
+    """One measured step shape: median wall, GPU and host time over the profile's repeats
+    (host: building and planning the step, and the runner's work until its GPU work is
+    launched)."""
 
     shape: StepShape
     wall_us: float
     gpu_us: float | None = None
+    host_us: float | None = None
 
 
 def _graph_features(shape: StepShape) -> list[float]:
@@ -286,7 +289,13 @@ class EngineProfile:
             "runner": dict(self.runner),
             "token_grid": list(self.token_grid),
             "points": [
-                {**p.shape.to_json(), "wall_us": p.wall_us, "gpu_us": p.gpu_us} for p in self.points
+                {
+                    **p.shape.to_json(),
+                    "wall_us": p.wall_us,
+                    "gpu_us": p.gpu_us,
+                    "host_us": p.host_us,
+                }
+                for p in self.points
             ],
         }
 
@@ -361,7 +370,7 @@ def _point(entry: Mapping[str, Any]) -> ProfilePoint:
     wall = float(entry["wall_us"])
     if not wall > 0:
         raise ValueError(f"wall_us must be positive, got {wall}")
-    gpu = entry.get("gpu_us")
+    gpu, host = entry.get("gpu_us"), entry.get("host_us")
     shape = StepShape(
         graph=key,
         rows=rows,  # type: ignore[arg-type]
@@ -370,4 +379,6 @@ def _point(entry: Mapping[str, Any]) -> ProfilePoint:
         context_tokens=int(entry["context_tokens"]),
         prefill_pairs=float(entry["prefill_pairs"]),
     )
-    return ProfilePoint(shape, wall, None if gpu is None else float(gpu))
+    return ProfilePoint(
+        shape, wall, None if gpu is None else float(gpu), None if host is None else float(host)
+    )

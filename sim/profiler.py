@@ -127,22 +127,27 @@ def profile_batches(config: PlannerConfig, limits: GridLimits, seed: int = 0) ->
     return [batch for batch in batches if batch is not None]
 
 
-def sample_index(batch: StepBatch) -> np.ndarray:
-    """``[S], int64`` the tokens whose next token an engine samples: every token of a spec
-    row, a decode row's token, a prefill chunk's last (as if it completed the prompt)."""
-    row = np.repeat(np.arange(batch.num_rows), batch.query_lens)
-    last = np.arange(batch.num_tokens) == batch.query_start[1:][row] - 1
-    return np.flatnonzero((batch.kinds == 0)[row] | last).astype(np.int64)
+#: ``run(plan, token_ids [T] int64, sample_index [S] int64)`` -> ``(wall_s, gpu_s or None,
+#: host_s)``: the live engine's timed step.
+TimedRun = Callable[[ExecutionPlan, np.ndarray, np.ndarray], tuple[float, float | None, float]]
 
 
-#: ``run(plan, token_ids [T] int64, sample_index [S] int64) -> (wall_s, gpu_s or None)``.
-TimedRun = Callable[[ExecutionPlan, np.ndarray, np.ndarray], tuple[float, float | None]]
+def _rebuilt(batch: StepBatch) -> StepBatch:
+    """A fresh batch of the same arrays: an engine builds (and validates) one every step."""
+    return StepBatch(
+        query_lens=batch.query_lens.copy(),
+        num_computed_tokens=batch.num_computed_tokens.copy(),
+        slots=batch.slots.copy(),
+        num_draft_tokens=batch.num_draft_tokens.copy(),
+        num_accepted_tokens=batch.num_accepted_tokens.copy(),
+    )
 
 
 def measure(
     batches: Iterable[StepBatch],
     planner: Planner,
     run: TimedRun,
+    samples: Callable[[StepBatch], np.ndarray],
     *,
     vocab_size: int,
     repeats: int = 5,
@@ -150,23 +155,27 @@ def measure(
     seed: int = 0,
     progress: Callable[[int], None] | None = None,
 ) -> list[ProfilePoint]:
-    """Median wall (planner compile plus ``run``) and GPU time of each batch."""
+    """Median wall time of each batch's step as a live run measures it -- the batch built
+    and compiled, then ``run`` -- with its GPU and host parts; ``samples(batch)`` gives the
+    tokens the engine samples."""
     rng = np.random.default_rng(seed)
     points = []
     for count, batch in enumerate(batches, start=1):
         ids = rng.integers(0, vocab_size, batch.num_tokens, dtype=np.int64)
-        samples = sample_index(batch)
-        walls, gpus = [], []
+        sampled = samples(batch)
+        walls, gpus, hosts = [], [], []
         for attempt in range(warmup + repeats):
             start = time.perf_counter()
-            plan = planner.compile(batch)
-            compile_s = time.perf_counter() - start
-            wall_s, gpu_s = run(plan, ids, samples)
+            plan = planner.compile(_rebuilt(batch))
+            planning_s = time.perf_counter() - start
+            wall_s, gpu_s, host_s = run(plan, ids, sampled)
             if attempt >= warmup:
-                walls.append(compile_s + wall_s)
+                walls.append(planning_s + wall_s)
                 gpus.append(gpu_s)
+                hosts.append(planning_s + host_s)
         gpu = None if gpus[0] is None else float(np.median(gpus)) * 1e6
-        points.append(ProfilePoint(step_shape(plan), float(np.median(walls)) * 1e6, gpu))
+        point = ProfilePoint(step_shape(plan), float(np.median(walls)) * 1e6, gpu)
+        points.append(attrs.evolve(point, host_us=float(np.median(hosts)) * 1e6))
         if progress is not None:
             progress(count)
     return points
