@@ -56,6 +56,7 @@ FLOAT_COLUMNS = frozenset(
         "conv_s",
         "host_s",
         "launch_s",
+        "engine_s",
         "arrival_s",
         "first_token_s",
         "finish_s",

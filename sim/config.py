@@ -171,6 +171,10 @@ class CostConfig:
             bit-reproducible) or ``seed`` (the seed builder's SPEC §4 figures).
         host_base_us, host_per_row_us, host_mixed_us: the ``model`` terms, calibrated
             from ``bench/planner_bench.py`` (see ``cost.py``).
+        profile: an engine profile JSON (``stepplan profile``): each step it covers lasts
+            what the profile's fit predicts for the measured engine, in place of the
+            four modelled terms; the rest keep the roofline (``summary["cost"]`` counts
+            both).
         kernel_profile: path of a kernel profile JSON, or ``public`` for SPEC §4's
             public kernel; ``None`` uses stepplan's kernels as measured on an H200
             (``stepplan/sim/data/kernel_profile.json``).
@@ -181,6 +185,7 @@ class CostConfig:
     host_per_row_us: float = attrs.field(default=0.02, converter=REAL, validator=_non_negative)
     host_mixed_us: float = attrs.field(default=3.5, converter=REAL, validator=_non_negative)
     kernel_profile: str | None = attrs.field(default=None, validator=_text)
+    profile: str | None = attrs.field(default=None, validator=_text)
 
 
 @attrs.frozen
@@ -246,7 +251,8 @@ class LiveConfig:
 
     Attributes:
         enabled: run live (``--live``).
-        backend: the executor's ``reference`` (PyTorch) or ``triton`` kernels.
+        backend: the executor's ``reference`` (PyTorch) or ``triton`` kernels; ``None``
+            picks triton on CUDA, the reference elsewhere.
         device: ``cpu`` or ``cuda``.
         time: ``model`` (the cost model's step time, as without live mode) or
             ``measured`` (each step lasts what the engine took: not reproducible).
@@ -260,7 +266,7 @@ class LiveConfig:
     """
 
     enabled: bool = attrs.field(default=False, converter=attrs.Converter(_flag, takes_field=True))
-    backend: str = attrs.field(default="reference", validator=_one_of(LIVE_BACKENDS))
+    backend: str | None = attrs.field(default=None, validator=_optional_one_of(LIVE_BACKENDS))
     device: str = attrs.field(default="cpu", validator=_one_of(LIVE_DEVICES))
     time: str = attrs.field(default="model", validator=_one_of(LIVE_TIMES))
     dtype: str | None = attrs.field(default=None, validator=_optional_one_of(LIVE_DTYPES))
@@ -270,6 +276,13 @@ class LiveConfig:
     )
     seed: int = attrs.field(default=0, converter=INT)
     ngram_max: int = attrs.field(default=3, converter=INT, validator=_positive)
+
+    @property
+    def engine_backend(self) -> str:
+        """The executor backend live mode uses (``backend``, or the device's default)."""
+        if self.backend is not None:
+            return self.backend
+        return "triton" if self.device == "cuda" else "reference"
 
 
 SECTIONS: dict[str, type] = {

@@ -1,7 +1,14 @@
-"""Step time: model roofline + short-conv kernel time + host time + launch overhead.
+"""Step time as named terms (:class:`StepCost`): a roofline of the model, the short-conv
+kernels, host time and launch overhead -- or one measured engine's time.
 
-``duration = model_s + conv_s + host_s + launch_s`` (the host plans the step before
-the GPU runs it; vLLM v1 without async scheduling serializes the two).
+``duration = model_s + conv_s + host_s + launch_s + engine_s`` (the host plans the step
+before the GPU runs it; vLLM v1 without async scheduling serializes the two). Each term
+is a field of :class:`StepCost` and a ``<term>_s`` column of ``steps.csv``; a new term is
+a new field here.
+
+**engine_s** -- with ``cost.profile`` (an engine profile, :mod:`.engine_profile`), a step
+the profile covers takes what its fit predicts for the profiled engine, and only that;
+other steps keep the four modelled terms.
 
 **model_s** -- a roofline of everything but the short convolution:
 ``max(bytes / memory_bw, flops / peak_flops)`` with
@@ -55,6 +62,7 @@ import attrs
 from stepplan.planner import ExecutionPlan
 
 from .config import CostConfig, GpuConfig, ModelConfig, read_text
+from .engine_profile import EngineProfile, read_engine_profile, step_shape
 
 KINDS = ("spec", "decode", "prefill", "mixed")
 SEED_UNIFORM_US = 250.0
@@ -220,6 +228,30 @@ class StepLoad:
 
 
 @attrs.frozen
+class StepCost:
+    """One step's time, by term (seconds; see the module docstring)."""
+
+    model: float = 0.0
+    conv: float = 0.0
+    host: float = 0.0
+    launch: float = 0.0
+    engine: float = 0.0
+
+    @property
+    def total(self) -> float:
+        """The step's duration: every term added, in field order."""
+        return sum(attrs.astuple(self))
+
+    def terms(self) -> tuple[float, ...]:
+        """The terms in field order (:data:`COST_TERMS`)."""
+        return attrs.astuple(self)
+
+
+#: The cost terms, in :class:`StepCost` field order; ``steps.csv`` has a ``<term>_s`` each.
+COST_TERMS: tuple[str, ...] = tuple(field.name for field in attrs.fields(StepCost))
+
+
+@attrs.frozen
 class CostModel:
     """Turns a compiled plan into the four time terms of the step."""
 
@@ -228,6 +260,7 @@ class CostModel:
     cost: CostConfig
     profile: KernelProfile
     num_groups: int = 1
+    engine: EngineProfile | None = None
 
     @classmethod
     def create(
@@ -239,7 +272,8 @@ class CostModel:
             model.conv_channels, model.conv_kernel_size, model.conv_dilation, model.dtype_bytes
         )
         profile = load_profile(cost.kernel_profile).rescaled(geometry)
-        return cls(model, gpu, cost, profile, num_groups)
+        engine = None if cost.profile is None else read_engine_profile(cost.profile)
+        return cls(model, gpu, cost, profile, num_groups, engine)
 
     def model_s(self, plan: ExecutionPlan, load: StepLoad) -> float:
         """Roofline time of the model's non-conv work for the step."""
@@ -275,8 +309,14 @@ class CostModel:
         launches = self.model.layers * self.gpu.eager_launches_per_layer
         return max(0.0, launches * self.gpu.kernel_launch_us * 1e-6 - busy_s)
 
-    def step(self, plan: ExecutionPlan, load: StepLoad, plan_us: float) -> tuple[float, ...]:
-        """``(model_s, conv_s, host_s, launch_s)`` of one step."""
+    def step(self, plan: ExecutionPlan, load: StepLoad, plan_us: float) -> StepCost:
+        """The step's :class:`StepCost`: the engine profile's prediction where it covers
+        the step, else the four modelled terms."""
+        if self.engine is not None:
+            predicted_us = self.engine.fit.predict_us(step_shape(plan))
+            if predicted_us is not None:
+                return StepCost(engine=predicted_us * 1e-6)
         model_s = self.model_s(plan, load)
         conv_s = self.conv_s(plan)
-        return model_s, conv_s, self.host_s(plan, plan_us), self.launch_s(plan, model_s + conv_s)
+        host_s, launch_s = self.host_s(plan, plan_us), self.launch_s(plan, model_s + conv_s)
+        return StepCost(model=model_s, conv=conv_s, host=host_s, launch=launch_s)

@@ -18,7 +18,8 @@ minimises *relative* error (the figure of merit is the per-step MAPE):
   ``prefill_pairs`` and live rows;
 - eager steps: a piecewise-linear function of the live tokens over the profile's token grid
   (hat functions at its nodes), plus slopes in ``context_tokens``, ``prefill_pairs``, rows
-  per kind and tiles.
+  per kind, tiles, and decode-like rows times tokens (attention's launch grid covers every
+  row for the step's longest query).
 
 A graph step is covered when its bucket was measured; an eager step when its tokens lie in
 the token grid and its other features stay within twice the largest measured. Everything
@@ -155,11 +156,14 @@ def _hats(nodes: np.ndarray, tokens: float) -> np.ndarray:
 
 
 def _eager_features(shape: StepShape) -> list[float]:
+    # Decode-like rows times tokens: attention's grid spans every row for the longest query.
+    decoding = shape.rows[0] + shape.rows[1]
     return [
         float(shape.context_tokens),
         shape.prefill_pairs,
         *(float(r) for r in shape.rows),
         float(shape.tiles),
+        float(decoding * shape.num_tokens),
     ]
 
 
@@ -227,7 +231,7 @@ def fit_points(points: Sequence[ProfilePoint], token_grid: Sequence[int]) -> Eng
         graph_slopes = solution[len(keys) :]
         graph_limits = design[:, len(keys) :].max(axis=0)
     nodes = np.asarray(sorted(set(token_grid)), dtype=np.float64) if eager else np.zeros(0)
-    node_us, eager_slopes, eager_limits = np.zeros(nodes.size), np.zeros(6), np.zeros(6)
+    node_us, eager_slopes, eager_limits = np.zeros(nodes.size), np.zeros(7), np.zeros(7)
     if eager:
         design = np.array(
             [[*_hats(nodes, p.shape.num_tokens), *_eager_features(p.shape)] for p in eager]
@@ -303,7 +307,12 @@ class EngineProfile:
         """Refuse, naming the first difference, a simulation of another model or planner
         (every preset dimension; the planner's :data:`PLANNER_KEYS`)."""
         checks = (
-            ("preset", self.preset, preset, sorted(set(self.preset) | set(preset))),
+            (
+                "preset",
+                self.preset,
+                preset,
+                sorted(set(self.preset) | set(preset), key=_name_first),
+            ),
             ("planner", self.planner, planner, PLANNER_KEYS),
         )
         for what, mine, theirs, keys in checks:
@@ -313,6 +322,11 @@ class EngineProfile:
                         f"{self.source}: measured with {what} {key} = {mine.get(key)!r}, "
                         f"the simulation has {theirs.get(key)!r}"
                     )
+
+
+def _name_first(key: str) -> tuple[bool, str]:
+    """Sort key: ``name`` first (the clearest difference to report), then alphabetically."""
+    return key != "name", key
 
 
 def _plain(value: object) -> object:

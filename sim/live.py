@@ -110,6 +110,22 @@ def kv_positions(config: SimConfig, lengths: np.ndarray | None) -> int:
     return min(limit, -(-longest // _LEN_QUANTUM) * _LEN_QUANTUM)
 
 
+def engine_setup(
+    config: SimConfig, planner: PlannerConfig
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(preset, planner)`` as an engine profile records them and a simulation is checked
+    against (``EngineProfile.check_setup``)."""
+    preset = {"name": config.model.name, **_plain(model_preset(config))}
+    return preset, {
+        "num_spec_tokens": planner.num_spec_tokens,
+        "graph_mode": planner.graph_mode,
+        "graph_sizes": list(planner.sizes),
+        "max_num_seqs": planner.max_num_seqs,
+        "prefill_tile_tokens": planner.prefill_tile_tokens,
+        "num_groups": config.scheduler.num_groups,
+    }
+
+
 def check_live(config: SimConfig) -> None:
     """Refuse live settings that cannot run, before anything does (``ConfigError``)."""
     if not config.live.enabled:
@@ -120,7 +136,8 @@ def check_live(config: SimConfig) -> None:
     live = config.live
     if live.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("live.device: cuda asked for, but torch sees no CUDA device")
-    if live.backend == "triton" and live.device == "cpu" and not os.environ.get("TRITON_INTERPRET"):
+    cpu_triton = live.engine_backend == "triton" and live.device == "cpu"
+    if cpu_triton and not os.environ.get("TRITON_INTERPRET"):
         raise ConfigError(
             "live.backend: triton on the CPU needs TRITON_INTERPRET=1 in the environment "
             "(interpreted, slow); use the reference backend or --live-device cuda"
@@ -142,7 +159,7 @@ def make_runner(config: SimConfig, planner: PlannerConfig, max_len: int) -> Hybr
             max_len=max_len,
             num_groups=config.scheduler.num_groups,
             device=live.device,
-            backend=live.backend,
+            backend=live.engine_backend,
             attention=live.attention,
         )
     except ValueError as exc:
@@ -286,7 +303,7 @@ class LiveStepper:
         """The run's live facts for ``summary.json`` (``live_run``)."""
         runner = self.runner
         return {
-            "backend": self.settings.backend,
+            "backend": self.settings.engine_backend,
             "device": str(runner.device),
             "device_name": _device_name(runner),
             "model": self._model_name,

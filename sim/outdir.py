@@ -45,7 +45,7 @@ STAGING_PREFIX = ".stepplan-partial-"
 #: Version of the manifest's layout.
 MANIFEST_FORMAT = 1
 #: Kinds of folder: one run's results, or ``compare``'s folder of two runs.
-KINDS = ("simulate", "compare")
+KINDS = ("simulate", "compare", "fidelity")
 _DIGEST_CHARS = 8
 _MAX_COUNTER = 999
 _CLAIM_TRIES = 5  # a folder removed between open and lock is claimed again
@@ -184,8 +184,8 @@ class ResultsFolder:
         listed = set(manifest["entries"])
         for name in sorted(set(names) & set(entries)):
             entry = self.path / name
-            # A compare folder holds its runs' folders and its table's files.
-            kind_ok = entry.is_file() or (self.kind == "compare" and entry.is_dir())
+            # compare and fidelity folders hold their runs' folders besides their files.
+            kind_ok = entry.is_file() or (self.kind != "simulate" and entry.is_dir())
             ours = name in listed and kind_ok
             if not ours or entry.is_symlink():
                 raise FolderTaken(

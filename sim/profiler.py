@@ -24,7 +24,8 @@ from .engine_profile import ProfilePoint, step_shape
 
 #: Context levels (tokens per row, mean) of each measured graph bucket.
 CONTEXT_LEVELS = (128, 1024, 4096)
-_GRID_NODES = (2, 4, 8, 16, 32, 64, 128, 256, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144)
+_GRID_NODES = (2, 4, 8, 16, 32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 2560, 3072)
+_GRID_NODES += (4096, 5120, 6144, 7168)
 
 
 @attrs.frozen

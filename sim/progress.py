@@ -122,7 +122,7 @@ def live_warning(table: RequestTable, config: SimConfig) -> str | None:
     if not live.enabled:
         return None
     if live.device == "cpu":
-        speed = LIVE_STEPS_PER_S.get((live.backend, "cpu"), min(LIVE_STEPS_PER_S.values()))
+        speed = LIVE_STEPS_PER_S.get((live.engine_backend, "cpu"), min(LIVE_STEPS_PER_S.values()))
     else:
         speed = _LIVE_GPU_STEPS_PER_S
     steps = estimate_steps(table, config)
@@ -130,8 +130,8 @@ def live_warning(table: RequestTable, config: SimConfig) -> str | None:
     if seconds < LIVE_WARN_S:
         return None
     return (
-        f"stepplan: live mode runs the toy model every step: about {steps:,} steps, "
-        f"roughly {_duration(seconds)} at ~{speed:g} steps/s on {live.backend}/{live.device} "
+        f"stepplan: live mode runs the model every step: about {steps:,} steps, roughly "
+        f"{_duration(seconds)} at ~{speed:g} steps/s on {live.engine_backend}/{live.device} "
         "(an estimate); --limit N for a shorter run, Ctrl-C keeps the steps run so far"
     )
 

@@ -78,9 +78,14 @@ from typing import Any
 import attrs
 import numpy as np
 
+from .cost import COST_TERMS
 from .outdir import ResultsFolder
 
+#: Names of the cost terms in the summary's ``time_s`` where they differ from the term's.
+_TIME_NAMES = {"conv": "short_conv"}
 GRAPH_KINDS = ("", "spec", "decode", "mixed")  # code 0 is eager
+#: Names of the cost terms in the summary's ``time_s`` where they differ from the term's.
+_TIME_NAMES = {"conv": "short_conv"}
 
 #: The loop's per-step record, in order.
 STEP_RECORD = (
@@ -98,10 +103,7 @@ STEP_RECORD = (
     "padded_tokens",
     "padded_rows",
     "plan_us",
-    "model_s",
-    "conv_s",
-    "host_s",
-    "launch_s",
+    *(f"{term}_s" for term in COST_TERMS),
 )
 #: In-memory step columns in order: ``steps.csv``'s, then the measured ``plan_us``
 #: (``measured_steps.csv``), where a reader that joins the two files puts it too.
@@ -147,7 +149,7 @@ RESULT_FILES = (
 )
 #: Float columns of the step tables (the rest are int64, and ``graph_kind`` text).
 FLOAT_STEP_COLUMNS = frozenset(
-    ("start_s", "duration_s", "plan_us", "model_s", "conv_s", "host_s", "launch_s")
+    ("start_s", "duration_s", "plan_us", *(f"{term}_s" for term in COST_TERMS))
 )
 _FLOAT_COLUMNS = FLOAT_STEP_COLUMNS | frozenset(
     ("arrival_s", "first_token_s", "finish_s", "ttft_s", "tpot_s", "e2e_s")
@@ -244,10 +246,7 @@ def _acceptance(requests: dict[str, np.ndarray], spec_steps: int) -> dict[str, A
 def _times(steps: dict[str, np.ndarray], duration: float) -> dict[str, float]:
     busy = float(steps["duration_s"].sum())
     return {
-        "model": float(steps["model_s"].sum()),
-        "short_conv": float(steps["conv_s"].sum()),
-        "host": float(steps["host_s"].sum()),
-        "launch": float(steps["launch_s"].sum()),
+        **{_TIME_NAMES.get(t, t): float(steps[f"{t}_s"].sum()) for t in COST_TERMS},
         "busy": busy,
         "idle": max(0.0, duration - busy),
     }

@@ -16,16 +16,18 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
+import attrs
 import numpy as np
 
 from stepplan.planner import ExecutionPlan, PlanError, Planner, PlannerConfig
 
 from .acceptance import AcceptanceModel, make_acceptance
 from .config import ConfigError, SimConfig
-from .cost import CostModel, StepLoad
-from .live import LiveStepper
+from .cost import CostModel, StepCost, StepLoad
+from .live import LiveOutcome, LiveStepper, engine_setup
 from .progress import Progress
 from .records import RequestLog, request_columns, step_columns
 from .results import GRAPH_KINDS, MEASURED, SimResult, summarize
@@ -85,12 +87,12 @@ def prepare_requests(table: RequestTable, config: SimConfig) -> RequestTable:
 
 
 def _record(
-    plan: ExecutionPlan, start_s: float, plan_us: float, costs: tuple[float, ...]
+    plan: ExecutionPlan, start_s: float, plan_us: float, costs: StepCost
 ) -> tuple[float, ...]:
     graph = plan.graph
     return (
         start_s,
-        sum(costs),
+        costs.total,
         plan.num_spec_rows,
         plan.num_decode_rows,
         plan.num_prefill_rows,
@@ -103,7 +105,7 @@ def _record(
         plan.padded_tokens - plan.num_tokens,
         plan.padded_rows - plan.num_rows,
         plan_us,
-        *costs,
+        *costs.terms(),
     )
 
 
@@ -126,9 +128,9 @@ def _run_live(
     plan: ExecutionPlan,
     live: LiveStepper,
     log: RequestLog,
-    costs: tuple[float, ...],
+    costs: StepCost,
     plan_us: float,
-) -> tuple[np.ndarray, tuple[float, ...]]:
+) -> tuple[np.ndarray, StepCost, LiveOutcome]:
     """The live model's accepted drafts per row, and the step's cost terms: measured, the
     engine's whole step (the runner's call as ``model``, the planner's as ``host``)."""
     outcome = live.run(step, plan)
@@ -137,8 +139,30 @@ def _run_live(
         drafts = step.batch.num_draft_tokens[spec].astype(np.int64)
         log.record_spec(step.request_ids[spec], drafts, outcome.accepted[spec])
     if live.measured_time:
-        costs = (outcome.wall_s, 0.0, plan_us * 1e-6, 0.0)
-    return outcome.accepted, costs
+        costs = StepCost(model=outcome.wall_s, host=plan_us * 1e-6)
+    return outcome.accepted, costs, outcome
+
+
+@attrs.frozen(eq=False)
+class StepEvent:
+    """One step as the loop ran it, for an observer (``stepplan fidelity`` keeps these).
+
+    Attributes:
+        index: the step's number. start_s: when it began on the simulated clock.
+        step: the scheduler's batch. plan: its compiled plan. plan_us: measured planning.
+        costs: its time, by term.
+        accepted: ``[R], int64`` accepted drafts per row.
+        outcome: the live engine's result, ``None`` without live mode.
+    """
+
+    index: int
+    start_s: float
+    step: ScheduledStep
+    plan: ExecutionPlan
+    plan_us: float
+    costs: StepCost
+    accepted: np.ndarray
+    outcome: LiveOutcome | None
 
 
 def simulate(
@@ -148,11 +172,17 @@ def simulate(
     progress: Progress | None = None,
     live: LiveStepper | None = None,
     stop: threading.Event | None = None,
+    acceptance: AcceptanceModel | None = None,
+    durations: Sequence[float] | None = None,
+    observer: Callable[[StepEvent], None] | None = None,
 ) -> SimResult:
     """Simulate ``table`` (already windowed; see :func:`prepare_requests`) under
     ``config``. ``progress`` hears of every step. With ``config.live.enabled`` the steps
     run on ``live`` (a new stepper when ``None``). When ``stop`` is set the run ends
-    before its next step and returns the steps so far (``summary["complete"]`` false)."""
+    before its next step and returns the steps so far (``summary["complete"]`` false).
+    ``acceptance`` replaces the config's acceptance model; ``durations`` replays step
+    times (step ``i`` lasts ``durations[i]`` seconds, its ``engine`` term);
+    ``observer`` sees every step (:class:`StepEvent`)."""
     wall_start = time.perf_counter()
     scheduler = Scheduler(table, config.scheduler)
     plan_config = planner_config(config)
@@ -162,7 +192,9 @@ def simulate(
     if config.live.enabled and live is None:
         live = LiveStepper.create(config, plan_config, table)
     cost = CostModel.create(config.model, config.gpu, config.cost, config.scheduler.num_groups)
-    acceptance = make_acceptance(config.acceptance, config.seed)
+    if cost.engine is not None:  # a profile of another model or planner would mislead
+        cost.engine.check_setup(*engine_setup(config, plan_config))
+    acceptance = acceptance or make_acceptance(config.acceptance, config.seed)
     log = RequestLog(table.num_requests)
     records: list[tuple[float, ...]] = []
     clock = 0.0
@@ -183,19 +215,52 @@ def simulate(
         plan = planner.compile(step.batch)
         plan_us = (time.perf_counter_ns() - start + step.batch_ns) * 1e-3
         costs = cost.step(plan, StepLoad(step.kv_tokens, step.attention_pairs), plan_us)
+        outcome = None
         if live is None:
             accepted = _accepted(step, scheduler, acceptance, log)
         else:
-            accepted, costs = _run_live(step, plan, live, log, costs, plan_us)
+            accepted, costs, outcome = _run_live(step, plan, live, log, costs, plan_us)
+        if durations is not None:
+            costs = _replayed(durations, len(records))
         emitted, finished = scheduler.commit(step, accepted)
-        end = clock + sum(costs)
+        end = clock + costs.total
         log.record(step.request_ids, emitted, finished, end)
         records.append(_record(plan, clock, plan_us, costs))
+        if observer is not None:
+            event = StepEvent(
+                len(records) - 1, clock, step, plan, plan_us, costs, accepted, outcome
+            )
+            observer(event)
         clock = end
     if progress is not None:
         progress.close()
     wall_s = time.perf_counter() - wall_start
     return _result(table, config, records, log, scheduler, wall_s, live, complete=not stopped)
+
+
+def _replayed(durations: Sequence[float], index: int) -> StepCost:
+    """Step ``index``'s replayed time (its ``engine`` term)."""
+    if index >= len(durations):
+        raise ValueError(
+            f"durations: the replay took more than the {len(durations)} recorded steps"
+        )
+    return StepCost(engine=float(durations[index]))
+
+
+def _cost_sources(
+    config: SimConfig, steps: dict[str, np.ndarray], live: LiveStepper | None
+) -> dict[str, Any]:
+    """Where the steps' times came from: an engine profile (the steps it covered), the
+    roofline (the rest), or the live engine's measurements."""
+    if live is not None and live.measured_time:
+        return {"source": "measured", "steps_measured": int(steps["step"].size)}
+    from_profile = int(np.count_nonzero(steps["engine_s"])) if config.cost.profile else 0
+    return {
+        "source": "profile" if config.cost.profile else "roofline",
+        "profile": config.cost.profile,
+        "steps_from_profile": from_profile,
+        "steps_from_roofline": int(steps["step"].size) - from_profile,
+    }
 
 
 def _result(
@@ -230,6 +295,7 @@ def _result(
         wall_s,
         complete=complete,
     )
+    summary["cost"] = _cost_sources(config, steps, live)
     summary["live"] = live is not None
     if live is not None:
         live_run = summary["live_run"] = live.summary()

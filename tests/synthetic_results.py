@@ -53,6 +53,7 @@ def synthetic_steps(num_steps: int, seed: int, num_spec_tokens: int = 3) -> dict
         conv_s=duration * 0.05,
         host_s=duration * 0.03,
         launch_s=duration * 0.02,
+        engine_s=np.zeros(num_steps),
     )
     return {name: columns[name] for name in STEP_COLUMNS}
 

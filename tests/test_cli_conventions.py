@@ -29,6 +29,7 @@ from stepplan.sim.cli.tables import METRIC_PATHS
 from stepplan.sim.config import (
     ACCEPTANCE_MODELS,
     HOST_COSTS,
+    LIVE_ATTENTION,
     LIVE_BACKENDS,
     LIVE_DEVICES,
     LIVE_DTYPES,
@@ -143,10 +144,8 @@ _CHOICES = {
     "planner.graph_mode": GRAPH_MODES,
     "cost.host_cost": HOST_COSTS,
     "acceptance.model": ACCEPTANCE_MODELS,
-    "live.backend": LIVE_BACKENDS,
     "live.device": LIVE_DEVICES,
     "live.time": LIVE_TIMES,
-    "live.dtype": LIVE_DTYPES,
 }
 _TEXT = st.text(st.characters(blacklist_categories=("Cs",)), max_size=12)
 _INTS = st.integers(1, 2**40)
@@ -165,7 +164,11 @@ _OPTIONAL_KINDS = {
     "acceptance.trace": _TEXT,
     "workload.limit": _INTS,
     "workload.rate": _FLOATS,
-    "live.num_groups": _INTS,
+    "cost.profile": _TEXT,
+    "live.backend": st.sampled_from(LIVE_BACKENDS),
+    "live.dtype": st.sampled_from(LIVE_DTYPES),
+    "live.attention": st.sampled_from(LIVE_ATTENTION),
+    "live.max_len": _INTS,
 }
 
 

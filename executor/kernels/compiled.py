@@ -16,6 +16,8 @@ def compiled_variants() -> int:
     total = 0
     for kernel in _KERNELS:
         caches = getattr(kernel, "device_caches", None)  # a JITFunction's, per device
-        if caches:
-            total += sum(len(entry[0]) for entry in caches.values())
+        try:  # (kernel cache, ...) per device; Triton's own layout, so read defensively
+            total += sum(len(entry[0]) for entry in (caches or {}).values())
+        except (TypeError, IndexError, KeyError):
+            continue
     return total

@@ -21,6 +21,7 @@ from typing import Any
 from ..acceptance import AcceptanceError
 from ..config import ConfigError, with_settings
 from ..cost import ProfileError
+from ..engine_profile import EngineProfileError
 from ..outdir import OutDirError
 from ..traces import TraceError
 from ..workloads import WorkloadError
@@ -28,8 +29,11 @@ from .buckets import ERRORS as BUCKET_ERRORS
 from .buckets import add_buckets
 from .compare import add_compare, run_compare
 from .config_cmd import add_config
+from .fidelity import add_fidelity
 from .helptext import Parser
 from .options import build_config, load_requests
+from .profile import ERRORS as PROFILE_ERRORS
+from .profile import add_profile
 from .provenance import stepplan_version
 from .report import ERRORS as REPORT_ERRORS
 from .report import add_report
@@ -37,8 +41,8 @@ from .signals import Interrupted, stop_on_signals
 from .simulate import add_simulate
 
 USER_ERRORS = (ConfigError, TraceError, WorkloadError, ProfileError, AcceptanceError, OSError)
-USER_ERRORS += (OutDirError,)
-USER_ERRORS += REPORT_ERRORS + BUCKET_ERRORS
+USER_ERRORS += (OutDirError, EngineProfileError)
+USER_ERRORS += REPORT_ERRORS + BUCKET_ERRORS + PROFILE_ERRORS
 
 __all__ = [
     "SUBCOMMANDS",
@@ -59,6 +63,8 @@ SUBCOMMANDS: tuple[Callable[[Any], None], ...] = (
     add_buckets,
     add_report,
     add_config,
+    add_profile,
+    add_fidelity,
 )
 
 

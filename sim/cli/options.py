@@ -28,7 +28,8 @@ from ..config import (
     with_settings,
 )
 from ..cost import load_profile
-from ..live import check_live
+from ..engine_profile import read_engine_profile
+from ..live import check_live, engine_setup
 from ..outdir import ResultsFolder, claim_new, config_digest
 from ..progress import Progress, ProgressBar, ProgressLines, live_warning
 from ..results import RESULT_FILES, SimResult, parquet_available, summary_rows, write_results
@@ -58,6 +59,7 @@ OVERRIDES = {
     "graph_sizes": "planner.graph_sizes",
     "host_cost": "cost.host_cost",
     "kernel_profile": "cost.kernel_profile",
+    "profile": "cost.profile",
     "acceptance_probs": "acceptance.probs",
     "acceptance_length": "acceptance.length",
     "acceptance_trace": "acceptance.trace",
@@ -141,6 +143,9 @@ def checked(config: SimConfig) -> SimConfig:
     check_config(config)
     planner_config(config)
     load_profile(config.cost.kernel_profile)
+    if config.cost.profile is not None:
+        engine = read_engine_profile(config.cost.profile)
+        engine.check_setup(*engine_setup(config, planner_config(config)))
     check_live(config)
     if config.acceptance.model == "replay" and config.acceptance.trace:
         load_replay(config.acceptance.trace)
@@ -285,6 +290,11 @@ def add_setting_options(parser: argparse.ArgumentParser) -> None:
         "real time; results then vary run to run) or seed (the seed builder's 250/900 us)",
     )
     add(
+        "--profile",
+        help="engine profile JSON of `stepplan profile`: steps it covers take its measured "
+        "engine's predicted time instead of the roofline",
+    )
+    add(
         "--kernel-profile",
         help="kernel profile JSON, or public for SPEC §4's public kernel "
         "(default: stepplan's kernels as measured on an H200)",
@@ -319,7 +329,11 @@ def _add_live_options(parser: argparse.ArgumentParser) -> None:
         help="live mode: a real toy model (settings: [live]) runs every step and its greedy "
         "tokens decide what the drafts accept, in place of the acceptance model",
     )
-    add("--live-backend", choices=LIVE_BACKENDS, help="executor backend (default: reference)")
+    add(
+        "--live-backend",
+        choices=LIVE_BACKENDS,
+        help="executor backend (default: triton on cuda, reference on cpu)",
+    )
     add("--live-device", choices=LIVE_DEVICES, help="where the toy model runs (default: cpu)")
     add(
         "--live-time",

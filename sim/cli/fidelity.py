@@ -1,0 +1,265 @@
+"""``stepplan fidelity``: the live engine against the simulator on one trace slice.
+
+1. **Live.** The engine (live mode, measured time) serves the slice; every step's shape,
+   measured time and coldness are kept (:class:`Recorder`), and every request's accepted
+   drafts per spec step.
+2. **Replay check.** The slice is simulated again with those accepted counts and those
+   step times: the scheduler must make exactly the live run's batches (it decides from
+   nothing else), so the comparison below compares like with like.
+3. **Per step.** Every warm step the profile covers is predicted by the cost model's
+   engine fit and scored by kind (:mod:`stepplan.sim.fidelity`).
+4. **End to end.** The slice is simulated with the replayed acceptance and the profile's
+   step times; TTFT, TPOT and throughput are compared with the live run's.
+
+``OUT`` (a results folder of its own, ``stepplan-manifest.json``) receives
+``fidelity.json``, ``fidelity.png``, ``fidelity_steps.csv`` (measured and predicted time
+per step), ``acceptance.jsonl`` (what ``--acceptance replay`` reads) and the two runs'
+results folders ``live/`` and ``sim/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import attrs
+import numpy as np
+
+from ..acceptance import Replay
+from ..config import ConfigError, SimConfig, with_settings
+from ..engine_profile import EngineProfile, read_engine_profile, step_shape
+from ..fidelity import StepErrors, StepRecord, end_to_end, step_errors
+from ..live import engine_setup
+from ..outdir import ResultsFolder
+from ..results import RESULT_FILES, SimResult, write_results
+from ..run import StepEvent, planner_config, simulate
+from .options import add_run_command, build_config, load_requests, results_folder
+
+FILES = ("fidelity.json", "fidelity.png", "fidelity_steps.csv", "acceptance.jsonl")
+RUNS = ("live", "sim")
+#: The issue's bar: per-step MAPE and end-to-end error, for kinds of at least this many steps.
+TARGET_ERROR, MIN_STEPS = 0.05, 50
+
+
+@attrs.define
+class Recorder:
+    """Keeps what the live run did, step by step (an observer of ``simulate``)."""
+
+    records: list[StepRecord] = attrs.Factory(list)
+    batches: list[tuple[int, ...]] = attrs.Factory(list)
+    accepted: dict[int, list[int]] = attrs.Factory(dict)
+
+    def __call__(self, event: StepEvent) -> None:
+        outcome = event.outcome
+        measured_us = event.costs.total * 1e6
+        cold = bool(outcome is not None and outcome.cold)
+        self.records.append(StepRecord(step_shape(event.plan), measured_us, cold))
+        self.batches.append(_composition(event))
+        spec = event.step.is_spec
+        for request, count in zip(
+            event.step.request_ids[spec].tolist(), event.accepted[spec].tolist(), strict=True
+        ):
+            self.accepted.setdefault(request, []).append(count)
+
+
+def _composition(event: StepEvent) -> tuple[int, ...]:
+    """A step's batch as the scheduler made it: requests and their query lengths."""
+    return (*event.step.request_ids.tolist(), -1, *event.step.batch.query_lens.tolist())
+
+
+def replay_of(accepted: dict[int, list[int]], num_requests: int) -> Replay:
+    """Request ``r`` replays its own accepted counts (a request without spec steps gets a
+    placeholder it never draws)."""
+    sequences = [accepted.get(r) or [0] for r in range(num_requests)]
+    offsets = np.cumsum([0] + [len(s) for s in sequences]).astype(np.int64)
+    return Replay(offsets, np.concatenate([np.asarray(s, np.int64) for s in sequences]))
+
+
+def _acceptance_jsonl(replay: Replay) -> str:
+    lines = [
+        json.dumps({"accepted": replay.values[a:b].tolist()})
+        for a, b in zip(replay.offsets[:-1], replay.offsets[1:], strict=True)
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _steps_csv(records: list[StepRecord], profile: EngineProfile) -> str:
+    from ..fidelity import step_kind
+
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(
+        ["step", "kind", "graph", "tokens", "rows", "cold", "measured_us", "predicted_us"]
+    )
+    for index, record in enumerate(records):
+        guess = profile.fit.predict_us(record.shape)
+        graph = "" if record.shape.graph is None else ":".join(map(str, record.shape.graph))
+        writer.writerow(
+            [index, step_kind(record.shape), graph, record.shape.num_tokens,
+             record.shape.num_rows, int(record.cold), repr(record.measured_us),
+             "" if guess is None else repr(guess)]
+        )  # fmt: skip
+    return out.getvalue()
+
+
+def score(
+    errors: StepErrors,
+    e2e: dict[str, dict[str, float | None]],
+    replay_identical: bool,
+    records: list[StepRecord],
+) -> dict[str, Any]:
+    """The ``fidelity.json`` document's scores (see the module docstring)."""
+    by_kind = errors.by_kind()
+    cold = [r.measured_us for r in records if r.cold]
+    scored = [k for k, v in by_kind.items() if v["n"] >= MIN_STEPS]
+    met_steps = all(by_kind[k]["mape"] <= TARGET_ERROR for k in scored)
+    met_e2e = all(v["error"] is not None and abs(v["error"]) <= TARGET_ERROR for v in e2e.values())
+    return {
+        "steps": by_kind,
+        "all_steps": {
+            "n": int(errors.ape.size),
+            "mape": float(errors.ape.mean()) if errors.ape.size else None,
+        },
+        "cold_steps": {"n": len(cold), "measured_s": sum(cold) * 1e-6},
+        "uncovered_steps": errors.uncovered,
+        "end_to_end": e2e,
+        "replay_check": {"identical_batches": replay_identical, "steps": len(records)},
+        "targets": {
+            "error": TARGET_ERROR,
+            "min_steps": MIN_STEPS,
+            "per_step_met": met_steps,
+            "end_to_end_met": met_e2e,
+        },
+    }
+
+
+def _configs(args: argparse.Namespace) -> tuple[SimConfig, SimConfig, EngineProfile]:
+    """The live run's settings, the simulation's, and the profile (checked against both)."""
+    base = build_config(args)
+    profile_path = base.cost.profile
+    if not profile_path:
+        raise ConfigError("fidelity: needs --profile FILE (what `stepplan profile` wrote)")
+    profile = read_engine_profile(profile_path)
+    live = with_settings(base, {"live.enabled": True, "live.time": "measured"})
+    simulated = with_settings(base, {"live.enabled": False, "cost.profile": str(profile_path)})
+    profile.check_setup(*engine_setup(live, planner_config(live)))
+    return live, simulated, profile
+
+
+def run_fidelity(args: argparse.Namespace) -> int:
+    """``stepplan fidelity``: live run, replay check, per-step and end-to-end scores."""
+    live_config, sim_config, profile = _configs(args)
+    key = {"trace": args.trace, "limit": args.limit, "config": live_config.to_dict()}
+    with contextlib.ExitStack() as stack:
+        base = stack.enter_context(
+            results_folder(args, live_config, key, kind="fidelity", names=RUNS + FILES)
+        )
+        folders = {
+            run: stack.enter_context(
+                ResultsFolder.claim(
+                    Path(base.shown) / run, overwrite=args.overwrite, names=RESULT_FILES
+                )
+            )
+            for run in RUNS
+        }
+        requests = load_requests(args, live_config)
+        recorder = Recorder()
+        live = simulate(requests, live_config, observer=recorder)
+        write_results(live, folders["live"])
+        replay = replay_of(recorder.accepted, requests.num_requests)
+        check = Recorder()
+        durations = [r.measured_us * 1e-6 for r in recorder.records]
+        simulate(requests, sim_config, acceptance=replay, durations=durations, observer=check)
+        predicted = simulate(requests, sim_config, acceptance=replay)
+        write_results(predicted, folders["sim"])
+        errors = step_errors(recorder.records, profile.fit)
+        document = _document(args, profile, live, predicted, recorder, check, errors)
+        base.put(lambda stage: _write_files(stage, document, recorder, replay, profile, errors))
+        base.record([*RUNS, *FILES])
+    if not args.quiet:
+        print(_summary_lines(document, base.shown))
+    return 0
+
+
+def _document(
+    args: argparse.Namespace,
+    profile: EngineProfile,
+    live: SimResult,
+    predicted: SimResult,
+    recorder: Recorder,
+    check: Recorder,
+    errors: StepErrors,
+) -> dict[str, Any]:
+    e2e = end_to_end(live.summary, predicted.summary)
+    identical = check.batches == recorder.batches
+    return {
+        "trace": live.summary["trace"],
+        "requests": live.summary["requests"],
+        "profile": {
+            "path": profile.source,
+            "device": profile.device,
+            "preset": dict(profile.preset),
+        },
+        "live_run": live.summary.get("live_run"),
+        **score(errors, e2e, identical, recorder.records),
+    }
+
+
+def _write_files(
+    stage: Path,
+    document: dict[str, Any],
+    recorder: Recorder,
+    replay: Replay,
+    profile: EngineProfile,
+    errors: StepErrors,
+) -> list[str]:
+    from stepplan.plots.canvas import figure_bytes
+    from stepplan.plots.fidelity import plot_fidelity
+
+    (stage / "fidelity.json").write_text(json.dumps(document, indent=2) + "\n")
+    (stage / "fidelity_steps.csv").write_text(_steps_csv(recorder.records, profile))
+    (stage / "acceptance.jsonl").write_text(_acceptance_jsonl(replay))
+    title = f"{profile.preset.get('name')} on {profile.device}: simulated against measured steps"
+    figure = plot_fidelity(errors.measured_us, errors.predicted_us, errors.kinds, title)
+    (stage / "fidelity.png").write_bytes(figure_bytes(figure, "png"))
+    return list(FILES)
+
+
+def _summary_lines(document: dict[str, Any], shown: str) -> str:
+    lines = ["per step (warm, covered):  kind      n    MAPE"]
+    for kind, row in document["steps"].items():
+        lines.append(f"  {kind:<8} {row['n']:>6} {100 * row['mape']:7.2f}%")
+    lines.append(
+        f"cold steps {document['cold_steps']['n']}, uncovered {document['uncovered_steps']}; "
+        f"replayed batches identical: {document['replay_check']['identical_batches']}"
+    )
+    lines.append("end to end:        live        sim    error")
+    for name, row in document["end_to_end"].items():
+        live, sim, error = row["live"], row["sim"], row["error"]
+        text = "-" if error is None else f"{100 * error:+.2f}%"
+        lines.append(f"  {name:<20} {_num(live):>10} {_num(sim):>10} {text:>8}")
+    lines.append(f"\nresults: {shown}/ (fidelity.json, fidelity.png, live/, sim/)")
+    return "\n".join(lines)
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.2f}"
+
+
+def add_fidelity(subparsers: Any) -> None:
+    """``fidelity [TRACE] --profile FILE [options]``."""
+    add_run_command(
+        subparsers,
+        "fidelity",
+        run_fidelity,
+        help="run the live engine on a trace slice and measure the simulator against it",
+        description="Serve a trace slice on the live engine with measured time, then "
+        "replay its steps through the cost model (per-step error by kind) and simulate "
+        "the slice with its acceptance (end-to-end TTFT, TPOT, throughput). Needs the "
+        "engine profile of `stepplan profile`.",
+    )

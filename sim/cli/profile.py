@@ -1,0 +1,208 @@
+"""``stepplan profile``: time the live engine over a grid of step shapes, write its profile.
+
+The engine is the one live mode runs (``model.name``'s preset on the executor, on
+``--live-device`` with ``--live-backend``), under the planner settings of the command
+line; the grid is :func:`stepplan.sim.profiler.profile_batches`'s. The profile is one
+JSON file (:mod:`stepplan.sim.engine_profile`) that ``--profile FILE`` hands to the cost
+model. An existing file is replaced only with ``--overwrite``, and only when it is an
+engine profile itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from ..config import ConfigError, SimConfig
+from ..engine_profile import FORMAT, EngineProfile, EngineProfileError
+from ..live import engine_setup, make_runner, model_preset
+from ..profiler import CONTEXT_LEVELS, GridLimits, measure, profile_batches, token_grid
+from ..run import planner_config
+from .options import add_setting_options, build_config
+
+#: The grid draws contexts up to this multiple of its largest context level.
+_CONTEXT_ROOM = 1.5
+
+
+def profile_output(path: str, overwrite: bool) -> Path:
+    """``path`` once it may be written (checked before any work): a new file in a writable
+    folder, or with ``overwrite`` an earlier engine profile."""
+    target = Path(path)
+    if target.is_dir():
+        raise ConfigError(f"{path}: is a folder; the profile is one JSON file")
+    folder = target.parent
+    if not folder.is_dir():
+        raise ConfigError(f"{path}: its folder {folder} does not exist")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ConfigError(f"{path}: its folder {folder} is not writable")
+    if target.exists():
+        if not overwrite:
+            raise ConfigError(f"{path}: exists; --overwrite replaces an earlier profile")
+        try:
+            is_profile = json.loads(target.read_bytes()).get("format") == FORMAT
+        except (OSError, ValueError, AttributeError):
+            is_profile = False
+        if not is_profile:
+            raise ConfigError(f"{path}: is not an engine profile; stepplan leaves it alone")
+    return target
+
+
+def write_profile(profile: EngineProfile, target: Path) -> None:
+    """Write atomically, with the user's umask."""
+    handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+    try:
+        with os.fdopen(handle, "w") as file:
+            json.dump(profile.to_json(), file, indent=1)
+            file.write("\n")
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(temporary, 0o666 & ~mask)
+        os.replace(temporary, target)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def grid_limits(config: SimConfig) -> GridLimits:
+    """The grid's bounds: the token budget, a slot per scheduler slot, and KV positions for
+    the budget's prefill and the grid's longest contexts (``live.max_len`` when set)."""
+    budget = config.scheduler.max_num_batched_tokens
+    needed = max(budget, int(CONTEXT_LEVELS[-1] * _CONTEXT_ROOM) + 16)
+    limit = min(int(model_preset(config)["max_model_len"]), config.model.max_model_len)
+    max_len = config.live.max_len or min(limit, needed)
+    return GridLimits(budget, config.scheduler.slots + 1, max_len, config.scheduler.num_groups)
+
+
+def _versions() -> dict[str, str]:
+    import torch
+    import triton
+
+    found = {"python": platform.python_version(), "torch": torch.__version__}
+    found["triton"] = triton.__version__
+    found["cuda"] = str(torch.version.cuda)
+    try:
+        found["stepplan"] = metadata.version("stepplan")
+    except metadata.PackageNotFoundError:
+        found["stepplan"] = "unknown"
+    return found
+
+
+def run_profile(args: argparse.Namespace) -> int:
+    """``stepplan profile``: measure, fit, write; print what was measured."""
+    if args.repeats < 1:
+        raise ConfigError(f"--repeats: must be at least 1, got {args.repeats}")
+    config = build_config(args)
+    config = attrs.evolve(config, live=attrs.evolve(config.live, enabled=True))
+    target = profile_output(args.out, args.overwrite)
+    from stepplan.executor.model import sample_positions
+
+    started = time.perf_counter()
+    limits = grid_limits(config)
+    planner = planner_config(config)
+    runner = make_runner(config, planner, limits.max_len)
+    batches = profile_batches(planner, limits, seed=config.seed)
+    if not args.quiet:
+        print(f"profiling {len(batches)} step shapes on {_device(runner)} ...", file=sys.stderr)
+
+    def run(plan: Any, ids: Any, samples: Any) -> tuple[float, float | None, float]:
+        _, timing = runner.timed_run(plan, ids, samples)
+        return timing.wall_s, timing.gpu_s, timing.host_s
+
+    points = measure(
+        batches,
+        runner.planner,
+        run,
+        sample_positions,
+        vocab_size=runner.shape.vocab_size,
+        repeats=args.repeats,
+        seed=config.seed,
+    )
+    preset, planner_setup = engine_setup(config, planner)
+    profile = EngineProfile(
+        source=str(target),
+        device=_device(runner),
+        versions=_versions(),
+        preset=preset,
+        planner=planner_setup,
+        runner=_runner_setup(runner, config),
+        token_grid=token_grid(limits),
+        points=tuple(points),
+    )
+    write_profile(profile, target)
+    if not args.quiet:
+        print(_report(profile, time.perf_counter() - started))
+    return 0
+
+
+def _device(runner: Any) -> str:
+    if runner.device.type != "cuda":
+        return "cpu"
+    import torch
+
+    return torch.cuda.get_device_name(runner.device)
+
+
+def _runner_setup(runner: Any, config: SimConfig) -> dict[str, Any]:
+    return {
+        "backend": config.live.engine_backend,
+        "device": str(runner.device),
+        "attention": runner.attention,
+        "dtype": runner.shape.dtype,
+        "slots": runner.num_slots,
+        "max_len": runner.max_len,
+        "graphs": bool(runner.captured_graphs),
+        "seed": config.live.seed,
+    }
+
+
+def _report(profile: EngineProfile, seconds: float) -> str:
+    """A few lines: points, the fit's error on them, host share, time taken."""
+    fit = profile.fit
+    errors = [
+        abs(guess - p.wall_us) / p.wall_us
+        for p in profile.points
+        if (guess := fit.predict_us(p.shape)) is not None
+    ]
+    graphs = sum(p.shape.graph is not None for p in profile.points)
+    hosts = [p.host_us / p.wall_us for p in profile.points if p.host_us]
+    lines = [
+        f"profile: {profile.source} ({len(profile.points)} shapes: {graphs} graph, "
+        f"{len(profile.points) - graphs} eager; {len(fit.buckets)} buckets) in {seconds:.0f} s",
+        f"fit on its own points: MAPE {100 * sum(errors) / max(1, len(errors)):.2f}%",
+    ]
+    if hosts:
+        lines.append(f"host share of a step: median {100 * sorted(hosts)[len(hosts) // 2]:.1f}%")
+    return "\n".join(lines)
+
+
+def add_profile(subparsers: Any) -> None:
+    """``profile --out FILE [settings]``."""
+    parser = subparsers.add_parser(
+        "profile",
+        help="time the live engine over a grid of step shapes; write its profile",
+        description="Build the live engine (model.name's preset; --live-device, "
+        "--live-backend) and time its steps over a grid of shapes: every CUDA-graph bucket "
+        "at three context levels, and eager steps over a token grid. The profile JSON is "
+        "what --profile FILE hands to the cost model.",
+    )
+    parser.add_argument("--out", required=True, help="the profile JSON file to write")
+    parser.add_argument(
+        "--overwrite", action="store_true", help="replace an earlier profile at --out"
+    )
+    parser.add_argument("--repeats", type=int, default=5, help="timed runs of each shape (median)")
+    parser.add_argument("--quiet", action="store_true", help="no progress or report")
+    add_setting_options(parser)
+    parser.set_defaults(handler=run_profile)
+
+
+ERRORS = (EngineProfileError,)
