@@ -15,11 +15,11 @@ host-side metadata and upload, the GPU work and the read-back of the sampled tok
 minimises *relative* error (the figure of merit is the per-step MAPE):
 
 - graph steps: one base time per bucket, plus shared slopes in ``context_tokens``,
-  ``prefill_pairs`` and live rows;
+  ``prefill_pairs``, live rows and ``max_context``;
 - eager steps: a piecewise-linear function of the live tokens over the profile's token grid
   (hat functions at its nodes), plus slopes in ``context_tokens``, ``prefill_pairs``, rows
-  per kind, tiles, and decode-like rows times tokens (attention's launch grid covers every
-  row for the step's longest query).
+  per kind, tiles, decode-like rows times tokens (attention's launch grid covers every
+  row for the step's longest query) and ``max_context``.
 
 A graph step is covered when its bucket was measured; an eager step when its tokens lie in
 the token grid and its other features stay within twice the largest measured. Everything
@@ -36,7 +36,8 @@ Document layout (``format`` and ``version`` are checked)::
      "token_grid": [1, 2, 4, ...],
      "points": [{"graph": ["spec", 1024, 256, 0] | null, "rows": [s, d, p],
                  "tokens": [s, d, p], "tiles": n, "context_tokens": n,
-                 "prefill_pairs": x, "wall_us": median, "gpu_us": median | null}, ...]}
+                 "prefill_pairs": x, "max_context": n, "wall_us": median,
+                 "gpu_us": median | null, "host_us": median | null}, ...]}
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ import attrs
 import numpy as np
 
 FORMAT = "stepplan-engine-profile"
-VERSION = 1
+VERSION = 2
 #: Slopes extrapolate to at most this multiple of the largest measured feature.
 _EXTRAPOLATION = 2.0
 #: Planner settings a profile must share with a simulation; graph sizes and
@@ -74,6 +75,8 @@ class StepShape:
         tiles: live prefill work tiles.
         context_tokens: ``sum(num_computed)`` over spec and decode rows.
         prefill_pairs: ``sum(q * (num_computed + (q + 1) / 2))`` over prefill rows.
+        max_context: the longest context of a spec or decode row (attention's longest
+            row: a few long rows leave most of the GPU idle while they finish).
     """
 
     graph: tuple[str, int, int, int] | None
@@ -82,6 +85,7 @@ class StepShape:
     tiles: int
     context_tokens: int
     prefill_pairs: float
+    max_context: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -102,6 +106,7 @@ class StepShape:
             "tiles": self.tiles,
             "context_tokens": self.context_tokens,
             "prefill_pairs": self.prefill_pairs,
+            "max_context": self.max_context,
         }
 
 
@@ -113,6 +118,7 @@ def step_shape(plan: Any) -> StepShape:
     prefill = kinds == 2
     decoding = kinds <= 1
     pairs = float(q[prefill] @ (computed[prefill] + (q[prefill] + 1.0) * 0.5))
+    contexts = computed[decoding]
     graph = plan.graph
     key = None if graph is None else (graph.kind, graph.num_tokens, graph.num_rows, graph.num_tiles)
     return StepShape(
@@ -120,8 +126,9 @@ def step_shape(plan: Any) -> StepShape:
         rows=(plan.num_spec_rows, plan.num_decode_rows, plan.num_prefill_rows),
         tokens=(plan.num_spec_tokens, plan.num_decode_tokens, plan.num_prefill_tokens),
         tiles=plan.num_tiles,
-        context_tokens=int(computed[decoding].sum()),
+        context_tokens=int(contexts.sum()),
         prefill_pairs=pairs,
+        max_context=int(contexts.max()) if contexts.size else 0,
     )
 
 
@@ -138,7 +145,12 @@ class ProfilePoint:
 
 
 def _graph_features(shape: StepShape) -> list[float]:
-    return [float(shape.context_tokens), shape.prefill_pairs, float(shape.num_rows)]
+    return [
+        float(shape.context_tokens),
+        shape.prefill_pairs,
+        float(shape.num_rows),
+        float(shape.max_context),
+    ]
 
 
 def _hats(nodes: np.ndarray, tokens: float) -> np.ndarray:
@@ -164,6 +176,7 @@ def _eager_features(shape: StepShape) -> list[float]:
         *(float(r) for r in shape.rows),
         float(shape.tiles),
         float(decoding * shape.num_tokens),
+        float(shape.max_context),
     ]
 
 
@@ -218,11 +231,11 @@ def fit_points(points: Sequence[ProfilePoint], token_grid: Sequence[int]) -> Eng
     eager = [p for p in points if p.shape.graph is None]
     keys = sorted({p.shape.graph for p in graph})  # type: ignore[type-var]
     buckets: dict[tuple[str, int, int, int], float] = {}
-    graph_slopes = np.zeros(3)
-    graph_limits = np.zeros(3)
+    graph_slopes = np.zeros(4)
+    graph_limits = np.zeros(4)
     if graph:
         index = {key: i for i, key in enumerate(keys)}
-        design = np.zeros((len(graph), len(keys) + 3))
+        design = np.zeros((len(graph), len(keys) + 4))
         for row, point in enumerate(graph):
             design[row, index[point.shape.graph]] = 1.0  # type: ignore[index]
             design[row, len(keys) :] = _graph_features(point.shape)
@@ -231,7 +244,7 @@ def fit_points(points: Sequence[ProfilePoint], token_grid: Sequence[int]) -> Eng
         graph_slopes = solution[len(keys) :]
         graph_limits = design[:, len(keys) :].max(axis=0)
     nodes = np.asarray(sorted(set(token_grid)), dtype=np.float64) if eager else np.zeros(0)
-    node_us, eager_slopes, eager_limits = np.zeros(nodes.size), np.zeros(7), np.zeros(7)
+    node_us, eager_slopes, eager_limits = np.zeros(nodes.size), np.zeros(8), np.zeros(8)
     if eager:
         design = np.array(
             [[*_hats(nodes, p.shape.num_tokens), *_eager_features(p.shape)] for p in eager]
@@ -392,6 +405,7 @@ def _point(entry: Mapping[str, Any]) -> ProfilePoint:
         tiles=int(entry["tiles"]),
         context_tokens=int(entry["context_tokens"]),
         prefill_pairs=float(entry["prefill_pairs"]),
+        max_context=int(entry["max_context"]),
     )
     return ProfilePoint(
         shape, wall, None if gpu is None else float(gpu), None if host is None else float(host)

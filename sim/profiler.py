@@ -1,13 +1,15 @@
 """The step shapes ``stepplan profile`` measures, and the measuring loop.
 
 :func:`profile_batches` lays out the grid: every CUDA-graph bucket the planner config
-can replay for uniform steps (each at full rows with three context levels, and once
-partly filled), and eager steps over a token grid (a prefill chunk without and with
-context, and spec rows beside a prefill chunk, at each node and between nodes). The
+can replay for uniform steps (each at full rows at :data:`CONTEXT_LEVELS`, with one long
+row among short ones, and once partly filled), and eager steps over a token grid (a
+prefill chunk without and with context, spec rows beside one prefill chunk or several, at
+each node and between nodes). The
 planner decides each batch's graph, so the grid needs no copy of the bucket rule.
 :func:`measure` times each batch through a caller's ``run`` (the live engine's timed
 step), after warm-up, as the median of repeats, planner compile included: the same
-work the live engine's measured steps consist of.
+work the live engine's measured steps consist of, each after a short idle gap as a live
+step comes after the host's scheduling.
 """
 
 from __future__ import annotations
@@ -23,7 +25,12 @@ from stepplan.planner import ExecutionPlan, Planner, PlannerConfig, StepBatch
 from .engine_profile import ProfilePoint, step_shape
 
 #: Context levels (tokens per row, mean) of each measured graph bucket.
-CONTEXT_LEVELS = (128, 1024, 4096)
+CONTEXT_LEVELS = (128, 1024, 4096, 6144)
+#: A skewed bucket point: one row at this context, the others at the smallest level.
+_LONG_CONTEXT = 7000
+#: Idle time before each timed repeat: in a live run the GPU waits while the host
+#: schedules the next step, and back-to-back steps would time a hotter, slower GPU.
+IDLE_GAP_S = 0.002
 _GRID_NODES = (2, 4, 8, 16, 32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 2560, 3072)
 _GRID_NODES += (4096, 5120, 6144, 7168)
 
@@ -88,19 +95,34 @@ class _Builder:
         computed = self.context(mean_context, rows, q).tolist()
         return self.batch([q] * rows, computed, drafts)
 
-    def eager(self, tokens: int, spec_rows: int, prefill_context: int) -> StepBatch | None:
-        """``spec_rows`` spec rows beside one prefill chunk, ``tokens`` in all."""
+    def skewed(self, rows: int) -> StepBatch | None:
+        """``rows`` spec rows at the smallest context level but one at a long context."""
+        batch = self.uniform(rows, CONTEXT_LEVELS[0])
+        if batch is None:
+            return None
+        computed = batch.num_computed_tokens.copy()
+        computed[0] = min(_LONG_CONTEXT, self.limits.max_len - self.config.query_len_max)
+        drafts = batch.num_draft_tokens.tolist()
+        return self.batch(batch.query_lens.tolist(), computed.tolist(), drafts)
+
+    def eager(
+        self, tokens: int, spec_rows: int, prefill_context: int, prefills: int = 1
+    ) -> StepBatch | None:
+        """``spec_rows`` spec rows beside ``prefills`` prefill chunks, ``tokens`` in all."""
         q = self.config.query_len_max
         if q == 1:
             spec_rows = 0
         chunk = tokens - spec_rows * q
-        if chunk < 2:
+        if chunk < 2 * prefills:
             return None
+        cuts = np.sort(self.rng.choice(np.arange(1, chunk // 2), prefills - 1, replace=False))
+        chunks = np.diff(np.concatenate([[0], 2 * cuts, [chunk]])).tolist()
         spec_context = self.context(1024, spec_rows, q).tolist()
+        prefill_contexts = [prefill_context, *self.context(512, prefills - 1, 0).tolist()]
         return self.batch(
-            [q] * spec_rows + [chunk],
-            [*spec_context, prefill_context],
-            [q - 1] * spec_rows + [-1],
+            [q] * spec_rows + chunks,
+            [*spec_context, *prefill_contexts],
+            [q - 1] * spec_rows + [-1] * prefills,
         )
 
 
@@ -112,6 +134,7 @@ def profile_batches(config: PlannerConfig, limits: GridLimits, seed: int = 0) ->
         previous = 0
         for size in config.row_sizes:
             batches += [build.uniform(size, level) for level in CONTEXT_LEVELS]
+            batches.append(build.skewed(size))
             if size - previous > 1:
                 batches.append(build.uniform(previous + 1, CONTEXT_LEVELS[1]))
             previous = size
@@ -125,6 +148,11 @@ def profile_batches(config: PlannerConfig, limits: GridLimits, seed: int = 0) ->
         if high is not None and high - low > 1:
             between = int(build.rng.integers(low + 1, high))
             batches.append(build.eager(between, spec_rows, int(build.rng.integers(0, 2048))))
+        if low >= 16:  # several prefill chunks in one step
+            prefills = int(build.rng.integers(2, 5))
+            batches.append(
+                build.eager(low, spec_rows // 2, int(build.rng.integers(0, 2048)), prefills)
+            )
     return [batch for batch in batches if batch is not None]
 
 
@@ -152,8 +180,9 @@ def measure(
     *,
     vocab_size: int,
     repeats: int = 5,
-    warmup: int = 1,
+    warmup: int = 2,
     seed: int = 0,
+    idle_gap_s: float = IDLE_GAP_S,
     progress: Callable[[int], None] | None = None,
 ) -> list[ProfilePoint]:
     """Median wall time of each batch's step as a live run measures it -- the batch built
@@ -166,6 +195,7 @@ def measure(
         sampled = samples(batch)
         walls, gpus, hosts = [], [], []
         for attempt in range(warmup + repeats):
+            time.sleep(idle_gap_s)
             start = time.perf_counter()
             plan = planner.compile(_rebuilt(batch))
             planning_s = time.perf_counter() - start
