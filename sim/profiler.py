@@ -117,7 +117,9 @@ class _Builder:
             return None
         cuts = np.sort(self.rng.choice(np.arange(1, chunk // 2), prefills - 1, replace=False))
         chunks = np.diff(np.concatenate([[0], 2 * cuts, [chunk]])).tolist()
-        spec_context = self.context(1024, spec_rows, q).tolist()
+        # Spec rows beside a prefill at any context up to the long one: live steps mix them.
+        top = max(2, min(_LONG_CONTEXT, self.limits.max_len - q))
+        spec_context = self.rng.integers(1, top, spec_rows).tolist()
         prefill_contexts = [prefill_context, *self.context(512, prefills - 1, 0).tolist()]
         return self.batch(
             [q] * spec_rows + chunks,
