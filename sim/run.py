@@ -21,9 +21,11 @@ from tqdm import tqdm
 from stepplan.planner import ExecutionPlan, PlanError, Planner, PlannerConfig
 
 from .acceptance import AcceptanceModel, make_acceptance
+from .capacity import gpu_summary, memory_summary, plan_memory
 from .config import ConfigError, SimConfig
 from .cost import CostModel, StepLoad
 from .live import LiveStepper
+from .memory import BlockPool
 from .results import (
     GRAPH_KINDS,
     RequestLog,
@@ -135,7 +137,8 @@ def simulate(
     ``config``. ``progress`` shows a tqdm bar of finished requests. With
     ``config.live.enabled`` the steps run on ``live`` (a new stepper when ``None``)."""
     wall_start = time.perf_counter()
-    scheduler = Scheduler(table, config.scheduler)
+    layout = plan_memory(config, table, live=config.live.enabled)
+    scheduler = Scheduler(table, config.scheduler, BlockPool(layout, table))
     plan_config = planner_config(config)
     planner = Planner(plan_config)  # compile_plan's plans, keeping what repeats between steps
     if live is not None and not config.live.enabled:
@@ -166,13 +169,14 @@ def simulate(
         emitted, finished = scheduler.commit(step, accepted)
         end = clock + sum(costs)
         log.record(step.request_ids, emitted, finished, end)
-        records.append(_record(plan, clock, plan_us, costs))
+        records.append(_record(plan, clock, plan_us, costs) + step.memory.row())
         clock = end
         if len(records) % _PROGRESS_EVERY == 0:
             bar.update(scheduler.num_finished - bar.n)
     bar.close()
     wall_s = time.perf_counter() - wall_start
-    return _result(table, config, records, log, scheduler, wall_s, live)
+    summary = {"gpu": gpu_summary(config.gpu, cost.profile.device, cost.conv_scale)}
+    return _result(table, config, records, log, scheduler, wall_s, live, summary)
 
 
 def _result(
@@ -183,9 +187,11 @@ def _result(
     scheduler: Scheduler,
     wall_s: float,
     live: LiveStepper | None = None,
+    extra: dict[str, Any] | None = None,
 ) -> SimResult:
     steps = step_columns(records)
     requests = request_columns(table.arrival_s, table.prompt_tokens, table.output_tokens, log)
+    requests.update(scheduler.memory_columns())
     itl_s = np.concatenate([np.zeros(0), *log.itl_s])
     trace: dict[str, Any] = {
         "path": table.source,
@@ -203,6 +209,9 @@ def _result(
         int(scheduler.spec_steps.sum()),
         wall_s,
     )
+    if scheduler.pool is not None:
+        summary["memory"] = memory_summary(scheduler.pool.layout, steps, requests)
+    summary.update(extra or {})
     summary["live"] = live is not None
     if live is not None:
         summary["live_run"] = live.summary()
