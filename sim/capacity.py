@@ -100,10 +100,14 @@ class MemoryLayout:
         """Blocks of one cached prefix block: its KV and its kept state."""
         return self.prefix_block_tokens // self.block_size + self.kept_state_blocks
 
+    def kv_blocks(self, tokens: Any) -> Any:
+        """KV blocks of ``tokens`` positions: an int, or ``[n], int64`` for an array."""
+        return (tokens + self.block_size - 1) // self.block_size
+
     def blocks_for(self, tokens: np.ndarray, hashed: np.ndarray) -> np.ndarray:
         """``[n], int64`` blocks a request holds for ``tokens`` positions (``[n], int64``)
         when its prompt has ``hashed`` (``[n], int64``) cacheable blocks."""
-        blocks = -(-tokens // self.block_size)
+        blocks = self.kv_blocks(tokens)
         if self.kept_state_blocks:
             boundaries = np.minimum(tokens // self.prefix_block_tokens, hashed)
             blocks = blocks + boundaries * self.kept_state_blocks

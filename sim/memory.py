@@ -22,6 +22,10 @@ import numpy as np
 from .capacity import MemoryLayout, cacheable_blocks
 from .traces import RequestTable
 
+#: Rows up to which :meth:`BlockPool.grow_all` loops in Python: on a few rows numpy's
+#: per-call cost is larger than the work (most steps of a light trace have 1-4 rows).
+_FEW_ROWS = 12
+
 
 class BlockPool:
     """The pool's mutable state over one run; per-request arrays are ``[N]`` by id.
@@ -64,18 +68,41 @@ class BlockPool:
 
     def need(self, ids: np.ndarray, positions: np.ndarray) -> np.ndarray:
         """``[n], int64`` blocks requests ``ids`` hold at ``positions`` (``[n], int64``)."""
+        if not self.layout.kept_state_blocks:
+            return self.layout.kv_blocks(positions)
         return self.layout.blocks_for(positions, self.hashed[ids])
 
     def grow_all(self, ids: np.ndarray, positions: np.ndarray) -> bool:
         """Grow every request of ``ids`` to ``positions`` (``[n], int64`` each) from free
         blocks only, or change nothing and return ``False``."""
-        delta = self.need(ids, positions) - self.held[ids]
-        np.maximum(delta, 0, out=delta)
+        if ids.size <= _FEW_ROWS and not self.layout.kept_state_blocks:
+            return self._grow_few(ids.tolist(), positions.tolist())
+        held = self.held[ids]
+        delta = self.need(ids, positions) - held
+        if not ids.size or delta.max() <= 0:
+            return True  # most steps: no row enters a new block
+        np.maximum(delta, 0, out=delta)  # a row with fewer drafts than before keeps its blocks
         total = int(delta.sum())
         if total > self.free:
             return False
         self.free -= total
-        self.held[ids] += delta
+        self.held[ids] = held + delta
+        return True
+
+    def _grow_few(self, ids: list[int], positions: list[int]) -> bool:
+        """:meth:`grow_all` for a few rows without kept states, in plain Python."""
+        held, size = self.held, self.layout.block_size
+        total, grows = 0, []
+        for request, reach in zip(ids, positions, strict=True):
+            delta = (reach + size - 1) // size - int(held[request])  # layout.kv_blocks, inlined
+            if delta > 0:
+                total += delta
+                grows.append((request, delta))
+        if total > self.free:
+            return False
+        self.free -= total
+        for request, delta in grows:
+            held[request] += delta
         return True
 
     def admit_all(self, ids: np.ndarray, positions: np.ndarray) -> int:
@@ -172,7 +199,8 @@ class BlockPool:
         if not self.refs:
             self.free += int(self.held[ids].sum())
             self.held[ids] = 0
-            self.registered[ids] = 0
+            if self.caching:
+                self.registered[ids] = 0
             return
         for request in ids.tolist():
             refs = self.refs.pop(request, [])

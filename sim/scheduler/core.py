@@ -70,7 +70,8 @@ class Scheduler:
         self._arrived = int(np.searchsorted(self.arrival, now_s, side="right"))
         run_ids, run_q, prefilling = self._running_rows(budget)
         # as vLLM v1: a step that preempted admits nothing
-        new_ids, new_q = (_EMPTY, _EMPTY) if self._preempted else self._admit(budget - run_q.sum())
+        used = int(run_q.sum())
+        new_ids, new_q = (_EMPTY, _EMPTY) if self._preempted else self._admit(budget - used)
         if run_ids.size + new_ids.size == 0:
             return None
         ids = np.concatenate((run_ids, new_ids))
@@ -231,8 +232,9 @@ class Scheduler:
         pool = self.pool
         if pool is None:
             return StepMemory(waiting, 0, 0, 0, 0.0)
-        used = pool.used_blocks
-        return StepMemory(waiting, self._preempted, used, pool.cached_blocks, used / pool.capacity)
+        cached = pool.cached_blocks
+        used = pool.capacity - pool.free - cached  # pool.used_blocks, without a second lookup
+        return StepMemory(waiting, self._preempted, used, cached, used / pool.capacity)
 
     def _check(self, ids: np.ndarray, positions: np.ndarray) -> None:
         """``memory.check``: blocks and slots are accounted for (``ids`` and
@@ -260,7 +262,7 @@ class Scheduler:
             spec_ids = ids[spec]
             self.last_accepted[spec_ids] = 1 + accepted[spec]
             self.spec_steps[spec_ids] += 1
-        if self.pool is not None:
+        if self.pool is not None and self.pool.caching:
             self.pool.register(ids, self.computed[ids])
         finished = self.emitted[ids] >= self.output[ids]
         if finished.any():
