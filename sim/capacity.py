@@ -231,6 +231,18 @@ def memory_summary(
     }
 
 
+def memory_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
+    """The GPU and memory lines of the summary table (none for older summaries)."""
+    memory, gpu = summary.get("memory"), summary.get("gpu")
+    rows = [("gpu", gpu["name"])] if gpu else []
+    if memory:
+        usage = f"{memory['peak_usage']:.3f} / {memory['mean_usage']:.3f}"
+        rows.append(("KV usage peak / mean", usage))
+        rows.append(("preemptions", f"{memory['preemptions']:,}"))
+        rows.append(("prefix hit rate", f"{memory['prefix_cache_hit_rate']:.3f}"))
+    return rows
+
+
 def gpu_summary(gpu: GpuConfig, profile_device: str, conv_scale: float) -> dict[str, Any]:
     """The summary's ``gpu`` section: the figures the run used and where they came from."""
     resolved, preset = gpu.resolved(), find_preset(gpu.name)

@@ -13,11 +13,8 @@ does; an older folder of the same name is replaced whole):
     (0/1); ``padded_tokens, padded_rows`` (the plan's capacity minus its live part);
     ``plan_us`` (measured host time of ``StepBatch`` validation + ``Planner.compile``,
     not deterministic); ``model_s, conv_s, host_s, launch_s`` (the cost terms,
-    ``duration_s`` is their sum; see ``cost.py``); ``num_waiting`` (requests arrived
-    and not running, preempted ones included), ``num_preempted`` (preemptions while
-    scheduling the step), ``kv_used_blocks`` (KV blocks running requests hold),
-    ``kv_cached_blocks`` (evictable prefix-cache blocks), ``kv_usage`` (used /
-    capacity), all as the step runs (``docs/memory.md``).
+    ``duration_s`` is their sum; see ``cost.py``); ``num_waiting, num_preempted,
+    kv_used_blocks, kv_cached_blocks, kv_usage`` (``docs/memory.md``).
 
 ``requests.csv`` -- one row per request, in arrival order:
     ``request_id`` (row of the trace after filtering), ``arrival_s, prompt_tokens,
@@ -25,9 +22,7 @@ does; an older folder of the same name is replaced whole):
     ``tpot_s`` ((finish - first token) / (output - 1); empty for one-token outputs),
     ``e2e_s`` (finish - arrival), ``num_steps`` (steps the request was scheduled in),
     ``accepted_tokens, drafted_tokens`` (drafts over its spec steps),
-    ``num_preemptions``, ``recomputed_tokens`` (tokens it had computed, lost to
-    preemptions and computed again), ``cached_tokens`` (prompt tokens the prefix cache
-    saved it).
+    ``num_preemptions, recomputed_tokens, cached_tokens`` (``docs/memory.md``).
 
 ``summary.json``::
 
@@ -46,15 +41,8 @@ does; an older folder of the same name is replaced whole):
                     "accepted_tokens"},
      "host": {"plan_us_p50", "plan_us_p90", "plan_us_mean"} (measured),
      "time_s": {"model", "short_conv", "host", "launch", "busy", "idle"},
-     "memory": {"budget_source", "budget_gib", "weights_gib", "slots",
-                "configured_slots", "slots_gib", "block_size", "capacity_blocks",
-                "capacity_gib" (null when unbounded), "peak_usage", "mean_usage"
-                (weighted by step duration), "preemptions", "preempted_requests",
-                "recomputed_tokens", "prefix_caching", "kept_state_blocks",
-                "cached_tokens", "prefix_cache_hit_rate" (cached / prompt tokens)},
-     "gpu": {"name", "memory_gb", "memory_bw_bytes_s", "peak_flops", "figures" (where
-             they come from), "short_conv_profile_device", "short_conv_scale",
-             "short_conv_note"},
+     "memory", "gpu": the cache and the GPU figures (``capacity.memory_summary``,
+                      ``capacity.gpu_summary``),
      "run": {"wall_s", "steps_per_s"} (measured),
      "live": true when a real toy model ran every step (``live.py``; then
              "acceptance" is its real verification), else false,
@@ -85,16 +73,13 @@ from typing import Any
 import attrs
 import numpy as np
 
+from .capacity import memory_rows
+
 GRAPH_KINDS = ("", "spec", "decode", "mixed")  # code 0 is eager
 
 #: ``steps.csv``'s memory columns (``scheduler.StepMemory``'s fields, in order).
-MEMORY_STEP_COLUMNS = (
-    "num_waiting",
-    "num_preempted",
-    "kv_used_blocks",
-    "kv_cached_blocks",
-    "kv_usage",
-)
+MEMORY_STEP_COLUMNS = ("num_waiting", "num_preempted", "kv_used_blocks", "kv_cached_blocks")
+MEMORY_STEP_COLUMNS += ("kv_usage",)
 #: ``steps.csv`` columns in order; the first block is recorded per step by the loop.
 STEP_RECORD = (
     "start_s",
@@ -484,18 +469,6 @@ def _live_cell(summary: dict[str, Any]) -> str:
     return f"{run['backend']} {run['device']} {run['dtype']}, {run['time']} time"
 
 
-def _memory_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
-    memory, gpu = summary.get("memory"), summary.get("gpu")
-    rows = [("gpu", gpu["name"])] if gpu else []
-    if memory:
-        rows += [
-            ("KV usage peak / mean", f"{memory['peak_usage']:.3f} / {memory['mean_usage']:.3f}"),
-            ("preemptions", f"{memory['preemptions']:,}"),
-            ("prefix hit rate", _cell(memory["prefix_cache_hit_rate"], 3)),
-        ]
-    return rows
-
-
 def summary_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
     """The summary as ``(label, value)`` text rows, for tables in the CLI and reports."""
     latency, steps, times = summary["latency_ms"], summary["steps"], summary["time_s"]
@@ -514,7 +487,7 @@ def summary_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
         ("graph hit rate", _cell(steps["graph_hit_rate"], 3)),
         ("padded token share", _cell(steps["padded_token_share"], 4)),
         ("live", _live_cell(summary)),
-        *_memory_rows(summary),
+        *memory_rows(summary),
         ("acceptance length", _cell(summary["acceptance"]["mean_acceptance_length"], 3)),
         ("plan us p50 (measured)", _cell(summary["host"]["plan_us_p50"], 1)),
     ]
