@@ -13,6 +13,12 @@ A TOML file has one table per section, each key a field of that section's class:
     graph_mode = "mixed"
     graph_sizes = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
 
+    [memory]            # KV cache, conv-state slots, prefix cache (docs/memory.md)
+    kv_cache_gib = 40
+
+    [gpu]               # a preset of gpus.py (docs/presets.md)
+    name = "A100"
+
     [cost]
     host_cost = "seed"
 
@@ -103,7 +109,8 @@ class SchedulerConfig:
         num_spec_tokens: drafts per spec step (``Q = num_spec_tokens + 1``); 0 turns
             speculative decoding off.
         slot_capacity: conv-state slots usable by requests (slots ``1..capacity``;
-            slot 0 is NULL). ``None`` means ``max_num_seqs``.
+            slot 0 is NULL). ``None`` means ``max_num_seqs``. The cache's memory may
+            allow fewer (``capacity.py``).
         num_groups: layer groups; each gives a request the same slot index in its pool.
     """
 
