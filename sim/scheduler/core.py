@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
+
+from stepplan.planner import StepBatch
 
 from ..config import SchedulerConfig
 from ..memory import BlockPool
 from ..traces import RequestTable
-from .step import ScheduledStep, StepMemory, StepRows, build_step
+from .step import ScheduledStep, StepMemory
 
 _EMPTY = np.zeros(0, np.int64)
 
@@ -82,17 +86,45 @@ class Scheduler:
         emits_first = ~decoding & (computed + q == self.target[ids])
         if self.pool is not None and self.pool.layout.check:
             self._check(ids, computed + q)
-        rows = StepRows(
-            ids,
-            q,
-            computed,
-            self.slot[ids],
-            self.last_accepted[ids],
-            is_spec,
-            emits_first,
-            decoding,
+        return self._step(ids, q, computed, is_spec, emits_first, decoding)
+
+    def _step(
+        self,
+        ids: np.ndarray,
+        q: np.ndarray,
+        computed: np.ndarray,
+        is_spec: np.ndarray,
+        emits_first: np.ndarray,
+        decoding: np.ndarray,
+    ) -> ScheduledStep:
+        """The planner's ``StepBatch`` of the rows (``[R]`` arrays; its construction
+        timed) and the :class:`ScheduledStep` around it."""
+        slots = self.slot[ids]
+        groups = self.config.num_groups
+        # int32 arrays, as an engine hands them over (StepBatch then only copies them)
+        q32, computed32 = q.astype(np.int32), computed.astype(np.int32)
+        drafts = np.where(is_spec, q32 - 1, -1)
+        accepted = np.where(is_spec, self.last_accepted[ids], 1)
+        start = time.perf_counter_ns()
+        batch = StepBatch(
+            query_lens=q32,
+            num_computed_tokens=computed32,
+            slots=slots if groups == 1 else np.broadcast_to(slots, (groups, slots.size)),
+            num_draft_tokens=drafts,
+            num_accepted_tokens=accepted,
         )
-        return build_step(rows, self.config.num_groups, self._memory())
+        batch_ns = time.perf_counter_ns() - start
+        return ScheduledStep(
+            batch=batch,
+            request_ids=ids,
+            is_spec=is_spec,
+            emits_first=emits_first,
+            decoding=decoding,
+            kv_tokens=int(computed.sum() + q.sum()),
+            attention_pairs=float(q @ computed + 0.5 * (q @ (q + 1))),
+            batch_ns=batch_ns,
+            memory=self._memory(),
+        )
 
     def _running_rows(self, budget: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Running requests that get tokens this step, their ``q``, and which prefill."""

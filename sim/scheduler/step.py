@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import attrs
 import numpy as np
 
@@ -67,53 +65,3 @@ class ScheduledStep:
     attention_pairs: float
     batch_ns: int
     memory: StepMemory
-
-
-@attrs.frozen(eq=False)
-class StepRows:
-    """The rows of a step before the batch is built (``[R]`` arrays, engine order).
-
-    Attributes:
-        ids: ``int64`` requests; ``q``: ``int64`` tokens scheduled;
-        computed: ``int64`` computed tokens; ``slots``: ``int32`` slots;
-        accepted: ``int32`` ``num_accepted_tokens`` of spec rows.
-        is_spec, emits_first, decoding: ``bool``, as in :class:`ScheduledStep`.
-    """
-
-    ids: np.ndarray
-    q: np.ndarray
-    computed: np.ndarray
-    slots: np.ndarray
-    accepted: np.ndarray
-    is_spec: np.ndarray
-    emits_first: np.ndarray
-    decoding: np.ndarray
-
-
-def build_step(rows: StepRows, num_groups: int, memory: StepMemory) -> ScheduledStep:
-    """The planner's ``StepBatch`` of ``rows`` (timed) and its :class:`ScheduledStep`."""
-    q, computed, slots = rows.q, rows.computed, rows.slots
-    # int32 arrays, as an engine hands them over (StepBatch then only copies them)
-    q32, computed32 = q.astype(np.int32), computed.astype(np.int32)
-    drafts = np.where(rows.is_spec, q32 - 1, -1)
-    accepted = np.where(rows.is_spec, rows.accepted, 1)
-    start = time.perf_counter_ns()
-    batch = StepBatch(
-        query_lens=q32,
-        num_computed_tokens=computed32,
-        slots=slots if num_groups == 1 else np.broadcast_to(slots, (num_groups, slots.size)),
-        num_draft_tokens=drafts,
-        num_accepted_tokens=accepted,
-    )
-    batch_ns = time.perf_counter_ns() - start
-    return ScheduledStep(
-        batch=batch,
-        request_ids=rows.ids,
-        is_spec=rows.is_spec,
-        emits_first=rows.emits_first,
-        decoding=rows.decoding,
-        kv_tokens=int(computed.sum() + q.sum()),
-        attention_pairs=float(q @ computed + 0.5 * (q @ (q + 1))),
-        batch_ns=batch_ns,
-        memory=memory,
-    )
