@@ -140,21 +140,26 @@ def test_a_block_size_that_splits_the_hashed_blocks_is_refused(capsys, tmp_path)
     )
 
 
-def test_preemption_keeps_greedy_decoding_in_live_mode():
+#: 20 blocks of 4 tokens (1 byte of KV a token, no conv-state memory) for up to 4 live
+#: requests of up to 63 positions each: preemptions are certain.
+TIGHT_LIVE = {
+    "model.kv_bytes_per_token": 1,
+    "model.conv_layers": 0,
+    "memory.block_size": 4,
+    "memory.kv_cache_gib": 80 / 2**30,
+    "memory.check": True,
+}
+
+
+@pytest.mark.parametrize(
+    "backend",
+    [{}, pytest.param({"live.backend": "triton", "live.device": "cuda"}, marks=pytest.mark.gpu)],
+)
+def test_preemption_keeps_greedy_decoding_in_live_mode(backend):
     from test_sim_live import live_run
 
     _, reference, _ = live_run()
-    # 20 blocks of 4 tokens (1 byte of KV a token, no conv-state memory) for up to 4
-    # requests of up to 63 positions each
-    table, live, result = live_run(
-        **{
-            "model.kv_bytes_per_token": 1,
-            "model.conv_layers": 0,
-            "memory.block_size": 4,
-            "memory.kv_cache_gib": 80 / 2**30,
-            "memory.check": True,
-        }
-    )
+    table, live, result = live_run(**TIGHT_LIVE, **backend)
     assert result.summary["memory"]["capacity_blocks"] == 20
     assert result.requests["num_preemptions"].sum() > 0
     for request_id in range(table.num_requests):
