@@ -15,6 +15,7 @@ from .bucketing import Bucketing, plot_bucketing
 from .canvas import figure_bytes, write_atomically
 from .host import plot_host_time
 from .latency import plot_latency_cdfs
+from .memory import has_memory_columns, plot_memory
 from .opgraph import plot_op_graph
 from .results_io import Results, ResultsError
 from .timeline import plot_timeline
@@ -74,13 +75,16 @@ def report_figures(
     plan: Any = None,
 ) -> dict[str, Figure]:
     """Every figure of the report, by title: buckets, timeline, latency CDFs (this run
-    and ``others``), host time, and the op graph of ``plan`` when one is given."""
+    and ``others``), host time, KV cache and queue (runs that have the columns), and
+    the op graph of ``plan`` when one is given."""
     figures = {
         "Step sizes and CUDA-graph buckets": plot_bucketing(results, bucketings),
         "Step composition": plot_timeline(results),
         "Latency CDFs": plot_latency_cdfs([results, *others]),
         "Host time per step": plot_host_time(results),
     }
+    if has_memory_columns(results):
+        figures["KV cache and queue"] = plot_memory(results)
     if plan is not None:
         figures["Op graph of one plan"] = plot_op_graph(plan)
     return figures

@@ -45,6 +45,13 @@ INT_COLUMNS = frozenset(
         "num_steps",
         "accepted_tokens",
         "drafted_tokens",
+        "num_waiting",
+        "num_preempted",
+        "kv_used_blocks",
+        "kv_cached_blocks",
+        "num_preemptions",
+        "recomputed_tokens",
+        "cached_tokens",
     }
 )
 FLOAT_COLUMNS = frozenset(
@@ -63,6 +70,7 @@ FLOAT_COLUMNS = frozenset(
         "ttft_s",
         "tpot_s",
         "e2e_s",
+        "kv_usage",
     }
 )
 TEXT_COLUMNS = frozenset({"graph_kind"})

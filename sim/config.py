@@ -13,6 +13,12 @@ A TOML file has one table per section, each key a field of that section's class:
     graph_mode = "mixed"
     graph_sizes = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
 
+    [memory]            # KV cache, conv-state slots, prefix cache (docs/memory.md)
+    kv_cache_gib = 40
+
+    [gpu]               # a preset of gpus.py (docs/presets.md)
+    name = "A100"
+
     [cost]
     host_cost = "seed"
 
@@ -53,6 +59,7 @@ from .config_values import (
     _real,
     _text,
 )
+from .gpus import find_preset
 
 HOST_COSTS = ("model", "measured", "seed")
 ACCEPTANCE_MODELS = ("per-position", "fixed", "replay")
@@ -73,7 +80,8 @@ class SchedulerConfig:
         num_spec_tokens: drafts per spec step (``Q = num_spec_tokens + 1``); 0 turns
             speculative decoding off.
         slot_capacity: conv-state slots usable by requests (slots ``1..capacity``;
-            slot 0 is NULL). ``None`` means ``max_num_seqs``.
+            slot 0 is NULL). ``None`` means ``max_num_seqs``. The cache's memory may
+            allow fewer (``capacity.py``).
         num_groups: layer groups; each gives a request the same slot index in its pool.
     """
 
@@ -89,6 +97,41 @@ class SchedulerConfig:
     def slots(self) -> int:
         """Usable slots, never ``None``."""
         return self.max_num_seqs if self.slot_capacity is None else self.slot_capacity
+
+
+def _fraction(instance: object, attribute: attrs.Attribute, value: float) -> None:
+    if not 0.0 < value <= 1.0:
+        raise ConfigError(f"{attribute.name}: must be in (0, 1], got {value}")
+
+
+@attrs.frozen
+class MemoryConfig:
+    """The KV cache, the conv-state slots and the prefix cache (``capacity.py``,
+    ``memory.py``; ``docs/memory.md``).
+
+    Attributes:
+        block_size: tokens per attention KV block.
+        gpu_memory_utilization: share of the GPU's memory the engine may use; the
+            cache gets it less the model's weights (vLLM's setting of that name).
+        kv_cache_gib: the cache's memory (KV blocks, conv-state slots and kept prefix
+            states) in GiB, given directly in place of the share above.
+        prefix_caching: reuse cached prompt blocks where the trace carries block
+            hashes (Mooncake's ``hash_ids``); without hashes it is off anyway.
+        prefix_block_tokens: tokens per hashed block of the trace (Mooncake: 512).
+        check: verify the block and slot accounting after every step (slow; a debug
+            setting the tests turn on).
+    """
+
+    block_size: int = attrs.field(default=16, converter=int, validator=_positive)
+    gpu_memory_utilization: float = attrs.field(default=0.9, converter=float, validator=_fraction)
+    kv_cache_gib: float | None = attrs.field(
+        default=None, converter=_optional(float), validator=_positive
+    )
+    prefix_caching: bool = attrs.field(
+        default=True, converter=attrs.Converter(_flag, takes_field=True)
+    )
+    prefix_block_tokens: int = attrs.field(default=512, converter=int, validator=_positive)
+    check: bool = attrs.field(default=False, converter=attrs.Converter(_flag, takes_field=True))
 
 
 @attrs.frozen
@@ -140,10 +183,20 @@ class ModelConfig:
             raise ConfigError(f"conv_layers: {self.conv_layers} exceeds layers = {self.layers}")
 
 
+def _gpu_name(instance: object, attribute: attrs.Attribute, value: str) -> None:
+    try:
+        find_preset(value)
+    except KeyError as exc:
+        raise ConfigError(f"{attribute.name}: {exc.args[0]}") from None
+
+
 @attrs.frozen
 class GpuConfig:
-    """The accelerator. Defaults: H200, the measured copy ceiling of SPEC §4 and
-    790 TFLOP/s bf16 dense.
+    """The accelerator: ``name`` picks a preset of ``gpus.py`` (default H200, whose
+    roofline figures are stepplan's measurements: the SPEC §4 copy ceiling and 790
+    TFLOP/s bf16 dense); ``memory_gb``, ``memory_bw_bytes_s`` and ``peak_flops`` left
+    ``None`` come from the preset, and given override it (``name = "custom"`` needs
+    all three). :meth:`resolved` fills them in.
 
     Launch numbers (chosen, not measured; see ``cost.py``): replaying one CUDA graph
     of a whole forward costs ``graph_launch_us`` of host time; without a full graph a
@@ -152,12 +205,42 @@ class GpuConfig:
     ``kernel_launch_us``.
     """
 
-    name: str = attrs.field(default="H200", validator=_text)
-    memory_bw_bytes_s: float = attrs.field(default=4.26e12, converter=REAL, validator=_positive)
-    peak_flops: float = attrs.field(default=790e12, converter=REAL, validator=_positive)
+    name: str = attrs.field(default="H200", validator=_gpu_name)
+    memory_gb: float | None = attrs.field(
+        default=None, converter=_optional(_real), validator=_positive
+    )
+    memory_bw_bytes_s: float | None = attrs.field(
+        default=None, converter=_optional(_real), validator=_positive
+    )
+    peak_flops: float | None = attrs.field(
+        default=None, converter=_optional(_real), validator=_positive
+    )
     graph_launch_us: float = attrs.field(default=15.0, converter=REAL, validator=_non_negative)
     kernel_launch_us: float = attrs.field(default=5.0, converter=REAL, validator=_non_negative)
     eager_launches_per_layer: int = attrs.field(default=3, converter=INT, validator=_non_negative)
+
+    def __attrs_post_init__(self) -> None:
+        figures = ("memory_gb", "memory_bw_bytes_s", "peak_flops")
+        missing = [f for f in figures if getattr(self, f) is None]
+        if find_preset(self.name) is None and missing:
+            raise ConfigError(f"{missing[0]}: a custom GPU needs {', '.join(figures)}")
+
+    def resolved(self) -> GpuConfig:
+        """This GPU with every figure given: the explicit ones, else the preset's."""
+        preset = find_preset(self.name)
+        if preset is None:
+            return self
+        return attrs.evolve(
+            self,
+            name=preset.name,
+            memory_gb=preset.memory_gb if self.memory_gb is None else self.memory_gb,
+            memory_bw_bytes_s=(
+                preset.memory_bw_bytes_s
+                if self.memory_bw_bytes_s is None
+                else self.memory_bw_bytes_s
+            ),
+            peak_flops=preset.peak_flops if self.peak_flops is None else self.peak_flops,
+        )
 
 
 @attrs.frozen
@@ -287,6 +370,7 @@ class LiveConfig:
 
 SECTIONS: dict[str, type] = {
     "scheduler": SchedulerConfig,
+    "memory": MemoryConfig,
     "planner": PlannerSettings,
     "model": ModelConfig,
     "gpu": GpuConfig,
@@ -305,6 +389,7 @@ class SimConfig:
     name: str = attrs.field(default="", validator=_text)
     seed: int = attrs.field(default=0, converter=INT, validator=_non_negative)
     scheduler: SchedulerConfig = attrs.Factory(SchedulerConfig)
+    memory: MemoryConfig = attrs.Factory(MemoryConfig)
     planner: PlannerSettings = attrs.Factory(PlannerSettings)
     model: ModelConfig = attrs.Factory(ModelConfig)
     gpu: GpuConfig = attrs.Factory(GpuConfig)

@@ -26,6 +26,8 @@ written), extrapolated along the last segment past the largest point and held at
 the smallest time below it. A step with several kinds costs the table's ``mixed``
 entry when it has one (a kernel that fuses kinds), else the sum over kinds (one
 launch per kind, as the public kernel does).
+A profile measured on another GPU than the simulated one (its ``device`` names
+a preset of ``gpus.py``) has its times scaled by the two GPUs' bandwidth ratio.
 
 **host_s** -- the short conv's metadata preparation for the step, by
 ``cost.host_cost``:
@@ -63,6 +65,7 @@ from stepplan.planner import ExecutionPlan
 
 from .config import CostConfig, GpuConfig, ModelConfig, read_text
 from .engine_profile import EngineProfile, read_engine_profile, step_shape
+from .gpus import profile_scale
 
 KINDS = ("spec", "decode", "prefill", "mixed")
 SEED_UNIFORM_US = 250.0
@@ -135,6 +138,7 @@ class KernelProfile:
     source: str
     geometry: ConvGeometry
     curves: dict[str, Curve]
+    device: str = ""  # the GPU it was measured on (the JSON's "device")
 
     def time_us(self, rows: tuple[int, int, int], tokens: tuple[int, int, int]) -> float:
         """Conv µs of one layer for (spec, decode, prefill) rows and tokens, with this
@@ -211,7 +215,8 @@ def load_profile(path: str | Path | None = None) -> KernelProfile:
     for kind, pairs in points.items():
         pairs.sort()
         curves[kind] = Curve(tuple(p[0] for p in pairs), tuple(p[1] for p in pairs))
-    return KernelProfile(str(document.get("source", path)), geometry, curves)
+    device = str(document.get("device", ""))
+    return KernelProfile(str(document.get("source", path)), geometry, curves, device)
 
 
 @attrs.frozen
@@ -260,6 +265,7 @@ class CostModel:
     cost: CostConfig
     profile: KernelProfile
     num_groups: int = 1
+    conv_scale: float = 1.0  # profile times -> the simulated GPU's (bandwidth ratio)
     engine: EngineProfile | None = None
 
     @classmethod
@@ -267,13 +273,16 @@ class CostModel:
         cls, model: ModelConfig, gpu: GpuConfig, cost: CostConfig, num_groups: int = 1
     ) -> CostModel:
         """The cost model with the profile ``cost.kernel_profile`` names, applied to
-        ``model``'s conv geometry."""
+        ``model``'s conv geometry and, when it was measured on another GPU than
+        ``gpu`` (resolved to its figures), scaled by their memory-bandwidth ratio."""
         geometry = ConvGeometry(
             model.conv_channels, model.conv_kernel_size, model.conv_dilation, model.dtype_bytes
         )
         profile = load_profile(cost.kernel_profile).rescaled(geometry)
+        gpu = gpu.resolved()
+        scale = profile_scale(profile.device, gpu.memory_bw_bytes_s)  # type: ignore[arg-type]
         engine = None if cost.profile is None else read_engine_profile(cost.profile)
-        return cls(model, gpu, cost, profile, num_groups, engine)
+        return cls(model, gpu, cost, profile, num_groups, scale, engine)
 
     def model_s(self, plan: ExecutionPlan, load: StepLoad) -> float:
         """Roofline time of the model's non-conv work for the step."""
@@ -289,7 +298,7 @@ class CostModel:
         """Short-conv time of every conv layer."""
         rows = (plan.num_spec_rows, plan.num_decode_rows, plan.num_prefill_rows)
         tokens = (plan.num_spec_tokens, plan.num_decode_tokens, plan.num_prefill_tokens)
-        return self.profile.time_us(rows, tokens) * self.model.conv_layers * 1e-6
+        return self.profile.time_us(rows, tokens) * self.model.conv_layers * 1e-6 * self.conv_scale
 
     def host_s(self, plan: ExecutionPlan, plan_us: float) -> float:
         """Host time of the step's conv metadata under ``cost.host_cost``."""

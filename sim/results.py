@@ -10,17 +10,19 @@ A results folder (see ``outdir.py`` for what ``--out`` may touch) holds:
     ``graph_kind`` (``spec``, ``decode``, ``mixed``, or empty when the step ran
     eagerly), ``graph_tokens, graph_rows`` (the bucket; 0 when eager), ``graph_hit``
     (0/1); ``padded_tokens, padded_rows`` (the plan's capacity minus its live part);
-    ``model_s, conv_s, host_s, launch_s`` (the cost terms, ``duration_s`` is their sum;
-    see ``cost.py``).
+    ``model_s, conv_s, host_s, launch_s, engine_s`` (the cost terms of ``cost.StepCost``,
+    ``duration_s`` is their sum); ``num_waiting, num_preempted, kv_used_blocks,
+    kv_cached_blocks, kv_usage`` (``docs/memory.md``).
 
 ``requests.csv`` -- one row per request, in arrival order:
     ``request_id`` (row of the trace after filtering), ``arrival_s, prompt_tokens,
     output_tokens, first_token_s, finish_s``, ``ttft_s`` (first token - arrival),
     ``tpot_s`` ((finish - first token) / (output - 1); empty for one-token outputs),
     ``e2e_s`` (finish - arrival), ``num_steps`` (steps the request was scheduled in),
-    ``accepted_tokens, drafted_tokens`` (drafts over its spec steps). In a partial run
-    the requests not finished have empty ``finish_s`` (and ``first_token_s``, ``ttft_s``
-    until their first token).
+    ``accepted_tokens, drafted_tokens`` (drafts over its spec steps),
+    ``num_preemptions, recomputed_tokens, cached_tokens`` (``docs/memory.md``). In a
+    partial run the requests not finished have empty ``finish_s`` (and
+    ``first_token_s``, ``ttft_s`` until their first token).
 
 ``summary.json``::
 
@@ -39,6 +41,8 @@ A results folder (see ``outdir.py`` for what ``--out`` may touch) holds:
                     "draft_acceptance_rate", "spec_steps", "drafted_tokens",
                     "accepted_tokens"},
      "time_s": {"model", "short_conv", "host", "launch", "busy", "idle"},
+     "memory", "gpu": the cache and the GPU figures (``capacity.memory_summary``,
+                      ``capacity.gpu_summary``),
      "live": true when a real toy model ran every step (``live.py``; then
              "acceptance" is its real verification), else false,
      "live_run": {"backend", "device", "device_name", "dtype", "time",
@@ -78,14 +82,16 @@ from typing import Any
 import attrs
 import numpy as np
 
+from .capacity import memory_rows
 from .cost import COST_TERMS
 from .outdir import ResultsFolder
 
-#: Names of the cost terms in the summary's ``time_s`` where they differ from the term's.
-_TIME_NAMES = {"conv": "short_conv"}
 GRAPH_KINDS = ("", "spec", "decode", "mixed")  # code 0 is eager
 #: Names of the cost terms in the summary's ``time_s`` where they differ from the term's.
 _TIME_NAMES = {"conv": "short_conv"}
+#: ``steps.csv``'s memory columns (``scheduler.StepMemory``'s fields, in order).
+MEMORY_STEP_COLUMNS = ("num_waiting", "num_preempted", "kv_used_blocks", "kv_cached_blocks")
+MEMORY_STEP_COLUMNS += ("kv_usage",)
 
 #: The loop's per-step record, in order.
 STEP_RECORD = (
@@ -104,6 +110,7 @@ STEP_RECORD = (
     "padded_rows",
     "plan_us",
     *(f"{term}_s" for term in COST_TERMS),
+    *MEMORY_STEP_COLUMNS,
 )
 #: In-memory step columns in order: ``steps.csv``'s, then the measured ``plan_us``
 #: (``measured_steps.csv``), where a reader that joins the two files puts it too.
@@ -132,6 +139,9 @@ REQUEST_COLUMNS = (
     "num_steps",
     "accepted_tokens",
     "drafted_tokens",
+    "num_preemptions",
+    "recomputed_tokens",
+    "cached_tokens",
 )
 #: ``measured_steps.csv``: the measured per-step column, apart from ``steps.csv``.
 MEASURED_STEP_COLUMNS = ("step", "plan_us")
@@ -149,7 +159,7 @@ RESULT_FILES = (
 )
 #: Float columns of the step tables (the rest are int64, and ``graph_kind`` text).
 FLOAT_STEP_COLUMNS = frozenset(
-    ("start_s", "duration_s", "plan_us", *(f"{term}_s" for term in COST_TERMS))
+    ("start_s", "duration_s", "plan_us", *(f"{term}_s" for term in COST_TERMS), "kv_usage")
 )
 _FLOAT_COLUMNS = FLOAT_STEP_COLUMNS | frozenset(
     ("arrival_s", "first_token_s", "finish_s", "ttft_s", "tpot_s", "e2e_s")
@@ -461,6 +471,7 @@ def summary_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
         ("graph hit rate", _cell(steps["graph_hit_rate"], 3)),
         ("padded token share", _cell(steps["padded_token_share"], 4)),
         ("live", _live_cell(summary)),
+        *memory_rows(summary),
         ("acceptance length", _cell(summary["acceptance"]["mean_acceptance_length"], 3)),
         ("plan us p50 (measured)", _cell(_plan_us_p50(summary), 1)),
     ]

@@ -25,9 +25,11 @@ import numpy as np
 from stepplan.planner import ExecutionPlan, PlanError, Planner, PlannerConfig
 
 from .acceptance import AcceptanceModel, make_acceptance
+from .capacity import gpu_summary, memory_summary, plan_memory
 from .config import ConfigError, SimConfig
 from .cost import CostModel, StepCost, StepLoad
 from .live import LiveOutcome, LiveStepper, engine_setup
+from .memory import BlockPool
 from .progress import Progress
 from .records import RequestLog, request_columns, step_columns
 from .results import GRAPH_KINDS, MEASURED, SimResult, summarize
@@ -184,7 +186,8 @@ def simulate(
     times (step ``i`` lasts ``durations[i]`` seconds, its ``engine`` term);
     ``observer`` sees every step (:class:`StepEvent`)."""
     wall_start = time.perf_counter()
-    scheduler = Scheduler(table, config.scheduler)
+    layout = plan_memory(config, table, live=config.live.enabled)
+    scheduler = Scheduler(table, config.scheduler, BlockPool(layout, table))
     plan_config = planner_config(config)
     planner = Planner(plan_config)  # compile_plan's plans, keeping what repeats between steps
     if live is not None and not config.live.enabled:
@@ -225,17 +228,18 @@ def simulate(
         emitted, finished = scheduler.commit(step, accepted)
         end = clock + costs.total
         log.record(step.request_ids, emitted, finished, end)
-        records.append(_record(plan, clock, plan_us, costs))
+        records.append(_record(plan, clock, plan_us, costs) + step.memory.row())
         if observer is not None:
-            event = StepEvent(
-                len(records) - 1, clock, step, plan, plan_us, costs, accepted, outcome
-            )
-            observer(event)
+            index = len(records) - 1
+            observer(StepEvent(index, clock, step, plan, plan_us, costs, accepted, outcome))
         clock = end
     if progress is not None:
         progress.close()
     wall_s = time.perf_counter() - wall_start
-    return _result(table, config, records, log, scheduler, wall_s, live, complete=not stopped)
+    extra = {"gpu": gpu_summary(config.gpu, cost.profile.device, cost.conv_scale)}
+    return _result(
+        table, config, records, log, scheduler, wall_s, live, extra, complete=not stopped
+    )
 
 
 def _replayed(durations: Sequence[float], index: int) -> StepCost:
@@ -271,11 +275,13 @@ def _result(
     scheduler: Scheduler,
     wall_s: float,
     live: LiveStepper | None = None,
+    extra: dict[str, Any] | None = None,
     *,
     complete: bool = True,
 ) -> SimResult:
     steps = step_columns(records)
     requests = request_columns(table.arrival_s, table.prompt_tokens, table.output_tokens, log)
+    requests.update(scheduler.memory_columns())
     itl_s = np.concatenate([np.zeros(0), *log.itl_s])
     trace: dict[str, Any] = {
         "path": table.source,
@@ -295,6 +301,9 @@ def _result(
         wall_s,
         complete=complete,
     )
+    if scheduler.pool is not None:
+        summary["memory"] = memory_summary(scheduler.pool.layout, steps, requests)
+    summary.update(extra or {})
     summary["cost"] = _cost_sources(config, steps, live)
     summary["live"] = live is not None
     if live is not None:

@@ -54,7 +54,12 @@ def synthetic_steps(num_steps: int, seed: int, num_spec_tokens: int = 3) -> dict
         host_s=duration * 0.03,
         launch_s=duration * 0.02,
         engine_s=np.zeros(num_steps),
+        num_waiting=rng.integers(0, 30, num_steps),
+        num_preempted=(rng.random(num_steps) < 0.02).astype(np.int64),
+        kv_used_blocks=rng.integers(0, 1000, num_steps),
+        kv_cached_blocks=rng.integers(0, 100, num_steps),
     )
+    columns["kv_usage"] = columns["kv_used_blocks"] / 1000.0
     return {name: columns[name] for name in STEP_COLUMNS}
 
 
@@ -81,6 +86,9 @@ def synthetic_requests(num_requests: int, seed: int) -> dict[str, np.ndarray]:
         "num_steps": np.maximum(output // 3, 1),
         "accepted_tokens": output,
         "drafted_tokens": output * 2,
+        "num_preemptions": np.zeros(num_requests, np.int64),
+        "recomputed_tokens": np.zeros(num_requests, np.int64),
+        "cached_tokens": np.zeros(num_requests, np.int64),
     }
     return {name: columns[name] for name in REQUEST_COLUMNS}
 

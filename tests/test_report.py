@@ -19,6 +19,7 @@ FIGURE_IDS = (
     "fig-step-composition",
     "fig-latency-cdfs",
     "fig-host-time-per-step",
+    "fig-kv-cache-and-queue",
     "fig-op-graph-of-one-plan",
 )
 WORKLOAD = "synthetic:n=50,rate=20,prompt=uniform:16:600,output=uniform:2:60"

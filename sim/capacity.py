@@ -1,0 +1,273 @@
+"""How much memory the cache gets and how it is split: conv-state slots, KV blocks and
+the states kept for cached prefixes (``docs/memory.md``).
+
+The cache's budget is ``memory.kv_cache_gib`` when given, else
+``gpu.memory_gb * memory.gpu_memory_utilization`` less the model's weights. The
+conv-state slot pool is reserved first -- ``min(scheduler.slots, budget // slot
+bytes)`` slots, allocated once as the executor's slot pool is -- and the rest is cut
+into KV blocks of ``memory.block_size`` tokens. A request's blocks hold its attention
+KV, and (with prefix caching) the conv state kept at each hashed-block boundary of
+its prompt, charged as :attr:`MemoryLayout.kept_state_blocks` blocks each.
+
+Checked before the run: the weights leave a budget, it holds a slot, and the
+longest request fits in the whole block pool (else it could never finish).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import attrs
+import numpy as np
+
+from .config import ConfigError, GpuConfig, ModelConfig, SimConfig
+from .gpus import find_preset
+from .traces import RequestTable
+
+GIB = 2**30
+#: Blocks of a pool that never binds (a model without attention layers).
+UNBOUNDED_BLOCKS = 2**62
+
+
+@attrs.frozen
+class ModelFootprint:
+    """What the served model puts in GPU memory.
+
+    Attributes:
+        weights_bytes: the weights.
+        kv_bytes_per_token: attention KV of one token, all attention layers.
+        slot_bytes: one running request's conv state, all conv layers:
+            ``conv_layers * C * W * dtype_bytes``, ``W = (K - 1) * D + Q - 1``.
+        kept_state_bytes: one conv state kept at a prefix boundary (the history a
+            later token reads, ``L = (K - 1) * D`` entries, no spec scratch).
+    """
+
+    weights_bytes: float
+    kv_bytes_per_token: float
+    slot_bytes: int
+    kept_state_bytes: int
+
+
+def model_footprint(model: ModelConfig, num_spec_tokens: int) -> ModelFootprint:
+    """The model's memory figures (the one place they are computed)."""
+    reach = (model.conv_kernel_size - 1) * model.conv_dilation
+    per_entry = model.conv_layers * model.conv_channels * model.dtype_bytes
+    return ModelFootprint(
+        weights_bytes=model.params * model.dtype_bytes,
+        kv_bytes_per_token=model.kv_bytes_per_token,
+        slot_bytes=per_entry * (reach + num_spec_tokens),
+        kept_state_bytes=per_entry * reach,
+    )
+
+
+@attrs.frozen
+class MemoryLayout:
+    """The cache's split for one run.
+
+    Attributes:
+        budget_bytes: the cache's memory; ``budget_source`` says where it came from
+            (``kv_cache_gib``, or ``gpu``: the GPU's share less the weights).
+        weights_bytes: the model's weights.
+        slots: conv-state slots (``min(configured_slots, what memory allows)``).
+        configured_slots: ``scheduler.slots``.
+        slot_bytes: one slot's conv state.
+        block_size: tokens per KV block; ``block_bytes`` its memory.
+        num_blocks: KV blocks of the pool (:data:`UNBOUNDED_BLOCKS` without KV).
+        prefix_caching: whether cached prompt blocks are reused (the setting, a trace
+            with hashes, and no live model).
+        prefix_block_tokens: tokens per hashed block.
+        kept_state_blocks: blocks one kept prefix state is charged (0 without caching).
+        check: verify the accounting every step.
+    """
+
+    budget_bytes: float
+    budget_source: str
+    weights_bytes: float
+    slots: int
+    configured_slots: int
+    slot_bytes: int
+    block_size: int
+    block_bytes: float
+    num_blocks: int
+    prefix_caching: bool
+    prefix_block_tokens: int
+    kept_state_blocks: int
+    check: bool = False
+
+    @property
+    def entry_blocks(self) -> int:
+        """Blocks of one cached prefix block: its KV and its kept state."""
+        return self.prefix_block_tokens // self.block_size + self.kept_state_blocks
+
+    def kv_blocks(self, tokens: Any) -> Any:
+        """KV blocks of ``tokens`` positions: an int, or ``[n], int64`` for an array."""
+        return (tokens + self.block_size - 1) // self.block_size
+
+    def blocks_for(self, tokens: np.ndarray, hashed: np.ndarray) -> np.ndarray:
+        """``[n], int64`` blocks a request holds for ``tokens`` positions (``[n], int64``)
+        when its prompt has ``hashed`` (``[n], int64``) cacheable blocks."""
+        blocks = self.kv_blocks(tokens)
+        if self.kept_state_blocks:
+            boundaries = np.minimum(tokens // self.prefix_block_tokens, hashed)
+            blocks = blocks + boundaries * self.kept_state_blocks
+        return blocks
+
+
+def cacheable_blocks(table: RequestTable, block_tokens: int) -> np.ndarray:
+    """``[N], int64`` full hashed blocks of every prompt (a partial last block is never
+    shared); zeros when the trace has no hashes."""
+    offsets = table.prefix_offsets
+    if offsets is None or table.prefix_blocks is None:
+        return np.zeros(table.num_requests, np.int64)
+    return np.minimum(np.diff(offsets), table.prompt_tokens // block_tokens)
+
+
+def _budget(config: SimConfig, footprint: ModelFootprint) -> tuple[float, str]:
+    memory = config.memory
+    if memory.kv_cache_gib is not None:
+        return memory.kv_cache_gib * GIB, "kv_cache_gib"
+    gpu = config.gpu.resolved()
+    usable = gpu.memory_gb * 1e9 * memory.gpu_memory_utilization
+    budget = usable - footprint.weights_bytes
+    if budget <= 0:
+        raise ConfigError(
+            f"memory: the model's weights ({footprint.weights_bytes / 1e9:.1f} GB) leave no "
+            f"cache in {memory.gpu_memory_utilization:g} x {gpu.memory_gb:g} GB of the "
+            f"{gpu.name}; raise memory.gpu_memory_utilization or set memory.kv_cache_gib"
+        )
+    return budget, "gpu"
+
+
+def plan_memory(config: SimConfig, table: RequestTable, *, live: bool = False) -> MemoryLayout:
+    """The cache split for ``config`` on ``table``; a :class:`ConfigError` when the
+    cache cannot hold a slot or the longest request (see the module docstring)."""
+    memory, scheduler = config.memory, config.scheduler
+    footprint = model_footprint(config.model, scheduler.num_spec_tokens)
+    budget, source = _budget(config, footprint)
+    allowed = budget // footprint.slot_bytes if footprint.slot_bytes else scheduler.slots
+    slots = int(min(scheduler.slots, allowed))
+    if slots < 1:
+        raise ConfigError(
+            f"memory: the cache ({budget / GIB:.3g} GiB) cannot hold one conv-state slot "
+            f"({footprint.slot_bytes / GIB:.3g} GiB)"
+        )
+    block_bytes = memory.block_size * footprint.kv_bytes_per_token
+    kv_budget = budget - slots * footprint.slot_bytes
+    num_blocks = int(kv_budget // block_bytes) if block_bytes else UNBOUNDED_BLOCKS
+    has_hashes = table.prefix_offsets is not None
+    caching = memory.prefix_caching and has_hashes and not live
+    if caching and memory.prefix_block_tokens % memory.block_size:
+        raise ConfigError(
+            f"memory.block_size: {memory.block_size} does not divide the trace's "
+            f"{memory.prefix_block_tokens}-token hashed blocks, as prefix caching needs "
+            "(or set memory.prefix_caching = false)"
+        )
+    kept = math.ceil(footprint.kept_state_bytes / block_bytes) if caching and block_bytes else 0
+    layout = MemoryLayout(
+        budget_bytes=budget,
+        budget_source=source,
+        weights_bytes=footprint.weights_bytes,
+        slots=slots,
+        configured_slots=scheduler.slots,
+        slot_bytes=footprint.slot_bytes,
+        block_size=memory.block_size,
+        block_bytes=block_bytes,
+        num_blocks=num_blocks,
+        prefix_caching=caching,
+        prefix_block_tokens=memory.prefix_block_tokens,
+        kept_state_blocks=kept,
+        check=memory.check,
+    )
+    _check_longest(layout, table)
+    return layout
+
+
+def _check_longest(layout: MemoryLayout, table: RequestTable) -> None:
+    if table.num_requests == 0:
+        return
+    # every position but the last output token is computed: prompt + output - 1
+    positions = table.prompt_tokens + table.output_tokens - 1
+    hashed = cacheable_blocks(table, layout.prefix_block_tokens) * layout.prefix_caching
+    needs = layout.blocks_for(positions, hashed)
+    worst = int(np.argmax(needs))
+    if needs[worst] > layout.num_blocks:
+        raise ConfigError(
+            f"memory: request {worst} (prompt {table.prompt_tokens[worst]:,} + output "
+            f"{table.output_tokens[worst]:,} tokens) needs {needs[worst]:,} KV blocks, the "
+            f"cache holds {layout.num_blocks:,} ({layout.budget_bytes / GIB:.3g} GiB); raise "
+            "memory.kv_cache_gib or memory.gpu_memory_utilization, or pick a GPU with more memory"
+        )
+
+
+def memory_summary(
+    layout: MemoryLayout, steps: dict[str, np.ndarray], requests: dict[str, np.ndarray]
+) -> dict[str, Any]:
+    """The summary's ``memory`` section (see ``results.py``)."""
+    usage, duration = steps["kv_usage"], steps["duration_s"]
+    busy = float(duration.sum())
+    prompt = int(requests["prompt_tokens"].sum())
+    cached = int(requests["cached_tokens"].sum())
+    unbounded = layout.num_blocks == UNBOUNDED_BLOCKS
+    return {
+        "budget_source": layout.budget_source,
+        "budget_gib": layout.budget_bytes / GIB,
+        "weights_gib": layout.weights_bytes / GIB,
+        "slots": layout.slots,
+        "configured_slots": layout.configured_slots,
+        "slots_gib": layout.slots * layout.slot_bytes / GIB,
+        "block_size": layout.block_size,
+        "capacity_blocks": None if unbounded else layout.num_blocks,
+        "capacity_gib": None if unbounded else layout.num_blocks * layout.block_bytes / GIB,
+        "peak_usage": float(usage.max()) if usage.size else 0.0,
+        "mean_usage": float(usage @ duration / busy) if busy else 0.0,
+        "preemptions": int(requests["num_preemptions"].sum()),
+        "preempted_requests": int((requests["num_preemptions"] > 0).sum()),
+        "recomputed_tokens": int(requests["recomputed_tokens"].sum()),
+        "prefix_caching": layout.prefix_caching,
+        "kept_state_blocks": layout.kept_state_blocks,
+        "cached_tokens": cached,
+        "prefix_cache_hit_rate": cached / prompt if prompt else 0.0,
+    }
+
+
+def memory_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
+    """The GPU and memory lines of the summary table (none for older summaries)."""
+    memory, gpu = summary.get("memory"), summary.get("gpu")
+    rows = [("gpu", gpu["name"])] if gpu else []
+    if memory:
+        usage = f"{memory['peak_usage']:.3f} / {memory['mean_usage']:.3f}"
+        rows.append(("KV usage peak / mean", usage))
+        rows.append(("preemptions", f"{memory['preemptions']:,}"))
+        rows.append(("prefix hit rate", f"{memory['prefix_cache_hit_rate']:.3f}"))
+    return rows
+
+
+def gpu_summary(gpu: GpuConfig, profile_device: str, conv_scale: float) -> dict[str, Any]:
+    """The summary's ``gpu`` section: the figures the run used and where they came from."""
+    resolved, preset = gpu.resolved(), find_preset(gpu.name)
+    explicit = [
+        name
+        for name in ("memory_gb", "memory_bw_bytes_s", "peak_flops")
+        if getattr(gpu, name) is not None
+    ]
+    figures = preset.figures if preset is not None else "custom"
+    if explicit and preset is not None:
+        figures += f"; given: {', '.join(explicit)}"
+    if conv_scale == 1.0:
+        profile = f"short-conv profile ({profile_device or 'device unknown'}) used as measured"
+    else:
+        profile = (
+            f"short-conv profile measured on {profile_device}: times x {conv_scale:.4g} "
+            "(memory-bandwidth ratio)"
+        )
+    return {
+        "name": resolved.name,
+        "memory_gb": resolved.memory_gb,
+        "memory_bw_bytes_s": resolved.memory_bw_bytes_s,
+        "peak_flops": resolved.peak_flops,
+        "figures": figures,
+        "short_conv_profile_device": profile_device,
+        "short_conv_scale": conv_scale,
+        "short_conv_note": profile,
+    }

@@ -1,0 +1,230 @@
+"""The KV block pool and the prefix cache: which blocks every request holds, as vLLM v1's
+KV cache manager keeps them (``docs/memory.md``).
+
+Blocks are counted, not named. A request holds ``layout.blocks_for(positions)``
+blocks for the positions its steps have reached (computed tokens plus the tokens
+scheduled, spec drafts included): its attention KV and, with prefix caching, the
+conv state kept at each hashed-block boundary it has passed. Part of them may be
+*entries* of the prefix cache: a hashed prompt block whose KV and kept state are
+complete is registered under its hash (unless that hash is cached already) and is
+then shared; a later request whose prompt starts with cached hashes references
+those entries at admission, and its computed tokens start after them. An entry
+nobody references stays cached, evictable, least recently released first (a
+request releases its entries last block first, so a prefix's tail goes before its
+head). Blocks are *free*, *private* to one request, or in an entry:
+``free + sum(private) + entry_blocks * len(entries) == capacity``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .capacity import MemoryLayout, cacheable_blocks
+from .traces import RequestTable
+
+#: Rows up to which :meth:`BlockPool.grow_all` loops in Python: on a few rows numpy's
+#: per-call cost is larger than the work (most steps of a light trace have 1-4 rows).
+_FEW_ROWS = 12
+
+
+class BlockPool:
+    """The pool's mutable state over one run; per-request arrays are ``[N]`` by id.
+
+    Attributes:
+        layout: the split of memory (block counts, prefix settings).
+        free: free blocks (evictable entries not counted).
+        held: ``[N], int64`` blocks each request's block table covers (private and
+            referenced entries); 0 while it is not running.
+    """
+
+    def __init__(self, layout: MemoryLayout, table: RequestTable) -> None:
+        n = table.num_requests
+        self.layout = layout
+        self.capacity = layout.num_blocks
+        self.free = layout.num_blocks
+        self.held = np.zeros(n, np.int64)
+        self.caching = layout.prefix_caching
+        self.hashed = (
+            cacheable_blocks(table, layout.prefix_block_tokens)
+            if self.caching
+            else np.zeros(n, np.int64)
+        )
+        self._offsets, self._hashes = table.prefix_offsets, table.prefix_blocks
+        self._entry_blocks = layout.entry_blocks
+        self.entries: dict[int, int] = {}  # hash -> requests referencing it
+        self.lru: dict[int, None] = {}  # unreferenced entries, least recently used first
+        self.refs: dict[int, list[int]] = {}  # request -> entries it references, in order
+        self.registered = np.zeros(n, np.int64)  # hashed blocks of a request considered
+
+    @property
+    def cached_blocks(self) -> int:
+        """Blocks of unreferenced (evictable) entries."""
+        return len(self.lru) * self._entry_blocks
+
+    @property
+    def used_blocks(self) -> int:
+        """Blocks held by running requests (private and referenced entries)."""
+        return self.capacity - self.free - self.cached_blocks
+
+    def need(self, ids: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        """``[n], int64`` blocks requests ``ids`` hold at ``positions`` (``[n], int64``)."""
+        if not self.layout.kept_state_blocks:
+            return self.layout.kv_blocks(positions)
+        return self.layout.blocks_for(positions, self.hashed[ids])
+
+    def grow_all(self, ids: np.ndarray, positions: np.ndarray) -> bool:
+        """Grow every request of ``ids`` to ``positions`` (``[n], int64`` each) from free
+        blocks only, or change nothing and return ``False``."""
+        if ids.size <= _FEW_ROWS and not self.layout.kept_state_blocks:
+            return self._grow_few(ids.tolist(), positions.tolist())
+        held = self.held[ids]
+        delta = self.need(ids, positions) - held
+        if not ids.size or delta.max() <= 0:
+            return True  # most steps: no row enters a new block
+        np.maximum(delta, 0, out=delta)  # a row with fewer drafts than before keeps its blocks
+        total = int(delta.sum())
+        if total > self.free:
+            return False
+        self.free -= total
+        self.held[ids] = held + delta
+        return True
+
+    def _grow_few(self, ids: list[int], positions: list[int]) -> bool:
+        """:meth:`grow_all` for a few rows without kept states, in plain Python."""
+        held, size = self.held, self.layout.block_size
+        total, grows = 0, []
+        for request, reach in zip(ids, positions, strict=True):
+            delta = (reach + size - 1) // size - int(held[request])  # layout.kv_blocks, inlined
+            if delta > 0:
+                total += delta
+                grows.append((request, delta))
+        if total > self.free:
+            return False
+        self.free -= total
+        for request, delta in grows:
+            held[request] += delta
+        return True
+
+    def admit_all(self, ids: np.ndarray, positions: np.ndarray) -> int:
+        """Admit the longest leading run of new requests ``ids`` whose blocks for
+        ``positions`` (``[n], int64`` each) fit in the free blocks; returns its length.
+        Only without prefix caching (nothing to look up, nothing evictable)."""
+        need = self.need(ids, positions)
+        ends = np.cumsum(need)
+        count = int(np.searchsorted(ends, self.free, side="right"))
+        if count:
+            self.free -= int(ends[count - 1])
+            self.held[ids[:count]] = need[:count]
+        return count
+
+    def grow(self, request: int, positions: int) -> bool:
+        """Grow one request to ``positions``, evicting cached entries if need be; ``False``
+        (nothing changed) when even eviction leaves too few blocks."""
+        need = int(self.need(np.array([request]), np.array([positions]))[0])
+        delta = need - int(self.held[request])
+        if delta <= 0:
+            return True
+        if delta > self.free + self.cached_blocks:
+            return False
+        self._evict(delta - self.free)
+        self.free -= delta
+        self.held[request] = need
+        return True
+
+    def _evict(self, blocks: int) -> None:
+        while blocks > 0:
+            entry = next(iter(self.lru))
+            del self.lru[entry], self.entries[entry]
+            self.free += self._entry_blocks
+            blocks -= self._entry_blocks
+
+    def _request_hashes(self, request: int, count: int) -> list[int]:
+        start = int(self._offsets[request])  # type: ignore[index]
+        return self._hashes[start : start + count].tolist()  # type: ignore[index]
+
+    def lookup(self, request: int, limit_tokens: int) -> list[int]:
+        """The cached entries the request's prompt starts with, at most
+        ``(limit_tokens - 1) // prefix_block_tokens`` of them (a hit leaves at least
+        one token to compute, and ends where a conv state was kept)."""
+        if not self.caching:
+            return []
+        count = min(
+            int(self.hashed[request]), (limit_tokens - 1) // self.layout.prefix_block_tokens
+        )
+        hits = []
+        for entry in self._request_hashes(request, count):
+            if entry not in self.entries:
+                break
+            hits.append(entry)
+        return hits
+
+    def admit(self, request: int, hits: list[int], positions: int) -> bool:
+        """Reference the entries ``hits`` (from :meth:`lookup`) and grow to
+        ``positions``; ``False`` and nothing changed when the blocks are not there."""
+        base = len(hits) * self._entry_blocks
+        delta = int(self.need(np.array([request]), np.array([positions]))[0]) - base
+        reclaimed = sum(entry in self.lru for entry in hits)  # would no longer be evictable
+        if delta > self.free + (len(self.lru) - reclaimed) * self._entry_blocks:
+            return False
+        for entry in hits:
+            self.entries[entry] += 1
+            self.lru.pop(entry, None)
+        if hits:
+            self.refs[request] = list(hits)
+        self.registered[request] = len(hits)
+        self.held[request] = base
+        grown = self.grow(request, positions)
+        assert grown, "admission was checked"
+        return True
+
+    def register(self, ids: np.ndarray, computed: np.ndarray) -> None:
+        """Cache the hashed blocks requests ``ids`` completed (``computed``: ``[n], int64``
+        their computed tokens after a step); a hash already cached stays private."""
+        if not self.caching:
+            return
+        done = np.minimum(computed // self.layout.prefix_block_tokens, self.hashed[ids])
+        for row in np.flatnonzero(done > self.registered[ids]).tolist():
+            request, upto = int(ids[row]), int(done[row])
+            first = int(self.registered[request])
+            refs = self.refs.setdefault(request, [])
+            for entry in self._request_hashes(request, upto)[first:]:
+                if entry not in self.entries:
+                    self.entries[entry] = 1
+                    refs.append(entry)
+            self.registered[request] = upto
+
+    def release(self, ids: np.ndarray) -> None:
+        """Give back every block of requests ``ids`` (``[n], int64``): private blocks are
+        freed, entries lose a reference (unreferenced ones stay cached, evictable)."""
+        if not self.refs:
+            self.free += int(self.held[ids].sum())
+            self.held[ids] = 0
+            if self.caching:
+                self.registered[ids] = 0
+            return
+        for request in ids.tolist():
+            refs = self.refs.pop(request, [])
+            self.free += int(self.held[request]) - len(refs) * self._entry_blocks
+            for entry in reversed(refs):
+                self.entries[entry] -= 1
+                if self.entries[entry] == 0:
+                    self.lru[entry] = None
+            self.held[request] = 0
+            self.registered[request] = 0
+
+    def check(self, running: np.ndarray, positions: np.ndarray) -> None:
+        """Assert the accounting: ``running`` (``[n], int64``) are the requests holding
+        blocks, ``positions`` (``[n], int64``) the positions each must cover."""
+        held = self.held[running]
+        refs = [self.refs.get(int(r), []) for r in running]
+        private = held - self._entry_blocks * np.array([len(r) for r in refs], np.int64)
+        total = self.free + int(private.sum()) + self._entry_blocks * len(self.entries)
+        assert self.free >= 0 and (private >= 0).all(), "negative block count"
+        assert total == self.capacity, f"blocks leaked: {total} accounted of {self.capacity}"
+        assert self.held.sum() == held.sum(), "a request that is not running holds blocks"
+        assert (held >= self.need(running, positions)).all(), "positions without blocks"
+        counts: dict[int, int] = {}
+        for entry in (e for r in refs for e in r):
+            counts[entry] = counts.get(entry, 0) + 1
+        assert counts == {e: c for e, c in self.entries.items() if c}, "entry references"
+        assert set(self.lru) == {e for e, c in self.entries.items() if not c}, "LRU list"

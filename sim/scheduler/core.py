@@ -1,0 +1,320 @@
+"""The scheduler's state and its step: see the package docstring for the rules."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from stepplan.planner import StepBatch
+
+from ..config import SchedulerConfig
+from ..memory import BlockPool
+from ..traces import RequestTable
+from .step import ScheduledStep, StepMemory
+
+_EMPTY = np.zeros(0, np.int64)
+
+
+class Scheduler:
+    """The scheduler's mutable state over one trace.
+
+    Per-request state lives in ``[N]`` arrays indexed by request id (the table's
+    row); the running set is an ``[n], int64`` array of ids in admission order.
+    ``pool`` is the memory model (``None``: memory never binds, no slot limit but
+    ``config.slots``).
+    """
+
+    def __init__(
+        self, requests: RequestTable, config: SchedulerConfig, pool: BlockPool | None = None
+    ) -> None:
+        n = requests.num_requests
+        self.config = config
+        self.pool = pool
+        self.arrival = requests.arrival_s
+        self.prompt = requests.prompt_tokens
+        self.output = requests.output_tokens
+        self.target = np.array(requests.prompt_tokens, np.int64)  # tokens before decoding
+        self.computed = np.zeros(n, np.int64)  # tokens committed to state
+        self.emitted = np.zeros(n, np.int64)  # output tokens produced
+        self.slot = np.zeros(n, np.int32)  # 0 while not running
+        self.last_accepted = np.ones(n, np.int32)  # num_accepted_tokens of the next spec row
+        self.spec_steps = np.zeros(n, np.int64)
+        self.preemptions = np.zeros(n, np.int64)
+        self.recomputed = np.zeros(n, np.int64)  # lost tokens computed again
+        self.cached = np.zeros(n, np.int64)  # tokens the prefix cache saved
+        self.lost = np.zeros(n, np.int64)  # computed tokens at the last preemption
+        self.running = _EMPTY
+        self.resumed: list[int] = []  # preempted requests, front of the waiting queue first
+        self.next_admit = 0  # first request never admitted (admission is FCFS)
+        self.num_finished = 0
+        capacity = config.slots if pool is None else pool.layout.slots
+        self.slot_capacity = capacity
+        self._free_slots = np.arange(capacity, 0, -1, dtype=np.int32)  # a stack, top at end
+        self._num_free = capacity
+        self._arrived = 0  # requests arrived by the current step
+        self._preempted = 0  # preemptions while scheduling the current step
+
+    @property
+    def done(self) -> bool:
+        """Every request has finished."""
+        return self.num_finished == self.prompt.shape[0]
+
+    def next_arrival_s(self) -> float:
+        """Arrival of the first request never admitted (``inf`` when none is left, or
+        when a preempted request waits: it never waits on an arrival)."""
+        if self.next_admit >= self.arrival.size or self.resumed:
+            return np.inf
+        return float(self.arrival[self.next_admit])
+
+    def schedule(self, now_s: float) -> ScheduledStep | None:
+        """The next step at time ``now_s``, or ``None`` when nothing can run."""
+        budget = self.config.max_num_batched_tokens
+        self._preempted = 0
+        self._arrived = int(np.searchsorted(self.arrival, now_s, side="right"))
+        run_ids, run_q, prefilling = self._running_rows(budget)
+        # as vLLM v1: a step that preempted admits nothing
+        used = int(run_q.sum())
+        new_ids, new_q = (_EMPTY, _EMPTY) if self._preempted else self._admit(budget - used)
+        if run_ids.size + new_ids.size == 0:
+            return None
+        ids = np.concatenate((run_ids, new_ids))
+        q = np.concatenate((run_q, new_q))
+        computed = self.computed[ids]
+        decoding = np.concatenate((~prefilling, np.zeros(new_ids.size, bool)))
+        is_spec = decoding if self.config.num_spec_tokens else np.zeros(ids.size, bool)
+        emits_first = ~decoding & (computed + q == self.target[ids])
+        if self.pool is not None and self.pool.layout.check:
+            self._check(ids, computed + q)
+        return self._step(ids, q, computed, is_spec, emits_first, decoding)
+
+    def _step(
+        self,
+        ids: np.ndarray,
+        q: np.ndarray,
+        computed: np.ndarray,
+        is_spec: np.ndarray,
+        emits_first: np.ndarray,
+        decoding: np.ndarray,
+    ) -> ScheduledStep:
+        """The planner's ``StepBatch`` of the rows (``[R]`` arrays; its construction
+        timed) and the :class:`ScheduledStep` around it."""
+        slots = self.slot[ids]
+        groups = self.config.num_groups
+        # int32 arrays, as an engine hands them over (StepBatch then only copies them)
+        q32, computed32 = q.astype(np.int32), computed.astype(np.int32)
+        drafts = np.where(is_spec, q32 - 1, -1)
+        accepted = np.where(is_spec, self.last_accepted[ids], 1)
+        start = time.perf_counter_ns()
+        batch = StepBatch(
+            query_lens=q32,
+            num_computed_tokens=computed32,
+            slots=slots if groups == 1 else np.broadcast_to(slots, (groups, slots.size)),
+            num_draft_tokens=drafts,
+            num_accepted_tokens=accepted,
+        )
+        batch_ns = time.perf_counter_ns() - start
+        return ScheduledStep(
+            batch=batch,
+            request_ids=ids,
+            is_spec=is_spec,
+            emits_first=emits_first,
+            decoding=decoding,
+            kv_tokens=int(computed.sum() + q.sum()),
+            attention_pairs=float(q @ computed + 0.5 * (q @ (q + 1))),
+            batch_ns=batch_ns,
+            memory=self._memory(),
+        )
+
+    def _running_rows(self, budget: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Running requests that get tokens this step, their ``q``, and which prefill."""
+        run = self.running
+        if run.size == 0:
+            return run, run, np.zeros(0, bool)
+        computed, target = self.computed[run], self.target[run]
+        prefilling = computed < target
+        lookahead = np.minimum(
+            self.config.num_spec_tokens, self.output[run] - self.emitted[run] - 1
+        )
+        want = np.where(prefilling, target - computed, 1 + lookahead)
+        ends = np.cumsum(want)
+        if ends[-1] > budget:
+            got = np.clip(budget - (ends - want), 0, want)
+            keep = got > 0
+            run, want, prefilling, computed = run[keep], got[keep], prefilling[keep], computed[keep]
+        if self.pool is None or self.pool.grow_all(run, computed + want):
+            return run, want, prefilling
+        return self._running_rows_preempting(budget)
+
+    def _running_rows_preempting(self, budget: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`_running_rows` one request at a time when the free blocks do not cover
+        them all: a request that cannot grow preempts the most recently admitted
+        running request, until it fits or has preempted itself."""
+        running = self.running.tolist()
+        ids, qs, prefilling = [], [], []
+        index, left = 0, budget
+        while index < len(running) and left > 0:
+            request = running[index]
+            computed, target = int(self.computed[request]), int(self.target[request])
+            if computed < target:
+                want = target - computed
+            else:
+                left_out = int(self.output[request] - self.emitted[request]) - 1
+                want = 1 + min(self.config.num_spec_tokens, left_out)
+            q = min(want, left)
+            if not self._make_room(running, request, computed + q):
+                break  # it preempted itself, the last running request
+            ids.append(request)
+            qs.append(q)
+            prefilling.append(computed < target)
+            index, left = index + 1, left - q
+        self.running = np.array(running, np.int64)
+        return np.array(ids, np.int64), np.array(qs, np.int64), np.array(prefilling, bool)
+
+    def _make_room(self, running: list[int], request: int, positions: int) -> bool:
+        """Grow ``request`` to ``positions``, preempting from the end of ``running``;
+        ``False`` when the request itself was preempted."""
+        assert self.pool is not None
+        while not self.pool.grow(request, positions):
+            victim = running.pop()
+            self._preempt(victim)
+            if victim == request:
+                return False
+        return True
+
+    def _preempt(self, request: int) -> None:
+        """Preempt by recompute (vLLM v1): free the blocks and the slot; the request
+        waits at the front of the queue and will compute its prompt and output again."""
+        assert self.pool is not None
+        self.pool.release(np.array([request], np.int64))
+        self._free_slots[self._num_free] = self.slot[request]
+        self._num_free += 1
+        self.slot[request] = 0
+        self.lost[request] = self.computed[request]
+        self.computed[request] = 0
+        self.target[request] = self.prompt[request] + self.emitted[request]
+        self.last_accepted[request] = 1
+        self.preemptions[request] += 1
+        self._preempted += 1
+        self.resumed.insert(0, request)
+
+    def _admit(self, budget: int) -> tuple[np.ndarray, np.ndarray]:
+        """Waiting requests admitted this step (taking slots) and their first chunk."""
+        room = min(self.config.max_num_seqs - self.running.size, self._num_free)
+        if room <= 0 or budget <= 0:
+            return _EMPTY, _EMPTY
+        if self.resumed or (self.pool is not None and self.pool.caching):
+            return self._admit_each(room, budget)
+        first = self.next_admit
+        room = min(room, self._arrived - first)
+        if room <= 0:
+            return _EMPTY, _EMPTY
+        prompt = self.prompt[first : first + room]
+        starts = np.cumsum(prompt) - prompt
+        count = int(np.searchsorted(starts, budget, side="left"))
+        ids = np.arange(first, first + count, dtype=np.int64)
+        chunk = np.minimum(prompt[:count], budget - starts[:count])
+        if self.pool is not None and count:
+            count = self.pool.admit_all(ids, chunk)
+            ids, chunk = ids[:count], chunk[:count]
+        self.next_admit = first + count
+        self._start(ids)
+        return ids, chunk
+
+    def _admit_each(self, room: int, budget: int) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`_admit` one request at a time: preempted requests first, then new
+        ones, each starting after its prefix-cache hit, until one does not fit."""
+        ids, chunks = [], []
+        while room > 0 and budget > 0:
+            if self.resumed:
+                request = self.resumed[0]
+            elif self.next_admit < self._arrived:
+                request = self.next_admit
+            else:
+                break
+            target = int(self.target[request])
+            hits = self.pool.lookup(request, target) if self.pool is not None else []
+            start = len(hits) * (self.pool.layout.prefix_block_tokens if hits else 0)
+            q = min(target - start, budget)
+            if self.pool is not None and not self.pool.admit(request, hits, start + q):
+                break
+            if self.resumed:
+                self.resumed.pop(0)
+            else:
+                self.next_admit += 1
+            lost = int(self.lost[request])
+            self.recomputed[request] += max(0, lost - start)
+            self.cached[request] += max(0, start - lost)
+            self.computed[request] = start
+            ids.append(request)
+            chunks.append(q)
+            room, budget = room - 1, budget - q
+        admitted = np.array(ids, np.int64)
+        self._start(admitted)
+        return admitted, np.array(chunks, np.int64)
+
+    def _start(self, ids: np.ndarray) -> None:
+        count = ids.size
+        self._num_free -= count
+        self.slot[ids] = self._free_slots[self._num_free : self._num_free + count][::-1]
+        self.running = np.concatenate((self.running, ids))
+
+    def _memory(self) -> StepMemory:
+        waiting = self._arrived - self.next_admit + len(self.resumed)
+        pool = self.pool
+        if pool is None:
+            return StepMemory(waiting, 0, 0, 0, 0.0)
+        cached = pool.cached_blocks
+        used = pool.capacity - pool.free - cached  # pool.used_blocks, without a second lookup
+        return StepMemory(waiting, self._preempted, used, cached, used / pool.capacity)
+
+    def _check(self, ids: np.ndarray, positions: np.ndarray) -> None:
+        """``memory.check``: blocks and slots are accounted for (``ids`` and
+        ``positions``: ``[R], int64`` the step's rows and the positions they reach)."""
+        assert self.pool is not None
+        running = self.running
+        covered = self.computed.copy()  # a running request not in the step covers its state
+        covered[ids] = positions
+        self.pool.check(running, covered[running])
+        assert (positions <= self.prompt[ids] + self.output[ids] - 1).all(), "past the last token"
+        slots = self.slot[running]
+        assert (slots > 0).all() and np.unique(slots).size == slots.size, "slots shared"
+        assert self._num_free + running.size == self.slot_capacity, "slots leaked"
+        assert np.count_nonzero(self.slot) == running.size, "a slot held by a waiting request"
+
+    def commit(self, step: ScheduledStep, accepted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Apply a step's outcome; ``accepted`` is ``[R], int64`` accepted drafts per row
+        (0 on rows that are not spec). Returns ``(emitted [R] int64, finished [R] bool)``."""
+        ids, q = step.request_ids, step.batch.query_lens
+        spec = step.is_spec
+        self.computed[ids] += np.where(spec, 1 + accepted, q)
+        emitted = np.where(step.decoding, 1 + accepted, step.emits_first)
+        self.emitted[ids] += emitted
+        if spec.any():
+            spec_ids = ids[spec]
+            self.last_accepted[spec_ids] = 1 + accepted[spec]
+            self.spec_steps[spec_ids] += 1
+        if self.pool is not None and self.pool.caching:
+            self.pool.register(ids, self.computed[ids])
+        finished = self.emitted[ids] >= self.output[ids]
+        if finished.any():
+            self._finish(ids[finished])
+        return emitted, finished
+
+    def _finish(self, ids: np.ndarray) -> None:
+        count = ids.size
+        self._free_slots[self._num_free : self._num_free + count] = self.slot[ids]
+        self._num_free += count
+        self.slot[ids] = 0
+        if self.pool is not None:
+            self.pool.release(ids)
+        self.num_finished += count
+        self.running = self.running[self.slot[self.running] != 0]
+
+    def memory_columns(self) -> dict[str, np.ndarray]:
+        """``requests.csv``'s memory columns, ``[N], int64`` each."""
+        return {
+            "num_preemptions": self.preemptions,
+            "recomputed_tokens": self.recomputed,
+            "cached_tokens": self.cached,
+        }

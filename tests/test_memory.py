@@ -1,0 +1,310 @@
+"""The KV block pool, preemption by recompute and the prefix cache, at the scheduler level.
+
+Random traces run with the accounting check on (``MemoryLayout.check``) and an
+independent tracker; hand-built cases pin the preemption order and the hit counts.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from stepplan.sim.capacity import MemoryLayout, cacheable_blocks
+from stepplan.sim.config import SchedulerConfig
+from stepplan.sim.memory import BlockPool
+from stepplan.sim.scheduler import Scheduler
+from stepplan.sim.traces import RequestTable
+
+
+def make_table(arrivals, prompts, outputs, hashes=None) -> RequestTable:
+    offsets = blocks = None
+    if hashes is not None:
+        offsets = np.concatenate([[0], np.cumsum([len(h) for h in hashes])]).astype(np.int64)
+        blocks = np.array([b for h in hashes for b in h], np.int64)
+    return RequestTable(
+        arrival_s=arrivals,
+        prompt_tokens=prompts,
+        output_tokens=outputs,
+        prefix_offsets=offsets,
+        prefix_blocks=blocks,
+    )
+
+
+def make_layout(num_blocks, *, block_size=1, slots=8, prefix=False, prefix_block_tokens=4, kept=0):
+    return MemoryLayout(
+        budget_bytes=float(num_blocks),
+        budget_source="test",
+        weights_bytes=0.0,
+        slots=slots,
+        configured_slots=slots,
+        slot_bytes=0,
+        block_size=block_size,
+        block_bytes=1.0,
+        num_blocks=num_blocks,
+        prefix_caching=prefix,
+        prefix_block_tokens=prefix_block_tokens,
+        kept_state_blocks=kept if prefix else 0,
+        check=True,
+    )
+
+
+class Run:
+    """Drives a scheduler to the end with random acceptance, tracking independently
+    what each request committed and what it must have lost or been saved."""
+
+    def __init__(self, table, config, layout, seed=0) -> None:
+        n = table.num_requests
+        self.table, self.config = table, config
+        self.pool = BlockPool(layout, table) if layout is not None else None
+        self.scheduler = Scheduler(table, config, self.pool)
+        self.rng = np.random.default_rng(seed)
+        self.state = np.zeros(n, np.int64)  # committed tokens of the current admission
+        self.committed = np.zeros(n, np.int64)  # over the whole life
+        self.recomputed = np.zeros(n, np.int64)
+        self.cached = np.zeros(n, np.int64)
+        self.emitted = np.zeros(n, np.int64)
+        self.preempted: list[int] = []  # preempted requests, in order
+        self.steps = 0
+
+    def run(self, max_steps: int = 20_000) -> Run:
+        clock = 0.0
+        scheduler = self.scheduler
+        while not scheduler.done:
+            before = scheduler.preemptions.copy()
+            step = scheduler.schedule(clock)
+            self.preempted += _preempted_in_order(scheduler, before)
+            if step is None:
+                clock = scheduler.next_arrival_s()
+                assert np.isfinite(clock), "stalled"
+                continue
+            self._observe(step)
+            clock += 0.01
+            self.steps += 1
+            assert self.steps < max_steps, "no progress"
+        return self
+
+    def _observe(self, step) -> None:
+        if self.pool is not None:
+            assert self.pool.used_blocks <= self.pool.capacity
+            assert step.memory.kv_used_blocks == self.pool.used_blocks
+        ids = step.request_ids
+        computed = step.batch.num_computed_tokens.astype(np.int64)
+        moved = computed != self.state[ids]
+        for request, start in zip(ids[moved].tolist(), computed[moved].tolist(), strict=True):
+            lost = int(self.state[request])  # a (re)admission: a cache hit or a recompute
+            self.recomputed[request] += max(0, lost - start)
+            self.cached[request] += max(0, start - lost)
+            self.state[request] = start
+        drafts = step.batch.num_draft_tokens.astype(np.int64)
+        accepted = np.where(step.is_spec, self.rng.integers(0, np.maximum(drafts, 0) + 1), 0)
+        emitted, _ = self.scheduler.commit(step, accepted)
+        q = step.batch.query_lens.astype(np.int64)
+        done = np.where(step.is_spec, accepted + 1, q)
+        self.state[ids] += done
+        self.committed[ids] += done
+        self.emitted[ids] += emitted
+
+
+def _preempted_in_order(scheduler, before) -> list[int]:
+    # within one step preemption runs from the end of the running list; the queue's
+    # front holds the last one preempted
+    count = int((scheduler.preemptions - before).sum())
+    return list(reversed(scheduler.resumed[:count]))
+
+
+@st.composite
+def workloads(draw):
+    n = draw(st.integers(1, 10))
+    prompts = draw(st.lists(st.integers(1, 60), min_size=n, max_size=n))
+    outputs = draw(st.lists(st.integers(1, 20), min_size=n, max_size=n))
+    arrivals = sorted(
+        draw(st.lists(st.sampled_from([0.0, 0.02, 0.1, 0.5]), min_size=n, max_size=n))
+    )
+    block_size = draw(st.sampled_from([1, 2, 4]))
+    prefix = draw(st.booleans())
+    prefix_block_tokens = block_size * draw(st.sampled_from([1, 2, 4]))
+    hashes = None
+    if prefix:  # requests of one family share every block id, so a shared id is a shared prefix
+        families = draw(st.lists(st.integers(0, 2), min_size=n, max_size=n))
+        hashes = [
+            [family * 1000 + j for j in range(-(-p // prefix_block_tokens))]
+            for family, p in zip(families, prompts, strict=True)
+        ]
+    table = make_table(arrivals, prompts, outputs, hashes)
+    kept = draw(st.integers(0, 2))
+    probe = make_layout(
+        1, block_size=block_size, prefix=prefix, kept=kept, prefix_block_tokens=prefix_block_tokens
+    )
+    hashed = cacheable_blocks(table, prefix_block_tokens) * prefix
+    longest = int(probe.blocks_for(table.prompt_tokens + table.output_tokens - 1, hashed).max())
+    layout = make_layout(
+        longest + draw(st.integers(0, 8)),
+        block_size=block_size,
+        slots=draw(st.integers(1, 6)),
+        prefix=prefix,
+        prefix_block_tokens=prefix_block_tokens,
+        kept=kept,
+    )
+    config = SchedulerConfig(
+        max_num_seqs=draw(st.integers(1, 6)),
+        max_num_batched_tokens=draw(st.integers(1, 64)),
+        num_spec_tokens=draw(st.integers(0, 3)),
+    )
+    return table, config, layout, draw(st.integers(0, 2**16))
+
+
+@settings(max_examples=150, deadline=None)
+@given(workloads())
+def test_every_request_finishes_with_nothing_leaked(workload):
+    table, config, layout, seed = workload
+    run = Run(table, config, layout, seed).run()
+    scheduler, pool = run.scheduler, run.pool
+    np.testing.assert_array_equal(run.emitted, table.output_tokens)
+    np.testing.assert_array_equal(scheduler.emitted, table.output_tokens)
+    assert pool.used_blocks == 0 and pool.free + pool.cached_blocks == pool.capacity
+    assert not pool.held.any() and not scheduler.slot.any()
+    # every position but the last output token once, plus recomputes, less cache hits
+    lifetime = table.prompt_tokens + table.output_tokens - 1
+    np.testing.assert_array_equal(run.committed, lifetime + run.recomputed - run.cached)
+    np.testing.assert_array_equal(scheduler.recomputed, run.recomputed)
+    np.testing.assert_array_equal(scheduler.cached, run.cached)
+    assert scheduler.preemptions.sum() == len(run.preempted)
+    if not layout.prefix_caching:
+        assert not run.cached.any()
+
+
+def test_a_huge_pool_changes_nothing():
+    rng = np.random.default_rng(3)
+    n = 40
+    table = make_table(
+        np.sort(rng.uniform(0, 2, n)), rng.integers(1, 300, n), rng.integers(1, 60, n)
+    )
+    config = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=128, num_spec_tokens=2)
+    with_pool = Run(table, config, make_layout(10**9, block_size=16, slots=8), seed=1).run()
+    plain = Run(table, config, None, seed=1).run()  # no memory model at all
+    assert with_pool.steps == plain.steps
+    np.testing.assert_array_equal(with_pool.committed, plain.committed)
+    assert not with_pool.scheduler.preemptions.any()
+
+
+def overload_run():
+    """Three 4-token prompts of 6 output tokens in 14 one-token blocks: see the test."""
+    table = make_table([0.0] * 3, [4, 4, 4], [6, 6, 6])
+    config = SchedulerConfig(max_num_seqs=3, max_num_batched_tokens=100, num_spec_tokens=0)
+    return Run(table, config, make_layout(14, block_size=1, slots=3)).run()
+
+
+def test_overload_preempts_the_most_recently_admitted_first():
+    # step 1 admits all three (12 blocks); step 2: r0 and r1 grow to 5 positions, r2
+    # finds no block and, being the last running, preempts itself; step 5: r0 grows
+    # to 8 and preempts r1 (7 blocks); r1 and r2 return once r0 finishes, and r2
+    # preempts itself once more when r1 takes the last block.
+    run = overload_run()
+    assert run.preempted == [2, 1, 2]
+    np.testing.assert_array_equal(run.scheduler.preemptions, [0, 1, 2])
+    # r1 lost its 4 + 3 tokens once; r2 its 4, then 4 + 1 after resuming
+    np.testing.assert_array_equal(run.recomputed, [0, 7, 9])
+    np.testing.assert_array_equal(run.scheduler.recomputed, [0, 7, 9])
+
+
+def test_a_resumed_request_prefills_its_prompt_and_output_and_then_emits():
+    table = make_table([0.0] * 3, [4, 4, 4], [6, 6, 6])
+    config = SchedulerConfig(max_num_seqs=3, max_num_batched_tokens=100, num_spec_tokens=0)
+    pool = BlockPool(make_layout(14, block_size=1, slots=3), table)
+    scheduler = Scheduler(table, config, pool)
+    resumed_rows = []
+    clock = 0.0
+    while not scheduler.done:
+        step = scheduler.schedule(clock)
+        rows = zip(step.request_ids.tolist(), step.batch.query_lens.tolist(), strict=True)
+        for row, (request, q) in enumerate(rows):
+            if scheduler.preemptions[request] and not step.decoding[row]:
+                resumed_rows.append((request, int(step.batch.num_computed_tokens[row]), q))
+                assert step.emits_first[row]
+        scheduler.commit(step, np.zeros(step.request_ids.size, np.int64))
+        clock += 0.01
+    # r1 was preempted with 4 tokens emitted (7 computed): it prefills 4 + 4 from 0 and
+    # emits its 5th; r2 with 1 emitted (4 + 1), and again with 2 (4 + 2)
+    assert resumed_rows == [(1, 0, 8), (2, 0, 5), (2, 0, 6)]
+
+
+def test_prefix_cache_hits_count_whole_kept_blocks():
+    # blocks of 8 tokens hashed, KV blocks of 4, a kept state costs 1 block
+    hashes = [[1, 2, 3], [1, 2, 9], [1, 2], [1, 5, 6]]
+    prompts = [20, 17, 16, 24]
+    table = make_table([0.0, 10.0, 20.0, 30.0], prompts, [2, 2, 2, 2], hashes)
+    config = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64, num_spec_tokens=0)
+    layout = make_layout(200, block_size=4, prefix=True, prefix_block_tokens=8, kept=1)
+    run = Run(table, config, layout).run()
+    # r0 caches its two full blocks (the third is partial); r1 hits both (16 of 17
+    # tokens); r2's 16 tokens are exactly two blocks, but one token must be computed,
+    # so it hits one; r3 shares only the first block, and caches its other two
+    np.testing.assert_array_equal(run.cached, [0, 16, 8, 8])
+    np.testing.assert_array_equal(run.scheduler.cached, [0, 16, 8, 8])
+    assert run.pool.entries == {1: 0, 2: 0, 5: 0, 6: 0}
+    assert run.pool.cached_blocks == 4 * layout.entry_blocks == 12
+
+
+def test_unreferenced_entries_are_evicted_tail_first():
+    table = make_table([0.0, 0.0, 0.0], [16, 16, 16], [1, 1, 1], [[1, 2], [7, 8], [1, 2]])
+    layout = make_layout(14, block_size=4, prefix=True, prefix_block_tokens=8, kept=1)
+    pool = BlockPool(layout, table)  # an entry is 8 / 4 + 1 = 3 blocks
+    ids = np.array([0], np.int64)
+    assert pool.admit(0, [], 16) and pool.held[0] == 6  # 4 KV blocks and 2 kept states
+    pool.register(ids, np.array([16]))  # computed 16: both hashed blocks complete
+    assert pool.entries == {1: 1, 2: 1} and pool.free == 8
+    pool.release(ids)
+    assert list(pool.lru) == [2, 1] and pool.used_blocks == 0  # the tail is oldest
+    assert pool.admit(1, [], 24) and pool.free == 0  # 6 KV blocks and 2 kept states
+    assert pool.grow(1, 28) and list(pool.lru) == [1] and pool.free == 2  # entry 2 evicted
+    assert pool.lookup(2, 16) == [1]  # a hit leaves a token to compute: one block of two
+    assert pool.lookup(0, 17) == [1]  # block 2 is gone
+    assert not pool.grow(1, 64)  # 16 + 2 blocks: more than the pool, nothing changes
+    assert pool.held[1] == 9 and list(pool.lru) == [1]
+
+
+def test_admission_never_overtakes_a_request_that_does_not_fit():
+    table = make_table([0.0, 0.005, 0.005], [10, 12, 2], [5, 1, 1])
+    config = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=100, num_spec_tokens=0)
+    scheduler = Scheduler(table, config, BlockPool(make_layout(20, block_size=1), table))
+    step = scheduler.schedule(0.0)
+    scheduler.commit(step, np.zeros(1, np.int64))
+    step = scheduler.schedule(0.01)  # request 1 needs 12 of the 9 free blocks
+    assert step.request_ids.tolist() == [0] and step.memory.num_waiting == 2
+
+
+@pytest.mark.parametrize("blocks", [10, 12])
+def test_the_accounting_check_catches_a_leak(blocks):
+    table = make_table([0.0], [8], [2])
+    pool = BlockPool(make_layout(blocks, block_size=1), table)
+    scheduler = Scheduler(table, SchedulerConfig(num_spec_tokens=0), pool)
+    step = scheduler.schedule(0.0)
+    scheduler.commit(step, np.zeros(1, np.int64))
+    pool.free -= 1  # a block lost
+    with pytest.raises(AssertionError, match="leaked"):
+        scheduler.schedule(0.1)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    held=st.lists(st.integers(0, 9), min_size=1, max_size=30),
+    grow=st.lists(st.integers(-20, 40), min_size=1, max_size=30),
+    free=st.integers(0, 60),
+    block_size=st.sampled_from([1, 3, 16]),
+)
+def test_growing_a_few_rows_in_python_equals_numpy(held, grow, free, block_size):
+    rows = min(len(held), len(grow))
+    table = make_table([0.0] * rows, [1] * rows, [1] * rows)
+    pools = []
+    for few_rows in (0, 64):  # numpy's path, then the plain-Python one
+        pool = BlockPool(make_layout(10**6, block_size=block_size), table)
+        pool.held[:] = held[:rows]
+        pool.free = free
+        positions = np.maximum(np.array(held[:rows]) * block_size + grow[:rows], 0)
+        ids = np.arange(rows, dtype=np.int64)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr("stepplan.sim.memory._FEW_ROWS", few_rows)
+            pools.append((pool.grow_all(ids, positions), pool.free, pool.held.tolist()))
+    assert pools[0] == pools[1]

@@ -1,0 +1,166 @@
+"""The memory model inside whole simulations: it changes nothing where memory never
+binds, binds on long contexts, reports itself, and refuses what cannot fit."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from golden_sim import GOLDEN, RUNS, digests, simulate_run
+
+from stepplan.plots.memory import plot_memory
+from stepplan.plots.report import report_figures
+from stepplan.plots.results_io import load_results
+from stepplan.sim import cli
+from stepplan.sim.config import SimConfig, with_settings
+from stepplan.sim.results import MEMORY_STEP_COLUMNS, STEP_RECORD, write_results
+from stepplan.sim.run import simulate
+from stepplan.sim.scheduler import StepMemory
+from stepplan.sim.traces import load_trace
+
+MOONCAKE = Path(__file__).with_name("data") / "mooncake_slice.jsonl"
+GOLDEN_RUNS = {run[0]: run for run in RUNS}
+
+
+def test_step_memory_fields_are_the_step_columns():
+    assert tuple(a.name for a in StepMemory.__attrs_attrs__) == MEMORY_STEP_COLUMNS
+    assert STEP_RECORD[-len(MEMORY_STEP_COLUMNS) :] == MEMORY_STEP_COLUMNS
+
+
+def test_a_huge_kv_cache_equals_the_run_without_the_memory_model():
+    # the golden digests were made before the simulator had a memory model
+    name, trace, settings = GOLDEN_RUNS["synthetic-nospec-seed"]
+    expected = json.loads(GOLDEN.read_text())[name]
+    steps, requests = simulate_run(trace, {**settings, "memory.kv_cache_gib": 1e4})
+    for table, columns in (("steps", steps), ("requests", requests)):
+        got = digests(columns)
+        assert {k: got[k] for k in expected[table]} == expected[table]
+    # and where the cache is small, the same run is not the same
+    steps, requests = simulate_run(trace, {**settings, "memory.kv_cache_gib": 1.5})
+    assert requests["num_preemptions"].sum() > 0
+    assert steps["kv_usage"].max() > 0.99
+
+
+@pytest.fixture(scope="module")
+def bound():
+    """The Mooncake slice in 5 GiB of cache: long contexts that do not all fit."""
+    config = with_settings(SimConfig(), {"memory.kv_cache_gib": 5, "memory.check": True})
+    return simulate(load_trace(MOONCAKE), config)
+
+
+def test_long_contexts_preempt_and_every_request_finishes(bound):
+    requests, steps, memory = bound.requests, bound.steps, bound.summary["memory"]
+    assert np.isfinite(requests["finish_s"]).all()
+    assert (
+        memory["preemptions"] == requests["num_preemptions"].sum() == steps["num_preempted"].sum()
+    )
+    assert memory["preemptions"] > 0 and memory["recomputed_tokens"] > 0
+    assert memory["peak_usage"] == steps["kv_usage"].max() <= 1.0
+    assert memory["capacity_blocks"] * 16 * 65536 / 2**30 == pytest.approx(memory["capacity_gib"])
+    assert (steps["kv_used_blocks"] <= memory["capacity_blocks"]).all()
+    assert memory["prefix_caching"] and memory["cached_tokens"] > 0
+    hit_rate = requests["cached_tokens"].sum() / requests["prompt_tokens"].sum()
+    assert memory["prefix_cache_hit_rate"] == pytest.approx(hit_rate)
+    assert (requests["cached_tokens"] % 512 == 0).all()
+
+
+def test_prefix_caching_can_be_turned_off():
+    config = with_settings(SimConfig(), {"memory.prefix_caching": False, "workload.limit": 30})
+    result = simulate(load_trace(MOONCAKE), config)
+    assert not result.summary["memory"]["prefix_caching"]
+    assert result.summary["memory"]["prefix_cache_hit_rate"] == 0.0
+    assert not result.requests["cached_tokens"].any()
+
+
+def test_memory_can_limit_the_slot_pool():
+    trace = "synthetic:n=60,rate=200,prompt=uniform:16:200,output=uniform:1:50"
+    settings = {"memory.kv_cache_gib": 0.1, "model.kv_bytes_per_token": 64, "workload.limit": 60}
+    args = cli.build_parser().parse_args(["simulate", trace])
+    config = cli.with_settings(cli.build_config(args), settings)
+    result = simulate(cli.load_requests(args, config), config)
+    slots = result.summary["memory"]["slots"]
+    slot_bytes = 16 * 8192 * (9 + 3) * 2  # conv layers x C x W x bf16, W = (K-1) D + Q - 1
+    assert slots == int(0.1 * 2**30 // slot_bytes) < result.summary["memory"]["configured_slots"]
+    assert result.steps["num_rows"].max() <= slots
+
+
+def test_results_carry_the_memory_columns_and_the_figure(bound, tmp_path):
+    folder = write_results(bound, tmp_path / "run")
+    results = load_results(folder)
+    for name in MEMORY_STEP_COLUMNS:
+        np.testing.assert_array_equal(results.steps.column(name), bound.steps[name])
+    for name in ("num_preemptions", "recomputed_tokens", "cached_tokens"):
+        np.testing.assert_array_equal(results.requests.column(name), bound.requests[name])
+    assert "KV cache and queue" in report_figures(results)
+    figure = plot_memory(results)
+    assert "preemption" in figure.axes[0].get_legend_handles_labels()[1][1]
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        (
+            ["--set", "gpu.name=L40S", "--set", "model.params=40e9"],
+            "memory: the model's weights (80.0 GB) leave no cache in 0.9 x 48 GB of the L40S",
+        ),
+        (["--set", "memory.kv_cache_gib=0.001"], "cannot hold one conv-state slot"),
+        (["--set", "memory.kv_cache_gib=0.05"], "KV blocks, the cache holds"),
+        (["--set", "memory.gpu_memory_utilization=1.5"], "must be in (0, 1], got 1.5"),
+        (["--set", "memory.block_size=0"], "memory.block_size: must be positive"),
+    ],
+)
+def test_memory_limits_are_one_line_before_any_work(settings, message, tmp_path, capsys):
+    out = tmp_path / "out"
+    argv = ["simulate", "--limit", "50", "--quiet", "--out", str(out), *settings]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err
+    assert not out.exists()
+
+
+def test_a_block_size_that_splits_the_hashed_blocks_is_refused(capsys, tmp_path):
+    argv = ["simulate", str(MOONCAKE), "--quiet", "--out", str(tmp_path / "o")]
+    assert cli.main([*argv, "--set", "memory.block_size=48"]) == 2
+    assert "48 does not divide the trace's 512-token hashed blocks" in capsys.readouterr().err
+    assert (
+        cli.main(
+            [
+                *argv,
+                "--limit",
+                "5",
+                "--set",
+                "memory.block_size=48",
+                "--set",
+                "memory.prefix_caching=false",
+            ]
+        )
+        == 0
+    )
+
+
+#: 20 blocks of 4 tokens (1 byte of KV a token, no conv-state memory) for up to 4 live
+#: requests of up to 63 positions each: preemptions are certain.
+TIGHT_LIVE = {
+    "model.kv_bytes_per_token": 1,
+    "model.conv_layers": 0,
+    "memory.block_size": 4,
+    "memory.kv_cache_gib": 80 / 2**30,
+    "memory.check": True,
+}
+
+
+@pytest.mark.parametrize(
+    "backend",
+    [{}, pytest.param({"live.backend": "triton", "live.device": "cuda"}, marks=pytest.mark.gpu)],
+)
+def test_preemption_keeps_greedy_decoding_in_live_mode(backend):
+    from test_sim_live import live_run
+
+    _, reference, _ = live_run()
+    table, live, result = live_run(**TIGHT_LIVE, **backend)
+    assert result.summary["memory"]["capacity_blocks"] == 20
+    assert result.requests["num_preemptions"].sum() > 0
+    for request_id in range(table.num_requests):
+        np.testing.assert_array_equal(live.output(request_id), reference.output(request_id))
