@@ -122,15 +122,15 @@ class MemoryConfig:
             setting the tests turn on).
     """
 
-    block_size: int = attrs.field(default=16, converter=int, validator=_positive)
-    gpu_memory_utilization: float = attrs.field(default=0.9, converter=float, validator=_fraction)
+    block_size: int = attrs.field(default=16, converter=INT, validator=_positive)
+    gpu_memory_utilization: float = attrs.field(default=0.9, converter=REAL, validator=_fraction)
     kv_cache_gib: float | None = attrs.field(
-        default=None, converter=_optional(float), validator=_positive
+        default=None, converter=_optional(_real), validator=_positive
     )
     prefix_caching: bool = attrs.field(
         default=True, converter=attrs.Converter(_flag, takes_field=True)
     )
-    prefix_block_tokens: int = attrs.field(default=512, converter=int, validator=_positive)
+    prefix_block_tokens: int = attrs.field(default=512, converter=INT, validator=_positive)
     check: bool = attrs.field(default=False, converter=attrs.Converter(_flag, takes_field=True))
 
 

@@ -169,7 +169,13 @@ _OPTIONAL_KINDS = {
     "live.dtype": st.sampled_from(LIVE_DTYPES),
     "live.attention": st.sampled_from(LIVE_ATTENTION),
     "live.max_len": _INTS,
+    "gpu.memory_gb": _FLOATS,
+    "gpu.memory_bw_bytes_s": _FLOATS,
+    "gpu.peak_flops": _FLOATS,
+    "memory.kv_cache_gib": _FLOATS,
 }
+_SPECIAL["gpu.name"] = st.sampled_from(["H100", "H200", "B200", "A100", "L40S"])
+_SPECIAL["memory.gpu_memory_utilization"] = st.floats(0.05, 1.0)
 
 
 def _strategy(key: str, default: object) -> st.SearchStrategy:
@@ -179,7 +185,7 @@ def _strategy(key: str, default: object) -> st.SearchStrategy:
         return st.sampled_from(_CHOICES[key])
     if key in _OPTIONAL_KINDS:
         return st.none() | _OPTIONAL_KINDS[key]
-    kinds = {str: _TEXT, int: _INTS, float: _FLOATS}
+    kinds = {str: _TEXT, int: _INTS, float: _FLOATS, bool: st.booleans()}
     return kinds[type(default)]
 
 

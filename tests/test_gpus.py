@@ -111,7 +111,7 @@ def test_an_unknown_gpu_is_one_line_naming_the_known_ones(tmp_path, capsys):
     assert cli.main([*argv, "--set", "gpu.name=V100"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == (
-        "stepplan: error: gpu.name: unknown GPU 'V100' "
+        "stepplan: error: --set: gpu.name: unknown GPU 'V100' "
         "(known: H100, H200, B200, A100, L40S, custom)"
     )
 

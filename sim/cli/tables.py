@@ -42,6 +42,8 @@ METRIC_PATHS: Mapping[str, tuple[str, ...]] = {
     "padded token share": ("steps", "padded_token_share"),
     "acceptance length": ("acceptance", "mean_acceptance_length"),
     "plan us p50 (measured)": ("measured", "host", "plan_us_p50"),
+    "preemptions": ("memory", "preemptions"),
+    "prefix hit rate": ("memory", "prefix_cache_hit_rate"),
     **_TIMES,
 }
 #: The files ``compare`` writes beside its two runs.
