@@ -51,6 +51,7 @@ class ModelFootprint:
 
 def model_footprint(model: ModelConfig, num_spec_tokens: int) -> ModelFootprint:
     """The model's memory figures (the one place they are computed)."""
+    model = model.resolved()
     reach = (model.conv_kernel_size - 1) * model.conv_dilation
     per_entry = model.conv_layers * model.conv_channels * model.dtype_bytes
     return ModelFootprint(

@@ -275,11 +275,14 @@ class CostModel:
         """The cost model with the profile ``cost.kernel_profile`` names, applied to
         ``model``'s conv geometry and, when it was measured on another GPU than
         ``gpu`` (resolved to its figures), scaled by their memory-bandwidth ratio."""
+        gpu, model = gpu.resolved(), model.resolved()
         geometry = ConvGeometry(
-            model.conv_channels, model.conv_kernel_size, model.conv_dilation, model.dtype_bytes
+            model.conv_channels,  # type: ignore[arg-type]
+            model.conv_kernel_size,  # type: ignore[arg-type]
+            model.conv_dilation,  # type: ignore[arg-type]
+            model.dtype_bytes,  # type: ignore[arg-type]
         )
         profile = load_profile(cost.kernel_profile).rescaled(geometry)
-        gpu = gpu.resolved()
         scale = profile_scale(profile.device, gpu.memory_bw_bytes_s)  # type: ignore[arg-type]
         engine = None if cost.profile is None else read_engine_profile(cost.profile)
         return cls(model, gpu, cost, profile, num_groups, scale, engine)

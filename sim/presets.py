@@ -33,6 +33,8 @@ from types import MappingProxyType
 DTYPE_BYTES: Mapping[str, int] = MappingProxyType({"float32": 4, "bfloat16": 2, "float16": 2})
 
 DEFAULT_PRESET = "hybrid-8b"
+#: The model name whose figures all come from the config (``sim.config.ModelConfig``).
+CUSTOM_MODEL = "custom"
 
 
 def _preset(**fields: object) -> Mapping[str, object]:
@@ -146,3 +148,24 @@ def conv_state_bytes_per_slot(preset: Mapping[str, object], query_len_max: int) 
     window = reach + query_len_max - 1
     entries = conv_layers * _int(preset, "conv_channels") * window
     return entries * DTYPE_BYTES[str(preset["dtype"])]
+
+
+def model_figures(name: str) -> dict[str, float | int]:
+    """The cost and memory models' figures of preset ``name`` (``sim.config.ModelConfig``'s
+    fields; nothing for ``custom`` or an unknown name)."""
+    preset = MODEL_PRESETS.get(name)
+    if preset is None:
+        return {}
+    conv_layers, _ = _kind_counts(preset)
+    return {
+        "params": float(num_params(preset)),
+        "layers": len(tuple(preset["layer_kinds"])),  # type: ignore[arg-type]
+        "hidden_size": _int(preset, "hidden_size"),
+        "conv_layers": conv_layers,
+        "kv_bytes_per_token": float(kv_bytes_per_token(preset)),
+        "dtype_bytes": DTYPE_BYTES[str(preset["dtype"])],
+        "conv_channels": _int(preset, "conv_channels"),
+        "conv_kernel_size": _int(preset, "conv_kernel_size"),
+        "conv_dilation": _int(preset, "conv_dilation"),
+        "max_model_len": _int(preset, "max_model_len"),
+    }

@@ -74,7 +74,7 @@ def prepare_requests(table: RequestTable, config: SimConfig) -> RequestTable:
         table = window
     if workload.limit is not None:
         table = table.limit(workload.limit)
-    chosen, max_len = table.num_requests, config.model.max_model_len
+    chosen, max_len = table.num_requests, config.model.resolved().max_model_len
     table = table.within_model_len(max_len)
     if table.num_requests == 0:
         raise TraceError(

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from stepplan.planner import PlannerConfig, StepBatch, compile_plan
-from stepplan.sim import cli
+from stepplan.sim import cli, presets
 from stepplan.sim.config import (
     ConfigError,
     CostConfig,
@@ -43,7 +43,7 @@ def test_each_preset_reaches_the_summary_and_the_cache(name):
     assert gpu["memory_gb"] == preset.memory_gb
     assert gpu["memory_bw_bytes_s"] == preset.memory_bw_bytes_s
     assert gpu["peak_flops"] == preset.peak_flops
-    weights = 8e9 * 2
+    weights = presets.weight_bytes(presets.MODEL_PRESETS["hybrid-8b"])  # 16.87 GB
     assert memory["budget_gib"] * 2**30 == pytest.approx(preset.memory_gb * 1e9 * 0.9 - weights)
     # the bundled short-conv profile was measured on an H200: other GPUs scale it
     assert gpu["short_conv_scale"] == pytest.approx(4.26e12 / preset.memory_bw_bytes_s)
@@ -88,7 +88,9 @@ def test_explicit_figures_override_the_preset():
     assert gpu["name"] == "A100" and gpu["memory_bw_bytes_s"] == 1.5e12
     assert gpu["memory_gb"] == 40 and gpu["peak_flops"] == GPU_PRESETS["A100"].peak_flops
     assert "given: memory_gb, memory_bw_bytes_s" in gpu["figures"]
-    assert summary["memory"]["budget_gib"] * 2**30 == pytest.approx(40e9 * 0.9 - 16e9)
+    assert summary["memory"]["budget_gib"] * 2**30 == pytest.approx(
+        40e9 * 0.9 - presets.weight_bytes(presets.MODEL_PRESETS["hybrid-8b"])
+    )
 
 
 def test_a_custom_gpu_needs_every_figure():

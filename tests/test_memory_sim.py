@@ -143,6 +143,7 @@ def test_a_block_size_that_splits_the_hashed_blocks_is_refused(capsys, tmp_path)
 #: 20 blocks of 4 tokens (1 byte of KV a token, no conv-state memory) for up to 4 live
 #: requests of up to 63 positions each: preemptions are certain.
 TIGHT_LIVE = {
+    "model.params": 8.0e9,  # an 8B model's step times, so the six requests overlap
     "model.kv_bytes_per_token": 1,
     "model.conv_layers": 0,
     "memory.block_size": 4,

@@ -53,7 +53,7 @@ def test_presets_build_shapes_with_the_same_counts(name):
 
 
 def test_default_preset_is_the_cost_models_model():
-    preset, model = presets.get_preset(presets.DEFAULT_PRESET), ModelConfig()
+    preset, model = presets.get_preset(presets.DEFAULT_PRESET), ModelConfig().resolved()
     shape = ModelShape(**preset)
     assert presets.DEFAULT_PRESET == model.name == "hybrid-8b"
     assert shape.num_layers == model.layers and len(shape.conv_layers) == model.conv_layers
@@ -62,6 +62,7 @@ def test_default_preset_is_the_cost_models_model():
     assert (shape.conv_kernel_size, shape.conv_dilation) == (4, 3)
     assert shape.kv_bytes_per_token == model.kv_bytes_per_token == 65536
     assert 8.4e9 < shape.num_params < 8.45e9
+    assert model.params == shape.num_params  # the cost model's count is the engine's
 
 
 def test_presets_are_read_only():

@@ -165,7 +165,7 @@ def test_layer_groups_and_presets():
     result = simulate(table, with_settings(config, {"scheduler.num_groups": 2}))
     assert result.summary["live_run"]["model"] == "tiny"
     assert result.summary["live_run"]["shape"]["num_heads"] == 4
-    with pytest.raises(ConfigError, match=r"model\.name: no model preset 'nope'"):
+    with pytest.raises(ConfigError, match=r"model\.name: unknown model 'nope' \(known: hybrid-8b"):
         simulate(table, with_settings(config, {"model.name": "nope"}))
 
 

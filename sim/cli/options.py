@@ -180,7 +180,7 @@ def trace_notes(table: RequestTable, config: SimConfig) -> list[str]:
     if table.rejected:
         notes.append(
             f"{source}: rejected {table.rejected} request(s) longer than model.max_model_len = "
-            f"{config.model.max_model_len} tokens (prompt + output)"
+            f"{config.model.resolved().max_model_len} tokens (prompt + output)"
         )
     if table.arrivals == "none":
         notes.append(

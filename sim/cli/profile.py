@@ -78,7 +78,7 @@ def grid_limits(config: SimConfig) -> GridLimits:
     the budget's prefill and the grid's longest contexts (``live.max_len`` when set)."""
     budget = config.scheduler.max_num_batched_tokens
     needed = max(budget, int(CONTEXT_LEVELS[-1] * _CONTEXT_ROOM) + 16)
-    limit = min(int(model_preset(config)["max_model_len"]), config.model.max_model_len)
+    limit = min(int(model_preset(config)["max_model_len"]), config.model.resolved().max_model_len)
     max_len = config.live.max_len or min(limit, needed)
     return GridLimits(budget, config.scheduler.slots + 1, max_len, config.scheduler.num_groups)
 
