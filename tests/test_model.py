@@ -150,7 +150,7 @@ def test_memory_check_names_the_parts_and_what_to_lower():
     with pytest.raises(MemoryTooSmallError) as error:
         check_memory(need, (60 * 2**30, 140 * 2**30), num_slots=129, max_len=8192)
     assert str(error.value) == (
-        "device memory: the model needs 88.00 GiB (weights 16.00, KV cache 69.00 for 129 slots x "
+        "memory: the model needs 88.00 GiB (weights 16.00, KV cache 69.00 for 129 slots x "
         "8192 positions, conv state 1.00, workspace 2.00) but 60.00 of 140.00 GiB are free; "
         "lower num_slots or max_len (each slot's KV takes 0.535 GiB)"
     )

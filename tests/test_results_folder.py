@@ -473,6 +473,7 @@ def test_a_long_live_run_is_announced_with_an_estimate(tmp_path, capsys, monkeyp
 
     monkeypatch.setattr(progress, "LIVE_WARN_S", 0.0)
     argv = ["simulate", "synthetic:n=4,rate=10,prompt=fixed:8,output=fixed:3", "--live"]
+    argv += ["--set", "model.name=tiny"]  # the default preset is 8B parameters
     assert cli.main([*argv, "--out", str(tmp_path / "live")]) == 0
     assert "(an estimate)" in capsys.readouterr().err
 

@@ -10,6 +10,8 @@ flat view ``[num_slots * max_len, KV, Dh]`` that attention reads.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import attrs
 import torch
 
@@ -35,11 +37,19 @@ class MemoryNeed:
 
 
 def device_free_bytes(device: torch.device) -> tuple[int, int] | None:
-    """``(free, total)`` bytes of a CUDA device (``torch.cuda.mem_get_info``); ``None``
-    elsewhere, where nothing is checked."""
-    if device.type != "cuda":
+    """``(free, total)`` bytes where ``device``'s tensors live: a CUDA device's
+    (``torch.cuda.mem_get_info``), the host's available memory for the CPU (Linux's
+    ``MemAvailable``); ``None`` where neither can be read, and nothing is checked."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)
+    if device.type != "cpu":
         return None
-    return torch.cuda.mem_get_info(device)
+    try:
+        fields = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
+        kib = {key: int(value.split()[0]) for key, value in fields.items() if value.strip()}
+        return kib["MemAvailable"] * 1024, kib["MemTotal"] * 1024
+    except (OSError, KeyError, ValueError):
+        return None
 
 
 def check_memory(
@@ -54,7 +64,7 @@ def check_memory(
         return
     per_slot = need.kv_cache // max(num_slots, 1)
     raise MemoryTooSmallError(
-        f"device memory: the model needs {need.total / _GIB:.2f} GiB (weights "
+        f"memory: the model needs {need.total / _GIB:.2f} GiB (weights "
         f"{need.weights / _GIB:.2f}, KV cache {need.kv_cache / _GIB:.2f} for {num_slots} slots x "
         f"{max_len} positions, conv state {need.conv_state / _GIB:.2f}, workspace "
         f"{need.workspace / _GIB:.2f}) but {free / _GIB:.2f} of {total / _GIB:.2f} GiB are free; "
