@@ -1,4 +1,4 @@
-"""stepplan.executor: replays plans (kernels, runtime, vLLM builder, a toy engine)."""
+"""stepplan.executor: replays plans (kernels, runtime, vLLM builder, hybrid model, engine)."""
 
 from .backends import BACKENDS, Backend, ReferenceBackend, TritonBackend
 from .graphs import ReplayMismatchError, ReplaySignature, StepGraphs, check_replay

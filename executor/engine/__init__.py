@@ -1,9 +1,9 @@
-"""A toy model and a small real engine on the executor (the demo, and sim's live mode).
+"""A small real serving engine on the hybrid model (the demo of the planner and executor).
 
-:mod:`.toy_model` is a seeded toy language model whose blocks run the short conv
-through an :class:`~stepplan.executor.Executor`, with a dense oracle;
-:mod:`.engine` serves requests on it with continuous batching, chunked prefill
-and n-gram speculative decoding.
+:mod:`.engine` serves requests on a :class:`~stepplan.executor.model.HybridModelRunner`
+with continuous batching, chunked prefill and n-gram speculative decoding;
+:class:`NgramIndex` (prompt-lookup drafts in time independent of the stream's length)
+and :func:`accepted_prefix` are what sim's live mode drafts and verifies with too.
 """
 
 from .engine import (
@@ -16,14 +16,6 @@ from .engine import (
     accepted_prefix,
     propose_drafts,
 )
-from .toy_model import (
-    ToyModelConfig,
-    ToyModelRunner,
-    ToyWeights,
-    dense_greedy_tokens,
-    make_weights,
-    new_state_pool,
-)
 
 __all__ = [
     "Engine",
@@ -32,12 +24,6 @@ __all__ = [
     "NgramIndex",
     "Proposer",
     "SlotPool",
-    "ToyModelConfig",
-    "ToyModelRunner",
-    "ToyWeights",
     "accepted_prefix",
-    "dense_greedy_tokens",
-    "make_weights",
-    "new_state_pool",
     "propose_drafts",
 ]

@@ -1,11 +1,13 @@
 """A small real engine: continuous batching, chunked prefill, n-gram speculative decoding.
 
-Requests get one conv-state slot per layer group from :class:`SlotPool`s; each
-step schedules running requests (prefill chunks, decodes, or spec rows of the
-last token plus drafts) into a :class:`StepBatch`, runs it through a
-:class:`ToyModelRunner` (planner + :class:`Executor`, CUDA graphs on GPU) and
-verifies drafts against the model's greedy tokens. Greedy output never
-depends on the schedule (SPEC §2), so it equals plain one-token decoding.
+Requests get one slot per layer group from :class:`SlotPool`s (group 0's slot also
+indexes the KV cache); each step schedules running requests (prefill chunks, decodes,
+or spec rows of the last token plus drafts) into a :class:`StepBatch`, runs it through a
+:class:`~stepplan.executor.model.HybridModelRunner` (planner, short conv through the
+:class:`Executor`, attention over the KV cache, CUDA graphs on GPU), which computes the
+greedy token only where an engine samples (:func:`~stepplan.executor.model.sample_positions`),
+and verifies drafts against those tokens. Greedy output never depends on the schedule
+(SPEC §2), so it equals plain one-token decoding.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import numpy as np
 
 from stepplan.planner import StepBatch
 
-from .toy_model import ToyModelRunner
+from ..model import HybridModelRunner, sample_positions
 
 
 @attrs.frozen
@@ -139,18 +141,27 @@ class _Sequence:
     index: int
     prompt_len: int
     max_new_tokens: int
-    tokens: list[int]  # prompt, then every accepted token
+    stream: NgramIndex  # prompt, then every accepted token; drafts come from it
     slots: tuple[int, ...] = ()
-    num_computed: int = 0  # tokens whose state is in the slots
+    num_computed: int = 0  # tokens whose state is in the slots (conv state and KV cache)
     num_accepted: int = 1  # accepted tokens of the previous spec step
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.stream.tokens
 
     @property
     def in_prefill(self) -> bool:
         return self.num_computed < self.prompt_len
 
     @property
+    def remaining(self) -> int:
+        """Tokens still to generate."""
+        return self.max_new_tokens - (len(self.tokens) - self.prompt_len)
+
+    @property
     def done(self) -> bool:
-        return len(self.tokens) - self.prompt_len >= self.max_new_tokens
+        return self.remaining <= 0
 
 
 @attrs.frozen
@@ -161,20 +172,29 @@ class _Row:
     query: tuple[int, ...]
     drafts: tuple[int, ...] | None
 
+    @property
+    def completes_prompt(self) -> bool:
+        """Whether the row's last token is the prompt's last or later: its greedy token is
+        a generated one."""
+        return self.seq.num_computed + len(self.query) >= self.seq.prompt_len
+
 
 #: ``(tokens so far, most drafts) -> drafts``; any proposer keeps greedy output unchanged.
 Proposer = Callable[[Sequence[int], int], list[int]]
 
 
 class Engine:
-    """Serves greedy requests end to end on a :class:`ToyModelRunner`.
+    """Serves greedy requests end to end on a :class:`HybridModelRunner`.
 
-    ``proposer`` drafts tokens for spec steps (default: :func:`propose_drafts`
-    with ``config.ngram_max``).
+    The caller builds the runner (model shape, planner config, slots, KV positions,
+    layer groups, device, backend); the engine plans with ``runner.planner`` and hands
+    out its slots ``1..num_slots - 1``. ``proposer`` drafts tokens for spec steps
+    (default: prompt lookup with ``config.ngram_max``, by each request's incremental
+    :class:`NgramIndex`).
     """
 
     def __init__(
-        self, runner: ToyModelRunner, config: EngineConfig, proposer: Proposer | None = None
+        self, runner: HybridModelRunner, config: EngineConfig, proposer: Proposer | None = None
     ) -> None:
         planner = runner.planner.config
         if config.num_spec_tokens > planner.num_spec_tokens:
@@ -188,28 +208,34 @@ class Engine:
             )
         if config.max_num_batched_tokens < 1 or config.prefill_chunk_tokens < 1:
             raise ValueError("max_num_batched_tokens and prefill_chunk_tokens must be positive")
-        self.runner, self.config = runner, config
-        self._propose = proposer or (lambda t, n: propose_drafts(t, n, config.ngram_max))
-        groups = runner.model.num_groups
-        self._pools = tuple(SlotPool(runner.num_slots, rotation=3 * g) for g in range(groups))
+        if config.ngram_max < 1:
+            raise ValueError(f"ngram_max: must be at least 1, got {config.ngram_max}")
+        self.runner, self.config, self._proposer = runner, config, proposer
+        self._pools = self._fresh_pools()
         self.stats = EngineStats()
+
+    def _fresh_pools(self) -> tuple[SlotPool, ...]:
+        """Every slot free, one pool per layer group."""
+        runner = self.runner
+        return tuple(SlotPool(runner.num_slots, rotation=3 * g) for g in range(runner.num_groups))
 
     def generate(
         self, prompts: Sequence[Sequence[int]], max_new_tokens: int | Sequence[int]
     ) -> list[list[int]]:
-        """Serve every prompt to completion; returns each one's generated tokens, in order."""
+        """Serve every prompt to completion; returns each one's generated tokens, in order.
+
+        Every request is checked before any step runs (``ValueError`` naming the prompt).
+        """
         if isinstance(max_new_tokens, int):
             limits = [max_new_tokens] * len(prompts)
         else:
             limits = list(max_new_tokens)
         waiting = deque(
-            _Sequence(i, len(p), int(n), [int(t) for t in p])
-            for i, (p, n) in enumerate(zip(prompts, limits, strict=True))
+            self._request(i, prompt, limit)
+            for i, (prompt, limit) in enumerate(zip(prompts, limits, strict=True))
         )
-        for seq in waiting:
-            if seq.prompt_len < 1 or seq.max_new_tokens < 1:
-                raise ValueError(f"prompts[{seq.index}]: needs a token and max_new_tokens >= 1")
-        self.stats = EngineStats()
+        # Slots are handed out anew per call: a call that failed midway leaks none.
+        self._pools, self.stats = self._fresh_pools(), EngineStats()
         outputs: list[list[int]] = [[] for _ in prompts]
         running: list[_Sequence] = []
         while waiting or running:
@@ -222,15 +248,40 @@ class Engine:
                 running.remove(seq)
         return outputs
 
+    def _request(self, index: int, prompt: Sequence[int], max_new_tokens: int) -> _Sequence:
+        """A checked request: a token at least, ids in the vocabulary, room in the KV cache
+        for every token it feeds (prompt and output but the last)."""
+        tokens, limit = [int(t) for t in prompt], int(max_new_tokens)
+        if not tokens or limit < 1:
+            raise ValueError(f"prompts[{index}]: needs a token and max_new_tokens >= 1")
+        vocab = self.runner.shape.vocab_size
+        bad = [t for t in tokens if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(
+                f"prompts[{index}]: token {bad[0]} is outside the vocabulary 0..{vocab - 1}"
+            )
+        positions, max_len = len(tokens) + limit - 1, self.runner.max_len
+        if positions > max_len:
+            raise ValueError(
+                f"prompts[{index}]: {len(tokens)} prompt tokens and {limit} new ones need "
+                f"{positions} KV positions, the runner has max_len = {max_len}"
+            )
+        return _Sequence(index, len(tokens), limit, NgramIndex(tokens, self.config.ngram_max))
+
     def _admit(self, waiting: deque[_Sequence], running: list[_Sequence]) -> None:
         while waiting and len(running) < self.config.max_num_seqs:
             if min(pool.num_free for pool in self._pools) == 0:
                 if not running:
-                    raise RuntimeError("no conv-state slot is free and nothing is running")
+                    raise RuntimeError("no slot is free and nothing is running")
                 return
             seq = waiting.popleft()
             seq.slots = tuple(pool.take() for pool in self._pools)
             running.append(seq)
+
+    def _drafts(self, seq: _Sequence, count: int) -> tuple[int, ...]:
+        if self._proposer is None:
+            return tuple(seq.stream.propose(count))
+        return tuple(self._proposer(seq.tokens, count)[:count])
 
     def _schedule(self, running: list[_Sequence]) -> list[_Row]:
         """This step's rows; the starting request rotates so no schedule is privileged."""
@@ -244,18 +295,18 @@ class Engine:
                 q = min(seq.prompt_len - start, config.prefill_chunk_tokens, budget)
                 rows.append(_Row(seq, tuple(seq.tokens[start : start + q]), None))
             elif config.num_spec_tokens:
-                count = min(config.num_spec_tokens, budget - 1)
-                drafts = tuple(self._propose(seq.tokens, count)[:count])
+                # Drafts past the last token still wanted could never be emitted.
+                count = min(config.num_spec_tokens, budget - 1, seq.remaining - 1)
+                drafts = self._drafts(seq, count)
                 rows.append(_Row(seq, (seq.tokens[start], *drafts), drafts))
             else:
                 rows.append(_Row(seq, (seq.tokens[start],), None))
             budget -= len(rows[-1].query)
         return rows
 
-    def _step(self, running: list[_Sequence]) -> None:
-        rows = self._schedule(running)
+    def _batch(self, rows: list[_Row]) -> StepBatch:
         groups = len(self._pools)
-        batch = StepBatch(
+        return StepBatch(
             query_lens=np.array([len(r.query) for r in rows], dtype=np.int32),
             num_computed_tokens=np.array([r.seq.num_computed for r in rows], dtype=np.int32),
             slots=np.array([[r.seq.slots[g] for r in rows] for g in range(groups)], np.int32),
@@ -266,25 +317,34 @@ class Engine:
                 [1 if r.drafts is None else r.seq.num_accepted for r in rows], dtype=np.int32
             ),
         )
+
+    def _step(self, running: list[_Sequence]) -> None:
+        rows = self._schedule(running)
+        batch = self._batch(rows)
         ids = np.array([t for r in rows for t in r.query], dtype=np.int64)
-        greedy = self.runner.greedy_tokens(batch, ids).tolist()
+        samples = sample_positions(batch, np.array([r.completes_prompt for r in rows]))
+        greedy = self.runner.greedy_tokens(batch, ids, samples).tolist()
         self.stats.steps += 1
         self.stats.tokens += len(ids)
-        start = 0
-        for row in rows:
-            self._advance(row, greedy[start : start + len(row.query)])
-            start += len(row.query)
+        # A row's samples are its last tokens, so its greedy tokens lie in its token range.
+        ends = np.searchsorted(samples, batch.query_start[1:]).tolist()
+        for row, start, end in zip(rows, [0, *ends[:-1]], ends, strict=True):
+            self._advance(row, greedy[start:end])
 
     def _advance(self, row: _Row, greedy: list[int]) -> None:
-        """Fold one row's greedy tokens into its request: verify drafts, commit tokens."""
+        """Fold one row's greedy tokens into its request: verify drafts, commit tokens.
+
+        ``greedy``: the row's sampled tokens' greedy next tokens (a spec row's every token,
+        else at most the last one's).
+        """
         seq = row.seq
         if row.drafts is None:
             seq.num_computed += len(row.query)
             if not seq.in_prefill:  # the last prompt chunk, or a decode
-                seq.tokens.append(greedy[-1])
+                seq.stream.extend([greedy[-1]])
             return
         accepted = accepted_prefix(row.drafts, greedy)
-        seq.tokens.extend([*row.drafts[:accepted], greedy[accepted]])  # plus the bonus token
+        seq.stream.extend([*row.drafts[:accepted], greedy[accepted]])  # plus the bonus token
         seq.num_computed += accepted + 1
         seq.num_accepted = accepted + 1
         stats = self.stats

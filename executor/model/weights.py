@@ -6,9 +6,9 @@ the same device type gives the same weights (CPU and CUDA generators differ).
 
 Scales keep activations O(1) through any depth: every projection is drawn with standard
 deviation ``1 / sqrt(fan_in)`` (its input is RMS-normalized, or the output of one such
-projection), norms near 1, the embedding at 1. The LM head gets ``4 / sqrt(hidden)``, as
-the toy model's does: logits spread wide enough that greedy choices are far from ties,
-so fp32 rounding never flips one and greedy tokens do not depend on the schedule.
+projection), norms near 1, the embedding at 1. The LM head gets ``4 / sqrt(hidden)``:
+logits spread wide enough that greedy choices are far from ties, so fp32 rounding never
+flips one and greedy tokens do not depend on the schedule.
 
 Projection weights are stored ``[out, in]``, ``F.linear``'s layout.
 """
