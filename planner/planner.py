@@ -91,8 +91,8 @@ class Planner:
         num_tiles, longest_prefill, spec_tokens = found
         packed.setflags(write=False)
         num_tokens = batch.query_start.item(-1)
-        # Positional, in ExecutionPlan's field order (a test holds it there): keywords cost
-        # a third more of this call, the dearest line left here.
+        # Positional, in ExecutionPlan's field order (a test holds it there): keywords make
+        # this call, the dearest line left here, measurably slower (bench/RESULTS.md).
         return ExecutionPlan(
             batch,
             self.config,

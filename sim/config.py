@@ -29,7 +29,8 @@ A TOML file has one table per section, each key a field of that section's class:
 Unknown sections or keys are errors (a misspelt key must not be silently ignored), and
 values are checked as the flags check them (``config_values.py``: ``64.5`` is not an
 integer). Rules across sections hold on the final settings (:func:`check_config`).
-Overrides use dotted keys, ``scheduler.max_num_seqs = 128``.
+Overrides use dotted keys, ``scheduler.max_num_seqs = 128``. The ``[live]`` section's
+class is in ``config_live.py`` (re-exported here).
 """
 
 from __future__ import annotations
@@ -42,6 +43,14 @@ import tomllib
 
 from stepplan.planner import GRAPH_MODES
 
+from .config_live import (  # noqa: F401 (re-exported: every setting imports from here)
+    LIVE_ATTENTION,
+    LIVE_BACKENDS,
+    LIVE_DEVICES,
+    LIVE_DTYPES,
+    LIVE_TIMES,
+    LiveConfig,
+)
 from .config_values import (
     INT,
     REAL,
@@ -54,7 +63,6 @@ from .config_values import (
     _one_of,
     _optional,
     _optional_ints,
-    _optional_one_of,
     _positive,
     _real,
     _text,
@@ -64,11 +72,6 @@ from .presets import CUSTOM_MODEL, MODEL_PRESETS, model_figures
 
 HOST_COSTS = ("model", "measured", "seed")
 ACCEPTANCE_MODELS = ("per-position", "fixed", "replay")
-LIVE_BACKENDS = ("reference", "triton")
-LIVE_DEVICES = ("cpu", "cuda")
-LIVE_TIMES = ("model", "measured")
-LIVE_DTYPES = ("float32", "bfloat16", "float16")
-LIVE_ATTENTION = ("flash", "sdpa")
 
 
 @attrs.frozen
@@ -371,48 +374,6 @@ class SloConfig:
 
     ttft_ms: float = attrs.field(default=1000.0, converter=REAL, validator=_positive)
     tpot_ms: float = attrs.field(default=50.0, converter=REAL, validator=_positive)
-
-
-@attrs.frozen
-class LiveConfig:
-    """Live mode (``live.py``): every step runs the simulated model (``model.name``'s
-    preset, at full size, seeded random weights), whose greedy tokens verify the drafts in
-    place of the acceptance model.
-
-    Attributes:
-        enabled: run live (``--live``).
-        backend: the executor's ``reference`` (PyTorch) or ``triton`` kernels; ``None``
-            picks triton on CUDA, the reference elsewhere.
-        device: ``cpu`` or ``cuda``.
-        time: ``model`` (the cost model's step time, as without live mode) or
-            ``measured`` (each step lasts what the engine took: not reproducible).
-        dtype: the model's precision; ``None`` keeps the preset's.
-        attention: ``flash`` (CUDA, bf16/fp16) or ``sdpa`` (per-row reference);
-            ``None`` picks flash on CUDA.
-        max_len: KV-cache positions per slot; ``None`` sizes them for the trace's longest
-            request.
-        seed: draws the model's weights.
-        ngram_max: longest suffix the prompt-lookup draft proposer matches.
-    """
-
-    enabled: bool = attrs.field(default=False, converter=attrs.Converter(_flag, takes_field=True))
-    backend: str | None = attrs.field(default=None, validator=_optional_one_of(LIVE_BACKENDS))
-    device: str = attrs.field(default="cpu", validator=_one_of(LIVE_DEVICES))
-    time: str = attrs.field(default="model", validator=_one_of(LIVE_TIMES))
-    dtype: str | None = attrs.field(default=None, validator=_optional_one_of(LIVE_DTYPES))
-    attention: str | None = attrs.field(default=None, validator=_optional_one_of(LIVE_ATTENTION))
-    max_len: int | None = attrs.field(
-        default=None, converter=_optional(_integer), validator=_positive
-    )
-    seed: int = attrs.field(default=0, converter=INT)
-    ngram_max: int = attrs.field(default=3, converter=INT, validator=_positive)
-
-    @property
-    def engine_backend(self) -> str:
-        """The executor backend live mode uses (``backend``, or the device's default)."""
-        if self.backend is not None:
-            return self.backend
-        return "triton" if self.device == "cuda" else "reference"
 
 
 SECTIONS: dict[str, type] = {

@@ -34,14 +34,12 @@ a preset of ``gpus.py``) has its times scaled by the two GPUs' bandwidth ratio.
 
 - ``model`` (default, deterministic): ``host_base_us + host_per_row_us * rows``, plus
   ``host_mixed_us`` when the step mixes kinds or has prefills. Defaults 8 µs,
-  0.02 µs per row and 3.5 µs, fitted to ``bench/planner_bench.py`` (``StepBatch``
-  validation + ``Planner.compile``, both compiled, p50, the 2-core CPU dev machine,
-  2026-11-29, third session): pure spec 1 x 4 / 256 x 4: 8.2 / 13.3 µs, decode 256:
-  13.4 µs, mixed 64 / 256 rows (counts varying per step): 12.5 / 16.7 µs; layer groups
-  add little and are not modelled. Where the packer cannot be built (numpy), the
-  second session's fit applies: 23 µs, 0.04 µs per row and 21 µs. The H200 host's CPU
-  ran the compiled planner at the dev machine's speed (``bench/RESULTS.md``).
-  ``measured`` uses the times measured inside the simulation loop.
+  0.02 µs per row and 3.5 µs: a fit to ``bench/planner_bench.py``'s p50 (``StepBatch``
+  validation + ``Planner.compile``, both compiled) over pure spec, pure decode and mixed
+  steps. Layer groups add little and are not modelled. The H200 host's CPU runs the
+  compiled planner as fast as the machine of the fit, so the defaults hold for the
+  default GPU. Without the compiled packer (numpy packing) the planner is slower: set
+  the three terms to the numpy fit. Both fits and their figures: ``bench/RESULTS.md``.
 - ``measured``: the planner's measured time of this very step.
 - ``seed``: the seed builder's SPEC §4 figures, 250 µs per layer group for a
   uniform (pure spec or pure decode) batch and 900 µs otherwise.

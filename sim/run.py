@@ -186,25 +186,13 @@ def simulate(
     times (step ``i`` lasts ``durations[i]`` seconds, its ``engine`` term);
     ``observer`` sees every step (:class:`StepEvent`)."""
     wall_start = time.perf_counter()
-    layout = plan_memory(config, table, live=config.live.enabled)
-    scheduler = Scheduler(table, config.scheduler, BlockPool(layout, table))
-    plan_config = planner_config(config)
-    planner = Planner(plan_config)  # compile_plan's plans, keeping what repeats between steps
-    if live is not None and not config.live.enabled:
-        raise ValueError("live: a stepper was given but config.live.enabled is false")
-    if config.live.enabled and live is None:
-        live = LiveStepper.create(config, plan_config, table)
-    cost = CostModel.create(config.model, config.gpu, config.cost, config.scheduler.num_groups)
-    if cost.engine is not None:  # a profile of another model or planner would mislead
-        cost.engine.check_setup(*engine_setup(config, plan_config))
-    acceptance = acceptance or make_acceptance(config.acceptance, config.seed)
-    log = RequestLog(table.num_requests)
-    records: list[tuple[float, ...]] = []
+    loop = _Loop.create(table, config, live, acceptance, durations, observer)
+    scheduler = loop.scheduler
     clock = 0.0
     stopped = False
     while not scheduler.done:
         if progress is not None:
-            progress.update(len(records), scheduler.num_finished, clock)
+            progress.update(len(loop.records), scheduler.num_finished, clock)
         if stop is not None and stop.is_set():
             stopped = True
             break
@@ -214,32 +202,86 @@ def simulate(
             if not np.isfinite(clock):
                 raise RuntimeError("scheduler stalled: requests left but none can run")
             continue
-        start = time.perf_counter_ns()
-        plan = planner.compile(step.batch)
-        plan_us = (time.perf_counter_ns() - start + step.batch_ns) * 1e-3
-        costs = cost.step(plan, StepLoad(step.kv_tokens, step.attention_pairs), plan_us)
-        outcome = None
-        if live is None:
-            accepted = _accepted(step, scheduler, acceptance, log)
-        else:
-            accepted, costs, outcome = _run_live(step, plan, live, log, costs, plan_us)
-        if durations is not None:
-            costs = _replayed(durations, len(records))
-        emitted, finished = scheduler.commit(step, accepted)
-        end = clock + costs.total
-        log.record(step.request_ids, emitted, finished, end)
-        records.append(_record(plan, clock, plan_us, costs) + step.memory.row())
-        if observer is not None:
-            index = len(records) - 1
-            observer(StepEvent(index, clock, step, plan, plan_us, costs, accepted, outcome))
-        clock = end
+        clock = loop.run_step(step, clock)
     if progress is not None:
         progress.close()
     wall_s = time.perf_counter() - wall_start
-    extra = {"gpu": gpu_summary(config.gpu, cost.profile.device, cost.conv_scale)}
+    extra = {"gpu": gpu_summary(config.gpu, loop.cost.profile.device, loop.cost.conv_scale)}
     return _result(
-        table, config, records, log, scheduler, wall_s, live, extra, complete=not stopped
+        table,
+        config,
+        loop.records,
+        loop.log,
+        scheduler,
+        wall_s,
+        loop.live,
+        extra,
+        complete=not stopped,
     )
+
+
+@attrs.define(eq=False)
+class _Loop:
+    """What the steps of one simulation share, and what they recorded so far
+    (``records``: one row of ``steps.csv`` per step)."""
+
+    scheduler: Scheduler
+    planner: Planner
+    cost: CostModel
+    acceptance: AcceptanceModel
+    live: LiveStepper | None
+    log: RequestLog
+    durations: Sequence[float] | None
+    observer: Callable[[StepEvent], None] | None
+    records: list[tuple[float, ...]] = attrs.Factory(list)
+
+    @classmethod
+    def create(
+        cls,
+        table: RequestTable,
+        config: SimConfig,
+        live: LiveStepper | None,
+        acceptance: AcceptanceModel | None,
+        durations: Sequence[float] | None,
+        observer: Callable[[StepEvent], None] | None,
+    ) -> _Loop:
+        """The loop's parts for ``simulate``'s arguments, every setting checked."""
+        layout = plan_memory(config, table, live=config.live.enabled)
+        scheduler = Scheduler(table, config.scheduler, BlockPool(layout, table))
+        plan_config = planner_config(config)
+        planner = Planner(plan_config)  # compile_plan's plans, keeping what repeats between steps
+        if live is not None and not config.live.enabled:
+            raise ValueError("live: a stepper was given but config.live.enabled is false")
+        if config.live.enabled and live is None:
+            live = LiveStepper.create(config, plan_config, table)
+        cost = CostModel.create(config.model, config.gpu, config.cost, config.scheduler.num_groups)
+        if cost.engine is not None:  # a profile of another model or planner would mislead
+            cost.engine.check_setup(*engine_setup(config, plan_config))
+        acceptance = acceptance or make_acceptance(config.acceptance, config.seed)
+        log = RequestLog(table.num_requests)
+        return cls(scheduler, planner, cost, acceptance, live, log, durations, observer)
+
+    def run_step(self, step: ScheduledStep, clock: float) -> float:
+        """Plan, time and commit one scheduled step that starts at ``clock``; its end."""
+        start = time.perf_counter_ns()
+        plan = self.planner.compile(step.batch)
+        plan_us = (time.perf_counter_ns() - start + step.batch_ns) * 1e-3
+        costs = self.cost.step(plan, StepLoad(step.kv_tokens, step.attention_pairs), plan_us)
+        outcome = None
+        if self.live is None:
+            accepted = _accepted(step, self.scheduler, self.acceptance, self.log)
+        else:
+            accepted, costs, outcome = _run_live(step, plan, self.live, self.log, costs, plan_us)
+        if self.durations is not None:
+            costs = _replayed(self.durations, len(self.records))
+        emitted, finished = self.scheduler.commit(step, accepted)
+        end = clock + costs.total
+        self.log.record(step.request_ids, emitted, finished, end)
+        self.records.append(_record(plan, clock, plan_us, costs) + step.memory.row())
+        if self.observer is not None:
+            index = len(self.records) - 1
+            self.observer(StepEvent(index, clock, step, plan, plan_us, costs, accepted, outcome))
+        return end
 
 
 def _replayed(durations: Sequence[float], index: int) -> StepCost:

@@ -256,6 +256,8 @@ def _add_trace_options(parser: argparse.ArgumentParser) -> None:
 
 
 def add_setting_options(parser: argparse.ArgumentParser) -> None:
+    """The settings' flags: ``--config``, ``--set``, and a flag for each common setting,
+    section by section in the order ``--help`` lists them."""
     add = parser.add_argument
     add("--config", help="TOML settings file (`stepplan config` prints one)")
     add("--set", action="append", metavar="SECTION.KEY=VALUE", help="any setting (repeatable)")
@@ -266,6 +268,15 @@ def add_setting_options(parser: argparse.ArgumentParser) -> None:
         type=int,
         help="keep the first N requests (default: all; 1,000 of the embedded trace)",
     )
+    _add_engine_options(parser)
+    _add_cost_options(parser)
+    _add_acceptance_options(parser)
+    _add_workload_options(parser)
+    _add_live_options(parser)
+
+
+def _add_engine_options(parser: argparse.ArgumentParser) -> None:
+    add = parser.add_argument
     add("--num-spec-tokens", type=int, help="drafts per spec step (Q - 1); 0: no spec")
     add("--max-num-seqs", type=int, help="most requests running at once")
     add("--max-num-batched-tokens", type=int, help="token budget per step, lookahead included")
@@ -283,6 +294,10 @@ def add_setting_options(parser: argparse.ArgumentParser) -> None:
         "mixed: a graph for any step that fits one",
     )
     add("--graph-sizes", help=GRAPH_SIZES_HELP)
+
+
+def _add_cost_options(parser: argparse.ArgumentParser) -> None:
+    add = parser.add_argument
     add(
         "--host-cost",
         choices=HOST_COSTS,
@@ -299,6 +314,10 @@ def add_setting_options(parser: argparse.ArgumentParser) -> None:
         help="kernel profile JSON, or public for SPEC §4's public kernel "
         "(default: stepplan's kernels as measured on an H200)",
     )
+
+
+def _add_acceptance_options(parser: argparse.ArgumentParser) -> None:
+    add = parser.add_argument
     add(
         "--acceptance",
         choices=(*ACCEPTANCE_MODELS, *ACCEPTANCE_PRESETS),
@@ -307,6 +326,10 @@ def add_setting_options(parser: argparse.ArgumentParser) -> None:
     add("--acceptance-probs", help="per-position acceptance, e.g. 0.9,0.8,0.7")
     add("--acceptance-length", type=float, help="mean acceptance length for 'fixed'")
     add("--acceptance-trace", help="JSONL of accepted counts for 'replay'")
+
+
+def _add_workload_options(parser: argparse.ArgumentParser) -> None:
+    add = parser.add_argument
     add("--rate-scale", type=float, help="arrival-rate multiplier")
     add("--start-s", type=float, help="window start, trace seconds (default: the trace's start)")
     add("--end-s", type=float, help="window end, trace seconds (default: the trace's end)")
@@ -317,7 +340,6 @@ def add_setting_options(parser: argparse.ArgumentParser) -> None:
     )
     add("--slo-ttft-ms", type=float, help="TTFT objective of a good request")
     add("--slo-tpot-ms", type=float, help="TPOT objective of a good request")
-    _add_live_options(parser)
 
 
 def _add_live_options(parser: argparse.ArgumentParser) -> None:
