@@ -297,7 +297,7 @@ class CostModel:
     def conv_s(self, plan: ExecutionPlan) -> float:
         """Short-conv time of every conv layer."""
         rows = (plan.num_spec_rows, plan.num_decode_rows, plan.num_prefill_rows)
-        tokens = (plan.num_spec_tokens, plan.num_decode_tokens, plan.num_prefill_tokens)
+        tokens = (plan.num_spec_decode_tokens, plan.num_decode_tokens, plan.num_prefill_tokens)
         return self.profile.time_us(rows, tokens) * self.model.conv_layers * 1e-6 * self.conv_scale
 
     def host_s(self, plan: ExecutionPlan, plan_us: float) -> float:

@@ -100,7 +100,7 @@ def _record(
         plan.num_spec_rows,
         plan.num_decode_rows,
         plan.num_prefill_rows,
-        plan.num_spec_tokens,
+        plan.num_spec_decode_tokens,
         plan.num_decode_tokens,
         plan.num_prefill_tokens,
         _GRAPH_CODES[graph.kind] if graph else 0,

@@ -189,8 +189,7 @@ def test_assign_buckets_every_step_as_compile_plan_does(case):
         max_num_seqs=max_num_seqs,
     )
     plan = compile_plan(batch, config)
-    fields = {KIND_TOKENS["spec"]: "num_spec_tokens"}  # the plan's older name
-    columns = {name: np.array([getattr(plan, fields.get(name, name))]) for name in STEP_COUNTS}
+    columns = {name: np.array([getattr(plan, name)]) for name in STEP_COUNTS}  # same names
     demand = step_demand(
         columns, num_spec_tokens=num_spec_tokens, graph_mode=mode, max_num_seqs=max_num_seqs
     )
