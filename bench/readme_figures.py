@@ -24,10 +24,10 @@ import tempfile
 import textwrap
 from pathlib import Path
 
-from stepplan.plots.results_io import Results, load_results
 from stepplan.sim import cli
 from stepplan.sim.buckets import Score, compare_to_defaults, usable_sizes
 from stepplan.sim.cli.buckets import run_config, run_demand
+from stepplan.sim.results import SimResult, read_results
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACE = ROOT / "sim" / "data" / "azure_llm_2023_code.csv"
@@ -43,7 +43,7 @@ def run(argv: list[str]) -> None:
         raise SystemExit(f"stepplan {' '.join(argv)}: exit code {code}")
 
 
-def scores(results: Results) -> dict[str, Score]:
+def scores(results: SimResult) -> dict[str, Score]:
     """The four lists of the README's table, by their row title."""
     demand = run_demand(results, run_config(results))
     whole = compare_to_defaults(demand)
@@ -61,7 +61,7 @@ def scores(results: Results) -> dict[str, Score]:
     }
 
 
-def section(results: Results, figure: Path) -> str:
+def section(results: SimResult, figure: Path) -> str:
     """The README section: figure, what ran, the table and what it shows."""
     summary, config = results.summary, run_config(results)
     trace, steps = summary["trace"], summary["steps"]
@@ -132,7 +132,7 @@ def main() -> None:
         run(["simulate", str(TRACE), "--out", str(folder), "--quiet"])
         if args.check is None:
             run(["buckets", str(folder), "--figure", str(args.figure)])
-        text = section(load_results(folder), args.figure)
+        text = section(read_results(folder), args.figure)
     if args.check is None:
         print(text)
     elif text not in args.check.read_text():

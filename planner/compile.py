@@ -125,7 +125,7 @@ def _compile(batch: StepBatch, config: PlannerConfig, *, in_engine_order: bool) 
         num_spec_rows=num_spec,
         num_decode_rows=num_decode,
         num_prefill_rows=num_prefill,
-        num_spec_tokens=spec_tokens,
+        num_spec_decode_tokens=spec_tokens,
         num_decode_tokens=num_decode,
         num_prefill_tokens=num_tokens - spec_tokens - num_decode,
         max_prefill_query_len=int(prefill_lens[prefill_lens.argmax()]) if num_prefill else 0,

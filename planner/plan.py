@@ -91,7 +91,9 @@ class ExecutionPlan:
         batch: the input the plan was compiled from.
         config: the configuration it was compiled with.
         num_spec_rows, num_decode_rows, num_prefill_rows: rows per group.
-        num_spec_tokens, num_decode_tokens, num_prefill_tokens: tokens per group.
+        num_spec_decode_tokens, num_decode_tokens, num_prefill_tokens: tokens per group
+            (vLLM's name for the spec tokens; drafts per request are
+            ``config.num_spec_tokens``).
         max_prefill_query_len: longest prefill query (0 without prefills).
         num_tiles: live prefill tiles (of ``config.prefill_tile_tokens`` tokens).
         graph: the CUDA graph to replay, or ``None`` to run eagerly.
@@ -104,7 +106,7 @@ class ExecutionPlan:
     num_spec_rows: int
     num_decode_rows: int
     num_prefill_rows: int
-    num_spec_tokens: int
+    num_spec_decode_tokens: int
     num_decode_tokens: int
     num_prefill_tokens: int
     max_prefill_query_len: int
@@ -149,7 +151,7 @@ class ExecutionPlan:
     @property
     def num_tokens(self) -> int:
         """Live tokens."""
-        return self.num_spec_tokens + self.num_decode_tokens + self.num_prefill_tokens
+        return self.num_spec_decode_tokens + self.num_decode_tokens + self.num_prefill_tokens
 
     @property
     def num_groups(self) -> int:
@@ -185,7 +187,7 @@ class ExecutionPlan:
             self.num_spec_rows,
             self.num_decode_rows,
             self.num_prefill_rows,
-            self.num_spec_tokens,
+            self.num_spec_decode_tokens,
             self.num_decode_tokens,
             self.num_prefill_tokens,
             self.max_prefill_query_len,
@@ -262,7 +264,7 @@ class ExecutionPlan:
             f"plan {graph}  Q={self.query_len_max}  groups={self.num_groups}",
             f"  rows   spec={self.num_spec_rows} decode={self.num_decode_rows} "
             f"prefill={self.num_prefill_rows} (padded to {self.padded_rows})",
-            f"  tokens spec={self.num_spec_tokens} decode={self.num_decode_tokens} "
+            f"  tokens spec={self.num_spec_decode_tokens} decode={self.num_decode_tokens} "
             f"prefill={self.num_prefill_tokens} (padded to {self.padded_tokens}), "
             f"max prefill query {self.max_prefill_query_len}, tiles {self.num_tiles}"
             f" x {self.tile_tokens}",

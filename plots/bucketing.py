@@ -10,8 +10,10 @@ import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
+from stepplan.sim.results import SimResult
+from stepplan.sim.table import ResultsError
+
 from .canvas import COLORS, new_figure
-from .results_io import Results, ResultsError
 
 #: Line colours of the bucketings drawn over one histogram, in order.
 EDGE_COLORS = ("#C44E52", "#4C72B0", "#8172B3", "#937860")
@@ -53,7 +55,7 @@ class Bucketing:
             )
 
 
-def run_bucketing(results: Results, label: str | None = None) -> Bucketing:
+def run_bucketing(results: SimResult, label: str | None = None) -> Bucketing:
     """The bucketing the run itself used (``steps.csv``); its edges are the buckets
     that at least one step replayed."""
     steps = results.steps
@@ -67,7 +69,7 @@ def run_bucketing(results: Results, label: str | None = None) -> Bucketing:
 
 
 def plot_bucketing(
-    results: Results, bucketings: Sequence[Bucketing] = (), title: str | None = None
+    results: SimResult, bucketings: Sequence[Bucketing] = (), title: str | None = None
 ) -> Figure:
     """Step sizes (tokens and rows) with the bucket edges of each bucketing drawn over
     them, and the padded share of every bucket.

@@ -5,8 +5,10 @@ from __future__ import annotations
 import numpy as np
 from matplotlib.figure import Figure
 
+from stepplan.sim.results import SimResult
+from stepplan.sim.table import ResultsError
+
 from .canvas import COLORS, new_figure
-from .results_io import Results, ResultsError
 
 #: The seed builder's host time per step *per layer group* on the H200 machine's CPU
 #: (SPEC §4): a pure-spec batch, and a mixed spec/decode/prefill batch.
@@ -14,7 +16,7 @@ SEED_PURE_SPEC_US = 250.0
 SEED_MIXED_US = 900.0
 
 
-def seed_host_us(results: Results, num_groups: int) -> np.ndarray:
+def seed_host_us(results: SimResult, num_groups: int) -> np.ndarray:
     """``[S], float64``: what the seed builder would spend on each step, in µs.
 
     Pure-spec steps cost :data:`SEED_PURE_SPEC_US` per group; every other step the
@@ -27,13 +29,13 @@ def seed_host_us(results: Results, num_groups: int) -> np.ndarray:
     return np.where(pure_spec, SEED_PURE_SPEC_US, SEED_MIXED_US) * num_groups
 
 
-def run_num_groups(results: Results) -> int:
+def run_num_groups(results: SimResult) -> int:
     """Layer groups of the run (``scheduler.num_groups`` in its config; 1 when absent)."""
     scheduler = results.config.get("scheduler", {})
     return int(scheduler.get("num_groups", 1)) if isinstance(scheduler, dict) else 1
 
 
-def plot_host_time(results: Results, num_groups: int | None = None) -> Figure:
+def plot_host_time(results: SimResult, num_groups: int | None = None) -> Figure:
     """Per-step host time of the planner (measured ``plan_us``) and of the seed builder
     (SPEC §4 figures times the layer groups): over the run, and as CDFs."""
     steps = results.steps

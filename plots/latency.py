@@ -9,21 +9,23 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import NullFormatter
 
+from stepplan.sim.results import SimResult
+from stepplan.sim.table import ResultsError
+
 from .canvas import new_figure
-from .results_io import Results, ResultsError
 
 #: Quantiles ``0, 0.01, ..., 1`` of the inter-token latency, as the summary stores them.
 ITL_QUANTILES = np.linspace(0.0, 1.0, 101)
 
 
-def request_latency_ms(results: Results, column: str) -> np.ndarray:
+def request_latency_ms(results: SimResult, column: str) -> np.ndarray:
     """``[n], float64``: a per-request latency column in ms, requests without one
     (a one-token output has no TPOT) left out."""
     values = results.requests.column(column) * 1e3
     return np.sort(values[np.isfinite(values)])
 
 
-def itl_quantiles_ms(results: Results) -> np.ndarray:
+def itl_quantiles_ms(results: SimResult) -> np.ndarray:
     """``[101], float64``: the run's inter-token latency quantiles from ``summary.json``
     (``[0]`` when the run has no inter-token gap, e.g. only one-token outputs)."""
     values = results.summary.get("itl_ms_quantiles")
@@ -41,7 +43,7 @@ def itl_quantiles_ms(results: Results) -> np.ndarray:
     return array
 
 
-def plot_latency_cdfs(runs: Sequence[Results], labels: Sequence[str] | None = None) -> Figure:
+def plot_latency_cdfs(runs: Sequence[SimResult], labels: Sequence[str] | None = None) -> Figure:
     """CDFs of TTFT, TPOT (per request) and ITL (per token) for every run, one curve each."""
     runs = tuple(runs)
     if not runs:

@@ -5,19 +5,20 @@ from __future__ import annotations
 import numpy as np
 from matplotlib.figure import Figure
 
+from stepplan.sim.results import SimResult
+
 from .canvas import COLORS, new_figure
-from .results_io import Results
 
 #: ``steps.csv`` columns the figure reads.
-MEMORY_COLUMNS = ("start_s", "duration_s", "kv_usage", "num_waiting", "num_preempted")
+FIGURE_COLUMNS = ("start_s", "duration_s", "kv_usage", "num_waiting", "num_preempted")
 
 
-def has_memory_columns(results: Results) -> bool:
+def has_memory_columns(results: SimResult) -> bool:
     """Whether the run's ``steps.csv`` has the memory columns (older runs do not)."""
-    return all(name in results.steps.columns for name in MEMORY_COLUMNS)
+    return all(name in results.steps.columns for name in FIGURE_COLUMNS)
 
 
-def plot_memory(results: Results) -> Figure:
+def plot_memory(results: SimResult) -> Figure:
     """Two panels over simulated time: KV-cache usage (share of the blocks, with a tick
     per step that preempted), and requests waiting (arrived, not running)."""
     steps = results.steps

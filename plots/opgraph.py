@@ -7,8 +7,9 @@ from typing import Any
 import networkx as nx
 from matplotlib.figure import Figure
 
+from stepplan.sim.table import ResultsError
+
 from .canvas import COLORS, new_figure
-from .results_io import ResultsError
 
 #: Layers of the drawing, left to right: buffers only read, ops, buffers written.
 INPUTS, OPS, OUTPUTS = 0, 1, 2

@@ -11,13 +11,15 @@ from typing import Any
 import attrs
 from matplotlib.figure import Figure
 
+from stepplan.sim.results import SimResult
+from stepplan.sim.table import ResultsError
+
 from .bucketing import Bucketing, plot_bucketing
 from .canvas import figure_bytes, write_atomically
 from .host import plot_host_time
 from .latency import plot_latency_cdfs
 from .memory import has_memory_columns, plot_memory
 from .opgraph import plot_op_graph
-from .results_io import Results, ResultsError
 from .timeline import plot_timeline
 
 STYLE = """
@@ -68,10 +70,10 @@ def format_value(value: object) -> str:
 
 
 def report_figures(
-    results: Results,
+    results: SimResult,
     *,
     bucketings: Sequence[Bucketing] = (),
-    others: Sequence[Results] = (),
+    others: Sequence[SimResult] = (),
     plan: Any = None,
 ) -> dict[str, Figure]:
     """Every figure of the report, by title: buckets, timeline, latency CDFs (this run
@@ -91,7 +93,7 @@ def report_figures(
 
 
 def build_report(
-    results: Results,
+    results: SimResult,
     *,
     figures: Mapping[str, Figure] | None = None,
     tables: Sequence[ReportTable] = (),
@@ -132,7 +134,7 @@ def build_report(
     return f"<!DOCTYPE html>\n<html><head>{head}</head>\n<body>\n{body}\n</body></html>\n"
 
 
-def write_report(results: Results, path: str | Path, **options: Any) -> Path:
+def write_report(results: SimResult, path: str | Path, **options: Any) -> Path:
     """Write :func:`build_report` to ``path`` atomically; ``options`` go to it."""
     path = Path(path)
     write_atomically(path, build_report(results, **options).encode())

@@ -5,13 +5,14 @@ from __future__ import annotations
 import numpy as np
 from matplotlib.figure import Figure
 
+from stepplan.sim.results import SimResult
+from stepplan.sim.schema import KIND_TOKENS
+from stepplan.sim.table import ResultsError
+
 from .canvas import COLORS, new_figure
-from .results_io import Results, ResultsError
-
-PARTS = ("spec", "decode", "prefill")
 
 
-def plot_timeline(results: Results, first_step: int = 0, num_steps: int = 400) -> Figure:
+def plot_timeline(results: SimResult, first_step: int = 0, num_steps: int = 400) -> Figure:
     """Tokens per step, stacked by kind, for steps ``first_step .. first_step + num_steps``;
     a strip below marks the steps that replayed a CUDA graph.
 
@@ -34,8 +35,8 @@ def plot_timeline(results: Results, first_step: int = 0, num_steps: int = 400) -
     figure = new_figure(10.0, 4.5)
     axes, strip = figure.subplots(2, 1, sharex=True, height_ratios=[6, 1])
     baseline = np.zeros(len(start))
-    for part in PARTS:
-        values = baseline + steps.column(f"num_{part}_tokens")[window]
+    for part, name in KIND_TOKENS.items():
+        values = baseline + steps.column(name)[window]
         axes.stairs(values, edges, baseline=baseline, fill=True, color=COLORS[part], label=part)
         baseline = values
     axes.set_yscale("symlog", linthresh=16)

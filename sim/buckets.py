@@ -26,6 +26,7 @@ from stepplan.planner.buckets import (
     uniform_demand,
 )
 
+from .schema import KIND_ROWS, KIND_TOKENS
 from .size_dp import BucketError, optimal_sizes, padded_cost, sorted_sizes
 
 __all__ = [  # the optimizer's names, wherever they live
@@ -119,12 +120,11 @@ def step_demand(
     """The demand of every step of a simulation's step table.
 
     Reads the columns ``num_spec_rows``, ``num_decode_rows``, ``num_prefill_rows``,
-    ``num_spec_tokens``, ``num_decode_tokens``, ``num_prefill_tokens`` (each
-    ``[S]``, integer) of ``steps.csv``.
+    ``num_spec_decode_tokens``, ``num_decode_tokens``, ``num_prefill_tokens`` (each
+    ``[S]``, integer) of ``steps.csv`` (``schema.KIND_ROWS``, ``schema.KIND_TOKENS``).
     """
-    names = ("spec", "decode", "prefill")
-    rows = [_int_column(steps, f"num_{name}_rows") for name in names]
-    tokens = [_int_column(steps, f"num_{name}_tokens") for name in names]
+    rows = [_int_column(steps, name) for name in KIND_ROWS.values()]
+    tokens = [_int_column(steps, name) for name in KIND_TOKENS.values()]
     lengths = {len(column) for column in rows + tokens}
     if len(lengths) != 1:
         raise BucketError(f"step columns have different lengths: {sorted(lengths)}")

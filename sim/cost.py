@@ -4,7 +4,7 @@ kernels, host time and launch overhead -- or one measured engine's time.
 ``duration = model_s + conv_s + host_s + launch_s + engine_s`` (the host plans the step
 before the GPU runs it; vLLM v1 without async scheduling serializes the two). Each term
 is a field of :class:`StepCost` and a ``<term>_s`` column of ``steps.csv``; a new term is
-a new field here.
+a new field here and its meaning in ``schema.py``.
 
 **engine_s** -- with ``cost.profile`` (an engine profile, :mod:`.engine_profile`), a step
 the profile covers takes what its fit predicts for the profiled engine, and only that;
@@ -298,7 +298,7 @@ class CostModel:
     def conv_s(self, plan: ExecutionPlan) -> float:
         """Short-conv time of every conv layer."""
         rows = (plan.num_spec_rows, plan.num_decode_rows, plan.num_prefill_rows)
-        tokens = (plan.num_spec_tokens, plan.num_decode_tokens, plan.num_prefill_tokens)
+        tokens = (plan.num_spec_decode_tokens, plan.num_decode_tokens, plan.num_prefill_tokens)
         return self.profile.time_us(rows, tokens) * self.model.conv_layers * 1e-6 * self.conv_scale
 
     def host_s(self, plan: ExecutionPlan, plan_us: float) -> float:

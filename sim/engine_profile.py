@@ -124,7 +124,7 @@ def step_shape(plan: Any) -> StepShape:
     return StepShape(
         graph=key,
         rows=(plan.num_spec_rows, plan.num_decode_rows, plan.num_prefill_rows),
-        tokens=(plan.num_spec_tokens, plan.num_decode_tokens, plan.num_prefill_tokens),
+        tokens=(plan.num_spec_decode_tokens, plan.num_decode_tokens, plan.num_prefill_tokens),
         tiles=plan.num_tiles,
         context_tokens=int(contexts.sum()),
         prefill_pairs=pairs,

@@ -1,11 +1,39 @@
 """What the simulation loop records: per-request accumulators, and the per-step and
-per-request columns of a :class:`~.results.SimResult` built from them."""
+per-request columns of a :class:`~.results.SimResult` built from them (named and
+typed in ``schema.py``)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from .results import FLOAT_STEP_COLUMNS, GRAPH_KINDS, STEP_COLUMNS, STEP_RECORD
+from .schema import (
+    COST_COLUMNS,
+    FLOAT,
+    GRAPH_KINDS,
+    KIND_ROWS,
+    KIND_TOKENS,
+    MEMORY_COLUMNS,
+    STEPS_IN_MEMORY,
+)
+
+#: The loop's per-step record, in order (``run._record``, then ``StepMemory.row()``):
+#: the recorded columns of the steps, ``graph_kind`` as its index in ``GRAPH_KINDS``.
+STEP_RECORD = (
+    "start_s",
+    "duration_s",
+    *KIND_ROWS.values(),
+    *KIND_TOKENS.values(),
+    "graph_code",
+    "graph_tokens",
+    "graph_rows",
+    "padded_tokens",
+    "padded_rows",
+    "plan_us",
+    *(column.name for column in COST_COLUMNS),
+    *(column.name for column in MEMORY_COLUMNS),
+)
+#: Record fields kept as floats (the rest become int64).
+_FLOAT_RECORD = frozenset(c.name for c in STEPS_IN_MEMORY.columns if c.dtype == FLOAT)
 
 
 class RequestLog:
@@ -52,19 +80,20 @@ class RequestLog:
 
 
 def step_columns(records: list[tuple[float, ...]]) -> dict[str, np.ndarray]:
-    """``steps.csv`` columns from the loop's per-step tuples (``STEP_RECORD`` order)."""
+    """The steps' columns (``schema.STEPS_IN_MEMORY``, in order, ``[num_steps]`` each)
+    from the loop's per-step tuples (``STEP_RECORD`` order)."""
     table = np.array(records, dtype=np.float64).reshape(len(records), len(STEP_RECORD))
     columns = {
-        name: table[:, i] if name in FLOAT_STEP_COLUMNS else table[:, i].astype(np.int64)
+        name: table[:, i] if name in _FLOAT_RECORD else table[:, i].astype(np.int64)
         for i, name in enumerate(STEP_RECORD)
     }
     code = columns.pop("graph_code")
     columns["step"] = np.arange(len(records), dtype=np.int64)
-    columns["num_rows"] = sum(columns[f"num_{k}_rows"] for k in ("spec", "decode", "prefill"))
-    columns["num_tokens"] = sum(columns[f"num_{k}_tokens"] for k in ("spec", "decode", "prefill"))
-    columns["graph_kind"] = np.asarray(GRAPH_KINDS, dtype=object)[code]
+    columns["num_rows"] = sum(columns[name] for name in KIND_ROWS.values())
+    columns["num_tokens"] = sum(columns[name] for name in KIND_TOKENS.values())
+    columns["graph_kind"] = np.asarray(GRAPH_KINDS)[code]
     columns["graph_hit"] = (code > 0).astype(np.int64)
-    return {name: columns[name] for name in STEP_COLUMNS}
+    return {name: columns[name] for name in STEPS_IN_MEMORY.names}
 
 
 def request_columns(

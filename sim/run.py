@@ -32,8 +32,10 @@ from .live import LiveOutcome, LiveStepper, engine_setup
 from .memory import BlockPool
 from .progress import Progress
 from .records import RequestLog, request_columns, step_columns
-from .results import GRAPH_KINDS, MEASURED, SimResult, summarize
+from .results import SimResult
 from .scheduler import ScheduledStep, Scheduler
+from .schema import GRAPH_KINDS, MEASURED
+from .summary import summarize
 from .traces import RequestTable, TraceError
 
 _GRAPH_CODES = {kind: code for code, kind in enumerate(GRAPH_KINDS)}  # steps.csv graph_kind
@@ -98,7 +100,7 @@ def _record(
         plan.num_spec_rows,
         plan.num_decode_rows,
         plan.num_prefill_rows,
-        plan.num_spec_tokens,
+        plan.num_spec_decode_tokens,
         plan.num_decode_tokens,
         plan.num_prefill_tokens,
         _GRAPH_CODES[graph.kind] if graph else 0,

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
+from stepplan.sim.schema import TABLES
+
 GOLDEN = Path(__file__).with_name("golden") / "sim_columns.json"
 #: Runs the golden covers: (name, trace spec or None for the bundled default, settings).
 RUNS: tuple[tuple[str, str | None, dict], ...] = (
@@ -56,8 +58,9 @@ RUNS: tuple[tuple[str, str | None, dict], ...] = (
 )
 #: Settings every golden run adds: the one figure the presets changed on purpose.
 PINNED = {"model.params": 8.0e9}
-#: New column name -> the name the golden knows it by.
-RENAMED: dict[str, str] = {"num_spec_decode_tokens": "num_spec_tokens"}
+#: New column name -> the name the golden knows it by: the schema's renames (the names
+#: older folders have, which the reader takes too).
+RENAMED: dict[str, str] = {new: old for table in TABLES for old, new in table.renamed.items()}
 SKIPPED = frozenset({"plan_us"})
 
 

@@ -13,22 +13,37 @@ import numpy as np
 
 from stepplan.planner import default_graph_sizes
 from stepplan.sim.buckets import assign, step_demand
-from stepplan.sim.results import REQUEST_COLUMNS, STEP_COLUMNS, SimResult, write_results
+from stepplan.sim.results import SimResult, write_results
+from stepplan.sim.schema import (
+    COST_COLUMNS,
+    KIND_ROWS,
+    KIND_TOKENS,
+    REQUESTS,
+    STEPS_IN_MEMORY,
+    TableSchema,
+)
+
+#: Each cost column's share of a step's duration (``COST_COLUMNS`` order).
+COST_SHARES = (0.9, 0.05, 0.03, 0.02, 0.0)
+
+
+def in_schema(schema: TableSchema, columns: dict) -> dict[str, np.ndarray]:
+    """``columns`` in the schema's order and types (a column missing is a KeyError)."""
+    return {c.name: np.asarray(columns[c.name]).astype(c.numpy_dtype) for c in schema.columns}
 
 
 def synthetic_steps(num_steps: int, seed: int, num_spec_tokens: int = 3) -> dict[str, np.ndarray]:
-    """Step columns of ``steps.csv`` (``[S]`` each), in its order."""
+    """The steps' columns (``[S]`` each, ``schema.STEPS_IN_MEMORY``), in order."""
     rng = np.random.default_rng(seed)
     q = num_spec_tokens + 1
     spec_rows = rng.integers(1, 120, num_steps)
     prefill_rows = (rng.random(num_steps) < 0.3).astype(np.int64)
+    none = np.zeros(num_steps, np.int64)
+    rows = (spec_rows, none, prefill_rows)
+    tokens = (spec_rows * q, none, prefill_rows * rng.integers(2, 2048, num_steps))
     columns = {
-        "num_spec_rows": spec_rows,
-        "num_decode_rows": np.zeros(num_steps, np.int64),
-        "num_prefill_rows": prefill_rows,
-        "num_spec_tokens": spec_rows * q,
-        "num_decode_tokens": np.zeros(num_steps, np.int64),
-        "num_prefill_tokens": prefill_rows * rng.integers(2, 2048, num_steps),
+        **dict(zip(KIND_ROWS.values(), rows, strict=True)),
+        **dict(zip(KIND_TOKENS.values(), tokens, strict=True)),
     }
     demand = step_demand(
         columns, num_spec_tokens=num_spec_tokens, graph_mode="full", max_num_seqs=256
@@ -49,18 +64,15 @@ def synthetic_steps(num_steps: int, seed: int, num_spec_tokens: int = 3) -> dict
         padded_tokens=np.where(hit, graphs.graph_tokens - demand.tokens, 0),
         padded_rows=np.where(hit, graphs.graph_rows - demand.rows, 0),
         plan_us=rng.uniform(5.0, 40.0, num_steps),
-        model_s=duration * 0.9,
-        conv_s=duration * 0.05,
-        host_s=duration * 0.03,
-        launch_s=duration * 0.02,
-        engine_s=np.zeros(num_steps),
         num_waiting=rng.integers(0, 30, num_steps),
         num_preempted=(rng.random(num_steps) < 0.02).astype(np.int64),
         kv_used_blocks=rng.integers(0, 1000, num_steps),
         kv_cached_blocks=rng.integers(0, 100, num_steps),
     )
     columns["kv_usage"] = columns["kv_used_blocks"] / 1000.0
-    return {name: columns[name] for name in STEP_COLUMNS}
+    for column, share in zip(COST_COLUMNS, COST_SHARES, strict=True):
+        columns[column.name] = duration * share
+    return in_schema(STEPS_IN_MEMORY, columns)
 
 
 def synthetic_requests(num_requests: int, seed: int) -> dict[str, np.ndarray]:
@@ -90,7 +102,7 @@ def synthetic_requests(num_requests: int, seed: int) -> dict[str, np.ndarray]:
         "recomputed_tokens": np.zeros(num_requests, np.int64),
         "cached_tokens": np.zeros(num_requests, np.int64),
     }
-    return {name: columns[name] for name in REQUEST_COLUMNS}
+    return in_schema(REQUESTS, columns)
 
 
 def synthetic_summary(steps: dict, requests: dict, num_spec_tokens: int = 3) -> dict:

@@ -28,6 +28,10 @@ from stepplan.sim.buckets import (
 )
 from stepplan.sim.cli import main
 from stepplan.sim.config import load_config
+from stepplan.sim.schema import KIND_ROWS, KIND_TOKENS
+
+#: The step columns the demand reads: live rows and tokens per kind.
+STEP_COUNTS = (*KIND_ROWS.values(), *KIND_TOKENS.values())
 
 FAST = settings(max_examples=60, deadline=None)
 
@@ -92,16 +96,14 @@ def step_tables(draw):
     num_spec_tokens = draw(st.integers(0, 3))
     q = num_spec_tokens + 1
     count = draw(st.integers(1, 40))
-    columns = {
-        f"num_{k}_{u}": [] for k in ("spec", "decode", "prefill") for u in ("rows", "tokens")
-    }
+    columns = {name: [] for name in STEP_COUNTS}
     for _ in range(count):
         spec = draw(st.integers(0, 40)) if q > 1 else 0
         decode = draw(st.integers(0, 40)) if q == 1 or draw(st.booleans()) else 0
         prefill = draw(st.integers(0, 2))
         for kind, rows, per_row in (("spec", spec, q), ("decode", decode, 1)):
-            columns[f"num_{kind}_rows"].append(rows)
-            columns[f"num_{kind}_tokens"].append(rows * per_row)
+            columns[KIND_ROWS[kind]].append(rows)
+            columns[KIND_TOKENS[kind]].append(rows * per_row)
         columns["num_prefill_rows"].append(prefill)
         columns["num_prefill_tokens"].append(prefill * draw(st.integers(2, 700)))
     mode = draw(st.sampled_from(("full", "mixed")))
@@ -187,11 +189,7 @@ def test_assign_buckets_every_step_as_compile_plan_does(case):
         max_num_seqs=max_num_seqs,
     )
     plan = compile_plan(batch, config)
-    columns = {
-        f"num_{kind}_{unit}": np.array([getattr(plan, f"num_{kind}_{unit}")])
-        for kind in ("spec", "decode", "prefill")
-        for unit in ("rows", "tokens")
-    }
+    columns = {name: np.array([getattr(plan, name)]) for name in STEP_COUNTS}  # same names
     demand = step_demand(
         columns, num_spec_tokens=num_spec_tokens, graph_mode=mode, max_num_seqs=max_num_seqs
     )
@@ -211,8 +209,7 @@ def test_sglang_default_lists():
 
 
 def test_bad_input_is_refused_with_a_clear_error():
-    columns = {f"num_{k}_{u}": np.ones(3, np.int64) for k in ("spec", "decode", "prefill")
-               for u in ("rows", "tokens")}  # fmt: skip
+    columns = {name: np.ones(3, np.int64) for name in STEP_COUNTS}
     with pytest.raises(BucketError, match="num_spec_rows"):
         step_demand({}, num_spec_tokens=3, graph_mode="full", max_num_seqs=8)
     with pytest.raises(BucketError, match="different lengths"):

@@ -42,7 +42,8 @@ from stepplan.sim.config import (
     with_settings,
 )
 from stepplan.sim.config_toml import config_toml
-from stepplan.sim.results import read_results, summary_rows
+from stepplan.sim.results import read_results
+from stepplan.sim.summary import summary_rows
 
 EMBEDDED = Path(str(resources.files("stepplan.sim").joinpath("data/azure_llm_2023_code.csv")))
 SYNTHETIC = "synthetic:n=30,rate=10,prompt=fixed:64,output=fixed:8"

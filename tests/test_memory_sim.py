@@ -12,21 +12,26 @@ from golden_sim import GOLDEN, RUNS, digests, simulate_run
 
 from stepplan.plots.memory import plot_memory
 from stepplan.plots.report import report_figures
-from stepplan.plots.results_io import load_results
 from stepplan.sim import cli
 from stepplan.sim.config import SimConfig, with_settings
-from stepplan.sim.results import MEMORY_STEP_COLUMNS, STEP_RECORD, write_results
+from stepplan.sim.records import STEP_RECORD
+from stepplan.sim.results import read_results, write_results
 from stepplan.sim.run import simulate
 from stepplan.sim.scheduler import StepMemory
+from stepplan.sim.schema import MEMORY_COLUMNS, STEPS
 from stepplan.sim.traces import load_trace
 
 MOONCAKE = Path(__file__).with_name("data") / "mooncake_slice.jsonl"
 GOLDEN_RUNS = {run[0]: run for run in RUNS}
 
 
+MEMORY_STEP_COLUMNS = tuple(column.name for column in MEMORY_COLUMNS)
+
+
 def test_step_memory_fields_are_the_step_columns():
     assert tuple(a.name for a in StepMemory.__attrs_attrs__) == MEMORY_STEP_COLUMNS
     assert STEP_RECORD[-len(MEMORY_STEP_COLUMNS) :] == MEMORY_STEP_COLUMNS
+    assert STEPS.names[-len(MEMORY_STEP_COLUMNS) :] == MEMORY_STEP_COLUMNS
 
 
 def test_a_huge_kv_cache_equals_the_run_without_the_memory_model():
@@ -88,7 +93,7 @@ def test_memory_can_limit_the_slot_pool():
 
 def test_results_carry_the_memory_columns_and_the_figure(bound, tmp_path):
     folder = write_results(bound, tmp_path / "run")
-    results = load_results(folder)
+    results = read_results(folder)
     for name in MEMORY_STEP_COLUMNS:
         np.testing.assert_array_equal(results.steps.column(name), bound.steps[name])
     for name in ("num_preemptions", "recomputed_tokens", "cached_tokens"):

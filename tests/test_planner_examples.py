@@ -139,7 +139,7 @@ def test_256_requests_fill_the_largest_spec_graph():
     plan = compile_plan(b, config)
     assert plan.graph == GraphKey("spec", 1024, 256, 0)
     assert (plan.token_map == np.arange(1024)).all()
-    assert plan.num_spec_tokens == 1024
+    assert plan.num_spec_decode_tokens == 1024
     assert seed_view(plan)["spec_state_indices_tensor"].tolist() == list(range(1, 257))
 
 

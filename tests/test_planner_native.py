@@ -73,7 +73,7 @@ def test_the_native_path_builds_plans_in_field_order():
         "num_spec_rows",
         "num_decode_rows",
         "num_prefill_rows",
-        "num_spec_tokens",
+        "num_spec_decode_tokens",
         "num_decode_tokens",
         "num_prefill_tokens",
         "max_prefill_query_len",

@@ -16,11 +16,11 @@ from stepplan.plots.canvas import figure_bytes, save_figure
 from stepplan.plots.host import SEED_MIXED_US, SEED_PURE_SPEC_US, plot_host_time, seed_host_us
 from stepplan.plots.latency import plot_latency_cdfs
 from stepplan.plots.opgraph import plot_op_graph
-from stepplan.plots.results_io import ResultsError, Table, load_results, results_from_columns
 from stepplan.plots.timeline import plot_timeline
 from stepplan.sim.config import SimConfig, with_settings
-from stepplan.sim.results import write_results
+from stepplan.sim.results import SimResult, read_results, write_results
 from stepplan.sim.run import simulate
+from stepplan.sim.table import ResultsError, Table
 from stepplan.sim.workloads import parse_synthetic
 
 
@@ -37,12 +37,12 @@ def simulated(simulation, tmp_path_factory):
     """That simulation written and read back."""
     folder = tmp_path_factory.mktemp("sim") / "run"
     write_results(simulation, folder)
-    return load_results(folder)
+    return read_results(folder)
 
 
 @pytest.fixture(scope="module")
 def synthetic(tmp_path_factory):
-    return load_results(write_synthetic_results(tmp_path_factory.mktemp("syn") / "run"))
+    return read_results(write_synthetic_results(tmp_path_factory.mktemp("syn") / "run"))
 
 
 def example_plan():
@@ -106,10 +106,15 @@ def test_host_time_uses_the_seed_figures_per_group(synthetic):
     assert np.all(seed[~pure_spec] == 3 * SEED_MIXED_US)
 
 
+def in_memory(steps, requests, summary):
+    """A result held in memory, as a simulation just run gives it."""
+    return SimResult(steps, requests, np.zeros(0), summary)
+
+
 def empty_results(synthetic):
-    steps = {key: column[:0] for key, column in synthetic.steps.columns.items()}
-    requests = {key: column[:0] for key, column in synthetic.requests.columns.items()}
-    return results_from_columns(steps, requests, synthetic.summary)
+    steps = {key: column[:0] for key, column in synthetic.steps.items()}
+    requests = {key: column[:0] for key, column in synthetic.requests.items()}
+    return in_memory(steps, requests, synthetic.summary)
 
 
 @pytest.mark.parametrize("name", FIGURES)
@@ -130,16 +135,14 @@ def test_mismatched_input_is_refused_with_a_clear_error(synthetic):
         plot_latency_cdfs([synthetic], ["a", "b"])
     with pytest.raises(ResultsError, match="at least one run"):
         plot_latency_cdfs([])
-    short_itl = results_from_columns(
-        synthetic.steps.columns, synthetic.requests.columns, {"itl_ms_quantiles": [1.0, 2.0]}
-    )
+    short_itl = in_memory(synthetic.steps, synthetic.requests, {"itl_ms_quantiles": [1.0, 2.0]})
     with pytest.raises(ResultsError, match="101 ascending"):
         plot_latency_cdfs([short_itl])
     with pytest.raises(ResultsError, match="outside"):
         plot_timeline(synthetic, first_step=10**6)
     with pytest.raises(ResultsError, match="num_groups"):
         plot_host_time(synthetic, num_groups=0)
-    no_steps = results_from_columns({"step": [0]}, synthetic.requests.columns, {})
+    no_steps = in_memory({"step": [0]}, synthetic.requests, {})
     with pytest.raises(ResultsError, match="missing column 'graph_hit'"):
         plot_bucketing(no_steps)
 
@@ -165,15 +168,15 @@ def test_loading_names_the_file_line_and_column(synthetic, tmp_path):
     with (folder / "steps.csv").open("w", newline="") as file:
         csv.writer(file).writerows(rows)
     with pytest.raises(ResultsError, match=r"steps.csv:4: column 'num_tokens' has 'many'"):
-        load_results(folder)
+        read_results(folder)
     (folder / "steps.csv").write_text("step,num_rows\n0,1\n1\n")
     with pytest.raises(ResultsError, match=r"steps.csv:3: 1 fields, the header has 2"):
-        load_results(folder)
+        read_results(folder)
     (folder / "summary.json").unlink()
     with pytest.raises(ResultsError, match=r"summary\.json: missing"):
-        load_results(folder)
+        read_results(folder)
     with pytest.raises(ResultsError, match="not a results folder"):
-        load_results(tmp_path / "nowhere")
+        read_results(tmp_path / "nowhere")
 
 
 def assert_same_columns(table, written):

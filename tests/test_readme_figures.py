@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from stepplan.plots.results_io import load_results
+from stepplan.sim.results import read_results
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import readme_figures
@@ -17,7 +17,7 @@ ROOT = readme_figures.ROOT
 def test_readme_bucketing_section_matches_the_code(tmp_path):
     folder = tmp_path / "azure-code-q4"
     readme_figures.run(["simulate", str(readme_figures.TRACE), "--out", str(folder), "--quiet"])
-    text = readme_figures.section(load_results(folder), readme_figures.FIGURE)
+    text = readme_figures.section(read_results(folder), readme_figures.FIGURE)
     readme = (ROOT / "README.md").read_text()
     assert text in readme, "README.md is stale: run python bench/readme_figures.py"
     assert "`python bench/readme_figures.py`" in readme

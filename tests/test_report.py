@@ -11,8 +11,9 @@ import pytest
 from synthetic_results import write_synthetic_results
 
 from stepplan.plots.report import ReportTable, build_report, format_value
-from stepplan.plots.results_io import ResultsError, load_results
 from stepplan.sim.cli import main
+from stepplan.sim.results import read_results
+from stepplan.sim.table import ResultsError
 
 FIGURE_IDS = (
     "fig-step-sizes-and-cuda-graph-buckets",
@@ -93,7 +94,7 @@ def test_report_command_with_a_second_run(simulated, tmp_path, capsys):
 
 
 def test_extra_tables_and_their_errors(tmp_path):
-    results = load_results(write_synthetic_results(tmp_path / "run", num_steps=30))
+    results = read_results(write_synthetic_results(tmp_path / "run", num_steps=30))
     table = ReportTable("Extra", ("name", "value"), [("alpha", 1.5)])
     page = build_report(results, figures={}, tables=[table])
     assert "<h2>Extra</h2>" in page and "<td>alpha</td><td>1.5</td>" in page

@@ -112,7 +112,7 @@ def test_acceptance_summary_is_the_live_verification(reference_run):
     assert summary["live"] is True and summary["config"]["live"]["enabled"] is True
     assert summary["live_run"]["backend"] == "reference" and summary["live_run"]["reproducible"]
     assert acceptance["accepted_tokens"] == requests["accepted_tokens"].sum()
-    assert acceptance["drafted_tokens"] == result.steps["num_spec_tokens"].sum() - (
+    assert acceptance["drafted_tokens"] == result.steps["num_spec_decode_tokens"].sum() - (
         result.steps["num_spec_rows"].sum()
     )
     assert 0 < acceptance["accepted_tokens"] < acceptance["drafted_tokens"]

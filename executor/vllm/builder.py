@@ -283,7 +283,7 @@ class PlanMetadataBuilder:
             value = view[name]
             fields[name] = None if value is None else self._device_view(name, value.size)
         token_map, _ = plan.layout.span("token_map")
-        spec_tokens, tokens = plan.num_spec_tokens, plan.num_tokens
+        spec_tokens, tokens = plan.num_spec_decode_tokens, plan.num_tokens
         spans = ((0, spec_tokens), (spec_tokens, tokens))
         for name, (start, stop) in zip(TOKEN_FIELDS, spans, strict=True):
             live = plan_buffer[token_map + start : token_map + stop]

@@ -45,7 +45,7 @@ def _seed_pads(plan: ExecutionPlan) -> tuple[int | None, int | None]:
     max_rows, max_tokens = seed_graph_limits(config)
     spec_pad = decode_pad = None
     pure_spec = plan.num_spec_rows and plan.num_rows == plan.num_spec_rows
-    if pure_spec and plan.num_spec_rows <= max_rows and plan.num_spec_tokens <= max_tokens:
+    if pure_spec and plan.num_spec_rows <= max_rows and plan.num_spec_decode_tokens <= max_tokens:
         spec_pad = max(plan.batch.num_rows, plan.batch.num_padded_rows or 0)
     pure_decode = plan.num_decode_rows and plan.num_rows == plan.num_decode_rows
     if pure_decode and plan.num_decode_rows <= max_rows:
@@ -93,7 +93,7 @@ def _counts(plan: ExecutionPlan) -> dict[str, int]:
         "num_reqs": batch.num_rows,
         "num_actual_tokens": batch.num_padded_tokens or batch.num_tokens,
         "num_spec_decodes": plan.num_spec_rows,
-        "num_spec_decode_tokens": plan.num_spec_tokens,
+        "num_spec_decode_tokens": plan.num_spec_decode_tokens,
         "num_decodes": plan.num_decode_rows,
         "num_decode_tokens": plan.num_decode_tokens,
         "num_prefills": plan.num_prefill_rows,
@@ -143,8 +143,8 @@ def _spec_fields(plan: ExecutionPlan, group: int, spec_pad: int | None) -> dict[
     spec_qsl = plan.row_query_start[: ns + 1]
     return dict(
         spec_sequence_masks=plan.batch.kinds == 0,
-        spec_token_indx=tokens[: plan.num_spec_tokens],
-        non_spec_token_indx=tokens[plan.num_spec_tokens :],
+        spec_token_indx=tokens[: plan.num_spec_decode_tokens],
+        non_spec_token_indx=tokens[plan.num_spec_decode_tokens :],
         spec_state_indices_tensor=_padded(plan.row_slot[group, :ns], spec_pad, 0),
         spec_query_start_loc=_padded(spec_qsl, spec_pad and spec_pad + 1, spec_qsl[-1]),
         num_accepted_tokens=_padded(plan.row_num_accepted[:ns], spec_pad, 1),

@@ -11,8 +11,6 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from stepplan.plots.results_io import Results, ResultsError, load_results
-
 from ..buckets import (
     BucketError,
     Comparison,
@@ -26,6 +24,8 @@ from ..buckets import (
     step_demand,
 )
 from ..config import ConfigError, SimConfig, flatten, with_settings
+from ..results import SimResult, read_results
+from ..table import ResultsError
 
 if TYPE_CHECKING:
     from stepplan.plots.bucketing import Bucketing
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 ERRORS = (ResultsError, BucketError, ConfigError, OSError)
 
 
-def run_config(results: Results) -> SimConfig:
+def run_config(results: SimResult) -> SimConfig:
     """The run's settings, read back from its ``summary.json``."""
     try:
         return with_settings(SimConfig(), flatten(dict(results.config)))
@@ -45,11 +45,11 @@ def run_config(results: Results) -> SimConfig:
 
 
 def run_demand(
-    results: Results, config: SimConfig, args: argparse.Namespace | None = None
+    results: SimResult, config: SimConfig, args: argparse.Namespace | None = None
 ) -> StepDemand:
     """Every step's demand under the run's settings ``config`` (flags in ``args`` win)."""
     return step_demand(
-        results.steps.columns,
+        results.steps,
         num_spec_tokens=_flag(args, "num_spec_tokens", config.scheduler.num_spec_tokens),
         graph_mode=_flag(args, "graph_mode", config.planner.graph_mode),
         max_num_seqs=_flag(args, "max_num_seqs", config.scheduler.max_num_seqs),
@@ -94,7 +94,7 @@ def comparison_table(comparison: Comparison) -> ReportTable:
 def run_buckets(args: argparse.Namespace) -> int:
     """``stepplan buckets``: the optimizer against vLLM's and SGLang's default lists."""
     _check_outputs(args)
-    results = load_results(args.results)
+    results = read_results(args.results)
     demand = run_demand(results, run_config(results), args)
     comparison = compare_to_defaults(demand, max_graphs=args.max_graphs)
     print(format_table(comparison.scores))
@@ -113,7 +113,7 @@ def run_buckets(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_title(results: Results, demand: StepDemand) -> str:
+def _run_title(results: SimResult, demand: StepDemand) -> str:
     trace = results.summary.get("trace", {})
     source = Path(str(trace.get("path", results.label))).stem if isinstance(trace, dict) else ""
     return (

@@ -15,7 +15,7 @@ from stepplan.planner import GRAPH_MODES
 
 from ..config import HOST_COSTS, SimConfig, with_settings
 from ..outdir import ResultsFolder
-from ..results import RESULT_FILES
+from ..schema import RESULT_FILES
 from .options import (
     OVERRIDES,
     SIDE_FLAGS,

@@ -36,8 +36,9 @@ from ..engine_profile import EngineProfile, read_engine_profile, step_shape
 from ..fidelity import StepErrors, StepRecord, end_to_end, step_errors
 from ..live import engine_setup
 from ..outdir import ResultsFolder
-from ..results import RESULT_FILES, SimResult, write_results
+from ..results import SimResult, write_results
 from ..run import StepEvent, planner_config, simulate
+from ..schema import RESULT_FILES
 from .options import add_run_command, build_config, load_requests, results_folder
 
 FILES = ("fidelity.json", "fidelity.png", "fidelity_steps.csv", "acceptance.jsonl")

@@ -32,8 +32,10 @@ from ..engine_profile import read_engine_profile
 from ..live import check_live, engine_setup
 from ..outdir import ResultsFolder, claim_new, config_digest
 from ..progress import Progress, ProgressBar, ProgressLines, live_warning
-from ..results import RESULT_FILES, SimResult, parquet_available, summary_rows, write_results
+from ..results import SimResult, parquet_available, write_results
 from ..run import planner_config, prepare_requests, simulate
+from ..schema import RESULT_FILES
+from ..summary import summary_rows
 from ..traces import FORMATS, RequestTable, load_trace
 from ..workloads import SYNTHETIC_PREFIX, parse_synthetic
 from .provenance import provenance, trace_identity, with_provenance

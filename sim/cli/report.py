@@ -12,18 +12,13 @@ import attrs
 import numpy as np
 
 from stepplan.planner import ExecutionPlan, StepBatch, compile_plan
-from stepplan.plots.results_io import (
-    RESULT_FILES,
-    Results,
-    ResultsError,
-    load_results,
-    results_from_columns,
-)
 
 from ..buckets import BucketError, compare_to_defaults
 from ..config import ConfigError, SimConfig
-from ..results import SimResult
+from ..results import SimResult, read_results
 from ..run import planner_config
+from ..schema import KIND_ROWS, KIND_TOKENS, RESULT_FILES
+from ..table import ResultsError
 from .buckets import bucketing_of, comparison_table, run_config, run_demand
 from .tables import compare_table
 
@@ -42,17 +37,17 @@ EXPECTS = (
 SIDES = ("a", "b")
 
 
-def example_plan(results: Results, config: SimConfig) -> ExecutionPlan:
+def example_plan(results: SimResult, config: SimConfig) -> ExecutionPlan:
     """A plan like the run's richest step (most kinds of rows, then most rows), rebuilt
     from that step's counts: for the op-graph figure."""
     steps = results.steps
     steps.require_rows("the op-graph figure")
-    counts = {k: steps.column(f"num_{k}_rows") for k in ("spec", "decode", "prefill")}
+    counts = {kind: steps.column(name) for kind, name in KIND_ROWS.items()}
     kinds = sum((c > 0).astype(np.int64) for c in counts.values())
     row = int(np.lexsort((-steps.column("num_rows"), -kinds))[0])
     lengths = [
-        _spread(int(steps.column(f"num_{k}_tokens")[row]), int(counts[k][row]))
-        for k in ("spec", "decode", "prefill")
+        _spread(int(steps.column(name)[row]), int(counts[kind][row]))
+        for kind, name in KIND_TOKENS.items()
     ]
     spec, decode, prefill = (len(part) for part in lengths)
     live = spec + decode + prefill
@@ -76,9 +71,9 @@ def _spread(tokens: int, rows: int) -> np.ndarray:
 
 
 def build_run_report(
-    results: Results,
+    results: SimResult,
     path: Path,
-    others: tuple[Results, ...] = (),
+    others: tuple[SimResult, ...] = (),
     max_graphs: int | None = None,
     **page: Any,
 ) -> Path:
@@ -121,13 +116,13 @@ def compare_labels(folder: Path) -> tuple[str, str]:
 
 
 def build_compare_report(
-    folder: Path, path: Path, others: tuple[Results, ...] = (), max_graphs: int | None = None
+    folder: Path, path: Path, others: tuple[SimResult, ...] = (), max_graphs: int | None = None
 ) -> Path:
     """One page of both runs of a compare folder: their table with its differences on
     top, then run A's report with run B beside it in the latency CDFs."""
     labels = compare_labels(folder)
     a, b = (
-        attrs.evolve(load_results(folder / side), name=label)
+        attrs.evolve(read_results(folder / side), name=label)
         for side, label in zip(SIDES, labels, strict=True)
     )
     lead = _compare_report_table(a, b)
@@ -135,7 +130,7 @@ def build_compare_report(
     return build_run_report(a, path, (b, *others), max_graphs, title=title, leading_tables=(lead,))
 
 
-def _compare_report_table(a: Results, b: Results) -> ReportTable:
+def _compare_report_table(a: SimResult, b: SimResult) -> ReportTable:
     from stepplan.plots.report import ReportTable
 
     table = compare_table((a.label, b.label), a.summary, b.summary)
@@ -149,10 +144,10 @@ def _compare_report_table(a: Results, b: Results) -> ReportTable:
 def run_report(args: argparse.Namespace) -> int:
     """``stepplan report``: one self-contained HTML page for a results or compare folder."""
     folder = Path(args.results)
-    others = tuple(load_results(other) for other in args.compare or ())
+    others = tuple(read_results(other) for other in args.compare or ())
     path = Path(args.out) if args.out else folder / "report.html"
     if any((folder / name).exists() for name in RESULT_FILES):
-        build_run_report(load_results(folder), path, others, args.max_graphs)
+        build_run_report(read_results(folder), path, others, args.max_graphs)
     elif is_compare_folder(folder):
         build_compare_report(folder, path, others, args.max_graphs)
     elif folder.is_dir():
@@ -203,5 +198,4 @@ def report_after_simulation(result: SimResult, out: Path, report: str | None) ->
     if report is None:
         return None
     path = Path(report) if report else out / "report.html"
-    results = results_from_columns(result.steps, result.requests, result.summary, out)
-    return build_run_report(results, path)
+    return build_run_report(attrs.evolve(result, path=out), path)

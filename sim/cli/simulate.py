@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ..results import MEASURED
+from ..schema import MEASURED
 from .options import (
     add_run_command,
     build_config,

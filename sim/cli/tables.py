@@ -19,7 +19,7 @@ from typing import Any
 
 import attrs
 
-from ..results import summary_rows
+from ..summary import summary_rows
 
 _LATENCY = {
     f"{metric.upper()} {stat} ms": ("latency_ms", metric, stat)

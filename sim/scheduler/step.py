@@ -11,7 +11,8 @@ from stepplan.planner import StepBatch
 @attrs.frozen
 class StepMemory:
     """The cache and the queue as a step runs (after its blocks were allocated); the
-    fields are ``steps.csv`` columns of these names, in this order.
+    fields are ``steps.csv`` columns of these names, in this order (``schema.py``
+    types them and gives their units; a new field needs its meaning there).
 
     Attributes:
         num_waiting: requests arrived but not running (preempted ones included).

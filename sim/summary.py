@@ -1,0 +1,198 @@
+"""The summary of a simulation (``summary.json`` with ``measured.json``'s section; its
+keys are in ``schema.py``), and its lines as the CLI's and the report's tables show them."""
+
+from __future__ import annotations
+
+from importlib import metadata
+from typing import Any
+
+import numpy as np
+
+from .capacity import memory_rows
+from .cost import COST_TERMS
+from .schema import COST_COLUMNS, MEASURED, TIME_NAMES
+
+
+def _stats_ms(values_s: np.ndarray) -> dict[str, float | None]:
+    values = values_s[~np.isnan(values_s)] * 1e3
+    if values.size == 0:
+        return {"mean": None, "p50": None, "p90": None, "p99": None}
+    p50, p90, p99 = np.percentile(values, [50, 90, 99]).tolist()
+    return {"mean": float(values.mean()), "p50": p50, "p90": p90, "p99": p99}
+
+
+def _ratio(numerator: float, denominator: float) -> float:
+    return float(numerator / denominator) if denominator else 0.0
+
+
+def _version() -> str:
+    try:
+        return metadata.version("stepplan")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _latency(requests: dict[str, np.ndarray], itl_s: np.ndarray) -> dict[str, Any]:
+    return {
+        "ttft": _stats_ms(requests["ttft_s"]),
+        "tpot": _stats_ms(requests["tpot_s"]),
+        "itl": _stats_ms(itl_s),
+        "e2e": _stats_ms(requests["e2e_s"]),
+    }
+
+
+def _goodput(requests: dict[str, np.ndarray], slo: dict[str, float], duration: float) -> dict:
+    """Over ``requests``, the finished requests' columns."""
+    ttft_ok = requests["ttft_s"] * 1e3 <= slo["ttft_ms"]
+    tpot = requests["tpot_s"]
+    tpot_ok = np.isnan(tpot) | (tpot * 1e3 <= slo["tpot_ms"])
+    good = int((ttft_ok & tpot_ok).sum())
+    n = requests["request_id"].size
+    return {"slo": dict(slo), "requests_per_s": _ratio(good, duration), "share": _ratio(good, n)}
+
+
+def _step_summary(steps: dict[str, np.ndarray]) -> dict[str, Any]:
+    hits = int(steps["graph_hit"].sum())
+    tokens, padded = int(steps["num_tokens"].sum()), int(steps["padded_tokens"].sum())
+    count = int(steps["step"].size)
+    return {
+        "count": count,
+        "graph_hits": hits,
+        "graph_hit_rate": _ratio(hits, count),
+        "padded_tokens": padded,
+        "padded_token_share": _ratio(padded, tokens + padded),
+        "padded_rows": int(steps["padded_rows"].sum()),
+        "tokens": tokens,
+    }
+
+
+def _acceptance(requests: dict[str, np.ndarray], spec_steps: int) -> dict[str, Any]:
+    drafted, accepted = (
+        int(requests["drafted_tokens"].sum()),
+        int(requests["accepted_tokens"].sum()),
+    )
+    return {
+        "mean_accepted_per_spec_step": _ratio(accepted, spec_steps),
+        "mean_acceptance_length": 1.0 + _ratio(accepted, spec_steps) if spec_steps else 0.0,
+        "draft_acceptance_rate": _ratio(accepted, drafted),
+        "spec_steps": spec_steps,
+        "drafted_tokens": drafted,
+        "accepted_tokens": accepted,
+    }
+
+
+def _times(steps: dict[str, np.ndarray], duration: float) -> dict[str, float]:
+    busy = float(steps["duration_s"].sum())
+    return {
+        **{
+            TIME_NAMES.get(term, term): float(steps[column.name].sum())
+            for term, column in zip(COST_TERMS, COST_COLUMNS, strict=True)
+        },
+        "busy": busy,
+        "idle": max(0.0, duration - busy),
+    }
+
+
+def summarize(
+    config: dict[str, Any],
+    trace: dict[str, Any],
+    steps: dict[str, np.ndarray],
+    requests: dict[str, np.ndarray],
+    itl_s: np.ndarray,
+    spec_steps: int,
+    wall_s: float,
+    *,
+    complete: bool = True,
+) -> dict[str, Any]:
+    """The ``summary.json`` document, with the ``"measured"`` section (``schema.SUMMARY``
+    and ``schema.MEASURED_SUMMARY``); request figures are over the finished requests."""
+    n = int(requests["request_id"].size)
+    done = ~np.isnan(requests["finish_s"])
+    finished = {name: column[done] for name, column in requests.items()}
+    duration = float(finished["finish_s"].max()) if done.any() else 0.0
+    output, prompt = int(finished["output_tokens"].sum()), int(finished["prompt_tokens"].sum())
+    count = int(done.sum())
+    itl_ms = itl_s * 1e3
+    return {
+        "stepplan_version": _version(),
+        "config": config,
+        "trace": trace,
+        "complete": complete,
+        "requests": n,
+        "finished_requests": count,
+        "duration_s": duration,
+        "throughput": {
+            "requests_per_s": _ratio(count, duration),
+            "output_tokens_per_s": _ratio(output, duration),
+            "total_tokens_per_s": _ratio(output + prompt, duration),
+        },
+        "goodput": _goodput(finished, config["slo"], duration),
+        "latency_ms": _latency(finished, itl_s),
+        "itl_ms_quantiles": np.percentile(itl_ms, np.arange(101)).tolist() if itl_ms.size else [],
+        "steps": _step_summary(steps),
+        "acceptance": _acceptance(requests, spec_steps),
+        "time_s": _times(steps, duration),
+        MEASURED: _measured(steps["plan_us"], wall_s),
+    }
+
+
+def _measured(plan_us: np.ndarray, wall_s: float) -> dict[str, Any]:
+    """``measured.json``'s figures of ``plan_us`` (``[num_steps], float64``) and the wall time."""
+    return {
+        "host": {
+            "plan_us_p50": float(np.percentile(plan_us, 50)) if plan_us.size else 0.0,
+            "plan_us_p90": float(np.percentile(plan_us, 90)) if plan_us.size else 0.0,
+            "plan_us_mean": float(plan_us.mean()) if plan_us.size else 0.0,
+        },
+        "run": {"wall_s": wall_s, "steps_per_s": _ratio(plan_us.size, wall_s)},
+    }
+
+
+def _cell(value: float | None, digits: int) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def _live_cell(summary: dict[str, Any]) -> str:
+    run = summary.get("live_run") if summary.get("live") else None
+    if run is None:
+        return "off"
+    return f"{run['backend']} {run['device']} {run['dtype']}, {run['time']} time"
+
+
+def _plan_us_p50(summary: dict[str, Any]) -> float | None:
+    """From the ``"measured"`` section (``measured.json``), or an older summary's ``host``."""
+    host = summary.get(MEASURED, summary).get("host")
+    return host.get("plan_us_p50") if isinstance(host, dict) else None
+
+
+def _requests_cell(summary: dict[str, Any]) -> str:
+    if summary.get("complete", True):
+        return f"{summary['requests']:,}"
+    return f"{summary.get('finished_requests', 0):,} of {summary['requests']:,} (partial)"
+
+
+def summary_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
+    """The summary as ``(label, value)`` text rows, for tables in the CLI and reports."""
+    latency, steps, times = summary["latency_ms"], summary["steps"], summary["time_s"]
+    rows = [
+        ("requests", _requests_cell(summary)),
+        ("duration s", _cell(summary["duration_s"], 1)),
+        ("throughput req/s", _cell(summary["throughput"]["requests_per_s"], 3)),
+        ("output tok/s", _cell(summary["throughput"]["output_tokens_per_s"], 1)),
+        ("goodput share", _cell(summary["goodput"]["share"], 3)),
+    ]
+    for name in ("ttft", "tpot", "itl", "e2e"):
+        for stat in ("mean", "p50", "p99"):
+            rows.append((f"{name.upper()} {stat} ms", _cell(latency[name][stat], 2)))
+    rows += [
+        ("steps", f"{steps['count']:,}"),
+        ("graph hit rate", _cell(steps["graph_hit_rate"], 3)),
+        ("padded token share", _cell(steps["padded_token_share"], 4)),
+        ("live", _live_cell(summary)),
+        *memory_rows(summary),
+        ("acceptance length", _cell(summary["acceptance"]["mean_acceptance_length"], 3)),
+        ("plan us p50 (measured)", _cell(_plan_us_p50(summary), 1)),
+    ]
+    for term in ("model", "short_conv", "host", "launch", "idle"):
+        rows.append((f"time {term} s", _cell(times[term], 3)))
+    return rows

@@ -1,0 +1,203 @@
+"""One results table (``steps.csv``, ``requests.csv``, ...) as read-only numpy columns, and
+its CSV file: every column typed by the schema (``schema.py``), every bad cell an error
+naming the file, line and column."""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from types import MappingProxyType
+
+import attrs
+import numpy as np
+
+from .schema import FLOAT, INT, TEXT, Column, TableSchema
+
+#: Array kinds (``dtype.kind``) each schema type takes from memory, cast to its dtype.
+_KINDS = {INT: "iub", FLOAT: "iubf", TEXT: "OUS"}
+
+
+class ResultsError(ValueError):
+    """A results folder or table that cannot be used, naming the file, column and row."""
+
+
+@attrs.frozen(eq=False)
+class Table(Mapping[str, np.ndarray]):
+    """One table as read-only numpy columns of equal length; a mapping of them.
+
+    Attributes:
+        name: where it came from (a file name), used in every error message.
+        columns: column name -> ``[num_rows]`` array (int64, float64 or str, as the
+            schema types it; other columns as they came).
+    """
+
+    name: str
+    columns: Mapping[str, np.ndarray]
+
+    @classmethod
+    def from_columns(
+        cls, name: str, columns: Mapping[str, object], schema: TableSchema | None = None
+    ) -> Table:
+        """Copy ``columns`` into a table, each typed as ``schema`` types it; a column of
+        another type, not 1-D, or of another length is an error naming it."""
+        frozen = {}
+        for key, values in columns.items():
+            array = np.array(values, copy=True)
+            if array.ndim != 1:
+                raise ResultsError(f"{name}: column {key!r} must be 1-D, got shape {array.shape}")
+            column = schema.get(key) if schema is not None else None
+            if column is not None:
+                array = _typed(name, column, array)
+            array.flags.writeable = False
+            frozen[key] = array
+        lengths = {key: len(array) for key, array in frozen.items()}
+        if len(set(lengths.values())) > 1:
+            raise ResultsError(f"{name}: columns have different lengths {lengths}")
+        return cls(name, MappingProxyType(frozen))
+
+    def __getitem__(self, key: str) -> np.ndarray:
+        return self.columns[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.columns)
+
+    def __len__(self) -> int:
+        return len(self.columns)
+
+    def __eq__(self, other: object) -> bool:
+        return self is other  # columns compare elementwise, not as one truth value
+
+    __hash__ = object.__hash__
+
+    @property
+    def num_rows(self) -> int:
+        """Rows of the table (0 for a table without columns)."""
+        return len(next(iter(self.columns.values()))) if self.columns else 0
+
+    def column(self, key: str) -> np.ndarray:
+        """The column ``key``; a missing column is an error naming the table."""
+        if key not in self.columns:
+            raise ResultsError(f"{self.name}: missing column {key!r} (has {sorted(self.columns)})")
+        return self.columns[key]
+
+    def require_rows(self, what: str) -> None:
+        """Refuse an empty table with an error saying what needed rows."""
+        if self.num_rows == 0:
+            raise ResultsError(f"{self.name}: has no rows; {what} needs at least one")
+
+
+def _typed(name: str, column: Column, array: np.ndarray) -> np.ndarray:
+    """``array`` as ``column``'s dtype; an empty array takes any type."""
+    if array.size and array.dtype.kind not in _KINDS[column.dtype]:
+        raise ResultsError(
+            f"{name}: column {column.name!r} must hold {column.dtype}, got {array.dtype}"
+        )
+    return array.astype(column.numpy_dtype, copy=False)
+
+
+# ----------------------------------------------------------------------------- CSV
+
+
+def _cells(values: np.ndarray) -> list[str]:
+    if values.dtype.kind == "f":
+        return ["" if v != v else repr(v) for v in values.tolist()]  # NaN -> empty
+    return [str(v) for v in values.tolist()]
+
+
+def write_csv(path: Path, columns: Mapping[str, np.ndarray]) -> None:
+    """Write ``columns`` (``[num_rows]`` each) as CSV: a header, floats by ``repr`` (NaN
+    as an empty cell), the rest by ``str``."""
+    with path.open("w", newline="") as handle:
+        writer = csv.writer(handle, lineterminator="\n")
+        writer.writerow(columns)
+        writer.writerows(zip(*(_cells(v) for v in columns.values()), strict=True))
+
+
+def read_text(path: Path) -> str:
+    """The text of ``path``; a missing file is an error naming it."""
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        raise ResultsError(f"{path}: missing") from None
+
+
+def header_names(path: Path, header: list[str], schema: TableSchema | None) -> list[str]:
+    """The column names of a header, older names renamed (``schema.renamed``); a name
+    twice is an error."""
+    renamed = schema.renamed if schema is not None else {}
+    names = [renamed.get(name, name) for name in header]
+    for index, name in enumerate(names):
+        if name not in names[:index]:
+            continue
+        first, second = header[names.index(name)], header[index]
+        if first == second:
+            raise ResultsError(f"{path}: column {first!r} appears twice in the header")
+        old = first if first != name else second
+        raise ResultsError(
+            f"{path}: columns {old!r} (the older name) and {name!r} are one column; keep one"
+        )
+    return names
+
+
+def read_csv(path: Path, schema: TableSchema | None = None) -> Table:
+    """Read one CSV file with a header line, typed by ``schema`` (a column it does not
+    name is numbers when every cell parses as one, else text)."""
+    rows = list(csv.reader(read_text(path).splitlines()))
+    if not rows:
+        raise ResultsError(f"{path}: empty file, expected a header line")
+    header, body = header_names(path, rows[0], schema), rows[1:]
+    for index, row in enumerate(body):
+        if len(row) != len(header):
+            raise ResultsError(
+                f"{path}:{index + 2}: {len(row)} fields, the header has {len(header)}"
+            )
+    columns = {}
+    for position, key in enumerate(header):
+        column = schema.get(key) if schema is not None else None
+        texts = [row[position] for row in body]
+        columns[key] = _parse_column(path, key, column.dtype if column else None, texts)
+    return Table.from_columns(path.name, columns, schema)
+
+
+def _parse_column(path: Path, key: str, dtype: str | None, texts: list[str]) -> np.ndarray:
+    if dtype == TEXT:
+        return np.array(texts, dtype=str)
+    kind = np.int64 if dtype == INT else np.float64
+    try:
+        return np.array(texts, dtype=str).astype(kind) if texts else np.zeros(0, kind)
+    except ValueError:
+        pass
+    # The fast conversion failed: find the line, or keep an unknown column as text.
+    if dtype is None and not all(_is_number(text) for text in texts):
+        return np.array(texts, dtype=str)
+    return np.array([_parse_cell(path, key, i, t, kind) for i, t in enumerate(texts)], kind)
+
+
+def _is_number(text: str) -> bool:
+    return text == "" or _parse_float(text) is not None
+
+
+def _parse_float(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def _parse_cell(path: Path, key: str, index: int, text: str, kind: type) -> float | int:
+    line = index + 2  # the header is line 1
+    if kind is np.float64:
+        if text == "":
+            return math.nan  # e.g. no TPOT for a one-token output
+        value = _parse_float(text)
+        if value is None:
+            raise ResultsError(f"{path}:{line}: column {key!r} has {text!r}, expected a number")
+        return value
+    try:
+        return int(text)
+    except ValueError:
+        raise ResultsError(
+            f"{path}:{line}: column {key!r} has {text!r}, expected an integer"
+        ) from None
