@@ -50,7 +50,7 @@ FLOW = (
     ("executor.runtime", "sim.records"),
     ("sim.cost", "sim.records"),
     ("sim.records", "sim.results"),
-    ("sim.results", "plots.results_io"),
+    ("sim.results", "plots.report"),
 )
 STAGES = {
     "sim.traces": 1,
@@ -62,7 +62,7 @@ STAGES = {
     "sim.cost": 6,
     "sim.records": 7,
     "sim.results": 7,
-    "plots.results_io": 8,
+    "plots.report": 8,
 }
 
 

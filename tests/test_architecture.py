@@ -35,7 +35,7 @@ ALLOWED = {
 #: Simulator modules that may import the executor (live mode), inside functions only.
 LIVE_MODULES = {"stepplan.sim.live", "stepplan.sim.cli.profile", "stepplan.sim.cli.fidelity"}
 #: Simulator modules plots may import: the result types.
-RESULT_TYPES = {"stepplan.sim.schema", "stepplan.sim.results"}
+RESULT_TYPES = {"stepplan.sim.schema", "stepplan.sim.results", "stepplan.sim.table"}
 #: The only modules allowed to import the plots: the command line's.
 COMMAND_LINE = "stepplan.sim.cli"
 #: Third-party packages only the executor imports freely (the GPU stack).
