@@ -11,23 +11,27 @@ entries spec and decode rows attend over) and the query-key pairs of its prefill
 (``prefill_pairs``). Time is the engine's whole step as the runner sees it: the plan, the
 host-side metadata and upload, the GPU work and the read-back of the sampled tokens.
 
-**The fit** (:class:`EngineFit`) is two linear models, weighted so that least squares
+**The fit** (:class:`EngineFit`) is three linear models, weighted so that least squares
 minimises *relative* error (the figure of merit is the per-step MAPE):
 
-- graph steps: one base time per bucket, plus shared slopes in ``context_tokens``,
-  ``prefill_pairs``, live rows and ``max_context``;
+- uniform graph steps (spec, decode): one base time per bucket, plus shared slopes in
+  ``context_tokens``, ``prefill_pairs``, live rows and ``max_context``;
 - eager steps: a piecewise-linear function of the live tokens over the profile's token grid
   (hat functions at its nodes), plus slopes in ``context_tokens``, ``prefill_pairs``, rows
   per kind, tiles, decode-like rows times tokens (attention's launch grid covers every
-  row for the step's longest query) and ``max_context``.
+  row for the step's longest query), ``max_context`` and ``prefill_context``;
+- mixed graphs (graph mode ``mixed``): the same form over the *bucket's* tokens (its dense
+  work is the bucket's), with the bucket's rows and rows times tokens in place of the
+  live ones for attention's grid.
 
-A graph step is covered when its bucket was measured; an eager step when its tokens lie in
+A uniform graph step is covered when its bucket was measured; a mixed graph when its
+bucket's tokens lie within the measured buckets'; an eager step when its tokens lie in
 the token grid and its other features stay within twice the largest measured. Everything
 else falls back to the roofline, and the summary counts the steps of each source.
 
 Document layout (``format`` and ``version`` are checked)::
 
-    {"format": "stepplan-engine-profile", "version": 1,
+    {"format": "stepplan-engine-profile", "version": 3,
      "device": "NVIDIA H200", "versions": {"torch": ..., "triton": ..., "stepplan": ...},
      "preset": {"name": "hybrid-8b", ...every dimension...},
      "planner": {"num_spec_tokens": 3, "graph_mode": "full", "graph_sizes": [...],
@@ -36,7 +40,8 @@ Document layout (``format`` and ``version`` are checked)::
      "token_grid": [1, 2, 4, ...],
      "points": [{"graph": ["spec", 1024, 256, 0] | null, "rows": [s, d, p],
                  "tokens": [s, d, p], "tiles": n, "context_tokens": n,
-                 "prefill_pairs": x, "max_context": n, "wall_us": median,
+                 "prefill_pairs": x, "max_context": n, "prefill_context": n,
+                 "wall_us": median,
                  "gpu_us": median | null, "host_us": median | null}, ...]}
 """
 
@@ -52,7 +57,7 @@ import attrs
 import numpy as np
 
 FORMAT = "stepplan-engine-profile"
-VERSION = 2
+VERSION = 3
 #: Slopes extrapolate to at most this multiple of the largest measured feature.
 _EXTRAPOLATION = 2.0
 #: Planner settings a profile must share with a simulation; graph sizes and
@@ -77,6 +82,8 @@ class StepShape:
         prefill_pairs: ``sum(q * (num_computed + (q + 1) / 2))`` over prefill rows.
         max_context: the longest context of a spec or decode row (attention's longest
             row: a few long rows leave most of the GPU idle while they finish).
+        prefill_context: the longest key range of a prefill row (its context plus its
+            chunk), for the same reason.
     """
 
     graph: tuple[str, int, int, int] | None
@@ -86,6 +93,7 @@ class StepShape:
     context_tokens: int
     prefill_pairs: float
     max_context: int = 0
+    prefill_context: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -107,6 +115,7 @@ class StepShape:
             "context_tokens": self.context_tokens,
             "prefill_pairs": self.prefill_pairs,
             "max_context": self.max_context,
+            "prefill_context": self.prefill_context,
         }
 
 
@@ -129,6 +138,7 @@ def step_shape(plan: Any) -> StepShape:
         context_tokens=int(contexts.sum()),
         prefill_pairs=pairs,
         max_context=int(contexts.max()) if contexts.size else 0,
+        prefill_context=int((computed[prefill] + q[prefill]).max()) if prefill.any() else 0,
     )
 
 
@@ -177,6 +187,24 @@ def _eager_features(shape: StepShape) -> list[float]:
         float(shape.tiles),
         float(decoding * shape.num_tokens),
         float(shape.max_context),
+        float(shape.prefill_context),
+    ]
+
+
+def _mixed_features(shape: StepShape) -> list[float]:
+    # A mixed graph runs its bucket's rows, and attention's grid spans them all for the
+    # bucket's token count (the longest query it can hold).
+    assert shape.graph is not None
+    _, tokens, rows, _ = shape.graph
+    return [
+        float(shape.context_tokens),
+        shape.prefill_pairs,
+        *(float(r) for r in shape.rows),
+        float(shape.tiles),
+        float(rows * tokens),
+        float(shape.max_context),
+        float(rows),
+        float(shape.prefill_context),
     ]
 
 
@@ -188,78 +216,135 @@ def _weighted_fit(design: np.ndarray, measured: np.ndarray) -> np.ndarray:
 
 
 @attrs.frozen(eq=False)
+class TokenModel:
+    """A step time piecewise linear in a token count (hat functions at ``nodes``) plus
+    slopes in other features: the model of eager steps (their live tokens) and of mixed
+    graphs (their bucket's tokens).
+
+    Attributes:
+        nodes: ``[N], float64`` the token grid (empty: nothing measured).
+        node_us: ``[N], float64`` the base time at each node.
+        slopes: ``[F], float64`` µs per unit of each feature.
+        limits: ``[F], float64`` the largest measured value of each feature.
+    """
+
+    nodes: np.ndarray
+    node_us: np.ndarray
+    slopes: np.ndarray
+    limits: np.ndarray
+
+    @classmethod
+    def fit(
+        cls,
+        tokens: Sequence[float],
+        features: Sequence[Sequence[float]],
+        wall_us: Sequence[float],
+        nodes: Sequence[float],
+        width: int,
+    ) -> TokenModel:
+        """The least-relative-error model of measured steps (none: an empty model)."""
+        if not wall_us:
+            empty = _frozen(np.zeros(0))
+            return cls(empty, empty, _frozen(np.zeros(width)), _frozen(np.zeros(width)))
+        grid = np.asarray(sorted(set(nodes)), dtype=np.float64)
+        design = np.array(
+            [[*_hats(grid, t), *f] for t, f in zip(tokens, features, strict=True)], np.float64
+        )
+        solution = _weighted_fit(design, np.asarray(wall_us, np.float64))
+        return cls(
+            _frozen(grid),
+            _frozen(solution[: grid.size]),
+            _frozen(solution[grid.size :]),
+            _frozen(design[:, grid.size :].max(axis=0)),
+        )
+
+    def predict_us(self, tokens: float, features: Sequence[float]) -> float | None:
+        """The time at ``tokens`` and ``features``; ``None`` outside the grid, or where a
+        feature passes :data:`_EXTRAPOLATION` times its largest measured value."""
+        if not self.nodes.size or not self.nodes[0] <= tokens <= self.nodes[-1]:
+            return None
+        values = np.asarray(features, np.float64)
+        if (values > self.limits * _EXTRAPOLATION).any():
+            return None
+        return float(_hats(self.nodes, tokens) @ self.node_us + values @ self.slopes)
+
+
+@attrs.frozen(eq=False)
 class EngineFit:
     """The fitted step-time models of one profile (see the module docstring).
 
     Attributes:
-        buckets: graph key -> its base time (µs).
+        buckets: uniform graph key -> its base time (µs).
         graph_slopes: µs per unit of :func:`_graph_features`' features.
-        nodes: ``[N], float64`` the eager token grid (empty: no eager points).
-        node_us: ``[N], float64`` eager base time at each node.
-        eager_slopes: µs per unit of :func:`_eager_features`' features.
-        graph_limits, eager_limits: the largest measured value of each slope feature.
+        graph_limits: the largest measured value of each of them.
+        eager: eager steps over their live tokens.
+        mixed: mixed graphs over their bucket's tokens.
     """
 
     buckets: Mapping[tuple[str, int, int, int], float]
     graph_slopes: np.ndarray
-    nodes: np.ndarray
-    node_us: np.ndarray
-    eager_slopes: np.ndarray
     graph_limits: np.ndarray
-    eager_limits: np.ndarray
+    eager: TokenModel
+    mixed: TokenModel
 
     def predict_us(self, shape: StepShape) -> float | None:
         """The step's predicted time in µs, or ``None`` where the profile does not cover it."""
-        if shape.graph is not None:
-            base = self.buckets.get(shape.graph)
-            features = np.asarray(_graph_features(shape))
-            if base is None or (features > self.graph_limits * _EXTRAPOLATION).any():
-                return None
-            return base + float(features @ self.graph_slopes)
-        tokens = shape.num_tokens
-        if not self.nodes.size or not self.nodes[0] <= tokens <= self.nodes[-1]:
+        if shape.graph is None:
+            return self.eager.predict_us(shape.num_tokens, _eager_features(shape))
+        if shape.graph[0] == "mixed":
+            return self.mixed.predict_us(shape.graph[1], _mixed_features(shape))
+        base = self.buckets.get(shape.graph)
+        features = np.asarray(_graph_features(shape))
+        if base is None or (features > self.graph_limits * _EXTRAPOLATION).any():
             return None
-        features = np.asarray(_eager_features(shape))
-        if (features > self.eager_limits * _EXTRAPOLATION).any():
-            return None
-        return float(_hats(self.nodes, tokens) @ self.node_us + features @ self.eager_slopes)
+        return base + float(features @ self.graph_slopes)
+
+
+def _fit_buckets(
+    points: Sequence[ProfilePoint],
+) -> tuple[dict[tuple[str, int, int, int], float], np.ndarray, np.ndarray]:
+    """Uniform graphs: a base per bucket and shared slopes (``buckets, slopes, limits``)."""
+    if not points:
+        return {}, np.zeros(4), np.zeros(4)
+    keys = sorted({p.shape.graph for p in points})  # type: ignore[type-var]
+    index = {key: i for i, key in enumerate(keys)}
+    design = np.zeros((len(points), len(keys) + 4))
+    for row, point in enumerate(points):
+        design[row, index[point.shape.graph]] = 1.0  # type: ignore[index]
+        design[row, len(keys) :] = _graph_features(point.shape)
+    solution = _weighted_fit(design, np.array([p.wall_us for p in points]))
+    buckets = {key: float(solution[i]) for key, i in index.items()}
+    return buckets, solution[len(keys) :], design[:, len(keys) :].max(axis=0)
 
 
 def fit_points(points: Sequence[ProfilePoint], token_grid: Sequence[int]) -> EngineFit:
     """Fit :class:`EngineFit` to measured points (pure: equal points give an equal fit)."""
-    graph = [p for p in points if p.shape.graph is not None]
+    uniform = [p for p in points if p.shape.graph is not None and p.shape.graph[0] != "mixed"]
+    mixed = [p for p in points if p.shape.graph is not None and p.shape.graph[0] == "mixed"]
     eager = [p for p in points if p.shape.graph is None]
-    keys = sorted({p.shape.graph for p in graph})  # type: ignore[type-var]
-    buckets: dict[tuple[str, int, int, int], float] = {}
-    graph_slopes = np.zeros(4)
-    graph_limits = np.zeros(4)
-    if graph:
-        index = {key: i for i, key in enumerate(keys)}
-        design = np.zeros((len(graph), len(keys) + 4))
-        for row, point in enumerate(graph):
-            design[row, index[point.shape.graph]] = 1.0  # type: ignore[index]
-            design[row, len(keys) :] = _graph_features(point.shape)
-        solution = _weighted_fit(design, np.array([p.wall_us for p in graph]))
-        buckets = {key: float(solution[i]) for key, i in index.items()}
-        graph_slopes = solution[len(keys) :]
-        graph_limits = design[:, len(keys) :].max(axis=0)
-    nodes = np.asarray(sorted(set(token_grid)), dtype=np.float64) if eager else np.zeros(0)
-    node_us, eager_slopes, eager_limits = np.zeros(nodes.size), np.zeros(8), np.zeros(8)
-    if eager:
-        design = np.array(
-            [[*_hats(nodes, p.shape.num_tokens), *_eager_features(p.shape)] for p in eager]
-        )
-        solution = _weighted_fit(design, np.array([p.wall_us for p in eager]))
-        node_us, eager_slopes = solution[: nodes.size], solution[nodes.size :]
-        eager_limits = design[:, nodes.size :].max(axis=0)
+    buckets, graph_slopes, graph_limits = _fit_buckets(uniform)
+    # The mixed model's grid: the token grid within the buckets measured, and their ends.
+    sizes = [p.shape.graph[1] for p in mixed]  # type: ignore[index]
+    mixed_nodes = [n for n in token_grid if sizes and min(sizes) <= n <= max(sizes)]
+    mixed_nodes += [min(sizes), max(sizes)] if sizes else []
     return EngineFit(
         buckets=MappingProxyType(buckets),
         graph_slopes=_frozen(graph_slopes),
-        nodes=_frozen(nodes),
-        node_us=_frozen(node_us),
-        eager_slopes=_frozen(eager_slopes),
         graph_limits=_frozen(graph_limits),
-        eager_limits=_frozen(eager_limits),
+        eager=TokenModel.fit(
+            [p.shape.num_tokens for p in eager],
+            [_eager_features(p.shape) for p in eager],
+            [p.wall_us for p in eager],
+            token_grid,
+            width=9,
+        ),
+        mixed=TokenModel.fit(
+            sizes,
+            [_mixed_features(p.shape) for p in mixed],
+            [p.wall_us for p in mixed],
+            mixed_nodes,
+            width=10,
+        ),
     )
 
 
@@ -406,6 +491,7 @@ def _point(entry: Mapping[str, Any]) -> ProfilePoint:
         context_tokens=int(entry["context_tokens"]),
         prefill_pairs=float(entry["prefill_pairs"]),
         max_context=int(entry["max_context"]),
+        prefill_context=int(entry["prefill_context"]),
     )
     return ProfilePoint(
         shape, wall, None if gpu is None else float(gpu), None if host is None else float(host)

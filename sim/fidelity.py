@@ -4,10 +4,10 @@
 every step's :class:`~stepplan.sim.engine_profile.StepShape` with its measured time
 (:class:`StepRecord`). This module scores that record: :func:`step_errors` replays every
 warm step through the cost model's engine fit and gives the absolute percentage error by
-step kind (``decode``, ``spec``, ``prefill``, ``mixed``); cold steps (a graph captured or
-a kernel compiled during the step) are counted apart, as are steps the profile does not
-cover. :func:`end_to_end` compares the live run's serving figures with a simulation of
-the same slice. Errors are fractions (0.05 is 5%).
+step kind (``decode``, ``spec``, ``prefill``, ``mixed``); cold steps (a kernel compiled
+during the step; graphs are captured outside steps' time) are counted apart, as are steps
+the profile does not cover. :func:`end_to_end` compares the live run's serving figures
+with a simulation of the same slice. Errors are fractions (0.05 is 5%).
 """
 
 from __future__ import annotations
@@ -41,11 +41,13 @@ def step_kind(shape: StepShape) -> str:
 
 @attrs.frozen
 class StepRecord:
-    """One live step: its shape, its measured time, and whether it was cold."""
+    """One live step: its shape, its measured time (and the GPU's part of it, where
+    measured), and whether it was cold."""
 
     shape: StepShape
     measured_us: float
     cold: bool = False
+    gpu_us: float | None = None
 
 
 @attrs.frozen(eq=False)

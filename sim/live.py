@@ -26,8 +26,11 @@ greedy tokens back into each request:
 Time (``live.time``): ``model`` keeps the cost model's step time, so only acceptance
 is live; ``measured`` makes each step last what the engine took -- the planner's measured
 time plus the runner's whole call, the device synchronized at both ends -- which varies
-from run to run. A step that captured a CUDA graph or compiled a Triton kernel is *cold*
-(:attr:`LiveOutcome.cold`); fidelity scoring keeps such steps apart.
+from run to run. A bucket's CUDA graph is captured the first time a step needs it, before
+that step and outside its time (a serving engine captures its graphs at start-up, never
+while requests wait); the capture time is reported apart (``graph_capture_s``). A step
+that compiled a Triton kernel is *cold* (:attr:`LiveOutcome.cold`); fidelity scoring keeps
+such steps apart.
 
 Only this module and the live-mode commands touch ``stepplan.executor``, inside
 functions: a simulation without live mode never imports torch.
@@ -36,6 +39,7 @@ functions: a simulation without live mode never imports torch.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -63,7 +67,7 @@ class LiveOutcome:
         accepted: ``[R], int64`` accepted drafts per row (0 off the spec rows).
         wall_s: the runner's whole call (device synchronized at both ends).
         gpu_s: its GPU time by CUDA events (``None`` off CUDA).
-        cold: the step captured a CUDA graph or compiled a kernel.
+        cold: the step compiled a kernel.
     """
 
     accepted: np.ndarray
@@ -201,14 +205,40 @@ class LiveStepper:
         self._index, self._verify = NgramIndex, accepted_prefix
         self._samples, self._compiled = sample_positions, compiled_variants
         self.model_wall_s = 0.0
+        self.capture_s = 0.0  # graph captures, outside every step's time
+        self.warm_start_s, self.warm_start_steps = 0.0, 0
 
     @classmethod
     def create(cls, config: SimConfig, planner: PlannerConfig, table: Any) -> LiveStepper:
         """A stepper over a fresh :func:`make_runner` engine sized for ``table``'s
-        requests (a ``RequestTable``)."""
+        requests (a ``RequestTable``), warmed up (:meth:`warm_start`) when its time is
+        measured on a GPU."""
         lengths = np.asarray(table.prompt_tokens) + np.asarray(table.output_tokens)
         runner = make_runner(config, planner, kv_positions(config, lengths))
-        return cls(runner, table.prompt_tokens, config)
+        stepper = cls(runner, table.prompt_tokens, config)
+        if stepper.measured_time and runner.device.type == "cuda":
+            stepper.warm_start(config.scheduler.max_num_batched_tokens)
+        return stepper
+
+    def warm_start(self, max_num_batched_tokens: int) -> None:
+        """Run every eager shape of the profile grid once before serving, so that the
+        kernels a run needs are compiled before its first request, as an engine warms
+        up at start-up. The steps write their slots' state, which no request reads: a
+        request's first step starts without history."""
+        from .profiler import GridLimits, profile_batches
+
+        runner, start = self.runner, time.perf_counter()
+        limits = GridLimits(
+            max_num_batched_tokens, runner.num_slots, runner.max_len, runner.num_groups
+        )
+        rng = np.random.default_rng(self._seed)
+        for batch in profile_batches(runner.planner.config, limits, seed=self._seed):
+            plan = runner.planner.compile(batch)
+            if plan.graph is None:
+                ids = rng.integers(0, runner.shape.vocab_size, plan.num_tokens, dtype=np.int64)
+                runner.run_plan(plan, ids, self._samples(batch))
+                self.warm_start_steps += 1
+        self.warm_start_s = time.perf_counter() - start
 
     @property
     def measured_time(self) -> bool:
@@ -231,9 +261,12 @@ class LiveStepper:
         inputs, drafts = self._inputs(step)
         ids = np.fromiter((t for row in inputs for t in row), np.int64, plan.num_tokens)
         samples = self._samples(step.batch, step.emits_first)
-        graphs, compiled = len(self.runner.captured_graphs), self._compiled()
+        start = time.perf_counter()
+        self.runner.warm_up([plan])  # a new bucket's capture, before the step's time
+        self.capture_s += time.perf_counter() - start
+        compiled = self._compiled()
         greedy, timing = self.runner.timed_run(plan, ids, samples)
-        cold = len(self.runner.captured_graphs) != graphs or self._compiled() != compiled
+        cold = self._compiled() != compiled
         self.model_wall_s += timing.wall_s
         accepted = self._emit(step, drafts, greedy.tolist())
         return LiveOutcome(accepted, timing.wall_s, timing.gpu_s, cold)
@@ -315,6 +348,8 @@ class LiveStepper:
             "slots": runner.num_slots,
             "max_len": runner.max_len,
             "graphs_captured": len(runner.captured_graphs),
+            "graph_capture_s": self.capture_s,
+            "warm_start": {"steps": self.warm_start_steps, "seconds": self.warm_start_s},
             "model_wall_s": self.model_wall_s,
         }
 

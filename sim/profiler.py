@@ -4,7 +4,8 @@
 can replay for uniform steps (each at full rows at :data:`CONTEXT_LEVELS`, with one long
 row among short ones, and once partly filled), and eager steps over a token grid (a
 prefill chunk without and with context, spec rows beside one prefill chunk or several, at
-each node and between nodes). The
+each node and between nodes; in graph mode ``mixed`` also steps full of spec rows beside a
+short chunk, which such graphs serve). The
 planner decides each batch's graph, so the grid needs no copy of the bucket rule.
 :func:`measure` times each batch through a caller's ``run`` (the live engine's timed
 step), after warm-up, as the median of repeats, planner compile included: the same
@@ -155,7 +156,20 @@ def profile_batches(config: PlannerConfig, limits: GridLimits, seed: int = 0) ->
             batches.append(
                 build.eager(low, spec_rows // 2, int(build.rng.integers(0, 2048)), prefills)
             )
+        if config.graph_mode == "mixed" and 8 <= low <= config.sizes[-1]:
+            batches += _mixed_points(build, low, cap)
     return [batch for batch in batches if batch is not None]
+
+
+def _mixed_points(build: _Builder, tokens: int, cap: int) -> list[StepBatch | None]:
+    """Steps a mixed graph of ``tokens`` tokens serves in a live run: decode-like rows
+    filling most of it beside a short chunk, and half of it beside a chunk with context."""
+    q = max(build.config.query_len_max, 1)
+    full = min(cap, max(1, (tokens - 2) // q))
+    return [
+        build.eager(tokens, full, int(build.rng.integers(0, 1024))),
+        build.eager(tokens, max(1, full // 2), int(build.rng.integers(1024, 6144))),
+    ]
 
 
 #: ``run(plan, token_ids [T] int64, sample_index [S] int64)`` -> ``(wall_s, gpu_s or None,

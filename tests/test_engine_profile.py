@@ -20,10 +20,14 @@ from stepplan.sim.engine_profile import (
 
 GRID = (1, 16, 64, 256, 1024, 4096)
 KEYS = [("spec", 4 * r, r, 0) for r in (1, 8, 64)]
+MIXED = [("mixed", t, r, r + t // 64) for t, r in ((8, 2), (64, 16), (256, 64))]
 
 
 def law(shape: StepShape) -> float:
     """A step-time law of the form the fit assumes: what it must recover exactly."""
+    if shape.graph is not None and shape.graph[0] == "mixed":
+        base = {8: 700.0, 64: 760.0, 256: 1300.0}[shape.graph[1]]
+        return base + 0.02 * shape.context_tokens + 1e-5 * shape.prefill_pairs + 5 * shape.rows[0]
     if shape.graph is not None:
         base = {key: 900.0 + 40.0 * i for i, key in enumerate(KEYS)}[shape.graph]
         return base + 0.015 * shape.context_tokens + 2.0 * shape.num_rows
@@ -35,7 +39,24 @@ def law(shape: StepShape) -> float:
 def random_points(rng: np.random.Generator, count: int) -> list[ProfilePoint]:
     points = []
     for _ in range(count):
-        if rng.random() < 0.5:
+        if rng.random() < 0.25:
+            key = MIXED[rng.integers(len(MIXED))]
+            spec = int(rng.integers(0, key[2]))
+            chunk = int(rng.integers(2, key[1] - 4 * spec + 1)) if key[1] - 4 * spec >= 2 else 0
+            if chunk == 0:
+                spec, chunk = 0, key[1]
+            computed = int(rng.integers(0, 3000))
+            shape = StepShape(
+                key,
+                (spec, 0, 1),
+                (4 * spec, 0, chunk),
+                -(-chunk // 64),
+                int(rng.integers(0, 5e4)) if spec else 0,
+                chunk * (computed + (chunk + 1) / 2),
+                0,
+                computed + chunk,
+            )
+        elif rng.random() < 0.5:
             key = KEYS[rng.integers(len(KEYS))]
             rows = int(rng.integers(1, key[2] + 1))
             shape = StepShape(
@@ -91,6 +112,10 @@ def test_coverage():
     unmeasured = StepShape(("spec", 512, 128, 0), (128, 0, 0), (512, 0, 0), 0, 10, 0.0)
     too_long = StepShape(None, (0, 0, 1), (0, 0, 9000), 141, 0, 1e6)
     far_context = StepShape(KEYS[0], (1, 0, 0), (4, 0, 0), 0, 10**9, 0.0)
+    mixed_too_large = StepShape(("mixed", 512, 64, 72), (0, 0, 1), (0, 0, 512), 8, 0, 1e5)
+    mixed_inside = StepShape(("mixed", 128, 32, 34), (8, 0, 1), (32, 0, 90), 2, 900, 5e3)
+    assert fit.predict_us(mixed_too_large) is None
+    assert fit.predict_us(mixed_inside) is not None  # between measured buckets: interpolated
     assert fit.predict_us(unmeasured) is None
     assert fit.predict_us(too_long) is None
     assert fit.predict_us(far_context) is None

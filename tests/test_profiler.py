@@ -58,3 +58,20 @@ def test_measured_points_fit_back():
     assert len(errors) == len(points)
     # Planner compile times are measured, so the law is met only up to host noise.
     assert np.median(errors) < 0.5
+
+
+def test_mixed_mode_grid_measures_mixed_graphs_across_their_sizes():
+    config = PlannerConfig(num_spec_tokens=3, graph_mode="mixed", max_num_seqs=64)
+    plans = [Planner(config).compile(batch) for batch in profile_batches(config, LIMITS)]
+    mixed = [plan for plan in plans if plan.graph is not None and plan.graph.kind == "mixed"]
+    sizes = {plan.graph.num_tokens for plan in mixed}
+    assert min(sizes) <= 8 and max(sizes) == config.sizes[-1]
+    # Graphs full of spec rows beside a short chunk: what a mixed graph serves live.
+    cap = min(config.max_num_seqs, LIMITS.num_slots) - 1
+    assert max(plan.num_spec_rows for plan in mixed) == min(cap, config.sizes[-1] // 4 - 1)
+    points = measure(
+        [plan.batch for plan in mixed], Planner(config), fake_run, sample_positions,
+        vocab_size=50, repeats=1, warmup=0, idle_gap_s=0.0,
+    )  # fmt: skip
+    profile = EngineProfile("t", "cpu", {}, {}, {}, {}, token_grid(LIMITS), tuple(points))
+    assert all(profile.fit.predict_us(p.shape) is not None for p in points)

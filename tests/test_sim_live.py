@@ -142,6 +142,19 @@ def test_measured_time_is_the_engines_step():
     assert result.summary["live_run"]["reproducible"] is False
 
 
+def test_a_warm_start_changes_no_token(reference_run):
+    """The warm start's steps write junk into slots before serving; no request reads it."""
+    table, live, _ = reference_run
+    config = with_settings(SimConfig(seed=0), SETTINGS)
+    warmed = LiveStepper.create(config, planner_config(config), table)
+    warmed.warm_start(SETTINGS["scheduler.max_num_batched_tokens"])
+    assert warmed.warm_start_steps > 0
+    simulate(table, config, live=warmed)
+    for request_id in range(table.num_requests):
+        np.testing.assert_array_equal(live.output(request_id), warmed.output(request_id))
+    assert warmed.summary()["warm_start"]["steps"] == warmed.warm_start_steps
+
+
 def test_prompts_are_seeded_by_run_and_request():
     first = request_prompt(0, 3, 50, 64)
     assert first.min() >= 0 and first.max() < 64

@@ -59,7 +59,8 @@ class Recorder:
         outcome = event.outcome
         measured_us = event.costs.total * 1e6
         cold = bool(outcome is not None and outcome.cold)
-        self.records.append(StepRecord(step_shape(event.plan), measured_us, cold))
+        gpu = None if outcome is None or outcome.gpu_s is None else outcome.gpu_s * 1e6
+        self.records.append(StepRecord(step_shape(event.plan), measured_us, cold, gpu))
         self.batches.append(_composition(event))
         spec = event.step.is_spec
         for request, count in zip(
@@ -95,14 +96,16 @@ def _steps_csv(records: list[StepRecord], profile: EngineProfile) -> str:
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(
-        ["step", "kind", "graph", "tokens", "rows", "cold", "measured_us", "predicted_us"]
-    )
+        ["step", "kind", "graph", "tokens", "rows", "cold", "measured_us", "gpu_us",
+         "predicted_us"]
+    )  # fmt: skip
     for index, record in enumerate(records):
         guess = profile.fit.predict_us(record.shape)
         graph = "" if record.shape.graph is None else ":".join(map(str, record.shape.graph))
         writer.writerow(
             [index, step_kind(record.shape), graph, record.shape.num_tokens,
              record.shape.num_rows, int(record.cold), repr(record.measured_us),
+             "" if record.gpu_us is None else repr(record.gpu_us),
              "" if guess is None else repr(guess)]
         )  # fmt: skip
     return out.getvalue()
