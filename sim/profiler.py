@@ -8,15 +8,16 @@ each node and between nodes; in graph mode ``mixed`` also steps full of spec row
 short chunk, which such graphs serve). The
 planner decides each batch's graph, so the grid needs no copy of the bucket rule.
 :func:`measure` times each batch through a caller's ``run`` (the live engine's timed
-step), after warm-up, as the median of repeats, planner compile included: the same
-work the live engine's measured steps consist of, each after a short idle gap as a live
-step comes after the host's scheduling.
+step), after warm-up, as the median of repeats taken round the whole grid, planner
+compile included: the same work the live engine's measured steps consist of, each after
+other shapes and a short stretch of host work, as a live step comes after the host's
+scheduling.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Sequence
 
 import attrs
 import numpy as np
@@ -29,8 +30,8 @@ from .engine_profile import ProfilePoint, step_shape
 CONTEXT_LEVELS = (128, 1024, 4096, 6144)
 #: A skewed bucket point: one row at this context, the others at the smallest level.
 _LONG_CONTEXT = 7000
-#: Idle time before each timed repeat: in a live run the GPU waits while the host
-#: schedules the next step, and back-to-back steps would time a hotter, slower GPU.
+#: Host work before each timed repeat: in a live run the GPU waits while the host
+#: schedules the next step.
 IDLE_GAP_S = 0.002
 _GRID_NODES = (2, 4, 8, 16, 32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 2560, 3072)
 _GRID_NODES += (4096, 5120, 6144, 7168)
@@ -189,7 +190,7 @@ def _rebuilt(batch: StepBatch) -> StepBatch:
 
 
 def measure(
-    batches: Iterable[StepBatch],
+    batches: Sequence[StepBatch],
     planner: Planner,
     run: TimedRun,
     samples: Callable[[StepBatch], np.ndarray],
@@ -199,30 +200,51 @@ def measure(
     warmup: int = 2,
     seed: int = 0,
     idle_gap_s: float = IDLE_GAP_S,
-    progress: Callable[[int], None] | None = None,
 ) -> list[ProfilePoint]:
     """Median wall time of each batch's step as a live run measures it -- the batch built
     and compiled, then ``run`` -- with its GPU and host parts; ``samples(batch)`` gives the
-    tokens the engine samples."""
+    tokens the engine samples.
+
+    Each batch runs ``warmup`` times first (its compilations and graph capture), then the
+    timed repeats go round the batches, each round in a new order: in a live run a step
+    follows other steps, never itself, so neither a GPU heated by one shape run back to
+    back nor a host warmed by it is what a live step meets. Before each timed step the
+    host works for ``idle_gap_s`` while the GPU idles, as a live host schedules.
+    """
     rng = np.random.default_rng(seed)
-    points = []
-    for count, batch in enumerate(batches, start=1):
-        ids = rng.integers(0, vocab_size, batch.num_tokens, dtype=np.int64)
-        sampled = samples(batch)
-        walls, gpus, hosts = [], [], []
-        for attempt in range(warmup + repeats):
-            time.sleep(idle_gap_s)
+    inputs = [
+        (rng.integers(0, vocab_size, batch.num_tokens, dtype=np.int64), samples(batch))
+        for batch in batches
+    ]
+    for batch, (ids, sampled) in zip(batches, inputs, strict=True):
+        for _ in range(warmup):
+            run(planner.compile(_rebuilt(batch)), ids, sampled)
+    timings: list[list[tuple[float, float | None, float]]] = [[] for _ in batches]
+    plans: list[ExecutionPlan | None] = [None] * len(batches)
+    for _ in range(repeats):
+        for index in rng.permutation(len(batches)).tolist():
+            ids, sampled = inputs[index]
+            _host_work(idle_gap_s)
             start = time.perf_counter()
-            plan = planner.compile(_rebuilt(batch))
+            plan = plans[index] = planner.compile(_rebuilt(batches[index]))
             planning_s = time.perf_counter() - start
             wall_s, gpu_s, host_s = run(plan, ids, sampled)
-            if attempt >= warmup:
-                walls.append(planning_s + wall_s)
-                gpus.append(gpu_s)
-                hosts.append(planning_s + host_s)
-        gpu = None if gpus[0] is None else float(np.median(gpus)) * 1e6
-        point = ProfilePoint(step_shape(plan), float(np.median(walls)) * 1e6, gpu)
-        points.append(attrs.evolve(point, host_us=float(np.median(hosts)) * 1e6))
-        if progress is not None:
-            progress(count)
-    return points
+            timings[index].append((planning_s + wall_s, gpu_s, planning_s + host_s))
+    return [_point(plan, rows) for plan, rows in zip(plans, timings, strict=True) if plan]
+
+
+def _point(plan: ExecutionPlan, timings: list[tuple[float, float | None, float]]) -> ProfilePoint:
+    walls, gpus, hosts = zip(*timings, strict=True)
+    gpu = None if gpus[0] is None else float(np.median(gpus)) * 1e6  # type: ignore[arg-type]
+    point = ProfilePoint(step_shape(plan), float(np.median(walls)) * 1e6, gpu)
+    return attrs.evolve(point, host_us=float(np.median(hosts)) * 1e6)
+
+
+def _host_work(seconds: float) -> None:
+    """Keep the host busy for ``seconds`` with small allocations and array operations, as
+    a scheduler between two steps does (the GPU idles meanwhile)."""
+    deadline = time.perf_counter() + seconds
+    scratch: dict[int, list[int]] = {}
+    while time.perf_counter() < deadline:
+        values = np.arange(64) * 3
+        scratch[len(scratch) % 97] = values[values % 2 == 0].tolist()
