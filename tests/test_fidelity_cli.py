@@ -64,6 +64,24 @@ def test_fidelity_end_to_end(profile, tmp_path, capsys):
     assert "replayed batches identical: True" in capsys.readouterr().out
 
 
+def test_fidelity_on_a_trace_with_block_hashes(profile, tmp_path):
+    """The live engine keeps no prefix cache, so neither does the simulation scored
+    against it: the replay rebuilds the live run's batches though the trace shares blocks."""
+    trace = tmp_path / "shared.jsonl"
+    rows = [
+        {"timestamp": 40 * i, "input_length": 40, "output_length": 6, "hash_ids": [0, 1, i + 2]}
+        for i in range(8)
+    ]
+    trace.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    out = tmp_path / "fid"
+    argv = ["fidelity", str(trace), "--profile", str(profile), "--out", str(out), "--quiet"]
+    assert cli.main([*argv, *SETUP, "--set", "memory.prefix_block_tokens=16"]) == 0
+    document = json.loads((out / "fidelity.json").read_text())
+    assert document["replay_check"]["identical_batches"] is True
+    sim = json.loads((out / "sim" / "summary.json").read_text())
+    assert sim["memory"]["prefix_caching"] is False
+
+
 def test_simulate_with_a_profile_counts_its_sources(profile, tmp_path):
     out = tmp_path / "run"
     argv = ["simulate", "--limit", "20", "--profile", str(profile), "--quiet", "--out", str(out)]

@@ -150,7 +150,11 @@ def _configs(args: argparse.Namespace) -> tuple[SimConfig, SimConfig, EngineProf
         raise ConfigError("fidelity: needs --profile FILE (what `stepplan profile` wrote)")
     profile = read_engine_profile(profile_path)
     live = with_settings(base, {"live.enabled": True, "live.time": "measured"})
-    simulated = with_settings(base, {"live.enabled": False, "cost.profile": str(profile_path)})
+    # The live engine keeps no prefix cache, so the simulation of it keeps none either.
+    simulated = with_settings(
+        base,
+        {"live.enabled": False, "cost.profile": str(profile_path), "memory.prefix_caching": False},
+    )
     profile.check_setup(*engine_setup(live, planner_config(live)))
     return live, simulated, profile
 
