@@ -449,16 +449,33 @@ PERSISTENT_VARIANTS = {
         (64, 1, 16, False),
     ),
 }
-#: What ``--sweep`` times: per choice, the launches' (prefill?, variants per layout, base
-#: variant).
+#: Tiles per multiprocessor of a graph bucket's looping tile launch (``v17`` on), swept on
+#: the bucket plans of the batches a bucket pads.
+GRAPH_TILE_VARIANTS = dict.fromkeys(LAYOUTS, ((6,), (12,), (24,), (48,), (96,)))
+
+
+@attrs.frozen
+class Sweep:
+    """One launch's block variants per layout, tried on top of a named variant's blocks
+    (of the batches with prefills or without; ``bucket``: on their graph bucket's plans,
+    the batches a bucket pads only)."""
+
+    prefill: bool
+    variants: dict[str, tuple[tuple, ...]]
+    base: str
+    bucket: bool = False
+
+
+#: What ``--sweep`` times, by name.
 SWEEPS = {
-    "rows": ((False, dict.fromkeys(LAYOUTS, ROW_VARIANTS), "v16"),),
-    "tiles": ((True, dict.fromkeys(LAYOUTS, TILE_VARIANTS), "v16"),),
+    "rows": (Sweep(False, dict.fromkeys(LAYOUTS, ROW_VARIANTS), "v16"),),
+    "tiles": (Sweep(True, dict.fromkeys(LAYOUTS, TILE_VARIANTS), "v16"),),
     "both": (
-        (False, dict.fromkeys(LAYOUTS, ROW_VARIANTS), "v16"),
-        (True, dict.fromkeys(LAYOUTS, TILE_VARIANTS), "v16"),
+        Sweep(False, dict.fromkeys(LAYOUTS, ROW_VARIANTS), "v16"),
+        Sweep(True, dict.fromkeys(LAYOUTS, TILE_VARIANTS), "v16"),
     ),
-    "persistent": ((False, PERSISTENT_VARIANTS, "persistent"),),
+    "persistent": (Sweep(False, PERSISTENT_VARIANTS, "persistent"),),
+    "graph-tiles": (Sweep(True, GRAPH_TILE_VARIANTS, "v17", bucket=True),),
 }
 
 
@@ -469,34 +486,30 @@ def sweep(
     layouts: tuple[str, ...] = LAYOUTS,
     batches: tuple[str, ...] = tuple(BATCHES),
     reps: int = 15,
+    start: dict[str, kernels.Blocks] | None = None,
 ) -> dict[str, kernels.Blocks]:
     """Time block-size variants per layout (no PyTorch); return the best blocks per layout.
 
     Best: the highest geometric-mean share over the batches of many requests each launch
-    serves (of ``batches``).
+    serves (of ``batches``). ``start``: the blocks to vary per layout (else each sweep's
+    base variant's).
     """
-    print(f"\nsweep at C={channels}: us (share of ceiling) per block variant", flush=True)
+    print(f"\nsweep {launches} at C={channels}: us (share of ceiling) per variant", flush=True)
     chosen = {}
     for layout in layouts:
-        blocks = None
-        for prefill, layout_variants, base in SWEEPS[launches]:
-            blocks = blocks or kernels.default_blocks(channels, layout != LAYOUTS[0], base)
-            variants = layout_variants[layout]
-            names = [n for n in batches if n != "mixed" and n.startswith("prefill") == prefill]
+        blocks = (start or {}).get(layout)
+        for launch in SWEEPS[launches]:
+            blocks = blocks or kernels.default_blocks(channels, layout != LAYOUTS[0], launch.base)
+            names = _sweep_batches(launch, batches)
             scores = {}
-            for variant in variants:
-                trial = _with_variant(blocks, prefill, variant)
+            for variant in launch.variants[layout]:
+                trial = _with_variant(blocks, launch.prefill, variant)
                 cells, times = [], []
                 for name in names:
                     row = measure(
-                        name,
-                        channels,
-                        layout,
-                        blocks=trial,
-                        reps=reps,
-                        with_torch=False,
-                        with_copy=False,
-                    )
+                        name, channels, layout, blocks=trial, reps=reps, with_torch=False,
+                        with_copy=False, bucket=launch.bucket,
+                    )  # fmt: skip
                     cells.append(row["floor_bytes"] / (ceiling * 1e6) / row["us"])
                     times.append(row["us"])
                 # Scored on the batches of many requests: one-request steps are latency.
@@ -506,10 +519,18 @@ def sweep(
                     f"{n}: {t:.1f} us {c:.0%}" for n, t, c in zip(names, times, cells, strict=True)
                 )
                 print(f"  {layout:<20} {'/'.join(map(str, variant)):<20} {shown}", flush=True)
-            blocks = _with_variant(blocks, prefill, max(scores, key=scores.get))
+            if scores:
+                blocks = _with_variant(blocks, launch.prefill, max(scores, key=scores.get))
         chosen[layout] = blocks
         print(f"  {layout}: chose {blocks}", flush=True)
     return chosen
+
+
+def _sweep_batches(launch: Sweep, batches: tuple[str, ...]) -> list[str]:
+    """The batches a sweep times: those its bucket pads, or those of its launch alone."""
+    if launch.bucket:
+        return [name for name in batches if padded_grids(name)]
+    return [n for n in batches if n != "mixed" and n.startswith("prefill") == launch.prefill]
 
 
 def _requests(name: str) -> int:
@@ -518,6 +539,8 @@ def _requests(name: str) -> int:
 
 
 def _with_variant(blocks: kernels.Blocks, prefill: bool, variant: tuple) -> kernels.Blocks:
+    if len(variant) == 1:  # a graph bucket's looping tiles
+        return attrs.evolve(blocks, tiles_resident=variant[0])
     if blocks.rows_resident and not prefill:  # a persistent row launch
         channels, warps, resident, prefetch = variant
         return attrs.evolve(
@@ -612,10 +635,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--reps", type=int, default=40)
     parser.add_argument(
         "--sweep",
-        nargs="?",
-        const="both",
+        nargs="*",
         choices=tuple(SWEEPS),
-        help="time block-size variants of these launches first (its pick: variant 'swept')",
+        help="time block-size variants of these launches first, in turn, each on the last's "
+        "pick (alone: both; the pick: variant 'swept')",
     )
     parser.add_argument(
         "--variants",
@@ -706,10 +729,10 @@ def main(argv: list[str] | None = None) -> int:
     ceiling = copy_ceiling_tbs(args.reps)
     print(f"{device}: copy ceiling {ceiling:.2f} TB/s", flush=True)
     layouts = tuple(args.layouts)
-    chosen = {}
-    if args.sweep:
+    chosen: dict[str, kernels.Blocks] = {}
+    for launches in args.sweep or ([] if args.sweep is None else ["both"]):
         chosen = sweep(
-            args.channels[0], ceiling, args.sweep, layouts, tuple(args.batches), args.reps
+            args.channels[0], ceiling, launches, layouts, tuple(args.batches), args.reps, chosen
         )
     rows = []
     for channels in args.channels:
