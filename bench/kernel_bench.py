@@ -689,9 +689,11 @@ def measure_variants(
     layout: str,
     name: str,
     variants: dict[str, kernels.Blocks],
+    ceiling: float,
 ) -> list[dict]:
     """Batch ``name`` under every variant in turn; the copy and PyTorch baselines, which no
-    variant changes, timed once."""
+    variant changes, timed once. Each row's line shows its share of ``ceiling`` (the first
+    measurement of the run; the table uses the better of two)."""
     rows = []
     for number, (variant, blocks) in enumerate(variants.items()):
         common = dict(
@@ -712,8 +714,12 @@ def measure_variants(
                              bucket=True, **common)  # fmt: skip
             row["bucket_us"], row["bucket_graph"] = padded["us"], padded["graph"]
         rows.append(row)
+        share = row["floor_bytes"] / (ceiling * 1e6) / row["us"]
         shown = f", bucket {row['bucket_us']:.1f} us" if "bucket_us" in row else ""
-        print(f"  {channels} {layout} {name} {variant}: {row['us']:.1f} us{shown}", flush=True)
+        print(
+            f"  {channels} {layout} {name} {variant}: {row['us']:.1f} us ({share:.1%}){shown}",
+            flush=True,
+        )
     return rows
 
 
@@ -743,7 +749,7 @@ def main(argv: list[str] | None = None) -> int:
             if layout in chosen and channels == args.channels[0]:
                 variants["swept"] = chosen[layout]
             for name in args.batches:
-                rows += measure_variants(args, channels, layout, name, variants)
+                rows += measure_variants(args, channels, layout, name, variants, ceiling)
     ceiling = max(ceiling, copy_ceiling_tbs(args.reps))  # again, the clocks now warm
     for row in rows:
         row["floor_us"] = row["floor_bytes"] / (ceiling * 1e6)
