@@ -8,11 +8,20 @@ prints SPEC §4's rows plus a mixed step: µs, the byte floor
 (x read, residual read + write, state read and written once, over the copy
 ceiling), the share of the ceiling, the layout's cap on that share (the floor's bytes
 over the 32-byte sectors they touch), the time of a plain copy of the floor's bytes
-(what moving them costs at this size), and the vectorized-PyTorch time. Writes a
-JSON profile (``$OUT/kernel_profile.json`` when ``$OUT`` is set, else
-``--profile-out``) for the simulator's cost model.
+(what moving them costs at this size), and the vectorized-PyTorch time. Every kernel
+variant of ``--variants`` (``kernels.VARIANTS``: the old ones kept) runs every row in
+the same process, beside the others, so their shares of one measured ceiling compare;
+``--buckets`` times each row again on its graph bucket's padded plan (what a CUDA-graph
+step runs: the padding's cost shows as ``pad``). Writes a JSON profile
+(``$OUT/kernel_profile.json`` when ``$OUT`` is set, else ``--profile-out``) for the
+simulator's cost model (its rows: the default variant's).
 
-    python bench/kernel_bench.py [--channels 8192 2048] [--sweep] [--profile-out PATH]
+``--with-runtime`` then runs ``bench/runtime_bench.py``'s GPU table (graph step against
+eager step and the buckets' padding overhead, over 32 layers) for the same variants: a
+kernel change is timed in the runtime in the same run.
+
+    python bench/kernel_bench.py [--channels 8192 2048] [--sweep] [--variants v16 v17]
+        [--buckets] [--with-runtime] [--profile-out PATH]
 """
 
 from __future__ import annotations
@@ -33,7 +42,14 @@ import triton
 import triton.language as tl
 
 from stepplan.executor import kernels, reference
-from stepplan.planner import SPEC, ExecutionPlan, PlannerConfig, StepBatch, compile_plan
+from stepplan.planner import (
+    SPEC,
+    ExecutionPlan,
+    PlannerConfig,
+    StepBatch,
+    compile_plan,
+    default_graph_sizes,
+)
 
 K, D, Q = 4, 3, 4
 L = (K - 1) * D
@@ -54,6 +70,15 @@ BATCHES = {
 }
 #: vLLM's default memory order first; both are logical [slot, channel, window] views.
 LAYOUTS = ("slot,window,channel", "slot,channel,window")
+#: Plans without graphs (every grid holds live work alone), and ``--buckets``' plans:
+#: vLLM's sizes plus powers of two up to the largest batch, so every row has a bucket.
+EAGER_CONFIG = PlannerConfig(num_spec_tokens=Q - 1, graph_mode="none", max_num_seqs=512)
+BUCKET_CONFIG = PlannerConfig(
+    num_spec_tokens=Q - 1,
+    graph_mode="mixed",
+    graph_sizes=(*default_graph_sizes(512, Q - 1), 1024, 2048, 4096, 8192, 16384),
+    max_num_seqs=512,
+)
 
 
 def batch_of(name: str, seed: int = 0) -> StepBatch:
@@ -329,15 +354,16 @@ def measure(
     with_copy: bool = True,
     hot: bool = False,
     side_stream: torch.cuda.Stream | None = None,
+    bucket: bool = False,
 ) -> dict:
     """One row of the table: our kernels (and PyTorch) on batch ``name``, checked first.
 
     ``hot``: one input set, replayed again and again, so whatever of it fits in L2 stays
     there (as when a benchmark replays one graph on the same tensors): not our
-    measure, but comparable with measurements made that way.
+    measure, but comparable with measurements made that way. ``bucket``: the batch's plan
+    padded to its graph bucket (:data:`BUCKET_CONFIG`), as a graph step runs it.
     """
-    config = PlannerConfig(num_spec_tokens=Q - 1, graph_mode="none", max_num_seqs=512)
-    plan = compile_plan(batch_of(name), config)
+    plan = compile_plan(batch_of(name), BUCKET_CONFIG if bucket else EAGER_CONFIG)
     gen = torch.Generator(device=DEVICE).manual_seed(0)
     first = make_operands(plan, channels, layout, gen)
     count = 1 if hot else int(min(128, max(2, -(-4 * L2_BYTES // set_bytes(first)))))
@@ -375,6 +401,7 @@ def measure(
         tokens=plan.num_tokens,
         layout=layout,
         C=channels,
+        graph=str(plan.graph) if plan.graph else "eager",
         us=us,
         floor_bytes=floor,
         sector_bytes=sector_bytes(plan, channels, layout),
@@ -405,49 +432,105 @@ TILE_VARIANTS = (
 )
 
 
+#: Per layout, (channels, warps, programs per multiprocessor, next row loaded early) of the
+#: persistent row launch (``kernels.VARIANTS``' ``persistent``) around its defaults.
+PERSISTENT_VARIANTS = {
+    LAYOUTS[0]: (
+        (128, 2, 8, True),
+        (128, 2, 16, True),
+        (128, 2, 32, True),
+        (256, 4, 16, True),
+        (128, 2, 16, False),
+    ),
+    LAYOUTS[1]: (
+        (64, 1, 16, True),
+        (64, 1, 32, True),
+        (128, 2, 16, True),
+        (64, 1, 16, False),
+    ),
+}
+#: Tiles per multiprocessor of a graph bucket's looping tile launch (``v17`` on), swept on
+#: the bucket plans of the batches a bucket pads.
+GRAPH_TILE_VARIANTS = dict.fromkeys(LAYOUTS, ((6,), (12,), (24,), (48,), (96,)))
+
+
+@attrs.frozen
+class Sweep:
+    """One launch's block variants per layout, tried on top of a named variant's blocks
+    (of the batches with prefills or without; ``bucket``: on their graph bucket's plans,
+    the batches a bucket pads only)."""
+
+    prefill: bool
+    variants: dict[str, tuple[tuple, ...]]
+    base: str
+    bucket: bool = False
+
+
+#: What ``--sweep`` times, by name.
+SWEEPS = {
+    "rows": (Sweep(False, dict.fromkeys(LAYOUTS, ROW_VARIANTS), "v16"),),
+    "tiles": (Sweep(True, dict.fromkeys(LAYOUTS, TILE_VARIANTS), "v16"),),
+    "both": (
+        Sweep(False, dict.fromkeys(LAYOUTS, ROW_VARIANTS), "v16"),
+        Sweep(True, dict.fromkeys(LAYOUTS, TILE_VARIANTS), "v16"),
+    ),
+    "persistent": (Sweep(False, PERSISTENT_VARIANTS, "persistent"),),
+    "graph-tiles": (Sweep(True, GRAPH_TILE_VARIANTS, "v17", bucket=True),),
+}
+
+
 def sweep(
-    channels: int, ceiling: float, launches: str, layouts: tuple[str, ...] = LAYOUTS
+    channels: int,
+    ceiling: float,
+    launches: str,
+    layouts: tuple[str, ...] = LAYOUTS,
+    batches: tuple[str, ...] = tuple(BATCHES),
+    reps: int = 15,
+    start: dict[str, kernels.Blocks] | None = None,
 ) -> dict[str, kernels.Blocks]:
     """Time block-size variants per layout (no PyTorch); return the best blocks per layout.
 
     Best: the highest geometric-mean share over the batches of many requests each launch
-    serves.
+    serves (of ``batches``). ``start``: the blocks to vary per layout (else each sweep's
+    base variant's).
     """
-    print(f"\nsweep at C={channels}: us (share of ceiling) per block variant", flush=True)
+    print(f"\nsweep {launches} at C={channels}: us (share of ceiling) per variant", flush=True)
     chosen = {}
     for layout in layouts:
-        blocks = kernels.default_blocks(channels, layout != LAYOUTS[0])
-        for prefill, variants in ((False, ROW_VARIANTS), (True, TILE_VARIANTS)):
-            if launches != "both" and prefill != (launches == "tiles"):
-                continue
-            names = [n for n in BATCHES if n != "mixed" and n.startswith("prefill") == prefill]
+        blocks = (start or {}).get(layout)
+        for launch in SWEEPS[launches]:
+            blocks = blocks or kernels.default_blocks(channels, layout != LAYOUTS[0], launch.base)
+            names = _sweep_batches(launch, batches)
             scores = {}
-            for variant in variants:
-                trial = _with_variant(blocks, prefill, variant)
+            for variant in launch.variants[layout]:
+                trial = _with_variant(blocks, launch.prefill, variant)
                 cells, times = [], []
                 for name in names:
                     row = measure(
-                        name,
-                        channels,
-                        layout,
-                        blocks=trial,
-                        reps=15,
-                        with_torch=False,
-                        with_copy=False,
-                    )
+                        name, channels, layout, blocks=trial, reps=reps, with_torch=False,
+                        with_copy=False, bucket=launch.bucket,
+                    )  # fmt: skip
                     cells.append(row["floor_bytes"] / (ceiling * 1e6) / row["us"])
                     times.append(row["us"])
                 # Scored on the batches of many requests: one-request steps are latency.
                 large = [c for n, c in zip(names, cells, strict=True) if _requests(n) > 1]
-                scores[variant] = float(np.exp(np.mean(np.log(large))))
+                scores[variant] = float(np.exp(np.mean(np.log(large or cells))))
                 shown = "  ".join(
                     f"{n}: {t:.1f} us {c:.0%}" for n, t, c in zip(names, times, cells, strict=True)
                 )
                 print(f"  {layout:<20} {'/'.join(map(str, variant)):<20} {shown}", flush=True)
-            blocks = _with_variant(blocks, prefill, max(scores, key=scores.get))
+            if scores:
+                blocks = _with_variant(blocks, launch.prefill, max(scores, key=scores.get))
         chosen[layout] = blocks
         print(f"  {layout}: chose {blocks}", flush=True)
     return chosen
+
+
+def _sweep_batches(launch: Sweep, batches: tuple[str, ...]) -> list[str]:
+    """The batches a sweep times: those its bucket pads, or those of its launch alone."""
+    if launch.bucket:
+        return [name for name in batches if padded_grids(name)]
+    return [n for n in batches if n != "mixed" and n.startswith("prefill") == launch.prefill]
 
 
 def _requests(name: str) -> int:
@@ -456,6 +539,17 @@ def _requests(name: str) -> int:
 
 
 def _with_variant(blocks: kernels.Blocks, prefill: bool, variant: tuple) -> kernels.Blocks:
+    if len(variant) == 1:  # a graph bucket's looping tiles
+        return attrs.evolve(blocks, tiles_resident=variant[0])
+    if blocks.rows_resident and not prefill:  # a persistent row launch
+        channels, warps, resident, prefetch = variant
+        return attrs.evolve(
+            blocks,
+            rows_channels=channels,
+            rows_warps=warps,
+            rows_resident=resident,
+            rows_prefetch=prefetch,
+        )
     if prefill:
         channels, warps, tokens, first = variant
         return attrs.evolve(
@@ -478,35 +572,39 @@ def _with_variant(blocks: kernels.Blocks, prefill: bool, variant: tuple) -> kern
 
 def table(rows: list[dict], ceiling: float) -> str:
     head = (
-        f"{'C':>5} {'state memory':<20} {'batch':<15} {'reqs':>4} {'tokens':>6} "
+        f"{'C':>5} {'state memory':<20} {'batch':<15} {'variant':<10} {'reqs':>4} {'tokens':>6} "
         f"{'us':>8} {'floor us':>8} {'share':>6} {'cap':>5} {'copy us':>8} {'vs copy':>7} "
-        f"{'torch us':>9} {'torch':>6}"
+        f"{'bucket us':>9} {'pad':>6} {'torch us':>9} {'torch':>6}"
     )
     lines = [head, "-" * len(head)]
     for row in rows:
-        torch_us, copy_us = row["torch_us"], row["copy_us"]
+        torch_us, copy_us, bucket_us = row["torch_us"], row["copy_us"], row.get("bucket_us")
         torch_cells = f"{torch_us:>9.1f} {row['floor_us'] / torch_us:>6.0%}" if torch_us else ""
         copy_cells = f"{copy_us:>8.1f} {copy_us / row['us']:>7.0%}" if copy_us else " " * 16
+        bucket_cells = (
+            f"{bucket_us:>9.1f} {bucket_us / row['us'] - 1:>6.1%}" if bucket_us else " " * 16
+        )
         lines.append(
-            f"{row['C']:>5} {row['layout']:<20} {row['batch']:<15} {row['requests']:>4} "
-            f"{row['tokens']:>6} {row['us']:>8.1f} {row['floor_us']:>8.2f} "
+            f"{row['C']:>5} {row['layout']:<20} {row['batch']:<15} {row['variant']:<10} "
+            f"{row['requests']:>4} {row['tokens']:>6} {row['us']:>8.1f} {row['floor_us']:>8.2f} "
             f"{row['share']:>6.0%} {row['floor_bytes'] / row['sector_bytes']:>5.0%} "
-            f"{copy_cells} {torch_cells}"
+            f"{copy_cells} {bucket_cells} {torch_cells}"
         )
     lines.append(
         f"copy ceiling {ceiling:.2f} TB/s; share = floor us / us; cap = floor bytes over the "
         "32-byte sectors they touch in this layout (the best share it allows); copy us = a "
-        "plain copy of the floor's bytes, vs copy = copy us / us"
+        "plain copy of the floor's bytes, vs copy = copy us / us; bucket us = the same batch "
+        "on its graph bucket's padded plan, pad = bucket us / us - 1"
     )
     return "\n".join(lines)
 
 
 def cost_model_view(rows: list[dict]) -> dict:
     """The rows at the first C, vLLM's state layout, in ``stepplan.sim.cost``'s format."""
-    channels = rows[0]["C"]
+    channels, variant = rows[0]["C"], rows[0]["variant"]
     entries = []
     for row in rows:
-        if row["C"] == channels and row["layout"] == LAYOUTS[0]:
+        if row["C"] == channels and row["layout"] == LAYOUTS[0] and row["variant"] == variant:
             kind = row["batch"].split()[0]
             entry = dict(kind=kind, rows=row["requests"], tokens=row["tokens"], us=row["us"])
             if kind == "mixed":  # the cost model prices mixed steps by their total bytes
@@ -514,7 +612,7 @@ def cost_model_view(rows: list[dict]) -> dict:
             entries.append(entry)
     return dict(
         source="bench/kernel_bench.py: stepplan's Triton kernels under CUDA-graph replay",
-        kernel="stepplan _short_conv_rows + _short_conv_tiles (default blocks), "
+        kernel=f"stepplan's launch A + launch B (kernel variant {variant}), "
         "[slot, window, channel] state",
         geometry=dict(channels=channels, kernel_size=K, dilation=D, dtype_bytes=DTYPE.itemsize),
         entries=entries,
@@ -530,17 +628,35 @@ def write_json(path: str, data: dict) -> None:
     os.replace(f.name, path)
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--channels", type=int, nargs="+", default=[8192, 2048])
     parser.add_argument("--batches", nargs="+", default=list(BATCHES), choices=list(BATCHES))
     parser.add_argument("--reps", type=int, default=40)
     parser.add_argument(
         "--sweep",
-        nargs="?",
-        const="both",
-        choices=("rows", "tiles", "both"),
-        help="time block-size variants of these launches first",
+        nargs="*",
+        choices=tuple(SWEEPS),
+        help="time block-size variants of these launches first, in turn, each on the last's "
+        "pick (alone: both; the pick: variant 'swept')",
+    )
+    parser.add_argument(
+        "--variants",
+        nargs="+",
+        default=[
+            kernels.DEFAULT_VARIANT,
+            *(v for v in kernels.VARIANTS if v != kernels.DEFAULT_VARIANT),
+        ],
+        choices=list(kernels.VARIANTS),
+        help="kernel variants timed side by side on every row (the first: the profile's)",
+    )
+    parser.add_argument(
+        "--buckets", action="store_true", help="time each row on its graph bucket's plan too"
+    )
+    parser.add_argument(
+        "--with-runtime",
+        action="store_true",
+        help="then runtime_bench.py's GPU table (graph vs eager, padding) for these variants",
     )
     parser.add_argument("--layouts", nargs="+", default=list(LAYOUTS), choices=list(LAYOUTS))
     parser.add_argument("--no-torch", action="store_true", help="skip the PyTorch baseline")
@@ -557,7 +673,58 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--profile-out", help="JSON profile path (default $OUT/kernel_profile.json)"
     )
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def padded_grids(name: str) -> bool:
+    """Whether batch ``name``'s bucket launches more programs than its eager plan (else
+    ``--buckets`` would time the same launches twice)."""
+    padded, plain = (compile_plan(batch_of(name), c) for c in (BUCKET_CONFIG, EAGER_CONFIG))
+    return padded.launch_grids != plain.launch_grids
+
+
+def measure_variants(
+    args: argparse.Namespace,
+    channels: int,
+    layout: str,
+    name: str,
+    variants: dict[str, kernels.Blocks],
+    ceiling: float,
+) -> list[dict]:
+    """Batch ``name`` under every variant in turn; the copy and PyTorch baselines, which no
+    variant changes, timed once. Each row's line shows its share of ``ceiling`` (the first
+    measurement of the run; the table uses the better of two)."""
+    rows = []
+    for number, (variant, blocks) in enumerate(variants.items()):
+        common = dict(
+            blocks=blocks,
+            reps=args.reps,
+            hot=args.hot,
+            side_stream=None if args.serial else torch.cuda.Stream(),
+        )
+        row = measure(
+            name, channels, layout, with_torch=not args.no_torch and not number,
+            with_copy=not number, **common,
+        )  # fmt: skip
+        if number:
+            row["copy_us"], row["torch_us"] = rows[0]["copy_us"], rows[0]["torch_us"]
+        row["variant"] = variant
+        if args.buckets and padded_grids(name):
+            padded = measure(name, channels, layout, with_torch=False, with_copy=False,
+                             bucket=True, **common)  # fmt: skip
+            row["bucket_us"], row["bucket_graph"] = padded["us"], padded["graph"]
+        rows.append(row)
+        share = row["floor_bytes"] / (ceiling * 1e6) / row["us"]
+        shown = f", bucket {row['bucket_us']:.1f} us" if "bucket_us" in row else ""
+        print(
+            f"  {channels} {layout} {name} {variant}: {row['us']:.1f} us ({share:.1%}){shown}",
+            flush=True,
+        )
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     out = args.profile_out or (
         os.environ.get("OUT") and os.path.join(os.environ["OUT"], "kernel_profile.json")
     )
@@ -568,23 +735,21 @@ def main(argv: list[str] | None = None) -> int:
     ceiling = copy_ceiling_tbs(args.reps)
     print(f"{device}: copy ceiling {ceiling:.2f} TB/s", flush=True)
     layouts = tuple(args.layouts)
-    chosen = sweep(args.channels[0], ceiling, args.sweep, layouts) if args.sweep else {}
+    chosen: dict[str, kernels.Blocks] = {}
+    for launches in args.sweep or ([] if args.sweep is None else ["both"]):
+        chosen = sweep(
+            args.channels[0], ceiling, launches, layouts, tuple(args.batches), args.reps, chosen
+        )
     rows = []
     for channels in args.channels:
         for layout in layouts:
+            variants = {
+                v: kernels.default_blocks(channels, layout != LAYOUTS[0], v) for v in args.variants
+            }
+            if layout in chosen and channels == args.channels[0]:
+                variants["swept"] = chosen[layout]
             for name in args.batches:
-                row = measure(
-                    name,
-                    channels,
-                    layout,
-                    blocks=chosen.get(layout),
-                    reps=args.reps,
-                    with_torch=not args.no_torch,
-                    hot=args.hot,
-                    side_stream=None if args.serial else torch.cuda.Stream(),
-                )
-                rows.append(row)
-                print(f"  {channels} {layout} {name}: {row['us']:.1f} us", flush=True)
+                rows += measure_variants(args, channels, layout, name, variants, ceiling)
     ceiling = max(ceiling, copy_ceiling_tbs(args.reps))  # again, the clocks now warm
     for row in rows:
         row["floor_us"] = row["floor_bytes"] / (ceiling * 1e6)
@@ -598,6 +763,10 @@ def main(argv: list[str] | None = None) -> int:
         Q=Q,
         copy_ceiling_tbs=ceiling,
         blocks={layout: attrs.asdict(blocks) for layout, blocks in chosen.items()},
+        variants={
+            v: attrs.asdict(kernels.default_blocks(args.channels[0], False, v))
+            for v in args.variants
+        },
         rows=rows,
         **cost_model_view(rows),
     )
@@ -606,7 +775,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"profile written to {out}")
     print()
     print(table(rows, ceiling))
+    if args.with_runtime:
+        run_runtime_bench(args)
     return 0
+
+
+def run_runtime_bench(args: argparse.Namespace) -> None:
+    """``bench/runtime_bench.py --gpu-only`` for the same variants, in this process."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import runtime_bench
+
+    print(flush=True)
+    runtime_bench.main(
+        ["--gpu-only", "--channels", str(args.channels[0]), "--variants", *args.variants]
+    )
 
 
 if __name__ == "__main__":

@@ -18,6 +18,15 @@ decodes + 2 prefills of 700 tokens), in one process:
 - GPU µs per step: steps queued behind a sleep kernel, so launch gaps don't count;
 - the sum of the 32 layers' conv times, each layer measured alone the same way.
 
+Then, for each kernel variant (``--variants``, old and new side by side in one process),
+the GPU table: per row the eager step (its plan unpadded, steps queued behind a sleep),
+the graph step (``Executor.step``'s replay, CUDA events around each, median of many),
+their ratio, and the bucket's padding overhead: the 32 layers captured in a graph over the
+bucket's padded plan against the same layers over the step's unpadded plan (its real
+work), ``(bucket - real) / real``. ``--gpu-only`` runs that table alone (what
+``bench/kernel_bench.py --with-runtime`` runs after the kernels); ``--json PATH`` (default
+``$OUT/runtime_gpu.json`` where ``$OUT`` is set) writes it.
+
 Run: ``python3 bench/runtime_bench.py`` (``--channels 2048`` for a quicker run).
 """
 
@@ -25,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import os
 import resource
 import statistics
@@ -36,8 +46,15 @@ import numpy as np
 import torch
 import triton
 
-from stepplan.executor import Executor
-from stepplan.planner import Planner, PlannerConfig, StepBatch, compile_plan, default_graph_sizes
+from stepplan.executor import Executor, kernels
+from stepplan.planner import (
+    ExecutionPlan,
+    Planner,
+    PlannerConfig,
+    StepBatch,
+    compile_plan,
+    default_graph_sizes,
+)
 
 LAYERS, GROUPS, TAPS, DILATION, SPEC_TOKENS, ROWS = 32, 4, 4, 3, 3, 256
 
@@ -51,12 +68,26 @@ def planner_config() -> PlannerConfig:
     )
 
 
-def make_batch(rng: np.random.Generator, num_spec: int, num_decode: int, prefills: int):
+#: The runtime rows: name -> (spec rows of 4 tokens, decode rows, prefill rows, prefill
+#: length). The first two are the host table's; the others put steps in buckets with more
+#: padding (rows, tokens and tiles) for the GPU table.
+BATCHES = {
+    "spec 256x4": (ROWS, 0, 0, 0),
+    "mixed 256": (ROWS // 2, ROWS // 2 - 2, 2, 700),
+    "mixed 64": (32, 30, 2, 300),
+    "decode 130": (0, 130, 0, 0),
+}
+HOST_ROWS = ("spec 256x4", "mixed 256")
+
+
+def make_batch(
+    rng: np.random.Generator, num_spec: int, num_decode: int, prefills: int, length: int = 700
+):
     rows = num_spec + num_decode + prefills
-    q = np.array([4] * num_spec + [1] * num_decode + [700] * prefills)
+    q = np.array([4] * num_spec + [1] * num_decode + [length] * prefills)
     drafts = np.array([3] * num_spec + [-1] * (num_decode + prefills))
     computed = rng.integers(100, 3000, rows)
-    computed[num_spec + num_decode :] = [0, 1400][:prefills]
+    computed[num_spec + num_decode :] = [0, 2 * length][:prefills]
     order = rng.permutation(rows)  # kinds interleaved, as an engine hands them over
     slots = np.stack([rng.permutation(np.arange(1, ROWS + 1))[:rows] for _ in range(GROUPS)])
     return StepBatch(
@@ -68,8 +99,11 @@ def make_batch(rng: np.random.Generator, num_spec: int, num_decode: int, prefill
     )
 
 
-def make_executors(channels: int, config: PlannerConfig) -> dict[str, Executor]:
-    """A graph and an eager executor over the same bf16 weights and state pools."""
+def make_executors(
+    channels: int, config: PlannerConfig, variants: tuple[str, ...] = (kernels.DEFAULT_VARIANT,)
+) -> dict[str, dict[str, Executor]]:
+    """Per kernel variant, a graph and an eager executor, all over the same bf16 weights and
+    state pools."""
     window = (TAPS - 1) * DILATION + config.query_len_max - 1
     weights = [
         torch.randn(channels, TAPS, device="cuda", dtype=torch.bfloat16) for _ in range(LAYERS)
@@ -82,15 +116,19 @@ def make_executors(channels: int, config: PlannerConfig) -> dict[str, Executor]:
     ]
     groups = [layer * GROUPS // LAYERS for layer in range(LAYERS)]
     return {
-        mode: Executor(
-            weights=weights,
-            layer_groups=groups,
-            conv_states=states,
-            dilation=DILATION,
-            config=config,
-            use_graphs=mode == "graphs",
-        )
-        for mode in ("graphs", "eager")
+        variant: {
+            mode: Executor(
+                weights=weights,
+                layer_groups=groups,
+                conv_states=states,
+                dilation=DILATION,
+                config=config,
+                use_graphs=mode == "graphs",
+                kernel_variant=variant,
+            )
+            for mode in ("graphs", "eager")
+        }
+        for variant in variants
     }
 
 
@@ -262,7 +300,7 @@ def kernel_sum_us(executor: Executor, row: dict, cycles_per_us: float) -> float:
     return total
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--channels", type=int, default=8192)
     parser.add_argument("--iterations", type=int, default=300)
@@ -282,18 +320,33 @@ def main() -> None:
     parser.add_argument(
         "--core", type=int, default=None, help="pin the process to this CPU core first"
     )
-    args = parser.parse_args()
+    parser.add_argument(
+        "--variants",
+        nargs="+",
+        default=list(kernels.VARIANTS),
+        choices=list(kernels.VARIANTS),
+        help="kernel variants of the GPU table, side by side (the host table runs the default)",
+    )
+    parser.add_argument(
+        "--batches", nargs="+", default=list(BATCHES), choices=list(BATCHES), help="rows to run"
+    )
+    parser.add_argument("--gpu-only", action="store_true", help="the GPU table alone")
+    parser.add_argument("--samples", type=int, default=40, help="graph replays timed per figure")
+    parser.add_argument("--json", help="GPU table as JSON (default $OUT/runtime_gpu.json)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("runtime_bench needs a CUDA GPU")
     if args.core is not None:  # no migration between cores mid-step (an engine pins too)
         os.sched_setaffinity(0, {args.core})
     config = planner_config()
     rng = np.random.default_rng(0)
-    batches = {
-        "spec 256x4": make_batch(rng, ROWS, 0, 0),
-        "mixed 256": make_batch(rng, ROWS // 2, ROWS // 2 - 2, 2),
-    }
-    executors = make_executors(args.channels, config)
+    batches = {name: make_batch(rng, *BATCHES[name]) for name in BATCHES}
+    variants = tuple(dict.fromkeys([kernels.DEFAULT_VARIANT, *args.variants]))
+    executors = make_executors(args.channels, config, variants)
     cycles_per_us = sleep_cycles_per_us()
     if args.freeze:
         freeze_startup_objects()
@@ -302,10 +355,31 @@ def main() -> None:
         f"  C={args.channels} K={TAPS} D={DILATION} Q={config.query_len_max} bf16"
         f"  {LAYERS} layers / {GROUPS} groups"
     )
+    chosen = {name: batches[name] for name in args.batches}
+    gpu_rows = gpu_table(executors, chosen, args.variants, cycles_per_us, args.samples)
+    print_gpu_table(gpu_rows)
+    out = args.json or (
+        os.environ.get("OUT") and os.path.join(os.environ["OUT"], "runtime_gpu.json")
+    )
+    if out:
+        write_rows(out, gpu_rows, args.channels)
+    if args.gpu_only:
+        return
+    host_tables(args, {name: batches[name] for name in HOST_ROWS}, executors, cycles_per_us)
+
+
+def host_tables(
+    args: argparse.Namespace,
+    batches: dict[str, StepBatch],
+    executors: dict[str, dict[str, Executor]],
+    cycles_per_us: float,
+) -> None:
+    """The host table (and rounds) of the default variant's executors."""
+    default = executors[kernels.DEFAULT_VARIANT]
     print(f"  host speed (a fixed Python loop) p50 {host_speed_us():.1f} µs", flush=True)
     rows = []
     for name, batch in batches.items():
-        for mode, executor in executors.items():
+        for mode, executor in default.items():
             iterations = args.iterations if mode == "graphs" else max(30, args.iterations // 6)
             row = measure(name, batch, executor, mode, iterations, cycles_per_us)
             row["kernels"] = kernel_sum_us(executor, row, cycles_per_us)
@@ -317,7 +391,140 @@ def main() -> None:
     print(f"  host speed (a fixed Python loop) p50 {host_speed_us():.1f} µs")
     print_table(rows)
     if args.rounds:
-        print_rounds(host_rounds(executors, rows, args.rounds, args.iterations))
+        print_rounds(host_rounds(default, rows, args.rounds, args.iterations))
+
+
+def event_us(run: Callable[[], None], samples: int, cycles_per_us: float) -> float:
+    """Median µs between CUDA events recorded around one ``run()`` (a graph replay): each
+    sample queued behind a 300 µs sleep kernel, so the host's work before the launch
+    (the staging write of a step) is over when the first event fires."""
+    times = []
+    for _ in range(samples):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        torch.cuda._sleep(int(300 * cycles_per_us))
+        start.record()
+        run()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000)
+    return statistics.median(times)
+
+
+def layers_graph(
+    executor: Executor, plan: ExecutionPlan, x: torch.Tensor, residual: torch.Tensor
+) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    """A CUDA graph of the 32 layers' convs over ``plan`` (its own device buffer, no upload
+    node), captured the way the executor's step graphs are (rows beside tiles); and that
+    buffer, which every replay reads."""
+    buffer = torch.from_numpy(np.array(plan.packed)).to(executor.device)
+    executor.prepare_graphed(plan, buffer)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # compiles every kernel outside the capture
+        executor.run_layers(x, residual)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        executor.run_layers(x, residual)
+    executor.forget_prepared()
+    return graph, buffer
+
+
+def gpu_row(
+    name: str,
+    batch: StepBatch,
+    pair: dict[str, Executor],
+    cycles_per_us: float,
+    samples: int,
+) -> dict:
+    """One row of the GPU table for one variant's executors (``graphs``, ``eager``)."""
+    graphs, eager = pair["graphs"], pair["eager"]
+    plan = compile_plan(batch, graphs.config)
+    plain = compile_plan(batch, attrs.evolve(graphs.config, graph_mode="none"))
+    assert plan.graph is not None, f"{name}: no bucket fits"
+    x, residual = graphs.staging(batch.num_tokens)  # the buffers graph steps read: no copies
+    x.normal_()
+    residual.zero_()
+    for _ in range(3):  # compiles kernels, captures the step's graph
+        graphs.step(plan, x, residual)
+        eager.step(plain, x, residual)
+    graph_step = event_us(lambda: graphs.step(plan, x, residual), samples, cycles_per_us)
+    # Four eager steps queued behind a sleep that outlasts their launching (a few ms each).
+    eager_step = gpu_us(lambda: eager.step(plain, x, residual), 4, 3000.0, cycles_per_us)
+    # Each graph with its plan buffer, which its replays read: both kept alive until timed.
+    bucket, real = (layers_graph(graphs, p, x, residual) for p in (plan, plain))
+    bucket_us = event_us(bucket[0].replay, samples, cycles_per_us)
+    real_us = event_us(real[0].replay, samples, cycles_per_us)
+    torch.cuda.synchronize()
+    return dict(
+        batch=name,
+        graph=str(plan.graph),
+        eager_us=eager_step,
+        graph_us=graph_step,
+        ratio=graph_step / eager_step,
+        bucket_us=bucket_us,
+        real_us=real_us,
+        padding=(bucket_us - real_us) / real_us,
+        live=(plan.num_rows, plan.num_tokens, plan.num_tiles),
+    )
+
+
+def gpu_table(
+    executors: dict[str, dict[str, Executor]],
+    batches: dict[str, StepBatch],
+    variants: list[str],
+    cycles_per_us: float,
+    samples: int,
+) -> list[dict]:
+    """The GPU table's rows, batch by batch, every variant in turn within a batch."""
+    rows = []
+    for name, batch in batches.items():
+        for variant in variants:
+            row = gpu_row(name, batch, executors[variant], cycles_per_us, samples)
+            rows.append({"variant": variant, **row})
+            print(f"  measured {name} / {variant}", flush=True)
+    return rows
+
+
+def print_gpu_table(rows: list[dict]) -> None:
+    print()
+    print(
+        "GPU µs per step, 32 layers: eager (unpadded plan) vs graph (Executor.step replay); "
+        "padding = (bucket - real) / real, the layers' graph over the bucket's plan against "
+        "the same over the unpadded plan"
+    )
+    header = (
+        f"{'batch':<11} {'variant':<11} {'graph':<42} {'live r/t/p':>14} {'eager':>9} "
+        f"{'graph':>9} {'graph/eager':>11} {'real':>9} {'bucket':>9} {'padding':>8}"
+    )
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        live = "/".join(map(str, r["live"]))
+        print(
+            f"{r['batch']:<11} {r['variant']:<11} {r['graph']:<42} {live:>14} "
+            f"{r['eager_us']:>9.1f} {r['graph_us']:>9.1f} {r['ratio']:>11.3f} "
+            f"{r['real_us']:>9.1f} {r['bucket_us']:>9.1f} {r['padding']:>8.1%}"
+        )
+
+
+def write_rows(path: str, rows: list[dict], channels: int) -> None:
+    """The GPU table as JSON, atomically (a temporary file beside ``path``, then a rename)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    data = dict(
+        device=torch.cuda.get_device_name(),
+        C=channels,
+        layers=LAYERS,
+        groups=GROUPS,
+        rows=rows,
+    )
+    temporary = f"{path}.tmp"
+    with open(temporary, "w") as f:
+        json.dump(data, f, indent=1)
+    os.replace(temporary, path)
 
 
 def host_rounds(

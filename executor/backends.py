@@ -93,13 +93,15 @@ class TritonBackend:
 
     Keeps a channel-contiguous copy of each weight (``[K, C]`` memory) where it is not
     channel-contiguous already, so the taps load as vectors like the activations, and
-    the block sizes of each layer, which depend only on C and its state's memory layout.
+    the block sizes of each layer, which depend only on C, its state's memory layout and
+    the kernel variant.
 
     Args:
         weights: one ``[C, K]`` tensor per layer.
         conv_states: one ``[num_slots, C, W]`` view per layer.
         device: where the plan buffer lives.
         capacity: the largest plan layout uploaded into the persistent buffer.
+        variant: one of ``kernels.VARIANTS``; ``None``: ``kernels.DEFAULT_VARIANT``.
     """
 
     name = "triton"
@@ -110,12 +112,16 @@ class TritonBackend:
         conv_states: Sequence[torch.Tensor],
         device: torch.device,
         capacity: PlanLayout,
+        variant: str | None = None,
     ) -> None:
         self._kernels = import_kernels()
+        variant = variant or self._kernels.DEFAULT_VARIANT
+        self._kernels.check_variant(variant)
         self.weights = tuple(w if w.stride(0) == 1 else w.t().contiguous().t() for w in weights)
         channels = int(self.weights[0].shape[0])
         self._blocks = tuple(
-            self._kernels.default_blocks(channels, state.stride(2) == 1) for state in conv_states
+            self._kernels.default_blocks(channels, state.stride(2) == 1, variant)
+            for state in conv_states
         )
         self._device = device
         # One int32 more than the largest plan: the ticket word of a graph's upload.
@@ -176,7 +182,7 @@ class ReferenceBackend:
     the plan read on the host.
 
     Takes the arguments of :class:`TritonBackend`; keeps the weights as they are and
-    needs nothing else.
+    needs nothing else (it has no kernel variants).
     """
 
     name = "reference"
@@ -187,8 +193,9 @@ class ReferenceBackend:
         conv_states: Sequence[torch.Tensor],
         device: torch.device,
         capacity: PlanLayout,
+        variant: str | None = None,
     ) -> None:
-        del conv_states, device, capacity
+        del conv_states, device, capacity, variant
         self.weights = tuple(weights)
         self.upload: PinnedUpload | None = None
 
@@ -237,10 +244,12 @@ def make_backend(
     conv_states: Sequence[torch.Tensor],
     device: torch.device,
     capacity: PlanLayout,
+    variant: str | None = None,
 ) -> Backend:
-    """The backend called ``name`` (one of :data:`BACKENDS`) for these layers."""
+    """The backend called ``name`` (one of :data:`BACKENDS`) for these layers, running
+    kernel ``variant`` (the triton backend's; ``None``: its default)."""
     check_backend_name(name)
-    return _CLASSES[name](weights, conv_states, device, capacity)
+    return _CLASSES[name](weights, conv_states, device, capacity, variant)
 
 
 def check_backend_name(name: str) -> None:

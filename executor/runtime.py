@@ -58,6 +58,9 @@ class Executor:
             or ``"reference"`` (plain PyTorch, any device, never graphed).
         use_graphs: replay CUDA graphs for plans with a graph key; default:
             on for the triton backend on a CUDA device.
+        kernel_variant: the triton backend's named block settings, one of
+            ``kernels.VARIANTS`` (``None``: ``kernels.DEFAULT_VARIANT``); older ones stay
+            for side-by-side runs (``bench/runtime_bench.py --variants``).
     """
 
     def __init__(
@@ -70,6 +73,7 @@ class Executor:
         config: PlannerConfig,
         backend: str = "triton",
         use_graphs: bool | None = None,
+        kernel_variant: str | None = None,
     ) -> None:
         self.weights = tuple(weights)
         self.layer_groups = tuple(int(g) for g in layer_groups)
@@ -86,7 +90,7 @@ class Executor:
             1, 1, 0, self.num_groups
         )
         self._backend: Backend = make_backend(
-            backend, self.weights, self.conv_states, self.device, self.capacity
+            backend, self.weights, self.conv_states, self.device, self.capacity, kernel_variant
         )
         self.weights = self._backend.weights
         graphs_on = self._backend.graphs_on(self.device)

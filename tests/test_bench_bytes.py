@@ -59,3 +59,39 @@ def test_the_sweep_can_keep_the_default_blocks(layout):
     assert bench._with_variant(blocks, False, rows) == blocks
     tiles = (blocks.tiles_channels, blocks.tiles_warps, blocks.tiles_tokens)
     assert (*tiles, blocks.tiles_channels_first) in bench.TILE_VARIANTS
+
+
+def test_kernel_bench_runs_the_runtime_table_for_its_variants():
+    """``--with-runtime``: the kernels' run goes on to runtime_bench's GPU table, for the
+    same variants and channels, in the same process."""
+    from unittest import mock
+
+    import runtime_bench
+
+    args = bench.parse_args(["--channels", "2048", "--variants", "v16", "persistent"])
+    with mock.patch.object(runtime_bench, "main") as main:
+        bench.run_runtime_bench(args)
+    main.assert_called_once_with(
+        ["--gpu-only", "--channels", "2048", "--variants", "v16", "persistent"]
+    )
+    assert runtime_bench.parse_args(main.call_args.args[0]).gpu_only
+
+
+def test_buckets_retime_only_batches_whose_bucket_launches_more():
+    padded = {name for name in bench.BATCHES if bench.padded_grids(name)}
+    assert padded == {"prefill 1x512", "prefill 4x4096", "mixed"}
+
+
+def test_runtime_rows_each_fit_a_bucket_with_room_to_pad():
+    """Every row of runtime_bench's GPU table replays a graph; most leave padding in it."""
+    import numpy as np
+    import runtime_bench
+
+    config, rng = runtime_bench.planner_config(), np.random.default_rng(0)
+    plans = {
+        name: compile_plan(runtime_bench.make_batch(rng, *shape), config)
+        for name, shape in runtime_bench.BATCHES.items()
+    }
+    assert all(plan.graph is not None for plan in plans.values())
+    assert plans["mixed 256"].graph.num_tiles > 10 * plans["mixed 256"].num_tiles
+    assert plans["decode 130"].graph.num_rows > plans["decode 130"].num_rows

@@ -21,7 +21,7 @@ from stepplan.executor import (
     check_replay,
 )
 from stepplan.executor.graphs import _Captured
-from stepplan.executor.kernels import launch_shape
+from stepplan.executor.kernels import VARIANTS, launch_shape
 from stepplan.executor.staging_kernel import pull_plan
 from stepplan.executor.upload import PinnedUpload, StagingRing
 from stepplan.planner import PlannerConfig, StepBatch, compile_plan
@@ -56,7 +56,9 @@ def random_batch(
     )
 
 
-def make_executor(backend: str, config: PlannerConfig, seed: int = 0) -> Executor:
+def make_executor(
+    backend: str, config: PlannerConfig, seed: int = 0, kernel_variant: str | None = None
+) -> Executor:
     """Three layers over two groups, fp32, states in vLLM's [slot, window, channel] memory."""
     gen = torch.Generator().manual_seed(seed)
     window = (TAPS - 1) * DILATION + config.query_len_max - 1
@@ -70,6 +72,7 @@ def make_executor(backend: str, config: PlannerConfig, seed: int = 0) -> Executo
         dilation=DILATION,
         config=config,
         backend=backend,
+        kernel_variant=kernel_variant,
     )
 
 
@@ -390,8 +393,8 @@ class _EmulatedStepGraphs(StepGraphs):
         return _Captured(self._executor.signature(plan), plan.config, plan.layout, graphs)
 
 
-def emulated_graph_executor(config: PlannerConfig) -> Executor:
-    executor = make_executor("triton", config)
+def emulated_graph_executor(config: PlannerConfig, kernel_variant: str | None = None) -> Executor:
+    executor = make_executor("triton", config, kernel_variant=kernel_variant)
     shape = (executor.capacity.num_tokens, CHANNELS)
     executor._staging = (torch.zeros(shape), torch.zeros(shape))
     executor._step_graphs = _EmulatedStepGraphs(executor)
@@ -434,6 +437,38 @@ def test_graph_step_path_equals_reference_over_buckets():
     assert any(all(count > 0 for count in counts) for counts in replays)  # both entries
     issued, done = step_graphs._ring.tickets()
     assert (issued > 0).all() and issued.tolist() == done.tolist()
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_graph_steps_equal_eager_steps_of_the_unpadded_plans(variant):
+    """Each kernel variant: a step replayed from its bucket's padded plan (emulated graphs)
+    equals the same batch's eager plan, unpadded, bit for bit, and both the reference."""
+    config = CONFIGS[0]
+    unpadded = attrs.evolve(config, graph_mode="none")
+    graphs = emulated_graph_executor(config, variant)
+    eager = make_executor("triton", config, kernel_variant=variant)
+    reference = make_executor("reference", config)
+    rng = np.random.default_rng(11)
+    for index, rows in enumerate((12, 3, 9, 1)):
+        batch = random_batch(rng, rows, config.query_len_max, groups=2)
+        plan, plain = compile_plan(batch, config), compile_plan(batch, unpadded)
+        assert plan.graph is not None and plain.graph is None
+        x = torch.randn(batch.num_tokens, CHANNELS)
+        residual = torch.randn_like(x)
+        outs = [residual.clone() for _ in range(3)]
+        graphs.step(plan, x, outs[0])
+        eager.step(plain, x, outs[1])
+        reference.step(plain, x, outs[2])
+        torch.testing.assert_close(outs[0], outs[1], atol=0, rtol=0, msg=f"step {index}")
+        torch.testing.assert_close(outs[1], outs[2], atol=1e-5, rtol=1e-5, msg=f"step {index}")
+        for a, b in zip(graphs.conv_states, eager.conv_states, strict=True):
+            assert torch.equal(a, b), f"step {index}: state"
+        assert_same_state(eager, reference)
+
+
+def test_unknown_kernel_variants_are_refused():
+    with pytest.raises(ValueError, match=r"^kernel_variant: must be one of \('v16'"):
+        make_executor("triton", CONFIGS[0], kernel_variant="fast")
 
 
 def test_graph_step_refuses_a_mismatched_plan_before_touching_anything():

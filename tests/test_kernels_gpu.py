@@ -19,6 +19,7 @@ import triton.language as tl
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_kernels import DTYPES, Case, bits, cases, check_against_reference, make_operands
+from test_kernels_loops import run
 from test_schedule_invariance import Schedule, run_schedule
 
 from stepplan.executor import kernels
@@ -31,6 +32,7 @@ C, K, D, Q = 8192, 4, 3, 4
 # The batches the benchmark times are the ones checked here: one table, in the bench.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 from kernel_bench import BATCHES as BENCH_BATCHES  # noqa: E402
+from kernel_bench import BUCKET_CONFIG  # noqa: E402
 
 #: name -> (spec rows of Q tokens, decode rows, prefill lengths): the batches
 #: bench/kernel_bench.py times (SPEC §4's and a mixed one), plus a ragged mixed one.
@@ -143,3 +145,33 @@ def test_kernels_keep_the_master_invariant_for_any_shape(seed, taps, dilation, q
         seed, 520, taps, dilation, q_max, num_requests=6, max_len=90, graph_mode="full"
     )
     run_schedule(schedule, kernels.short_conv, device="cuda")
+
+
+@pytest.mark.parametrize("layout", ["window_channel", "channel_window"])
+@pytest.mark.parametrize("kind", ["decode 256", "spec 64x4", "mixed", "mixed ragged"])
+def test_every_variant_on_every_plan_gives_the_same_bits(kind, layout):
+    """bf16 at C = 8192: each named variant (looping tiles, persistent rows) and persistent
+    rows with other program counts or without the early loads, on the batch's eager plan
+    and on its graph bucket's padded plan, give the bits of v16's eager run, which matches
+    the reference."""
+    rng = np.random.default_rng(KINDS.index(kind))
+    batch = batch_of(kind, rng)
+    eager = compile_plan(batch, attrs.evolve(BUCKET_CONFIG, graph_mode="none"))
+    padded = compile_plan(batch, BUCKET_CONFIG)
+    assert padded.graph is not None
+    window = layout == "channel_window"
+    operands = make_operands(eager, C, K, (K - 1) * D + Q - 1, layout, torch.bfloat16, "cuda", 7)
+    old = kernels.default_blocks(C, window, "v16")
+    want = check_against_reference(Case(eager, *operands, dilation=D, group=0, blocks=old))
+    persistent = kernels.default_blocks(C, window, "persistent")
+    trials = {v: kernels.default_blocks(C, window, v) for v in kernels.VARIANTS}
+    trials["4 programs"] = attrs.evolve(persistent, rows_resident=4, tiles_resident=2)
+    trials["64 programs"] = attrs.evolve(persistent, rows_resident=64, tiles_resident=64)
+    trials["no early loads"] = attrs.evolve(persistent, rows_prefetch=False)
+    for name, blocks in trials.items():
+        for plan in (eager, padded):
+            case = Case(plan, *operands, dilation=D, group=0, blocks=blocks)
+            got_r, got_s = run(case, plan)
+            what = f"{name}, {plan.graph or 'eager'}"
+            assert torch.equal(bits(got_r), bits(want[0])), f"{what}: residual differs"
+            assert torch.equal(bits(got_s), bits(want[1])), f"{what}: state differs"

@@ -4,10 +4,11 @@ count paid for a compilation (live runs count such steps as cold)."""
 from __future__ import annotations
 
 from ..staging_kernel import _pull_plan
+from .persistent import _short_conv_rows_persistent
 from .rows import _short_conv_rows
 from .tiles import _short_conv_tiles
 
-_KERNELS = (_short_conv_rows, _short_conv_tiles, _pull_plan)
+_KERNELS = (_short_conv_rows, _short_conv_rows_persistent, _short_conv_tiles, _pull_plan)
 
 
 def compiled_variants() -> int:

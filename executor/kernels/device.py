@@ -138,6 +138,20 @@ def _await_previous_kernel(DEPENDENT: tl.constexpr):
 
 
 @triton.jit
+def _opaque(value, ALIGN: tl.constexpr, FAST: tl.constexpr):
+    """``value`` (an int32 scalar, a multiple of ALIGN), as something the compiler must
+    take as new where it is made: inside a loop, its products are then made per iteration,
+    not hoisted out of the loop to stay in registers throughout (a 64-bit row offset per
+    history row made the looping tile programs spill). ALIGN restores what the launch's
+    specialization knew of it (a stride's divisibility by 16 lets rows load as vectors).
+    The interpreter runs no PTX (FAST 0): ``value`` itself."""
+    if FAST:
+        value = tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [value], tl.int32, False, 1)
+        value = tl.multiple_of(value, ALIGN)
+    return value
+
+
+@triton.jit
 def _channel_stride(state_chan, CHANNEL_UNIT: tl.constexpr, WHOLE_WINDOW: tl.constexpr):
     """The state's channel stride, as a literal where the layout fixes it: a unit
     stride lets Triton coalesce along channels, a compact pool's stride ``W`` tells it

@@ -11,7 +11,8 @@ import torch
 from stepplan.planner import ExecutionPlan, PlanLayout
 
 from ..reference import check_operands
-from .grid import _check_channel_blocks
+from .grid import _check_channel_blocks, _multiprocessors
+from .persistent import _launch_rows_persistent
 from .rows import _launch_rows
 from .tiles import _launch_tiles
 from .tuning import Blocks, default_blocks
@@ -48,6 +49,8 @@ class LaunchShape:
         row_tokens_max: the most tokens a row of launch A may have: 1 where the plan
             can hold no spec row (a decode graph, or an eager plan of decodes), else Q.
         tile_tokens: tokens per prefill tile (a power of two, >= L).
+        padded: the grids hold a graph bucket's capacity, the live work first and padding
+            after it (a graph plan); an eager plan's hold its live work alone.
     """
 
     layout: PlanLayout
@@ -56,6 +59,7 @@ class LaunchShape:
     query_len_max: int
     tile_tokens: int
     row_tokens_max: int
+    padded: bool = False
 
     @functools.cached_property
     def plan_offsets(self) -> tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]:
@@ -82,6 +86,7 @@ def launch_shape(plan: ExecutionPlan) -> LaunchShape:
         query_len_max=plan.query_len_max,
         tile_tokens=plan.tile_tokens,
         row_tokens_max=1 if decodes_only else plan.query_len_max,
+        padded=plan.graph is not None,
     )
 
 
@@ -160,29 +165,34 @@ def launch_short_conv(
         (x.shape[1], x.stride(0), residual.stride(0), *conv_state.stride(), *weight.stride()),
         _static_arguments(x, conv_state, weight, dilation, blocks),
     )
-    _launch(shape, blocks, shape.plan_offsets[group], args, side_stream, x.device)
+    _launch(
+        shape, blocks, shape.plan_offsets[group], (*args, _multiprocessors(x.device)), side_stream
+    )
 
 
 def _launch(
     shape: LaunchShape,
     blocks: Blocks,
     offsets: tuple[tuple[int, ...], tuple[int, ...]],
-    args: tuple[tuple, tuple, dict],
+    args: tuple[tuple, tuple, dict, int],
     side_stream: torch.cuda.Stream | None,
-    device: torch.device,
 ) -> None:
-    """The launches of ``shape``: rows beside tiles on ``side_stream`` where given and both run."""
+    """The launches of ``shape``: rows beside tiles on ``side_stream`` where given and both run.
+
+    ``args``: the launches' buffers, sizes, shared constexprs and the device's
+    multiprocessors."""
     rows_offsets, tiles_offsets = offsets
+    launch_rows = _launch_rows_persistent if blocks.rows_resident else _launch_rows
     if shape.rows_grid and shape.tiles_grid and side_stream is not None:
-        main = torch.cuda.current_stream(device)
+        main = torch.cuda.current_stream(args[0][1].device)
         side_stream.wait_stream(main)
         with torch.cuda.stream(side_stream):
-            _launch_rows(shape, blocks, rows_offsets, *args)
+            launch_rows(shape, blocks, rows_offsets, *args)
         _launch_tiles(shape, blocks, tiles_offsets, *args)
         main.wait_stream(side_stream)
         return
     if shape.rows_grid:
-        _launch_rows(shape, blocks, rows_offsets, *args)
+        launch_rows(shape, blocks, rows_offsets, *args)
     if shape.tiles_grid:
         _launch_tiles(shape, blocks, tiles_offsets, *args)
 
@@ -229,7 +239,8 @@ def _check_launch(
     _check_channel_blocks(
         x.shape[1],
         (
-            (blocks.rows_channels, blocks.rows_channels_first),
+            # Persistent rows put their channel blocks on axis 1, as rows-first ones do.
+            (blocks.rows_channels, blocks.rows_channels_first and not blocks.rows_resident),
             (blocks.tiles_channels, blocks.tiles_channels_first),
         ),
     )

@@ -51,25 +51,58 @@ def _update_row(
     taps = _load_taps(weight_ptr, weight_chan, weight_tap, chan, chan_ok, TAPS)
     # The new window S[:, i] = h[1 + i], i < L + q - 1 (decode: q = 1, so L entries).
     keep = (reach + q - 1) * has_slot
-    if WINDOW_TILE:
-        # Window-contiguous state: one [W, BLOCK_C] tile, each channel's window stored
-        # as one contiguous run; entry-by-entry stores would write 2 of every 2W bytes.
-        # Its loads hit the lines the history just brought in.
-        i = tl.arange(0, WINDOW_BLOCK)[:, None]
-        kept = (i < keep) & chan_ok[None, :]
-        past = _past(past_ptr, s_chan, s_win, state_end, i + 1, chan, kept)
-        tokens = _tokens(x_ptr, x_stride, first_token, i + 1, chan, kept, reach)
+    past, tokens = _window_sources(
+        x_ptr, x_stride, first_token, past_ptr, s_chan, s_win, state_end, keep, chan, chan_ok,
+        reach, WINDOW_BLOCK, WINDOW_TILE,
+    )  # fmt: skip
     _add_silu_rows(
         residual_ptr, residual_stride, first_token, q, chan, chan_ok, history, taps,
         ROWS, TAPS, DILATION, BLOCK_C, FAST,
     )  # fmt: skip
+    _store_window(
+        window_ptr, s_chan, s_win, keep, chan, chan_ok, history, past, tokens, reach, ROWS,
+        WINDOW_BLOCK, WINDOW_TILE,
+    )  # fmt: skip
+
+
+@triton.jit
+def _window_sources(
+    x_ptr, x_stride, first_token, past_ptr, s_chan, s_win, state_end, keep, chan, chan_ok,
+    REACH: tl.constexpr, WINDOW_BLOCK: tl.constexpr, WINDOW_TILE: tl.constexpr,
+):  # fmt: skip
+    """``(past, tokens)``: the new window's ``[WINDOW_BLOCK, BLOCK_C]`` sources where the
+    row stores it as one tile (WINDOW_TILE); where entry by entry, placeholders that
+    :func:`_store_window` never reads (a Triton function cannot return ``None``).
+
+    Window-contiguous state: one tile, each channel's window stored as one contiguous run;
+    entry-by-entry stores would write 2 of every 2W bytes. Its loads hit the lines the
+    history just brought in."""
+    past = chan_ok
+    tokens = chan_ok
+    if WINDOW_TILE:
+        i = tl.arange(0, WINDOW_BLOCK)[:, None]
+        kept = (i < keep) & chan_ok[None, :]
+        past = _past(past_ptr, s_chan, s_win, state_end, i + 1, chan, kept)
+        tokens = _tokens(x_ptr, x_stride, first_token, i + 1, chan, kept, REACH)
+    return past, tokens
+
+
+@triton.jit
+def _store_window(
+    window_ptr, s_chan, s_win, keep, chan, chan_ok, history, past, tokens, REACH: tl.constexpr,
+    ROWS: tl.constexpr, WINDOW_BLOCK: tl.constexpr, WINDOW_TILE: tl.constexpr,
+):  # fmt: skip
+    """The row's new window ``S[:, i] = h[1 + i]``, ``i < keep``: from
+    :func:`_window_sources`' tiles, or entry by entry from ``history``."""
     # The stores' register layout may differ from the loads': every thread must have
     # read the old window before any thread overwrites it.
     tl.debug_barrier()
     if WINDOW_TILE:
-        _write_window(window_ptr, s_chan, s_win, i, chan, kept, i + 1, past, tokens, reach)
+        i = tl.arange(0, WINDOW_BLOCK)[:, None]
+        kept = (i < keep) & chan_ok[None, :]
+        _write_window(window_ptr, s_chan, s_win, i, chan, kept, i + 1, past, tokens, REACH)
     else:
-        for i in tl.static_range(reach + ROWS - 1):
+        for i in tl.static_range(REACH + ROWS - 1):
             ptrs = window_ptr + chan * s_chan + i * s_win
             tl.store(ptrs, history[i + 1], mask=_live(chan_ok, i, keep))
 
@@ -134,10 +167,45 @@ def _update_row_window(
     taps = _load_taps(weight_ptr, weight_chan, weight_tap, chan, chan_ok, TAPS)
     rows = residual_ptr + first_token.to(tl.int64) * residual_stride + chan
     residuals = _load_residuals(rows, residual_stride, q, chan_ok, ROWS)
+    old = _load_whole_window(window_ptr, has_slot, chan, chan_ok, WINDOW, LEVELS)
+    _finish_row_window(
+        old, tokens, residuals, taps, rows, residual_stride, q, window_ptr, offset, state_end,
+        has_slot, chan, chan_ok, TAPS, DILATION, ROWS, QUERY_MAX, WINDOW, LEVELS, BLOCK_C, FAST,
+    )  # fmt: skip
+
+
+@triton.jit
+def _whole_window_place(
+    window_ptr, has_slot, chan, chan_ok, WINDOW: tl.constexpr, LEVELS: tl.constexpr
+):
+    """``(pointers, mask)`` of the ``[BLOCK_C, 2**LEVELS]`` tile of the row's windows; the
+    mask leaves slot 0 untouched."""
     j = tl.arange(0, 1 << LEVELS)[None, :]
     tile_ptrs = window_ptr + chan[:, None] * WINDOW + j
     whole = (j < WINDOW) & chan_ok[:, None] & (j * 0 + has_slot > 0)  # slot 0 untouched
-    old = tl.load(tile_ptrs, mask=whole, other=0.0)
+    return tile_ptrs, whole
+
+
+@triton.jit
+def _load_whole_window(
+    window_ptr, has_slot, chan, chan_ok, WINDOW: tl.constexpr, LEVELS: tl.constexpr
+):
+    """The old windows of the row's channels as one ``[BLOCK_C, 2**LEVELS]`` tile."""
+    tile_ptrs, whole = _whole_window_place(window_ptr, has_slot, chan, chan_ok, WINDOW, LEVELS)
+    return tl.load(tile_ptrs, mask=whole, other=0.0)
+
+
+@triton.jit
+def _finish_row_window(
+    old, tokens, residuals, taps, rows, residual_stride, q, window_ptr, offset, state_end,
+    has_slot, chan, chan_ok, TAPS: tl.constexpr, DILATION: tl.constexpr, ROWS: tl.constexpr,
+    QUERY_MAX: tl.constexpr, WINDOW: tl.constexpr, LEVELS: tl.constexpr,
+    BLOCK_C: tl.constexpr, FAST: tl.constexpr,
+):  # fmt: skip
+    """The rest of :func:`_update_row_window` once its loads are in: the row's history out
+    of the old tile's columns, the new window stored whole, then the outputs (``ROWS``
+    of them; ``tokens`` and ``residuals`` may hold more, unused)."""
+    reach: tl.constexpr = (TAPS - 1) * DILATION
     columns = ()
     for c in tl.static_range(1 << LEVELS):
         columns = columns + (_column(old, c, BLOCK_C, LEVELS),)  # noqa: RUF005
@@ -160,11 +228,12 @@ def _update_row_window(
             value = tl.where(_live(chan_ok, i, keep), history[i + 1], value)
         fresh = fresh + (value,)  # noqa: RUF005
     new = _tile_of(fresh, BLOCK_C, LEVELS)
+    tile_ptrs, whole = _whole_window_place(window_ptr, has_slot, chan, chan_ok, WINDOW, LEVELS)
     tl.debug_barrier()  # every thread has read the old window
     tl.store(tile_ptrs, new, mask=whole)
     _store_silu_rows(
         rows, residual_stride, q, chan_ok, history, taps, residuals,
-        residual_ptr.dtype.element_ty, ROWS, TAPS, DILATION, BLOCK_C, FAST,
+        rows.dtype.element_ty, ROWS, TAPS, DILATION, BLOCK_C, FAST,
     )  # fmt: skip
 
 
@@ -271,7 +340,9 @@ def _launch_rows(
     buffers: tuple,
     sizes: tuple,
     static: dict,
+    multiprocessors: int,
 ) -> None:
+    del multiprocessors  # one program per (row, channel block)
     reach = (static["TAPS"] - 1) * static["DILATION"]
     _short_conv_rows[
         _grid(shape.rows_grid, -(-sizes[0] // blocks.rows_channels), blocks.rows_channels_first)

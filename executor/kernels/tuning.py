@@ -19,7 +19,16 @@ class Blocks:
     previous kernel finishes and lets the next start likewise, 2 the same without the
     latter; the most registers a thread of the tiles launch may use (0: the compiler's
     choice); and whether the tiles round a bf16 accumulator in one instruction
-    (``device._rounded``, FAST 2; the results are the same)."""
+    (``device._rounded``, FAST 2; the results are the same).
+
+    Persistence: ``tiles_resident`` programs per multiprocessor at most in a launch whose
+    grid holds a graph bucket (``LaunchShape.padded``), each looping over the tiles' items
+    until the first padding tile, so that a bucket's padded tiles cost nothing (0: one
+    program per item, every padded one too). ``rows_resident`` programs per multiprocessor
+    run the rows persistently (``rows._short_conv_rows_persistent``), each looping over
+    rows of one channel block and, with ``rows_prefetch``, loading the next row's plan
+    fields, history and residuals before it computes and stores the current one (0: one
+    program per row and channel block, ``rows._short_conv_rows``)."""
 
     rows_channels: int
     rows_warps: int
@@ -32,15 +41,57 @@ class Blocks:
     dependent: int = 0
     tiles_registers: int = 0
     tiles_high_half_rounding: bool = False
+    tiles_resident: int = 0
+    rows_resident: int = 0
+    rows_prefetch: bool = True
 
 
-def default_blocks(channels: int, window_contiguous: bool) -> Blocks:
-    """Block sizes, program orders and launch settings for ``channels`` and the state's
-    memory layout.
+#: Named defaults, oldest first (``default_blocks``' ``variant``; the runs behind each in
+#: ``bench/kernel_notes.md``): ``v16`` one program per item in every launch, a graph
+#: bucket's padded tiles included; ``v17`` the tiles of a graph launch as looping programs
+#: (a bucket's padding costs a plan read per program); ``persistent`` v17 with the rows as
+#: persistent programs that fetch the next row while computing the current one.
+VARIANTS = ("v16", "v17", "persistent")
+#: The variant an executor runs unless told otherwise.
+DEFAULT_VARIANT = "v17"
+
+
+def default_blocks(
+    channels: int, window_contiguous: bool, variant: str = DEFAULT_VARIANT
+) -> Blocks:
+    """Block sizes, program orders and launch settings for ``channels``, the state's
+    memory layout and the named ``variant`` (one of :data:`VARIANTS`).
 
     Chosen on an H200 at C = 8192 by ``bench/kernel_bench.py --sweep``; narrower blocks
     where C is small. The runs behind each choice: ``bench/kernel_notes.md``.
     """
+    check_variant(variant)
+    blocks = _v16_blocks(channels, window_contiguous)
+    if variant == "v16":
+        return blocks
+    # Two waves of tile programs (12 one-warp programs of 168 registers fit on an SM in
+    # vLLM's layout, 6 two-warp ones in the window layout): fewer leave SMs idle while a
+    # program waits on memory, more cost the bucket's padding a read each.
+    blocks = attrs.evolve(blocks, tiles_resident=12 if window_contiguous else 24)
+    if variant == "v17":
+        return blocks
+    return attrs.evolve(blocks, rows_resident=_PERSISTENT_ROWS[window_contiguous])
+
+
+#: Persistent row programs per multiprocessor, by window contiguity: at least as many as
+#: fit (sm_90 build, C = 8192: vLLM's two-warp programs 8 of Q-token rows, 21 of decode
+#: rows; the window layout's one-warp ones 15 and 24). Programs beyond those that fit
+#: start as the first finish, which costs less than SMs left short of rows in flight.
+_PERSISTENT_ROWS = {False: 16, True: 16}
+
+
+def check_variant(variant: str) -> None:
+    """Raise ``ValueError`` unless ``variant`` is one of :data:`VARIANTS`."""
+    if variant not in VARIANTS:
+        raise ValueError(f"kernel_variant: must be one of {VARIANTS}, got {variant!r}")
+
+
+def _v16_blocks(channels: int, window_contiguous: bool) -> Blocks:
     # Row programs go rows first (one channel block of consecutive rows) in both
     # layouts: channels first ran the window layout's spec rows slower.
     if window_contiguous:
