@@ -2,7 +2,9 @@
 
 The digests in ``tests/golden/sim_columns.json`` were made by the simulator as it stood
 before the redesign (commit 98b90f7), so every later change that must leave results
-unchanged is checked against that code, not against itself. ``plan_us`` (measured, run
+unchanged is checked against that code, not against itself. The runs added for issue 23
+(the memory model's paths, a light trace) and the columns added since 98b90f7 (memory,
+``engine_s``) were pinned by main at 6fd578e, the code before the scheduler's rewrite. ``plan_us`` (measured, run
 dependent) is left out. Columns renamed since are compared under their old name
 (:data:`RENAMED`). Regenerate only when a change is *meant* to alter results:
 ``python tests/golden_sim.py --write`` (and say so in the commit).
@@ -25,6 +27,8 @@ import numpy as np
 from stepplan.sim.schema import TABLES
 
 GOLDEN = Path(__file__).with_name("golden") / "sim_columns.json"
+#: A slice of a Mooncake trace: long prompts with block hashes (prefix caching).
+MOONCAKE = str(Path(__file__).with_name("data") / "mooncake_slice.jsonl")
 #: Runs the golden covers: (name, trace spec or None for the bundled default, settings).
 RUNS: tuple[tuple[str, str | None, dict], ...] = (
     ("bundled-default", None, {}),
@@ -54,6 +58,30 @@ RUNS: tuple[tuple[str, str | None, dict], ...] = (
             "scheduler.max_num_seqs": 64,
             "scheduler.max_num_batched_tokens": 2048,
         },
+    ),
+    # Made by the code of main at 6fd578e, before the scheduler's state moved into
+    # preallocated arrays (issue 23): the memory model's paths and a light trace.
+    ("mooncake-bound-caching", MOONCAKE, {"memory.kv_cache_gib": 5}),
+    ("mooncake-caching-q2", MOONCAKE, {"scheduler.num_spec_tokens": 2}),
+    (
+        "synthetic-bound-spec",
+        "synthetic:n=400,rate=20,cv2=4,prompt=zipf:1.1:6000,output=uniform:1:200",
+        {"memory.kv_cache_gib": 1.2, "scheduler.num_spec_tokens": 4},
+    ),
+    (
+        "synthetic-wide",
+        "synthetic:n=2000,rate=150,cv2=1,prompt=uniform:16:1000,output=uniform:1:300",
+        {"scheduler.max_num_seqs": 256, "scheduler.num_spec_tokens": 1},
+    ),
+    (
+        "synthetic-lowrate",
+        "synthetic:n=120,rate=0.1,cv2=1,prompt=zipf:1.1:4000,output=zipf:1.05:2000",
+        {},
+    ),
+    (
+        "synthetic-heavy-bound",
+        "synthetic:n=1500,rate=100,cv2=2,prompt=uniform:16:2000,output=uniform:1:500",
+        {"memory.kv_cache_gib": 2, "scheduler.max_num_seqs": 256},
     ),
 )
 #: Settings every golden run adds: the one figure the presets changed on purpose.
