@@ -1,8 +1,10 @@
-"""The build of the planner's compiled packer; everything else is in pyproject.toml.
+"""The build of the compiled parts; everything else is in pyproject.toml.
 
-One optional C extension, ``stepplan.planner._packer``, from ``planner/csrc/``: where it
-does not build (no C compiler, no Python headers), pip warns and installs the rest, and
-the planner packs plans with numpy (``planner/native.py``).
+Two optional C extensions: the planner's packer, ``stepplan.planner._packer`` from
+``planner/csrc/``, and the simulator's stepper, ``stepplan.sim._stepper`` from
+``sim/csrc/``. Where they do not build (no C compiler, no Python headers), pip warns and
+installs the rest: the planner packs plans with numpy (``planner/native.py``) and the
+simulator steps in Python (``sim/stepper.py``), with the same results.
 """
 
 import importlib.util
@@ -12,25 +14,35 @@ from pathlib import Path
 from setuptools import Extension, setup
 
 CSRC = Path("planner/csrc")
+SIM_CSRC = Path("sim/csrc")
 
 
-def _source_digest() -> str:
-    """The digest ``planner/native.py`` checks the built extension by (its own function)."""
+def _source_digest(folder: Path) -> str:
+    """The digest the loaders check a built extension by (``planner/native.py``'s function)."""
     spec = importlib.util.spec_from_file_location("_stepplan_native", "planner/native.py")
     assert spec is not None and spec.loader is not None
     native = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(native)
-    return native.source_digest(CSRC)
+    return native.source_digest(folder)
 
 
 packer = Extension(
     "stepplan.planner._packer",
     sources=sorted(path.as_posix() for path in CSRC.glob("*.c")),
     depends=sorted(path.as_posix() for path in CSRC.glob("*.h")),
-    define_macros=[("PACKER_SOURCE_DIGEST", f'"{_source_digest()}"')],
+    define_macros=[("PACKER_SOURCE_DIGEST", f'"{_source_digest(CSRC)}"')],
     # -O3: the census and gather loops vectorize (Python's own flags may say -O2).
     extra_compile_args=[] if sys.platform == "win32" else ["-O3"],
     optional=True,
 )
 
-setup(ext_modules=[packer])
+stepper = Extension(
+    "stepplan.sim._stepper",
+    sources=sorted(path.as_posix() for path in SIM_CSRC.glob("*.c")),
+    depends=sorted(path.as_posix() for path in SIM_CSRC.glob("*.h")),
+    define_macros=[("STEPPER_SOURCE_DIGEST", f'"{_source_digest(SIM_CSRC)}"')],
+    extra_compile_args=[] if sys.platform == "win32" else ["-O2"],
+    optional=True,
+)
+
+setup(ext_modules=[packer, stepper])

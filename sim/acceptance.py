@@ -53,6 +53,11 @@ def _mix(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> np.uint64(31))
 
 
+def uniform_key(seed: int) -> int:
+    """The seed's part of every uniform's hash, ``0 <= key < 2**64``."""
+    return (seed + 1) * int(_GOLDEN) % 2**64
+
+
 def uniforms(seed: int, request_ids: np.ndarray, spec_steps: np.ndarray, width: int) -> np.ndarray:
     """``[n, width], float64`` uniforms in ``[0, 1)``, one per (row, draft position),
     a pure function of ``(seed, request id, spec step, position)``.
@@ -61,7 +66,7 @@ def uniforms(seed: int, request_ids: np.ndarray, spec_steps: np.ndarray, width: 
         request_ids: ``[n], int64``.
         spec_steps: ``[n], int64`` spec steps the request made before this one.
     """
-    key = np.uint64((seed + 1) * int(_GOLDEN) % 2**64)
+    key = np.uint64(uniform_key(seed))
     row = request_ids.astype(np.uint64) * _GOLDEN ^ spec_steps.astype(np.uint64) * _STEP_KEY
     positions = np.arange(1, width + 1, dtype=np.uint64) * _POS_KEY + key
     bits = _mix(row[:, None] ^ positions[None, :])
@@ -96,7 +101,7 @@ class PerPosition:
     probs: tuple[float, ...]
     seed: int = 0
 
-    def _survival(self, width: int) -> np.ndarray:
+    def survival(self, width: int) -> np.ndarray:
         """``[width], float64``: probability that at least ``j`` drafts are accepted."""
         padded = list(self.probs[:width]) + [self.probs[-1]] * max(0, width - len(self.probs))
         return np.cumprod(np.asarray(padded, dtype=np.float64))
@@ -109,11 +114,11 @@ class PerPosition:
             return np.zeros(drafts.shape, dtype=np.int64)
         # one uniform per row, inverted through the survival function (decreasing)
         u = uniforms(self.seed, request_ids, spec_steps, 1)
-        accepted = (u < self._survival(width)).sum(axis=1)
+        accepted = (u < self.survival(width)).sum(axis=1)
         return np.minimum(accepted, drafts).astype(np.int64)
 
     def mean_length(self, drafts: int) -> float:
-        return 1.0 + float(self._survival(drafts).sum())
+        return 1.0 + float(self.survival(drafts).sum())
 
 
 @attrs.frozen

@@ -68,6 +68,7 @@ from .gpus import profile_scale
 KINDS = ("spec", "decode", "prefill", "mixed")
 SEED_UNIFORM_US = 250.0
 SEED_MIXED_US = 900.0
+_MEMO_SIZE = 4096  # conv_s values kept; all are let go when this many are kept
 
 
 class ProfileError(ValueError):
@@ -265,6 +266,11 @@ class CostModel:
     num_groups: int = 1
     conv_scale: float = 1.0  # profile times -> the simulated GPU's (bandwidth ratio)
     engine: EngineProfile | None = None
+    # conv_s by the step's rows and tokens per kind (a pure function of them): light
+    # traces repeat a few shapes, and the profile's interpolation is the dear part
+    _conv_memo: dict[tuple[int, ...], float] = attrs.field(
+        factory=dict, init=False, eq=False, repr=False
+    )
 
     @classmethod
     def create(
@@ -322,11 +328,30 @@ class CostModel:
     def step(self, plan: ExecutionPlan, load: StepLoad, plan_us: float) -> StepCost:
         """The step's :class:`StepCost`: the engine profile's prediction where it covers
         the step, else the four modelled terms."""
+        return StepCost(*self.terms(plan, load.kv_tokens, load.attention_pairs, plan_us))
+
+    def terms(
+        self, plan: ExecutionPlan, kv_tokens: int, attention_pairs: float, plan_us: float
+    ) -> tuple[float, float, float, float, float]:
+        """:meth:`step`'s terms in :data:`COST_TERMS` order, for the simulation loop (one
+        call, no :class:`StepLoad` or :class:`StepCost` to build)."""
         if self.engine is not None:
             predicted_us = self.engine.fit.predict_us(step_shape(plan))
             if predicted_us is not None:
-                return StepCost(engine=predicted_us * 1e-6)
-        model_s = self.model_s(plan, load)
-        conv_s = self.conv_s(plan)
+                return 0.0, 0.0, 0.0, 0.0, predicted_us * 1e-6
+        model_s = self.model_s(plan, StepLoad(kv_tokens, attention_pairs))
+        key = (
+            plan.num_spec_rows,
+            plan.num_decode_rows,
+            plan.num_prefill_rows,
+            plan.num_spec_decode_tokens,
+            plan.num_decode_tokens,
+            plan.num_prefill_tokens,
+        )
+        conv_s = self._conv_memo.get(key)
+        if conv_s is None:
+            if len(self._conv_memo) >= _MEMO_SIZE:
+                self._conv_memo.clear()
+            conv_s = self._conv_memo[key] = self.conv_s(plan)
         host_s, launch_s = self.host_s(plan, plan_us), self.launch_s(plan, model_s + conv_s)
-        return StepCost(model=model_s, conv=conv_s, host=host_s, launch=launch_s)
+        return model_s, conv_s, host_s, launch_s, 0.0

@@ -32,7 +32,8 @@ class BlockPool:
 
     Attributes:
         layout: the split of memory (block counts, prefix settings).
-        free: free blocks (evictable entries not counted).
+        free_blocks: ``[1], int64`` free blocks (evictable entries not counted), which
+            :attr:`free` reads and writes.
         held: ``[N], int64`` blocks each request's block table covers (private and
             referenced entries); 0 while it is not running.
     """
@@ -41,7 +42,8 @@ class BlockPool:
         n = table.num_requests
         self.layout = layout
         self.capacity = layout.num_blocks
-        self.free = layout.num_blocks
+        # the free count in an array: the compiled stepper updates it in place
+        self.free_blocks = np.array([layout.num_blocks], np.int64)
         self.held = np.zeros(n, np.int64)
         self.caching = layout.prefix_caching
         self.hashed = (
@@ -55,6 +57,15 @@ class BlockPool:
         self.lru: dict[int, None] = {}  # unreferenced entries, least recently used first
         self.refs: dict[int, list[int]] = {}  # request -> entries it references, in order
         self.registered = np.zeros(n, np.int64)  # hashed blocks of a request considered
+
+    @property
+    def free(self) -> int:
+        """Free blocks (evictable entries not counted)."""
+        return int(self.free_blocks[0])
+
+    @free.setter
+    def free(self, blocks: int) -> None:
+        self.free_blocks[0] = blocks
 
     @property
     def cached_blocks(self) -> int:

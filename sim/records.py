@@ -40,8 +40,10 @@ class RequestLog:
     """Per-request accumulators the loop updates after every step.
 
     Arrays are ``[N]``: ``first_token_s``, ``finish_s``, ``last_emit_s`` (float64,
-    NaN until set), ``num_steps``, ``drafted``, ``accepted`` (int64); ``itl_s`` collects
-    ``[k], float64`` chunks of inter-token gaps.
+    NaN until set), ``num_steps``, ``drafted``, ``accepted`` (int64). The inter-token gaps
+    fill ``gaps`` (``[capacity], float64``, grown by :meth:`grow`) in the order they
+    occur, the first ``size[0]`` of them (:attr:`itl_s`); the compiled stepper writes
+    them in place too.
     """
 
     def __init__(self, num_requests: int) -> None:
@@ -51,7 +53,21 @@ class RequestLog:
         self.num_steps = np.zeros(num_requests, np.int64)
         self.drafted = np.zeros(num_requests, np.int64)
         self.accepted = np.zeros(num_requests, np.int64)
-        self.itl_s: list[np.ndarray] = []
+        self.gaps = np.zeros(max(1024, num_requests), np.float64)
+        self.size = np.zeros(1, np.int64)
+
+    @property
+    def itl_s(self) -> np.ndarray:
+        """``[k], float64`` every inter-token gap so far (a copy)."""
+        return self.gaps[: self.size[0]].copy()
+
+    def grow(self, more: int) -> None:
+        """Room for ``more`` gaps past those recorded."""
+        need = int(self.size[0]) + more
+        if need > self.gaps.size:
+            gaps = np.zeros(max(need, 2 * self.gaps.size), np.float64)
+            gaps[: self.size[0]] = self.gaps[: self.size[0]]
+            self.gaps = gaps
 
     def record(
         self,
@@ -66,7 +82,11 @@ class RequestLog:
         last = self.last_emit_s[emitting]
         seen = ~np.isnan(last)
         if seen.any():
-            self.itl_s.append(end_s - last[seen])
+            gaps = end_s - last[seen]
+            self.grow(gaps.size)
+            size = int(self.size[0])
+            self.gaps[size : size + gaps.size] = gaps
+            self.size[0] = size + gaps.size
         if not seen.all():
             self.first_token_s[emitting[~seen]] = end_s
         self.last_emit_s[emitting] = end_s
@@ -79,10 +99,43 @@ class RequestLog:
         self.accepted[ids] += accepted
 
 
-def step_columns(records: list[tuple[float, ...]]) -> dict[str, np.ndarray]:
+class StepTable:
+    """The loop's per-step records: row ``i`` of ``array`` (``[capacity,
+    len(STEP_RECORD)], float64``, grown by :meth:`grow`) is step ``i`` in
+    ``STEP_RECORD`` order, for the first ``size[0]`` steps; the compiled stepper writes
+    rows in place too."""
+
+    def __init__(self, capacity: int = 4096) -> None:
+        self.array = np.zeros((capacity, len(STEP_RECORD)), np.float64)
+        self.size = np.zeros(1, np.int64)
+
+    def __len__(self) -> int:
+        return int(self.size[0])
+
+    def grow(self) -> None:
+        """Room for at least one more step."""
+        count = len(self)
+        if count == self.array.shape[0]:
+            array = np.zeros((2 * count, len(STEP_RECORD)), np.float64)
+            array[:count] = self.array
+            self.array = array
+
+    def append(self, record: tuple[float, ...]) -> None:
+        """One step's record (``STEP_RECORD`` order)."""
+        self.grow()
+        count = len(self)
+        self.array[count] = record
+        self.size[0] = count + 1
+
+    def rows(self) -> np.ndarray:
+        """``[num_steps, len(STEP_RECORD)], float64`` the steps so far (a view)."""
+        return self.array[: len(self)]
+
+
+def step_columns(records: np.ndarray) -> dict[str, np.ndarray]:
     """The steps' columns (``schema.STEPS_IN_MEMORY``, in order, ``[num_steps]`` each)
-    from the loop's per-step tuples (``STEP_RECORD`` order)."""
-    table = np.array(records, dtype=np.float64).reshape(len(records), len(STEP_RECORD))
+    from the loop's records (``StepTable.rows()``: ``STEP_RECORD`` order)."""
+    table = np.asarray(records, dtype=np.float64).reshape(len(records), len(STEP_RECORD))
     columns = {
         name: table[:, i] if name in _FLOAT_RECORD else table[:, i].astype(np.int64)
         for i, name in enumerate(STEP_RECORD)

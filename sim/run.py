@@ -22,7 +22,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from stepplan.planner import ExecutionPlan, PlanError, Planner, PlannerConfig
+from stepplan.planner import ExecutionPlan, PlanError, Planner, PlannerConfig, StepBatch
 
 from .acceptance import AcceptanceModel, make_acceptance
 from .capacity import gpu_summary, memory_summary, plan_memory
@@ -31,10 +31,11 @@ from .cost import CostModel, StepCost, StepLoad
 from .live import LiveOutcome, LiveStepper, engine_setup
 from .memory import BlockPool
 from .progress import Progress
-from .records import RequestLog, request_columns, step_columns
+from .records import RequestLog, StepTable, request_columns, step_columns
 from .results import SimResult
 from .scheduler import ScheduledStep, Scheduler
 from .schema import GRAPH_KINDS, MEASURED
+from .stepper import Stepper
 from .summary import summarize
 from .traces import RequestTable, TraceError
 
@@ -91,12 +92,13 @@ def prepare_requests(table: RequestTable, config: SimConfig) -> RequestTable:
 
 
 def _record(
-    plan: ExecutionPlan, start_s: float, plan_us: float, costs: StepCost
+    plan: ExecutionPlan, start_s: float, plan_us: float, terms: tuple[float, ...]
 ) -> tuple[float, ...]:
+    """The step's record up to its memory row (``records.STEP_RECORD``'s order)."""
     graph = plan.graph
     return (
         start_s,
-        costs.total,
+        sum(terms),  # StepCost.total
         plan.num_spec_rows,
         plan.num_decode_rows,
         plan.num_prefill_rows,
@@ -109,22 +111,8 @@ def _record(
         plan.padded_tokens - plan.num_tokens,
         plan.padded_rows - plan.num_rows,
         plan_us,
-        *costs.terms(),
+        *terms,
     )
-
-
-def _accepted(
-    step: ScheduledStep, scheduler: Scheduler, acceptance: AcceptanceModel, log: RequestLog
-) -> np.ndarray:
-    """``[R], int64`` accepted drafts per row (0 off the spec rows)."""
-    accepted = np.zeros(step.request_ids.size, np.int64)
-    if step.is_spec.any():
-        ids = step.request_ids[step.is_spec]
-        drafts = step.batch.num_draft_tokens[step.is_spec].astype(np.int64)
-        drawn = acceptance.draw(ids, scheduler.spec_steps[ids], drafts)
-        accepted[step.is_spec] = drawn
-        log.record_spec(ids, drafts, drawn)
-    return accepted
 
 
 def _run_live(
@@ -192,19 +180,21 @@ def simulate(
     scheduler = loop.scheduler
     clock = 0.0
     stopped = False
+    # the hot loop: a few calls per step (bench/RESULTS.md, "Simulator speed")
+    schedule, run_step = scheduler.schedule_rows, loop.run_step
     while not scheduler.done:
         if progress is not None:
-            progress.update(len(loop.records), scheduler.num_finished, clock)
+            progress.update(len(loop.table), scheduler.num_finished, clock)
         if stop is not None and stop.is_set():
             stopped = True
             break
-        step = scheduler.schedule(clock)
-        if step is None:
+        found = schedule(clock)
+        if found is None:
             clock = max(clock, scheduler.next_arrival_s())
             if not np.isfinite(clock):
                 raise RuntimeError("scheduler stalled: requests left but none can run")
             continue
-        clock = loop.run_step(step, clock)
+        clock = run_step(found, clock)
     if progress is not None:
         progress.close()
     wall_s = time.perf_counter() - wall_start
@@ -212,7 +202,7 @@ def simulate(
     return _result(
         table,
         config,
-        loop.records,
+        loop.table.rows(),
         loop.log,
         scheduler,
         wall_s,
@@ -225,7 +215,7 @@ def simulate(
 @attrs.define(eq=False)
 class _Loop:
     """What the steps of one simulation share, and what they recorded so far
-    (``records``: one row of ``steps.csv`` per step)."""
+    (``table``: one row of ``steps.csv`` per step)."""
 
     scheduler: Scheduler
     planner: Planner
@@ -235,7 +225,8 @@ class _Loop:
     log: RequestLog
     durations: Sequence[float] | None
     observer: Callable[[StepEvent], None] | None
-    records: list[tuple[float, ...]] = attrs.Factory(list)
+    table: StepTable
+    stepper: Stepper
 
     @classmethod
     def create(
@@ -260,28 +251,54 @@ class _Loop:
         if cost.engine is not None:  # a profile of another model or planner would mislead
             cost.engine.check_setup(*engine_setup(config, plan_config))
         acceptance = acceptance or make_acceptance(config.acceptance, config.seed)
-        log = RequestLog(table.num_requests)
-        return cls(scheduler, planner, cost, acceptance, live, log, durations, observer)
+        log, steps = RequestLog(table.num_requests), StepTable()
+        stepper = Stepper(scheduler, acceptance, log, steps)
+        parts = (scheduler, planner, cost, acceptance, live, log, durations, observer)
+        return cls(*parts, steps, stepper)
 
-    def run_step(self, step: ScheduledStep, clock: float) -> float:
-        """Plan, time and commit one scheduled step that starts at ``clock``; its end."""
+    def run_step(self, found: tuple[int, int, float], clock: float) -> float:
+        """Plan, time and finish the step in ``scheduler.rows`` (``found``: its rows,
+        KV tokens and attention pairs) that starts at ``clock``; its end."""
+        if self.live is not None or self.observer is not None:
+            return self._run_scheduled(self.scheduler.scheduled_step(), clock)
+        count, kv_tokens, attention_pairs = found
+        rows = self.scheduler.rows
+        groups = self.scheduler.config.num_groups
+        slots = rows.slots[:count]
+        start = time.perf_counter_ns()
+        batch = StepBatch(  # positional, in field order: the cheapest call
+            rows.query_lens[:count],
+            rows.computed[:count],
+            slots if groups == 1 else np.broadcast_to(slots, (groups, count)),
+            rows.drafts[:count],
+            rows.accepted[:count],
+        )
+        plan = self.planner.compile(batch)
+        plan_us = (time.perf_counter_ns() - start) * 1e-3
+        terms = self.cost.terms(plan, kv_tokens, attention_pairs, plan_us)
+        if self.durations is not None:
+            terms = _replayed(self.durations, len(self.table)).terms()
+        record = _record(plan, clock, plan_us, terms)
+        end = clock + record[1]
+        self.stepper.finish(end, record)
+        return end
+
+    def _run_scheduled(self, step: ScheduledStep, clock: float) -> float:
+        """:meth:`run_step` for a live engine or an observer, on a :class:`ScheduledStep`."""
         start = time.perf_counter_ns()
         plan = self.planner.compile(step.batch)
         plan_us = (time.perf_counter_ns() - start + step.batch_ns) * 1e-3
         costs = self.cost.step(plan, StepLoad(step.kv_tokens, step.attention_pairs), plan_us)
-        outcome = None
-        if self.live is None:
-            accepted = _accepted(step, self.scheduler, self.acceptance, self.log)
-        else:
+        outcome, accepted = None, None
+        if self.live is not None:
             accepted, costs, outcome = _run_live(step, plan, self.live, self.log, costs, plan_us)
         if self.durations is not None:
-            costs = _replayed(self.durations, len(self.records))
-        emitted, finished = self.scheduler.commit(step, accepted)
+            costs = _replayed(self.durations, len(self.table))
         end = clock + costs.total
-        self.log.record(step.request_ids, emitted, finished, end)
-        self.records.append(_record(plan, clock, plan_us, costs) + step.memory.row())
+        self.stepper.finish(end, _record(plan, clock, plan_us, costs.terms()), accepted)
         if self.observer is not None:
-            index = len(self.records) - 1
+            index = len(self.table) - 1
+            accepted = self.scheduler.rows.drawn[: step.request_ids.size].copy()
             self.observer(StepEvent(index, clock, step, plan, plan_us, costs, accepted, outcome))
         return end
 
@@ -314,7 +331,7 @@ def _cost_sources(
 def _result(
     table: RequestTable,
     config: SimConfig,
-    records: list[tuple[float, ...]],
+    records: np.ndarray,
     log: RequestLog,
     scheduler: Scheduler,
     wall_s: float,
@@ -326,7 +343,7 @@ def _result(
     steps = step_columns(records)
     requests = request_columns(table.arrival_s, table.prompt_tokens, table.output_tokens, log)
     requests.update(scheduler.memory_columns())
-    itl_s = np.concatenate([np.zeros(0), *log.itl_s])
+    itl_s = log.itl_s
     trace: dict[str, Any] = {
         "path": table.source,
         "format": table.format,

@@ -41,7 +41,9 @@ def test_a_huge_kv_cache_equals_the_run_without_the_memory_model():
     steps, requests = simulate_run(trace, {**settings, "memory.kv_cache_gib": 1e4})
     for table, columns in (("steps", steps), ("requests", requests)):
         got = digests(columns)
-        assert {k: got[k] for k in expected[table]} == expected[table]
+        # kv_usage is a share of the capacity, which a huge cache changes; all else holds
+        want = {k: v for k, v in expected[table].items() if k != "kv_usage"}
+        assert {k: got[k] for k in want} == want
     # and where the cache is small, the same run is not the same
     steps, requests = simulate_run(trace, {**settings, "memory.kv_cache_gib": 1.5})
     assert requests["num_preemptions"].sum() > 0

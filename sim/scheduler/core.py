@@ -11,9 +11,37 @@ from stepplan.planner import StepBatch
 from ..config import SchedulerConfig
 from ..memory import BlockPool
 from ..traces import RequestTable
+from . import state
+from .state import (
+    ARRIVED,
+    DECODING,
+    EMITS_FIRST,
+    FINISHED,
+    NEXT_ADMIT,
+    NUM_FREE,
+    PREEMPTED,
+    RESUMED,
+    ROWS,
+    RUNNING,
+    SPEC,
+    Counters,
+    StepRows,
+)
 from .step import ScheduledStep, StepMemory
 
 _EMPTY = np.zeros(0, np.int64)
+
+
+def _counter(index: int, doc: str) -> property:
+    """An attribute kept in the shared counters (``state.Counters``)."""
+
+    def get(self: Scheduler) -> int:
+        return int(self.counters.values[index])
+
+    def put(self: Scheduler, value: int) -> None:
+        self.counters.values[index] = value
+
+    return property(get, put, doc=doc)
 
 
 class Scheduler:
@@ -44,16 +72,48 @@ class Scheduler:
         self.recomputed = np.zeros(n, np.int64)  # lost tokens computed again
         self.cached = np.zeros(n, np.int64)  # tokens the prefix cache saved
         self.lost = np.zeros(n, np.int64)  # computed tokens at the last preemption
-        self.running = _EMPTY
-        self.resumed: list[int] = []  # preempted requests, front of the waiting queue first
-        self.next_admit = 0  # first request never admitted (admission is FCFS)
-        self.num_finished = 0
+        self.counters = Counters()
         capacity = config.slots if pool is None else pool.layout.slots
         self.slot_capacity = capacity
+        most = max(1, min(capacity, config.max_num_seqs, n))  # running requests, at most
+        self._running = np.zeros(most, np.int64)  # the first counters[RUNNING], in admission order
+        self._resumed = np.zeros(max(1, n), np.int64)  # preempted, front of the queue first
         self._free_slots = np.arange(capacity, 0, -1, dtype=np.int32)  # a stack, top at end
         self._num_free = capacity
-        self._arrived = 0  # requests arrived by the current step
-        self._preempted = 0  # preemptions while scheduling the current step
+        self.rows = StepRows(most)  # the step being run
+        self.native = None  # the compiled stepper, where run.py attaches one
+
+    next_admit = _counter(NEXT_ADMIT, "First request never admitted (admission is FCFS).")
+    num_finished = _counter(FINISHED, "Requests finished.")
+    _num_free = _counter(NUM_FREE, "Free slots (the top of ``_free_slots``).")
+    _arrived = _counter(ARRIVED, "Requests arrived by the current step.")
+    _preempted = _counter(PREEMPTED, "Preemptions while scheduling the current step.")
+
+    @property
+    def running(self) -> np.ndarray:
+        """``[n], int64`` running requests in admission order (a view)."""
+        return self._running[: self.counters.values[RUNNING]]
+
+    @running.setter
+    def running(self, ids: np.ndarray) -> None:
+        self._running[: ids.size] = ids
+        self.counters.values[RUNNING] = ids.size
+
+    @property
+    def resumed(self) -> list[int]:
+        """Preempted requests waiting, front of the queue first."""
+        return self._resumed[: self.counters.values[RESUMED]].tolist()
+
+    def _resume_first(self, request: int) -> None:
+        count = int(self.counters.values[RESUMED])
+        self._resumed[1 : count + 1] = self._resumed[:count].copy()
+        self._resumed[0] = request
+        self.counters.values[RESUMED] = count + 1
+
+    def _pop_resumed(self) -> None:
+        count = int(self.counters.values[RESUMED])
+        self._resumed[: count - 1] = self._resumed[1:count].copy()
+        self.counters.values[RESUMED] = count - 1
 
     @property
     def done(self) -> bool:
@@ -63,12 +123,32 @@ class Scheduler:
     def next_arrival_s(self) -> float:
         """Arrival of the first request never admitted (``inf`` when none is left, or
         when a preempted request waits: it never waits on an arrival)."""
-        if self.next_admit >= self.arrival.size or self.resumed:
+        if self.next_admit >= self.arrival.size or self.counters.values[RESUMED]:
             return np.inf
         return float(self.arrival[self.next_admit])
 
     def schedule(self, now_s: float) -> ScheduledStep | None:
         """The next step at time ``now_s``, or ``None`` when nothing can run."""
+        if self.schedule_rows(now_s) is None:
+            return None
+        return self.scheduled_step()
+
+    def schedule_rows(self, now_s: float) -> tuple[int, int, float] | None:
+        """Schedule the next step at ``now_s`` into :attr:`rows`: ``(rows, kv_tokens,
+        attention_pairs)``, or ``None`` when nothing can run. The compiled stepper
+        schedules the steps it covers, this class the rest (and all without it)."""
+        found = -1 if self.native is None else self.native.schedule(now_s)
+        if found == -1:  # not covered (prefix caching's admissions, preemption)
+            found = self._schedule_rows(now_s)
+        if found is not None and self.pool is not None and self.pool.layout.check:
+            rows = self.rows
+            count = found[0]
+            reach = rows.computed[:count].astype(np.int64) + rows.query_lens[:count]
+            self._check(rows.ids[:count].copy(), reach)
+        return found
+
+    def _schedule_rows(self, now_s: float) -> tuple[int, int, float] | None:
+        """:meth:`schedule_rows` in Python: the specification of the compiled stepper."""
         budget = self.config.max_num_batched_tokens
         self._preempted = 0
         self._arrived = int(np.searchsorted(self.arrival, now_s, side="right"))
@@ -76,7 +156,9 @@ class Scheduler:
         # as vLLM v1: a step that preempted admits nothing
         used = int(run_q.sum())
         new_ids, new_q = (_EMPTY, _EMPTY) if self._preempted else self._admit(budget - used)
-        if run_ids.size + new_ids.size == 0:
+        count = run_ids.size + new_ids.size
+        self.counters.values[ROWS] = count
+        if count == 0:
             return None
         ids = np.concatenate((run_ids, new_ids))
         q = np.concatenate((run_q, new_q))
@@ -84,46 +166,39 @@ class Scheduler:
         decoding = np.concatenate((~prefilling, np.zeros(new_ids.size, bool)))
         is_spec = decoding if self.config.num_spec_tokens else np.zeros(ids.size, bool)
         emits_first = ~decoding & (computed + q == self.target[ids])
-        if self.pool is not None and self.pool.layout.check:
-            self._check(ids, computed + q)
-        return self._step(ids, q, computed, is_spec, emits_first, decoding)
+        flags = (is_spec * SPEC + decoding * DECODING + emits_first * EMITS_FIRST).astype(np.uint8)
+        rows = self.rows
+        rows.fill(ids, q, computed, flags, self.slot[ids], self.last_accepted[ids])
+        rows.info[state.WAITING :] = self._memory().row()
+        return count, int(rows.info[state.KV_TOKENS]), float(rows.info[state.ATTENTION_PAIRS])
 
-    def _step(
-        self,
-        ids: np.ndarray,
-        q: np.ndarray,
-        computed: np.ndarray,
-        is_spec: np.ndarray,
-        emits_first: np.ndarray,
-        decoding: np.ndarray,
-    ) -> ScheduledStep:
-        """The planner's ``StepBatch`` of the rows (``[R]`` arrays; its construction
-        timed) and the :class:`ScheduledStep` around it."""
-        slots = self.slot[ids]
+    def scheduled_step(self) -> ScheduledStep:
+        """The step in :attr:`rows` as a :class:`ScheduledStep` of its own arrays, with the
+        planner's ``StepBatch`` (its construction timed)."""
+        rows, count = self.rows, int(self.counters.values[ROWS])
         groups = self.config.num_groups
-        # int32 arrays, as an engine hands them over (StepBatch then only copies them)
-        q32, computed32 = q.astype(np.int32), computed.astype(np.int32)
-        drafts = np.where(is_spec, q32 - 1, -1)
-        accepted = np.where(is_spec, self.last_accepted[ids], 1)
+        slots = rows.slots[:count].copy()
         start = time.perf_counter_ns()
         batch = StepBatch(
-            query_lens=q32,
-            num_computed_tokens=computed32,
+            query_lens=rows.query_lens[:count],
+            num_computed_tokens=rows.computed[:count],
             slots=slots if groups == 1 else np.broadcast_to(slots, (groups, slots.size)),
-            num_draft_tokens=drafts,
-            num_accepted_tokens=accepted,
+            num_draft_tokens=rows.drafts[:count],
+            num_accepted_tokens=rows.accepted[:count],
         )
         batch_ns = time.perf_counter_ns() - start
+        flags, info = rows.flags[:count], rows.info
+        waiting, preempted, used, cached = (int(v) for v in info[state.WAITING : state.USAGE])
         return ScheduledStep(
             batch=batch,
-            request_ids=ids,
-            is_spec=is_spec,
-            emits_first=emits_first,
-            decoding=decoding,
-            kv_tokens=int(computed.sum() + q.sum()),
-            attention_pairs=float(q @ computed + 0.5 * (q @ (q + 1))),
+            request_ids=rows.ids[:count].copy(),
+            is_spec=(flags & SPEC) != 0,
+            emits_first=(flags & EMITS_FIRST) != 0,
+            decoding=(flags & DECODING) != 0,
+            kv_tokens=int(info[state.KV_TOKENS]),
+            attention_pairs=float(info[state.ATTENTION_PAIRS]),
             batch_ns=batch_ns,
-            memory=self._memory(),
+            memory=StepMemory(waiting, preempted, used, cached, float(info[state.USAGE])),
         )
 
     def _running_rows(self, budget: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -196,14 +271,14 @@ class Scheduler:
         self.last_accepted[request] = 1
         self.preemptions[request] += 1
         self._preempted += 1
-        self.resumed.insert(0, request)
+        self._resume_first(request)
 
     def _admit(self, budget: int) -> tuple[np.ndarray, np.ndarray]:
         """Waiting requests admitted this step (taking slots) and their first chunk."""
         room = min(self.config.max_num_seqs - self.running.size, self._num_free)
         if room <= 0 or budget <= 0:
             return _EMPTY, _EMPTY
-        if self.resumed or (self.pool is not None and self.pool.caching):
+        if self.counters.values[RESUMED] or (self.pool is not None and self.pool.caching):
             return self._admit_each(room, budget)
         first = self.next_admit
         room = min(room, self._arrived - first)
@@ -226,8 +301,9 @@ class Scheduler:
         ones, each starting after its prefix-cache hit, until one does not fit."""
         ids, chunks = [], []
         while room > 0 and budget > 0:
-            if self.resumed:
-                request = self.resumed[0]
+            resumed = self.counters.values[RESUMED]
+            if resumed:
+                request = int(self._resumed[0])
             elif self.next_admit < self._arrived:
                 request = self.next_admit
             else:
@@ -238,8 +314,8 @@ class Scheduler:
             q = min(target - start, budget)
             if self.pool is not None and not self.pool.admit(request, hits, start + q):
                 break
-            if self.resumed:
-                self.resumed.pop(0)
+            if resumed:
+                self._pop_resumed()
             else:
                 self.next_admit += 1
             lost = int(self.lost[request])
@@ -260,7 +336,7 @@ class Scheduler:
         self.running = np.concatenate((self.running, ids))
 
     def _memory(self) -> StepMemory:
-        waiting = self._arrived - self.next_admit + len(self.resumed)
+        waiting = self._arrived - self.next_admit + int(self.counters.values[RESUMED])
         pool = self.pool
         if pool is None:
             return StepMemory(waiting, 0, 0, 0, 0.0)
@@ -285,10 +361,35 @@ class Scheduler:
     def commit(self, step: ScheduledStep, accepted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Apply a step's outcome; ``accepted`` is ``[R], int64`` accepted drafts per row
         (0 on rows that are not spec). Returns ``(emitted [R] int64, finished [R] bool)``."""
-        ids, q = step.request_ids, step.batch.query_lens
-        spec = step.is_spec
+        q = step.batch.query_lens
+        return self._commit(
+            step.request_ids, q, step.is_spec, step.decoding, step.emits_first, accepted
+        )
+
+    def commit_rows(self, accepted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`commit` of the step in :attr:`rows`."""
+        rows, count = self.rows, int(self.counters.values[ROWS])
+        flags = rows.flags[:count]
+        return self._commit(
+            rows.ids[:count].copy(),
+            rows.query_lens[:count],
+            (flags & SPEC) != 0,
+            (flags & DECODING) != 0,
+            (flags & EMITS_FIRST) != 0,
+            accepted,
+        )
+
+    def _commit(
+        self,
+        ids: np.ndarray,
+        q: np.ndarray,
+        spec: np.ndarray,
+        decoding: np.ndarray,
+        emits_first: np.ndarray,
+        accepted: np.ndarray,
+    ) -> tuple[np.ndarray, np.ndarray]:
         self.computed[ids] += np.where(spec, 1 + accepted, q)
-        emitted = np.where(step.decoding, 1 + accepted, step.emits_first)
+        emitted = np.where(decoding, 1 + accepted, emits_first)
         self.emitted[ids] += emitted
         if spec.any():
             spec_ids = ids[spec]

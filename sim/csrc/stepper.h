@@ -1,0 +1,63 @@
+/* The compiled stepper: the simulator's steps on the scheduler's own arrays (see
+ * sim/stepper.py, whose Python path is the specification of every function here). */
+#ifndef STEPPLAN_STEPPER_H
+#define STEPPLAN_STEPPER_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+
+/* sim/scheduler/state.py's indices and bits, and the acceptance models covered. */
+enum { RUNNING, NEXT_ADMIT, FINISHED, NUM_FREE, ARRIVED, PREEMPTED, RESUMED, ROWS };
+enum { SPEC = 1, DECODING = 2, EMITS_FIRST = 4 };
+enum { KV_TOKENS, ATTENTION_PAIRS, WAITING, NUM_PREEMPTED, USED, CACHED, USAGE };
+enum { ACCEPT_PYTHON, ACCEPT_PER_POSITION, ACCEPT_FIXED, ACCEPT_REPLAY };
+/* finish's answers: done, the step needs Python (nothing changed), a buffer is full. */
+enum { FINISH_DONE, FINISH_PYTHON, FINISH_GROW };
+#define RECORD_FIELDS 19 /* the loop's part of a step record; the memory row follows */
+#define MEMORY_FIELDS 5
+#define MAX_BUFFERS 48
+
+typedef struct {
+    PyObject_HEAD
+    Py_buffer views[MAX_BUFFERS];
+    int num_views;
+    PyObject *lru, *refs; /* the prefix cache's dicts (their sizes are read) */
+    /* the trace and the scheduler's per-request state, [N] */
+    Py_ssize_t n;
+    const double *arrival;
+    const int64_t *prompt, *output;
+    int64_t *target, *computed, *emitted, *spec_steps;
+    int32_t *slot, *last_accepted;
+    int64_t *counters, *running, *resumed;
+    int32_t *free_slots;
+    int64_t max_batched, max_seqs, num_spec;
+    /* the block pool (has_pool 0: none) */
+    int has_pool, caching;
+    int64_t *held, *hashed, *registered, *free_blocks;
+    int64_t capacity, block_size, kept, prefix_tokens, entry_blocks;
+    /* the step's rows */
+    int64_t *ids, *drawn;
+    int32_t *q, *comp, *slots, *drafts, *acc;
+    uint8_t *flags;
+    double *info;
+    /* the request log and the step table */
+    double *first_token, *finish_s, *last_emit, *gaps, *table;
+    int64_t *num_steps, *drafted, *accepted, *gaps_size, *table_size;
+    Py_ssize_t gaps_cap, table_cap;
+    /* acceptance */
+    int accept_kind;
+    uint64_t key;
+    const double *survival;
+    Py_ssize_t survival_len;
+    int64_t whole;
+    double fraction;
+    const int64_t *offsets, *values;
+    Py_ssize_t num_sequences;
+} Stepper;
+
+PyObject *stepper_schedule(Stepper *self, PyObject *now);
+PyObject *stepper_finish(Stepper *self, PyObject *const *args, Py_ssize_t nargs);
+int64_t accepted_drafts(const Stepper *self, int64_t request, int64_t drafts, int64_t width);
+
+#endif

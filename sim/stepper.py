@@ -1,0 +1,223 @@
+"""A step after it is planned and timed: its drafts' acceptance, the scheduler's commit,
+the request log and the step's record -- on the compiled stepper where it is built.
+
+The compiled stepper (the optional C extension ``stepplan.sim._stepper``, ``sim/csrc/``,
+built by ``pip install`` like the planner's packer) works on the very arrays of the
+scheduler (``scheduler/state.py``), the block pool, the :class:`~.records.RequestLog` and
+the :class:`~.records.StepTable`. It schedules and finishes the steps that need neither
+a preemption nor the prefix cache's entries, with the acceptance models of
+``acceptance.py``; for any other step it changes nothing and says so, and the Python
+code runs that step. The Python code is the specification: without the extension it
+runs every step, with the same results byte for byte (``tests/test_stepper.py``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from stepplan.planner.native import source_digest
+
+from .acceptance import AcceptanceModel, FixedLength, PerPosition, Replay, uniform_key
+from .records import RequestLog, StepTable
+from .scheduler import Scheduler
+from .scheduler.state import ROWS, SPEC, WAITING
+
+SOURCES = Path(__file__).with_name("csrc")
+_MODULE = "stepplan.sim._stepper"
+_DONE, _PYTHON, _GROW = 0, 1, 2  # the compiled finish's answers
+_PYTHON_DRAW, _PER_POSITION, _FIXED, _REPLAY = 0, 1, 2, 3  # acceptance kinds it knows
+
+
+def load_stepper() -> ModuleType | None:
+    """The compiled stepper's module, or ``None`` where it is not installed or was built
+    from other sources than those beside this file (then Python runs every step)."""
+    try:
+        module = importlib.import_module(_MODULE)
+    except ImportError:
+        return None
+    if SOURCES.is_dir() and getattr(module, "SOURCE_DIGEST", None) != source_digest(SOURCES):
+        return None
+    return module
+
+
+class Stepper:
+    """Finishes the steps of one simulation (see the module docstring).
+
+    Args:
+        native: ``None`` uses the compiled stepper where it is installed; ``False``
+            runs every step in Python; ``True`` requires the compiled one.
+    """
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        acceptance: AcceptanceModel,
+        log: RequestLog,
+        table: StepTable,
+        *,
+        native: bool | None = None,
+    ) -> None:
+        self.scheduler, self.acceptance, self.log, self.table = scheduler, acceptance, log, table
+        self._module = None if native is False else load_stepper()
+        if native and self._module is None:
+            raise RuntimeError(f"{_MODULE} is not installed from {SOURCES}: pip install -e .")
+        self._compiled: Any = None
+        self._bind()
+
+    @property
+    def native(self) -> bool:
+        """Whether the compiled stepper runs the steps it covers."""
+        return self._compiled is not None
+
+    def _bind(self) -> None:
+        """(Re)bind the compiled stepper to the arrays (after a buffer grew)."""
+        if self._module is not None:
+            self._compiled = self._module.Stepper(self._fields())
+            self.scheduler.native = self._compiled
+
+    def finish(
+        self, end_s: float, record: tuple[float, ...], accepted: np.ndarray | None = None
+    ) -> None:
+        """Finish the step in ``scheduler.rows``, which ends at ``end_s``: ``record`` is
+        its ``steps.csv`` record up to the memory row (``records.STEP_RECORD``'s first
+        19 fields). ``accepted`` (``[R], int64``) replaces the acceptance model's draw
+        (live mode; its spec counts are then logged by the caller)."""
+        compiled = self._compiled
+        given = accepted is not None
+        if compiled is None:
+            self._finish_python(end_s, record, accepted, drawn=False)
+            return
+        if given:
+            self.scheduler.rows.drawn[: accepted.size] = accepted
+        status = compiled.finish(end_s, record, given)
+        while status == _GROW:
+            self.table.grow()
+            self.log.grow(self.scheduler.rows.ids.size)
+            self._bind()
+            status = self._compiled.finish(end_s, record, given)
+        if status == _PYTHON:  # drawn by the compiled stepper unless it knows no such model
+            drawn = not given and self._kind() != _PYTHON_DRAW
+            self._finish_python(end_s, record, accepted, drawn=drawn)
+
+    def _finish_python(
+        self, end_s: float, record: tuple[float, ...], accepted: np.ndarray | None, *, drawn: bool
+    ) -> None:
+        """:meth:`finish` in Python; ``drawn``: the rows' ``drawn`` hold the accepted
+        drafts, drawn by the compiled stepper (not yet logged)."""
+        scheduler, rows = self.scheduler, self.scheduler.rows
+        count = int(scheduler.counters.values[ROWS])
+        ids = rows.ids[:count].copy()
+        spec = (rows.flags[:count] & SPEC) != 0
+        if accepted is None:
+            accepted = rows.drawn[:count].copy() if drawn else np.zeros(count, np.int64)
+            if spec.any():
+                drafts = rows.drafts[:count][spec].astype(np.int64)
+                spec_ids = ids[spec]
+                if not drawn:
+                    steps = scheduler.spec_steps[spec_ids]
+                    accepted[spec] = self.acceptance.draw(spec_ids, steps, drafts)
+                self.log.record_spec(spec_ids, drafts, accepted[spec])
+        rows.drawn[:count] = accepted
+        emitted, finished = scheduler.commit_rows(accepted)
+        self.log.record(ids, emitted, finished, end_s)
+        self.table.append(record + tuple(rows.info[WAITING:].tolist()))
+
+    def _kind(self) -> int:
+        model = self.acceptance
+        kinds = {PerPosition: _PER_POSITION, FixedLength: _FIXED, Replay: _REPLAY}
+        return kinds.get(type(model), _PYTHON_DRAW)
+
+    def _fields(self) -> dict[str, Any]:
+        """What the compiled stepper binds to: the arrays by name, and the settings."""
+        scheduler, rows, log = self.scheduler, self.scheduler.rows, self.log
+        config = scheduler.config
+        fields: dict[str, Any] = {
+            "arrival": scheduler.arrival,
+            "prompt": scheduler.prompt,
+            "output": scheduler.output,
+            **{
+                name: getattr(scheduler, name)
+                for name in ("target", "computed", "emitted", "spec_steps", "slot")
+            },
+            "last_accepted": scheduler.last_accepted,
+            "counters": scheduler.counters.values,
+            "running": scheduler._running,
+            "resumed": scheduler._resumed,
+            "free_slots": scheduler._free_slots,
+            "ids": rows.ids,
+            "drawn": rows.drawn,
+            "query_lens": rows.query_lens,
+            "computed_rows": rows.computed,
+            "slots": rows.slots,
+            "drafts": rows.drafts,
+            "accepted_rows": rows.accepted,
+            "flags": rows.flags,
+            "info": rows.info,
+            **{
+                name: getattr(log, name)
+                for name in ("first_token_s", "finish_s", "last_emit_s", "num_steps")
+            },
+            "drafted": log.drafted,
+            "accepted": log.accepted,
+            "gaps": log.gaps,
+            "gaps_size": log.size,
+            "table": self.table.array,
+            "table_size": self.table.size,
+            "max_num_batched_tokens": config.max_num_batched_tokens,
+            "max_num_seqs": config.max_num_seqs,
+            "num_spec_tokens": config.num_spec_tokens,
+            "has_pool": int(scheduler.pool is not None),
+        }
+        fields.update(_pool_fields(scheduler))
+        fields.update(_acceptance_fields(self.acceptance, config.num_spec_tokens))
+        return fields
+
+
+def _pool_fields(scheduler: Scheduler) -> dict[str, Any]:
+    pool = scheduler.pool
+    if pool is None:
+        return {}
+    layout = pool.layout
+    return {
+        "held": pool.held,
+        "hashed": pool.hashed,
+        "registered": pool.registered,
+        "free_blocks": pool.free_blocks,
+        "caching": int(pool.caching),
+        "capacity": pool.capacity,
+        "block_size": layout.block_size,
+        "kept_state_blocks": layout.kept_state_blocks,
+        "prefix_block_tokens": layout.prefix_block_tokens,
+        "entry_blocks": layout.entry_blocks,
+        "lru": pool.lru,
+        "refs": pool.refs,
+    }
+
+
+def _acceptance_fields(model: AcceptanceModel, num_spec_tokens: int) -> dict[str, Any]:
+    """The acceptance model as the compiled stepper draws it (``accept_kind`` 0: it
+    does not, and Python draws)."""
+    if type(model) is PerPosition:
+        survival = model.survival(max(1, num_spec_tokens))
+        return {"accept_kind": _PER_POSITION, "key": uniform_key(model.seed), "survival": survival}
+    if type(model) is FixedLength:
+        whole, fraction = divmod(max(model.length - 1.0, 0.0), 1.0)
+        return {
+            "accept_kind": _FIXED,
+            "key": uniform_key(model.seed),
+            "whole": int(whole),
+            "fraction": fraction,
+        }
+    if type(model) is Replay:
+        return {
+            "accept_kind": _REPLAY,
+            "key": 0,
+            "offsets": np.ascontiguousarray(model.offsets, np.int64),
+            "values": np.ascontiguousarray(model.values, np.int64),
+        }
+    return {"accept_kind": _PYTHON_DRAW}
