@@ -1,87 +1,201 @@
-"""Simulator speed: the full Azure code trace (8,819 requests, 57 min) with Q = 4 and
-the real planner compiling every step, on one core.
+"""Simulator speed: steps per second with the real planner compiling every step.
 
-Prints wall time, steps, steps per second, simulated time over wall time, where the
-wall time went (planner vs the rest), and a least-squares fit of the measured
-planner time per step against live rows -- the numbers behind the cost model's
-deterministic host term (``cost.host_base_us``, ``cost.host_per_row_us``).
+Two workloads (``--cases``), each simulated with the default settings:
 
-    python bench/sim_bench.py [--trace PATH] [--num-spec-tokens 3] [--limit N]
+- ``bundled``: the whole Azure code trace shipped with the package (8,819 requests,
+  57 min, Q = 4; 38,746 steps).
+- ``lowrate``: a synthetic, lightly loaded hour, :data:`LOWRATE` -- 1,800 requests at
+  0.5 per second (Poisson), Zipf prompts up to 4,000 tokens and outputs up to 2,000,
+  generated from the default seed 0 (the same table every run): 115,728 steps of one
+  or two rows.
+- any trace path or ``synthetic:`` spec given with ``--trace`` (one more case).
 
-Run it with one core (``taskset -c 0``) to match the target (<= 30 s).
+    python bench/sim_bench.py [--cases bundled,lowrate] [--trace PATH]
+    python bench/sim_bench.py --vs-tree /tmp/oldmain [--repeat 3] [--set memory.kv_cache_gib=2]
+
+Without ``--vs-tree`` it prints, per case, wall time, steps per second, where the wall
+time went (planner vs the rest) and a least-squares fit of the measured planner time
+per step against live rows (the numbers behind ``cost.host_base_us`` and
+``cost.host_per_row_us``). With ``--vs-tree DIR`` it times this tree and the stepplan
+checkout in ``DIR`` side by side, each case in fresh subprocesses, the two trees
+alternating ``--repeat`` times, and prints the best steps per second of each and their
+ratio. ``DIR`` is a checkout with its C extensions built in place, for instance::
+
+    git worktree add /tmp/oldmain main
+    (cd /tmp/oldmain && python setup.py build_ext --inplace)
+
+Run it on one core (``taskset -c 0``) for figures comparable with bench/RESULTS.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
+import subprocess
+import sys
+import tempfile
 import time
 from importlib import resources
+from pathlib import Path
 
 import numpy as np
 
-from stepplan.sim.config import SimConfig, with_settings
-from stepplan.sim.run import prepare_requests, simulate
-from stepplan.sim.traces import load_trace
+LOWRATE = "synthetic:n=1800,rate=0.5,cv2=1,prompt=zipf:1.1:4000,output=zipf:1.05:2000"
+CASES = {"bundled": None, "lowrate": LOWRATE}
+#: The packages of a stepplan checkout, as pyproject.toml maps them.
+PACKAGES = ("planner", "executor", "sim", "plots")
 
-AZURE_CODE = str(resources.files("stepplan.sim").joinpath("data/azure_llm_2023_code.csv"))
+
+def _trace_of(case: str) -> str:
+    if case == "bundled":
+        return str(resources.files("stepplan.sim").joinpath("data/azure_llm_2023_code.csv"))
+    return CASES.get(case) or case
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--trace", default=AZURE_CODE)
-    parser.add_argument("--num-spec-tokens", type=int, default=3)
-    parser.add_argument("--graph-mode", default="full")
-    parser.add_argument("--limit", type=int)
-    args = parser.parse_args()
+def run_case(case: str, settings: list[str]) -> dict:
+    """Simulate one case in this process (with whichever stepplan imports here), through
+    the command line's own parsing: an API every version of stepplan has."""
+    from stepplan.planner import Planner
+    from stepplan.sim import cli
+    from stepplan.sim.run import planner_config, simulate
 
-    config = with_settings(
-        SimConfig(),
-        {
-            "scheduler.num_spec_tokens": args.num_spec_tokens,
-            "planner.graph_mode": args.graph_mode,
-            "workload.limit": args.limit,
-        },
-    )
-    load_start = time.perf_counter()
-    requests = prepare_requests(load_trace(args.trace), config)
-    load_s = time.perf_counter() - load_start
+    extra = [word for setting in settings for word in ("--set", setting)]
+    args = cli.build_parser().parse_args(["simulate", _trace_of(case), *extra])
+    config = cli.build_config(args)
+    requests = cli.load_requests(args, config)
     start = time.perf_counter()
     result = simulate(requests, config)
     wall = time.perf_counter() - start
-    report(args, requests.num_requests, load_s, wall, result)
+    steps = result.steps
+    return {
+        "case": case,
+        "tree": str(Path(cli.__file__).resolve().parents[2]),
+        "native_planner": Planner(planner_config(config)).native,
+        "requests": requests.num_requests,
+        "steps": int(steps["step"].size),
+        "wall_s": wall,
+        "plan_us": steps["plan_us"].tolist(),
+        "num_rows": steps["num_rows"].tolist(),
+        "simulated_s": result.summary["duration_s"],
+    }
 
 
-def report(args: argparse.Namespace, num_requests: int, load_s: float, wall: float, result) -> None:
-    steps, summary = result.steps, result.summary
-    host = summary["measured"]["host"]  # the measured figures (measured.json in a folder)
-    count = steps["step"].size
-    plan_s = steps["plan_us"].sum() * 1e-6
+def _shim(tree: Path, folder: Path) -> Path:
+    """A folder whose ``stepplan`` package is ``tree``'s (``PYTHONPATH`` comes before
+    the editable install's finder)."""
+    package = folder / "stepplan"
+    package.mkdir(parents=True)
+    for name in PACKAGES:
+        (package / name).symlink_to(tree / name, target_is_directory=True)
+    return folder
+
+
+def _run_in(tree: Path | None, case: str, shims: Path, settings: list[str]) -> dict:
+    """One case in a fresh interpreter, importing stepplan from ``tree`` (``None``: this
+    tree, as installed)."""
+    env = dict(os.environ)
+    if tree is not None:
+        env["PYTHONPATH"] = str(shims / tree.name)
+    command = [sys.executable, __file__, "--worker", case]
+    command += [word for setting in settings for word in ("--set", setting)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+    if done.returncode:
+        raise SystemExit(f"{tree or 'this tree'}: case {case} failed:\n{done.stderr[-2000:]}")
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def compare(old: Path, cases: list[str], repeat: int, settings: list[str]) -> None:
+    """Time this tree against ``old``, alternating, and print the best of each."""
+    with tempfile.TemporaryDirectory() as temp:
+        shims = Path(temp)
+        _shim(old, shims / old.name)
+        print(f"host: {_host()}; old tree: {old}; best of {repeat} runs each, alternating")
+        header = f"{'case':10} {'steps':>8} {'old steps/s':>12} {'new steps/s':>12} {'ratio':>7}"
+        print(header + "   old / new wall s, planner us/step")
+        for case in cases:
+            best: dict[str, dict] = {}
+            for _ in range(repeat):
+                for label, tree in (("old", old), ("new", None)):
+                    run = _run_in(tree, case, shims, settings)
+                    if label not in best or run["wall_s"] < best[label]["wall_s"]:
+                        best[label] = run
+            _print_pair(case, best["old"], best["new"])
+        trees = f"old runs imported stepplan from {best['old']['tree']}"
+        print(f"({trees}, new from {best['new']['tree']})")
+
+
+def _print_pair(case: str, old: dict, new: dict) -> None:
+    if old["steps"] != new["steps"]:
+        print(f"{case}: the trees ran different steps ({old['steps']} vs {new['steps']})")
+    rates = [run["steps"] / run["wall_s"] for run in (old, new)]
+    planner = [np.mean(run["plan_us"]) for run in (old, new)]
+    for run in (old, new):
+        if not run["native_planner"]:
+            print(f"  note: {run['tree']} packs plans with numpy (build its C extension)")
+    print(
+        f"{case:10} {new['steps']:>8,} {rates[0]:>12,.0f} {rates[1]:>12,.0f} "
+        f"{rates[1] / rates[0]:>6.2f}x   {old['wall_s']:.2f} / {new['wall_s']:.2f}, "
+        f"{planner[0]:.1f} / {planner[1]:.1f}"
+    )
+
+
+def _host() -> str:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    slope, intercept = np.polyfit(steps["num_rows"], steps["plan_us"], 1)
-    rows = [
-        ("trace", f"{args.trace} ({num_requests:,} requests, loaded in {load_s:.2f} s)"),
-        ("Q / graph mode", f"{args.num_spec_tokens + 1} / {args.graph_mode}"),
-        ("host", f"{platform.processor() or platform.machine()}, {cores} core(s) allowed"),
+    return f"{platform.processor() or platform.machine()}, {cores} core(s) allowed"
+
+
+def report(run: dict) -> None:
+    """The detailed figures of one case run in this process."""
+    count, wall = run["steps"], run["wall_s"]
+    plan_us, rows = np.asarray(run["plan_us"]), np.asarray(run["num_rows"])
+    plan_s = plan_us.sum() * 1e-6
+    slope, intercept = np.polyfit(rows, plan_us, 1)
+    lines = [
+        ("case", f"{run['case']} ({run['requests']:,} requests)"),
+        ("host", _host()),
         ("wall time s", f"{wall:.2f}"),
         ("steps", f"{count:,}"),
         ("steps / s", f"{count / wall:,.0f}"),
         ("wall us / step", f"{wall / count * 1e6:.1f}"),
         ("  planner us / step", f"{plan_s / count * 1e6:.1f} (StepBatch + compile_plan)"),
         ("  simulator us / step", f"{(wall - plan_s) / count * 1e6:.1f} (everything else)"),
-        ("simulated s", f"{summary['duration_s']:.1f}"),
-        ("simulated / wall", f"{summary['duration_s'] / wall:.0f}x"),
+        ("simulated s", f"{run['simulated_s']:.1f}"),
+        ("simulated / wall", f"{run['simulated_s'] / wall:.0f}x"),
         (
             "plan us p50 / p90",
-            f"{host['plan_us_p50']:.1f} / {host['plan_us_p90']:.1f}",
+            f"{np.percentile(plan_us, 50):.1f} / {np.percentile(plan_us, 90):.1f}",
         ),
         ("plan us fit", f"{intercept:.1f} + {slope:.3f} * rows"),
-        ("rows / step mean, max", f"{steps['num_rows'].mean():.1f}, {steps['num_rows'].max()}"),
+        ("rows / step mean, max", f"{rows.mean():.1f}, {rows.max()}"),
     ]
-    width = max(len(label) for label, _ in rows)
-    for label, value in rows:
+    width = max(len(label) for label, _ in lines)
+    for label, value in lines:
         print(f"{label.ljust(width)}  {value}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", default="bundled,lowrate", help="comma-separated cases")
+    parser.add_argument("--trace", help="one more case: a trace path or a synthetic: spec")
+    parser.add_argument("--vs-tree", type=Path, help="an older stepplan checkout to compare")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="a setting"
+    )
+    parser.add_argument("--worker", help=argparse.SUPPRESS)  # one case, JSON out
+    args = parser.parse_args()
+    if args.worker:
+        print(json.dumps(run_case(args.worker, args.set)))
+        return
+    cases = [case for case in args.cases.split(",") if case] + ([args.trace] if args.trace else [])
+    if args.vs_tree is not None:
+        compare(args.vs_tree.resolve(), cases, args.repeat, args.set)
+        return
+    for case in cases:
+        report(run_case(case, args.set))
+        print()
 
 
 if __name__ == "__main__":

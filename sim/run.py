@@ -167,6 +167,7 @@ def simulate(
     acceptance: AcceptanceModel | None = None,
     durations: Sequence[float] | None = None,
     observer: Callable[[StepEvent], None] | None = None,
+    native: bool | None = None,
 ) -> SimResult:
     """Simulate ``table`` (already windowed; see :func:`prepare_requests`) under
     ``config``. ``progress`` hears of every step. With ``config.live.enabled`` the steps
@@ -174,9 +175,11 @@ def simulate(
     before its next step and returns the steps so far (``summary["complete"]`` false).
     ``acceptance`` replaces the config's acceptance model; ``durations`` replays step
     times (step ``i`` lasts ``durations[i]`` seconds, its ``engine`` term);
-    ``observer`` sees every step (:class:`StepEvent`)."""
+    ``observer`` sees every step (:class:`StepEvent`). ``native``: ``None`` steps on the
+    compiled stepper where it is installed, ``False`` in Python only, ``True`` requires
+    the compiled one (``sim/stepper.py``; the results are the same)."""
     wall_start = time.perf_counter()
-    loop = _Loop.create(table, config, live, acceptance, durations, observer)
+    loop = _Loop.create(table, config, live, acceptance, durations, observer, native)
     scheduler = loop.scheduler
     clock = 0.0
     stopped = False
@@ -237,6 +240,7 @@ class _Loop:
         acceptance: AcceptanceModel | None,
         durations: Sequence[float] | None,
         observer: Callable[[StepEvent], None] | None,
+        native: bool | None = None,
     ) -> _Loop:
         """The loop's parts for ``simulate``'s arguments, every setting checked."""
         layout = plan_memory(config, table, live=config.live.enabled)
@@ -252,7 +256,7 @@ class _Loop:
             cost.engine.check_setup(*engine_setup(config, plan_config))
         acceptance = acceptance or make_acceptance(config.acceptance, config.seed)
         log, steps = RequestLog(table.num_requests), StepTable()
-        stepper = Stepper(scheduler, acceptance, log, steps)
+        stepper = Stepper(scheduler, acceptance, log, steps, native=native)
         parts = (scheduler, planner, cost, acceptance, live, log, durations, observer)
         return cls(*parts, steps, stepper)
 

@@ -1,0 +1,183 @@
+"""The compiled stepper changes nothing: every simulation steps to the same results on it
+as in Python alone (``sim/stepper.py``'s specification), byte for byte."""
+
+from __future__ import annotations
+
+import attrs
+import numpy as np
+import pytest
+from golden_sim import MOONCAKE, PINNED, RUNS
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from stepplan.sim import cli
+from stepplan.sim.acceptance import PerPosition, load_replay
+from stepplan.sim.config import ConfigError, SimConfig, with_settings
+from stepplan.sim.run import simulate
+from stepplan.sim.stepper import load_stepper
+from stepplan.sim.traces import load_trace
+from stepplan.sim.workloads import parse_synthetic
+
+COMPILED = load_stepper() is not None
+needs_compiled = pytest.mark.skipif(not COMPILED, reason="the compiled stepper is not built")
+
+
+def assert_same(native, python):
+    """Two results equal in every column but the measured planner time, and in the gaps."""
+    for table in ("steps", "requests"):
+        a, b = getattr(native, table), getattr(python, table)
+        assert a.keys() == b.keys()
+        for name in a:
+            if name != "plan_us":
+                np.testing.assert_array_equal(a[name], b[name], err_msg=f"{table}.{name}")
+    np.testing.assert_array_equal(native.itl_s, python.itl_s)
+
+
+def both(table, config, **kwargs):
+    return simulate(table, config, native=True, **kwargs), simulate(
+        table, config, native=False, **kwargs
+    )
+
+
+def golden_config(trace, run_settings):
+    args = cli.build_parser().parse_args(["simulate", *([trace] if trace else [])])
+    config = cli.with_settings(cli.build_config(args), {**PINNED, **run_settings})
+    return cli.load_requests(args, config), config
+
+
+@needs_compiled
+@pytest.mark.parametrize(("name", "trace", "run_settings"), RUNS, ids=[r[0] for r in RUNS])
+def test_golden_runs_step_alike_compiled_and_in_python(name, trace, run_settings):
+    table, config = golden_config(trace, run_settings)
+    assert_same(*both(table, config))
+
+
+class Drawn(PerPosition):
+    """An acceptance model the compiled stepper does not know: Python draws for it."""
+
+
+@needs_compiled
+def test_an_acceptance_model_of_the_caller_is_drawn_in_python():
+    table, config = golden_config(*RUNS[2][1:])
+    config = with_settings(config, {"scheduler.num_spec_tokens": 3})
+    native, python = both(table, config)
+    assert_same(native, python)
+    model = Drawn(config.acceptance.probs, config.seed)
+    assert_same(simulate(table, config, acceptance=model, native=True), native)
+
+
+@needs_compiled
+def test_replayed_acceptance_steps_alike(tmp_path):
+    path = tmp_path / "accepted.jsonl"
+    path.write_text('{"accepted": [0, 3, 1]}\n{"accepted": [2]}\n{"accepted": [1, 0]}\n')
+    table = parse_synthetic("synthetic:n=60,rate=30,prompt=uniform:8:600,output=uniform:1:90")
+    settings_ = {"acceptance.model": "replay", "acceptance.trace": str(path)}
+    config = with_settings(SimConfig(), settings_)
+    native, python = both(table, config)
+    assert_same(native, python)
+    assert_same(simulate(table, config, acceptance=load_replay(path)), native)
+
+
+LENGTHS = st.sampled_from(["uniform:1:40", "uniform:16:300", "zipf:1.2:1500", "fixed:200"])
+
+
+@st.composite
+def synthetic_runs(draw):
+    """A small synthetic workload and settings that bind: few slots, small budgets and
+    caches, every acceptance model, layer groups, the memory check on."""
+    n, rate = draw(st.integers(8, 40)), draw(st.sampled_from([5000.0, 500.0, 50.0, 0.5]))
+    spec = f"synthetic:n={n},rate={rate},cv2={draw(st.sampled_from([0.5, 1, 4]))}"
+    spec += f",prompt={draw(LENGTHS)},output={draw(LENGTHS)}"
+    model = draw(st.sampled_from(["per-position", "fixed"]))
+    run_settings = {
+        "scheduler.num_spec_tokens": draw(st.integers(0, 4)),
+        "scheduler.max_num_seqs": draw(st.sampled_from([8, 3, 1, 12])),
+        "scheduler.max_num_batched_tokens": draw(st.sampled_from([512, 8192, 100, 16])),
+        "scheduler.slot_capacity": draw(st.sampled_from([1024, 5, 2])),
+        "scheduler.num_groups": draw(st.sampled_from([1, 2])),
+        # a few dozen KV blocks of 16 tokens (the slots take much of it), or the H200's share
+        "memory.kv_cache_gib": draw(st.sampled_from([0.1, 0.05, 0.2, None])),
+        "memory.check": True,
+        "planner.graph_mode": draw(st.sampled_from(["none", "full", "mixed"])),
+        "acceptance.model": "fixed" if model == "fixed" else None,
+        "acceptance.length": draw(st.sampled_from([1.0, 2.5, 4.0])) if model == "fixed" else None,
+        "seed": draw(st.integers(0, 3)),
+    }
+    return spec, run_settings, draw(st.integers(0, 5))
+
+
+@needs_compiled
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(synthetic_runs())
+def test_binding_synthetic_runs_step_alike(run):
+    spec, run_settings, seed = run
+    try:
+        config = with_settings(SimConfig(), run_settings)
+        native, python = both(parse_synthetic(spec, seed=seed), config)
+    except ConfigError:
+        assume(False)  # the cache cannot hold its longest request
+    assert_same(native, python)
+
+
+CROWD = "synthetic:n=40,rate=5000,cv2=4,prompt=uniform:16:300,output=uniform:16:300"
+
+
+@needs_compiled
+@pytest.mark.parametrize("spec_tokens", [0, 3])
+@pytest.mark.parametrize("budget", [64, 512])
+@pytest.mark.parametrize("gib", [0.07, 0.1])  # 35 to 75 KV blocks: preemptions by the dozen
+def test_preempting_runs_step_alike(spec_tokens, budget, gib):
+    config = with_settings(
+        SimConfig(),
+        {
+            "memory.kv_cache_gib": gib,
+            "memory.check": True,
+            "scheduler.max_num_seqs": 12,
+            "scheduler.num_spec_tokens": spec_tokens,
+            "scheduler.max_num_batched_tokens": budget,
+            "scheduler.num_groups": 2,
+        },
+    )
+    native, python = both(parse_synthetic(CROWD), config)
+    assert_same(native, python)
+    assert native.requests["num_preemptions"].sum() > 30
+
+
+@needs_compiled
+@settings(max_examples=20, deadline=None)
+@given(
+    st.integers(20, 150),
+    st.sampled_from([4.0, 5.0, 8.0, 1e3]),
+    st.integers(0, 4),
+    st.sampled_from([1, 8, 64]),
+)
+def test_prefix_cached_runs_step_alike(limit, gib, spec_tokens, max_num_seqs):
+    config = with_settings(
+        SimConfig(),
+        {
+            "workload.limit": limit,
+            "memory.kv_cache_gib": gib,
+            "memory.check": True,
+            "scheduler.num_spec_tokens": spec_tokens,
+            "scheduler.max_num_seqs": max_num_seqs,
+        },
+    )
+    table = load_trace(MOONCAKE).limit(limit)
+    try:
+        native, python = both(table, config)
+    except ConfigError:
+        assume(False)
+    assert_same(native, python)
+    assert native.summary["memory"]["prefix_caching"]
+
+
+@needs_compiled
+def test_the_compiled_stepper_runs_where_built():
+    table, config = golden_config(None, {"workload.limit": 30})
+    seen = []
+    result = simulate(table, config, native=True, observer=seen.append)
+    assert len(seen) == result.steps["step"].size
+    accepted = np.concatenate([event.accepted for event in seen])
+    assert accepted.sum() == result.requests["accepted_tokens"].sum()
+    assert_same(result, simulate(table, config, native=False))
+    assert attrs.has(type(seen[0]))
