@@ -51,7 +51,8 @@ class BlockPool:
             if self.caching
             else np.zeros(n, np.int64)
         )
-        self._offsets, self._hashes = table.prefix_offsets, table.prefix_blocks
+        # the trace's prompt block hashes: request r's are hashes[offsets[r]:offsets[r + 1]]
+        self.prefix_offsets, self.prefix_hashes = table.prefix_offsets, table.prefix_blocks
         self._entry_blocks = layout.entry_blocks
         self.entries: dict[int, int] = {}  # hash -> requests referencing it
         self.lru: dict[int, None] = {}  # unreferenced entries, least recently used first
@@ -150,8 +151,8 @@ class BlockPool:
             blocks -= self._entry_blocks
 
     def _request_hashes(self, request: int, count: int) -> list[int]:
-        start = int(self._offsets[request])  # type: ignore[index]
-        return self._hashes[start : start + count].tolist()  # type: ignore[index]
+        start = int(self.prefix_offsets[request])  # type: ignore[index]
+        return self.prefix_hashes[start : start + count].tolist()  # type: ignore[index]
 
     def lookup(self, request: int, limit_tokens: int) -> list[int]:
         """The cached entries the request's prompt starts with, at most

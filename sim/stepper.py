@@ -4,11 +4,12 @@ the request log and the step's record -- on the compiled stepper where it is bui
 The compiled stepper (the optional C extension ``stepplan.sim._stepper``, ``sim/csrc/``,
 built by ``pip install`` like the planner's packer) works on the very arrays of the
 scheduler (``scheduler/state.py``), the block pool, the :class:`~.records.RequestLog` and
-the :class:`~.records.StepTable`. It schedules and finishes the steps that need neither
-a preemption nor the prefix cache's entries, with the acceptance models of
-``acceptance.py``; for any other step it changes nothing and says so, and the Python
-code runs that step. The Python code is the specification: without the extension it
-runs every step, with the same results byte for byte (``tests/test_stepper.py``).
+the :class:`~.records.StepTable`, the prefix cache's dicts included: it schedules
+every step (preemptions, evictions and prefix-cache hits too) and finishes it, drawing
+with the acceptance models of ``acceptance.py`` (a model of the caller's is drawn in
+Python, the rest of that step then finished in Python too). The Python code is the
+specification: without the extension it runs every step, with the same results byte
+for byte (``tests/test_stepper.py``).
 """
 
 from __future__ import annotations
@@ -100,15 +101,14 @@ class Stepper:
             self.log.grow(self.scheduler.rows.ids.size)
             self._bind()
             status = self._compiled.finish(end_s, record, given)
-        if status == _PYTHON:  # drawn by the compiled stepper unless it knows no such model
-            drawn = not given and self._kind() != _PYTHON_DRAW
-            self._finish_python(end_s, record, accepted, drawn=drawn)
+        if status == _PYTHON:  # an acceptance model it does not know: nothing done yet
+            self._finish_python(end_s, record, accepted, drawn=False)
 
     def _finish_python(
         self, end_s: float, record: tuple[float, ...], accepted: np.ndarray | None, *, drawn: bool
     ) -> None:
         """:meth:`finish` in Python; ``drawn``: the rows' ``drawn`` hold the accepted
-        drafts, drawn by the compiled stepper (not yet logged)."""
+        drafts, drawn but not yet logged."""
         scheduler, rows = self.scheduler, self.scheduler.rows
         count = int(scheduler.counters.values[ROWS])
         ids = rows.ids[:count].copy()
@@ -137,12 +137,22 @@ class Stepper:
         scheduler, rows, log = self.scheduler, self.scheduler.rows, self.log
         config = scheduler.config
         fields: dict[str, Any] = {
-            "arrival": scheduler.arrival,
-            "prompt": scheduler.prompt,
-            "output": scheduler.output,
+            "arrival": np.ascontiguousarray(scheduler.arrival, np.float64),
+            "prompt": np.ascontiguousarray(scheduler.prompt, np.int64),
+            "output": np.ascontiguousarray(scheduler.output, np.int64),
             **{
                 name: getattr(scheduler, name)
-                for name in ("target", "computed", "emitted", "spec_steps", "slot")
+                for name in (
+                    "target",
+                    "computed",
+                    "emitted",
+                    "spec_steps",
+                    "slot",
+                    "lost",
+                    "preemptions",
+                    "recomputed",
+                    "cached",
+                )
             },
             "last_accepted": scheduler.last_accepted,
             "counters": scheduler.counters.values,
@@ -183,7 +193,7 @@ def _pool_fields(scheduler: Scheduler) -> dict[str, Any]:
     if pool is None:
         return {}
     layout = pool.layout
-    return {
+    fields = {
         "held": pool.held,
         "hashed": pool.hashed,
         "registered": pool.registered,
@@ -194,9 +204,14 @@ def _pool_fields(scheduler: Scheduler) -> dict[str, Any]:
         "kept_state_blocks": layout.kept_state_blocks,
         "prefix_block_tokens": layout.prefix_block_tokens,
         "entry_blocks": layout.entry_blocks,
+        "entries": pool.entries,
         "lru": pool.lru,
         "refs": pool.refs,
     }
+    if pool.caching:
+        fields["prefix_offsets"] = np.ascontiguousarray(pool.prefix_offsets, np.int64)
+        fields["hashes"] = np.ascontiguousarray(pool.prefix_hashes, np.int64)
+    return fields
 
 
 def _acceptance_fields(model: AcceptanceModel, num_spec_tokens: int) -> dict[str, Any]:

@@ -4,9 +4,9 @@ The digests in ``tests/golden/sim_columns.json`` were made by the simulator as i
 before the redesign (commit 98b90f7), so every later change that must leave results
 unchanged is checked against that code, not against itself. The runs added for issue 23
 (the memory model's paths, a light trace) and the columns added since 98b90f7 (memory,
-``engine_s``) were pinned by main at 6fd578e, the code before the scheduler's rewrite. ``plan_us`` (measured, run
-dependent) is left out. Columns renamed since are compared under their old name
-(:data:`RENAMED`). Regenerate only when a change is *meant* to alter results:
+``engine_s``) were pinned by main at 6fd578e, the code before the scheduler's rewrite.
+``plan_us`` (measured, run dependent) is left out. Columns renamed since are compared
+under their old name (:data:`RENAMED`). Regenerate only when a change is *meant* to alter results:
 ``python tests/golden_sim.py --write`` (and say so in the commit).
 
 The old code's model had 8e9 parameters by label; the model presets give ``hybrid-8b``

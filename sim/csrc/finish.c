@@ -1,10 +1,9 @@
 /* Stepper.finish: after the step is planned and timed, the acceptance draw (acceptance.py's
  * models, counter-based), the request log's spec counts, Scheduler._commit, RequestLog.record
- * and the step's record -- sim/stepper.py's Stepper._finish_python, for the steps whose
- * commit touches no prefix-cache entry. */
+ * and the step's record -- sim/stepper.py's Stepper._finish_python, its specification. */
 #include <math.h>
 
-#include "stepper.h"
+#include "pool.h"
 
 #define GOLDEN 0x9E3779B97F4A7C15ULL
 #define MIX1 0xBF58476D1CE4E5B9ULL
@@ -44,26 +43,6 @@ int64_t accepted_drafts(const Stepper *self, int64_t request, int64_t drafts, in
     return got < drafts ? got : drafts;
 }
 
-/* Whether the commit would touch the prefix cache: a row completing a hashed block (to
- * register) or a finishing request while entries are referenced (to release). */
-static int touches_cache(const Stepper *self, Py_ssize_t rows) {
-    int referenced = PyDict_Size(self->refs) > 0;
-    for (Py_ssize_t r = 0; r < rows; r++) {
-        int64_t request = self->ids[r], a = self->drawn[r];
-        int spec = self->flags[r] & SPEC;
-        int64_t computed = self->computed[request] + (spec ? 1 + a : self->q[r]);
-        int64_t done = computed / self->prefix_tokens, hashed = self->hashed[request];
-        if ((done < hashed ? done : hashed) > self->registered[request]) {
-            return 1;
-        }
-        int64_t emitted = (self->flags[r] & DECODING) ? 1 + a : (self->flags[r] & EMITS_FIRST) != 0;
-        if (referenced && self->emitted[request] + emitted >= self->output[request]) {
-            return 1;
-        }
-    }
-    return 0;
-}
-
 /* The drafts accepted on every row into ``drawn``, and the log's spec counts. */
 static void draw(Stepper *self, Py_ssize_t rows) {
     int64_t width = 0;
@@ -80,20 +59,18 @@ static void draw(Stepper *self, Py_ssize_t rows) {
 }
 
 /* Scheduler._finish for the rows that finished (``finished`` flags; ``count`` of them). */
-static void release(Stepper *self, Py_ssize_t rows, const uint8_t *finished, int64_t count) {
+static int release(Stepper *self, Py_ssize_t rows, const uint8_t *finished, int64_t count) {
     int64_t *counters = self->counters;
     for (Py_ssize_t r = 0; r < rows; r++) {
         if (finished[r]) {
             int64_t request = self->ids[r];
             self->free_slots[counters[NUM_FREE]++] = self->slot[request];
             self->slot[request] = 0;
-            if (self->has_pool) {  /* BlockPool.release without referenced entries */
-                self->free_blocks[0] += self->held[request];
-                self->held[request] = 0;
-                if (self->caching) {
-                    self->registered[request] = 0;
-                }
-            }
+        }
+    }
+    for (Py_ssize_t r = 0; r < rows && self->has_pool; r++) {
+        if (finished[r] && release_one(self, self->ids[r]) < 0) {
+            return -1;
         }
     }
     counters[FINISHED] += count;
@@ -104,10 +81,12 @@ static void release(Stepper *self, Py_ssize_t rows, const uint8_t *finished, int
         }
     }
     counters[RUNNING] = kept;
+    return 0;
 }
 
-/* Scheduler._commit and RequestLog.record (and record_spec, unless ``given``). */
-static void commit(Stepper *self, Py_ssize_t rows, double end, int given, uint8_t *finished) {
+/* Scheduler._commit (the pool's register and release included) and RequestLog.record
+ * (and record_spec, unless ``given``). */
+static int commit(Stepper *self, Py_ssize_t rows, double end, int given, uint8_t *finished) {
     int64_t count = 0;
     for (Py_ssize_t r = 0; r < rows; r++) {
         int64_t request = self->ids[r], a = self->drawn[r];
@@ -122,6 +101,10 @@ static void commit(Stepper *self, Py_ssize_t rows, double end, int given, uint8_
         if (flags & SPEC) {
             self->last_accepted[request] = (int32_t)(1 + a);
             self->spec_steps[request] += 1;
+        }
+        /* rows register in order, each on its own computed tokens: as after the loop */
+        if (self->has_pool && self->caching && register_blocks(self, request) < 0) {
+            return -1;
         }
         finished[r] = self->emitted[request] >= self->output[request];
         count += finished[r];
@@ -139,9 +122,7 @@ static void commit(Stepper *self, Py_ssize_t rows, double end, int given, uint8_
             self->finish_s[request] = end;
         }
     }
-    if (count) {
-        release(self, rows, finished, count);
-    }
+    return count ? release(self, rows, finished, count) : 0;
 }
 
 PyObject *stepper_finish(Stepper *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -171,17 +152,17 @@ PyObject *stepper_finish(Stepper *self, PyObject *const *args, Py_ssize_t nargs)
     if (!given) {
         draw(self, rows);
     }
-    if (self->has_pool && self->caching && touches_cache(self, rows)) {
-        return PyLong_FromLong(FINISH_PYTHON);
-    }
     uint8_t finished_stack[256];
     uint8_t *finished = rows <= 256 ? finished_stack : PyMem_Malloc((size_t)rows);
     if (finished == NULL) {
         return PyErr_NoMemory();
     }
-    commit(self, rows, end, given, finished);
+    int failed = commit(self, rows, end, given, finished) < 0;
     if (finished != finished_stack) {
         PyMem_Free(finished);
+    }
+    if (failed) {
+        return NULL;
     }
     for (int j = 0; j < MEMORY_FIELDS; j++) {
         row[RECORD_FIELDS + j] = self->info[WAITING + j];

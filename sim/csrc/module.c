@@ -76,7 +76,9 @@ static int bind_state(Stepper *self, PyObject *f) {
         bind_ro(self, f, "prompt", 'q', 8, (void **)&self->prompt, NULL) < 0 ||
         bind_ro(self, f, "output", 'q', 8, (void **)&self->output, NULL) < 0 || I64("target", target) < 0 ||
         I64("computed", computed) < 0 || I64("emitted", emitted) < 0 ||
-        I64("spec_steps", spec_steps) < 0 || I32("slot", slot) < 0 ||
+        I64("spec_steps", spec_steps) < 0 || I64("lost", lost) < 0 ||
+        I64("preemptions", preemptions) < 0 || I64("recomputed", recomputed) < 0 ||
+        I64("cached", cached) < 0 || I32("slot", slot) < 0 ||
         I32("last_accepted", last_accepted) < 0 || I64("counters", counters) < 0 ||
         I64("running", running) < 0 || I64("resumed", resumed) < 0 ||
         I32("free_slots", free_slots) < 0 || I64("ids", ids) < 0 || I64("drawn", drawn) < 0 ||
@@ -114,18 +116,27 @@ static int bind_pool(Stepper *self, PyObject *f) {
     self->kept = get_int(f, "kept_state_blocks", &failed);
     self->prefix_tokens = get_int(f, "prefix_block_tokens", &failed);
     self->entry_blocks = get_int(f, "entry_blocks", &failed);
+    self->entries = PyDict_GetItemString(f, "entries");
     self->lru = PyDict_GetItemString(f, "lru");
     self->refs = PyDict_GetItemString(f, "refs");
-    if (failed || self->lru == NULL || self->refs == NULL || !PyDict_Check(self->lru) ||
-        !PyDict_Check(self->refs)) {
+    if (failed || self->entries == NULL || self->lru == NULL || self->refs == NULL ||
+        !PyDict_Check(self->entries) || !PyDict_Check(self->lru) || !PyDict_Check(self->refs)) {
+        self->entries = self->lru = self->refs = NULL;
         if (!failed) {
-            PyErr_SetString(PyExc_TypeError, "stepper: lru and refs must be dicts");
+            PyErr_SetString(PyExc_TypeError, "stepper: entries, lru and refs must be dicts");
         }
         return -1;
     }
+    Py_INCREF(self->entries);
     Py_INCREF(self->lru);
     Py_INCREF(self->refs);
-    return 0;
+    if (!self->caching) {
+        return 0;
+    }
+    return bind_ro(self, f, "prefix_offsets", 'q', 8, (void **)&self->prefix_offsets, NULL) < 0 ||
+                   bind_ro(self, f, "hashes", 'q', 8, (void **)&self->hashes, NULL) < 0
+               ? -1
+               : 0;
 }
 
 static int bind_acceptance(Stepper *self, PyObject *f) {
@@ -164,12 +175,13 @@ static void stepper_dealloc(Stepper *self) {
     for (int i = 0; i < self->num_views; i++) {
         PyBuffer_Release(&self->views[i]);
     }
+    Py_XDECREF(self->entries);
     Py_XDECREF(self->lru);
     Py_XDECREF(self->refs);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-static PyObject *stepper_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+static PyObject *stepper_new(PyTypeObject *type, PyObject *args, PyObject *Py_UNUSED(kwargs)) {
     PyObject *fields;
     if (!PyArg_ParseTuple(args, "O!:Stepper", &PyDict_Type, &fields)) {
         return NULL;
@@ -188,9 +200,9 @@ static PyObject *stepper_new(PyTypeObject *type, PyObject *args, PyObject *kwarg
 
 static PyMethodDef stepper_methods[] = {
     {"schedule", (PyCFunction)stepper_schedule, METH_O,
-     "schedule(now_s) -> (rows, kv_tokens, attention_pairs), None, or -1 (not covered)."},
+     "schedule(now_s) -> (rows, kv_tokens, attention_pairs), or None: nothing can run."},
     {"finish", (PyCFunction)(void (*)(void))stepper_finish, METH_FASTCALL,
-     "finish(end_s, record, given) -> 0 done, 1 not covered, 2 a buffer is full."},
+     "finish(end_s, record, given) -> 0 done, 1 Python draws, 2 a buffer is full."},
     {NULL, NULL, 0, NULL},
 };
 

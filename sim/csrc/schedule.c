@@ -1,19 +1,11 @@
-/* Stepper.schedule: Scheduler._schedule_rows (sim/scheduler/core.py) for the steps that
- * need neither a preemption nor a prefix-cache lookup; it answers -1, having changed
- * nothing the Python scheduler does not set again, for the others. */
-#include "stepper.h"
+/* Stepper.schedule: Scheduler._schedule_rows (sim/scheduler/core.py, its specification)
+ * on the scheduler's arrays: the running requests' rows (growing their blocks, evicting
+ * cached entries or preempting when the pool is short), then admissions, first come
+ * first served (one request at a time when preempted requests wait or the prefix cache
+ * is looked up), then the rows' inputs, their load and the memory row. */
+#include <string.h>
 
-/* BlockPool.need for one request: KV blocks, and the kept states of the hashed-block
- * boundaries passed. */
-static int64_t blocks_for(const Stepper *self, int64_t request, int64_t positions) {
-    int64_t blocks = (positions + self->block_size - 1) / self->block_size;
-    if (self->kept) {
-        int64_t boundaries = positions / self->prefix_tokens;
-        int64_t hashed = self->hashed[request];
-        blocks += (boundaries < hashed ? boundaries : hashed) * self->kept;
-    }
-    return blocks;
-}
+#include "pool.h"
 
 /* Requests arrived by ``now``: searchsorted(arrival, now, side="right"). */
 static int64_t arrived_by(const Stepper *self, double now) {
@@ -29,35 +21,40 @@ static int64_t arrived_by(const Stepper *self, double now) {
     return low;
 }
 
-/* Scheduler._running_rows without its pool growth: rows 0.. of the step, their q,
- * computed and prefilling flag; the number of rows and, in *used, their tokens. */
+/* The tokens a running request asks for: the rest of its prompt, or one token and its
+ * drafts (fewer near the end of its output). */
+static int64_t wants(const Stepper *self, int64_t request) {
+    int64_t computed = self->computed[request], target = self->target[request];
+    if (computed < target) {
+        return target - computed;
+    }
+    int64_t lookahead = self->output[request] - self->emitted[request] - 1;
+    return 1 + (self->num_spec < lookahead ? self->num_spec : lookahead);
+}
+
+static void put_row(Stepper *self, Py_ssize_t row, int64_t request, int64_t q, uint8_t flags) {
+    self->ids[row] = request;
+    self->q[row] = (int32_t)q;
+    self->comp[row] = (int32_t)self->computed[request];
+    self->flags[row] = flags;
+}
+
+/* Scheduler._running_rows before the pool: the rows within the budget; *used their tokens. */
 static Py_ssize_t running_rows(Stepper *self, int64_t *used) {
     int64_t left = self->max_batched, total = 0;
     Py_ssize_t rows = 0, count = self->counters[RUNNING];
     for (Py_ssize_t i = 0; i < count && left > 0; i++) {
-        int64_t request = self->running[i];
-        int64_t computed = self->computed[request], target = self->target[request];
-        int64_t want;
-        int prefilling = computed < target;
-        if (prefilling) {
-            want = target - computed;
-        } else {
-            int64_t lookahead = self->output[request] - self->emitted[request] - 1;
-            want = 1 + (self->num_spec < lookahead ? self->num_spec : lookahead);
-        }
+        int64_t request = self->running[i], want = wants(self, request);
         int64_t q = want < left ? want : left;
-        self->ids[rows] = request;
-        self->q[rows] = (int32_t)q;
-        self->comp[rows] = (int32_t)computed;
-        self->flags[rows] = prefilling ? 0 : DECODING;
-        rows++, left -= want, total += q;
+        int decoding = self->computed[request] >= self->target[request];
+        put_row(self, rows++, request, q, decoding ? DECODING : 0);
+        left -= want, total += q;
     }
     *used = total;
     return rows;
 }
 
-/* BlockPool.grow_all over the running rows: the blocks they need beyond those held, or
- * -1 when the free blocks do not cover them (nothing changed either way). */
+/* BlockPool.grow_all's blocks for the rows beyond those held. */
 static int64_t growth(const Stepper *self, Py_ssize_t rows) {
     int64_t total = 0;
     for (Py_ssize_t r = 0; r < rows; r++) {
@@ -66,59 +63,162 @@ static int64_t growth(const Stepper *self, Py_ssize_t rows) {
                         self->held[request];
         total += delta > 0 ? delta : 0;
     }
-    return total > self->free_blocks[0] ? -1 : total;
+    return total;
 }
 
-static void grow(Stepper *self, Py_ssize_t rows, int64_t total) {
-    self->free_blocks[0] -= total;
-    for (Py_ssize_t r = 0; r < rows; r++) {
-        int64_t request = self->ids[r];
-        int64_t need = blocks_for(self, request, (int64_t)self->comp[r] + self->q[r]);
-        if (need > self->held[request]) {
-            self->held[request] = need;
-        }
+/* Scheduler._preempt: by recompute, to the front of the waiting queue. */
+static int preempt(Stepper *self, int64_t request) {
+    if (release_one(self, request) < 0) {
+        return -1;
     }
+    int64_t *counters = self->counters;
+    self->free_slots[counters[NUM_FREE]++] = self->slot[request];
+    self->slot[request] = 0;
+    self->lost[request] = self->computed[request];
+    self->computed[request] = 0;
+    self->target[request] = self->prompt[request] + self->emitted[request];
+    self->last_accepted[request] = 1;
+    self->preemptions[request] += 1;
+    counters[PREEMPTED] += 1;
+    memmove(self->resumed + 1, self->resumed, (size_t)counters[RESUMED] * sizeof(int64_t));
+    self->resumed[0] = request;
+    counters[RESUMED] += 1;
+    return 0;
 }
 
-/* Scheduler._admit first come first served (no request preempted, no prefix cache):
- * rows ``rows..`` of the step; the number admitted. */
-static Py_ssize_t admit(Stepper *self, Py_ssize_t rows, int64_t room, int64_t budget) {
-    int64_t first = self->counters[NEXT_ADMIT], arrived = self->counters[ARRIVED];
-    if (arrived - first < room) {
-        room = arrived - first;
-    }
-    Py_ssize_t count = 0;
-    int64_t start = 0, blocks = 0, free = self->has_pool ? self->free_blocks[0] : 0;
-    for (; count < room && start < budget; count++) {
-        int64_t request = first + count, prompt = self->prompt[request];
-        int64_t chunk = prompt < budget - start ? prompt : budget - start;
-        if (self->has_pool) {  /* BlockPool.admit_all: the leading run that fits */
-            int64_t need = blocks_for(self, request, chunk);
-            if (blocks + need > free) {
-                break;
+/* Scheduler._running_rows_preempting: one request at a time, each that cannot grow
+ * preempting the most recently admitted, until it fits or preempted itself. */
+static Py_ssize_t running_rows_preempting(Stepper *self, int64_t *used) {
+    Py_ssize_t rows = 0, running = self->counters[RUNNING];
+    int64_t left = self->max_batched, total = 0;
+    for (Py_ssize_t index = 0; index < running && left > 0; index++) {
+        int64_t request = self->running[index], want = wants(self, request);
+        int64_t q = want < left ? want : left, computed = self->computed[request];
+        int decoding = computed >= self->target[request], grown = 0, gone = 0;
+        while (!gone && (grown = grow_one(self, request, computed + q)) == 0) {
+            int64_t victim = self->running[--running];
+            if (preempt(self, victim) < 0) {
+                return -1;
             }
-            blocks += need;
-            self->held[request] = need;
+            gone = victim == request;
         }
-        self->ids[rows + count] = request;
-        self->q[rows + count] = (int32_t)chunk;
-        self->comp[rows + count] = (int32_t)self->computed[request];
-        self->flags[rows + count] = 0;
-        start += prompt;
+        if (gone || grown < 0) {
+            if (grown < 0) {
+                return -1;
+            }
+            break;
+        }
+        put_row(self, rows++, request, q, decoding ? DECODING : 0);
+        left -= q, total += q;
     }
-    if (self->has_pool) {
-        self->free_blocks[0] -= blocks;
+    self->counters[RUNNING] = running;
+    *used = total;
+    return rows;
+}
+
+/* The running requests' rows with their blocks: _running_rows and the pool's growth. */
+static Py_ssize_t running_with_blocks(Stepper *self, int64_t *used) {
+    Py_ssize_t rows = running_rows(self, used);
+    if (!self->has_pool) {
+        return rows;
     }
-    /* Scheduler._start: slots from the top of the stack, requests to the running set */
+    int64_t total = growth(self, rows);
+    if (total > self->free_blocks[0] + cached_blocks(self)) {
+        return running_rows_preempting(self, used);
+    }
+    /* every row grows: from free blocks (grow_all), or where those do not cover them
+     * all, evicting as each grows in turn (the preempting path when it preempts nobody:
+     * each growth takes its blocks out of free + evictable, which covers them all) */
+    for (Py_ssize_t r = 0; r < rows; r++) {
+        if (grow_one(self, self->ids[r], (int64_t)self->comp[r] + self->q[r]) < 0) {
+            return -1;
+        }
+    }
+    return rows;
+}
+
+/* Scheduler._start: slots from the top of the stack, the requests to the running set. */
+static void start(Stepper *self, Py_ssize_t first_row, Py_ssize_t count) {
     int64_t free_slots = self->counters[NUM_FREE] - count;
     for (Py_ssize_t j = 0; j < count; j++) {
-        int64_t request = first + j;
+        int64_t request = self->ids[first_row + j];
         self->slot[request] = self->free_slots[free_slots + count - 1 - j];
         self->running[self->counters[RUNNING] + j] = request;
     }
     self->counters[NUM_FREE] = free_slots;
     self->counters[RUNNING] += count;
+}
+
+/* Scheduler._admit's batch path (nobody preempted waits, no prefix cache). */
+static Py_ssize_t admit_batch(Stepper *self, Py_ssize_t rows, int64_t room, int64_t budget) {
+    int64_t first = self->counters[NEXT_ADMIT], arrived = self->counters[ARRIVED];
+    room = arrived - first < room ? arrived - first : room;
+    Py_ssize_t count = 0;
+    int64_t begin = 0, blocks = 0;
+    for (; count < room && begin < budget; count++) {
+        int64_t request = first + count, prompt = self->prompt[request];
+        int64_t chunk = prompt < budget - begin ? prompt : budget - begin;
+        if (self->has_pool) { /* BlockPool.admit_all: the leading run that fits */
+            int64_t need = blocks_for(self, request, chunk);
+            if (blocks + need > self->free_blocks[0]) {
+                break;
+            }
+            blocks += need;
+            self->held[request] = need;
+        }
+        put_row(self, rows + count, request, chunk, 0);
+        begin += prompt;
+    }
+    if (self->has_pool) {
+        self->free_blocks[0] -= blocks;
+    }
     self->counters[NEXT_ADMIT] = first + count;
+    start(self, rows, count);
+    return count;
+}
+
+/* Scheduler._admit_each: preempted requests first, then new ones, each after its prefix
+ * cache hit, until one does not fit. */
+static Py_ssize_t admit_each(Stepper *self, Py_ssize_t rows, int64_t room, int64_t budget) {
+    int64_t *counters = self->counters;
+    Py_ssize_t count = 0;
+    while (room > 0 && budget > 0) {
+        int64_t resumed = counters[RESUMED], request;
+        if (resumed) {
+            request = self->resumed[0];
+        } else if (counters[NEXT_ADMIT] < counters[ARRIVED]) {
+            request = counters[NEXT_ADMIT];
+        } else {
+            break;
+        }
+        int64_t target = self->target[request];
+        Py_ssize_t hits = lookup(self, request, target);
+        if (hits < 0) {
+            return -1;
+        }
+        int64_t begin = hits * self->prefix_tokens;
+        int64_t q = target - begin < budget ? target - begin : budget;
+        int admitted = admit_one(self, request, hits, begin + q);
+        if (admitted <= 0) {
+            if (admitted < 0) {
+                return -1;
+            }
+            break;
+        }
+        if (resumed) {
+            memmove(self->resumed, self->resumed + 1, (size_t)(resumed - 1) * sizeof(int64_t));
+            counters[RESUMED] = resumed - 1;
+        } else {
+            counters[NEXT_ADMIT] += 1;
+        }
+        int64_t lost = self->lost[request];
+        self->recomputed[request] += lost > begin ? lost - begin : 0;
+        self->cached[request] += begin > lost ? begin - lost : 0;
+        self->computed[request] = begin;
+        put_row(self, rows + count++, request, q, 0);
+        room -= 1, budget -= q;
+    }
+    start(self, rows, count);
     return count;
 }
 
@@ -142,18 +242,18 @@ static PyObject *finish_rows(Stepper *self, Py_ssize_t rows) {
     }
     double pairs = (double)pairs_qc + 0.5 * (double)pairs_qq;
     double *info = self->info;
+    int64_t *counters = self->counters;
     info[KV_TOKENS] = (double)kv, info[ATTENTION_PAIRS] = pairs;
-    int64_t waiting = self->counters[ARRIVED] - self->counters[NEXT_ADMIT] +
-                      self->counters[RESUMED];
-    info[WAITING] = (double)waiting, info[NUM_PREEMPTED] = 0.0;
-    info[USED] = info[CACHED] = info[USAGE] = 0.0;
+    info[WAITING] = (double)(counters[ARRIVED] - counters[NEXT_ADMIT] + counters[RESUMED]);
+    info[NUM_PREEMPTED] = info[USED] = info[CACHED] = info[USAGE] = 0.0;
     if (self->has_pool) {
-        int64_t cached = (int64_t)PyDict_Size(self->lru) * self->entry_blocks;
+        int64_t cached = cached_blocks(self);
         int64_t used = self->capacity - self->free_blocks[0] - cached;
+        info[NUM_PREEMPTED] = (double)counters[PREEMPTED];
         info[USED] = (double)used, info[CACHED] = (double)cached;
         info[USAGE] = (double)used / (double)self->capacity;
     }
-    self->counters[ROWS] = rows;
+    counters[ROWS] = rows;
     return Py_BuildValue("(nLd)", rows, (long long)kv, pairs);
 }
 
@@ -166,24 +266,25 @@ PyObject *stepper_schedule(Stepper *self, PyObject *now_obj) {
     counters[PREEMPTED] = 0;
     counters[ARRIVED] = arrived_by(self, now);
     int64_t used;
-    Py_ssize_t rows = running_rows(self, &used);
-    int64_t room = self->max_seqs - counters[RUNNING];
+    Py_ssize_t rows = running_with_blocks(self, &used);
+    if (rows < 0) {
+        return NULL;
+    }
+    int64_t room = self->max_seqs - counters[RUNNING], budget = self->max_batched - used;
     room = counters[NUM_FREE] < room ? counters[NUM_FREE] : room;
-    int64_t budget = self->max_batched - used;
-    int admits = room > 0 && budget > 0;
-    int waiting = counters[NEXT_ADMIT] < counters[ARRIVED];
-    if (admits && (counters[RESUMED] || (self->has_pool && self->caching && waiting))) {
-        return PyLong_FromLong(-1);  /* admission one request at a time: Python's */
-    }
-    if (self->has_pool) {
-        int64_t total = growth(self, rows);
-        if (total < 0) {
-            return PyLong_FromLong(-1);  /* a preemption: Python's */
+    if (!counters[PREEMPTED] && room > 0 && budget > 0) { /* a step that preempted admits none */
+        Py_ssize_t admitted;
+        if (counters[RESUMED] || (self->has_pool && self->caching)) {
+            admitted = admit_each(self, rows, room, budget);
+        } else {
+            admitted = counters[NEXT_ADMIT] < counters[ARRIVED]
+                           ? admit_batch(self, rows, room, budget)
+                           : 0;
         }
-        grow(self, rows, total);
-    }
-    if (admits && waiting) {
-        rows += admit(self, rows, room, budget);
+        if (admitted < 0) {
+            return NULL;
+        }
+        rows += admitted;
     }
     if (rows == 0) {
         counters[ROWS] = 0;

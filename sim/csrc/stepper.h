@@ -12,7 +12,8 @@ enum { RUNNING, NEXT_ADMIT, FINISHED, NUM_FREE, ARRIVED, PREEMPTED, RESUMED, ROW
 enum { SPEC = 1, DECODING = 2, EMITS_FIRST = 4 };
 enum { KV_TOKENS, ATTENTION_PAIRS, WAITING, NUM_PREEMPTED, USED, CACHED, USAGE };
 enum { ACCEPT_PYTHON, ACCEPT_PER_POSITION, ACCEPT_FIXED, ACCEPT_REPLAY };
-/* finish's answers: done, the step needs Python (nothing changed), a buffer is full. */
+/* finish's answers: done, the step needs Python's acceptance model (nothing changed), a
+ * buffer is full (nothing changed). */
 enum { FINISH_DONE, FINISH_PYTHON, FINISH_GROW };
 #define RECORD_FIELDS 19 /* the loop's part of a step record; the memory row follows */
 #define MEMORY_FIELDS 5
@@ -22,12 +23,12 @@ typedef struct {
     PyObject_HEAD
     Py_buffer views[MAX_BUFFERS];
     int num_views;
-    PyObject *lru, *refs; /* the prefix cache's dicts (their sizes are read) */
+    PyObject *entries, *lru, *refs; /* the prefix cache's dicts (memory.py's BlockPool) */
     /* the trace and the scheduler's per-request state, [N] */
     Py_ssize_t n;
     const double *arrival;
     const int64_t *prompt, *output;
-    int64_t *target, *computed, *emitted, *spec_steps;
+    int64_t *target, *computed, *emitted, *spec_steps, *lost, *preemptions, *recomputed, *cached;
     int32_t *slot, *last_accepted;
     int64_t *counters, *running, *resumed;
     int32_t *free_slots;
@@ -36,6 +37,7 @@ typedef struct {
     int has_pool, caching;
     int64_t *held, *hashed, *registered, *free_blocks;
     int64_t capacity, block_size, kept, prefix_tokens, entry_blocks;
+    const int64_t *prefix_offsets, *hashes; /* the trace's prompt block hashes */
     /* the step's rows */
     int64_t *ids, *drawn;
     int32_t *q, *comp, *slots, *drafts, *acc;

@@ -136,10 +136,9 @@ class Scheduler:
     def schedule_rows(self, now_s: float) -> tuple[int, int, float] | None:
         """Schedule the next step at ``now_s`` into :attr:`rows`: ``(rows, kv_tokens,
         attention_pairs)``, or ``None`` when nothing can run. The compiled stepper
-        schedules the steps it covers, this class the rest (and all without it)."""
-        found = -1 if self.native is None else self.native.schedule(now_s)
-        if found == -1:  # not covered (prefix caching's admissions, preemption)
-            found = self._schedule_rows(now_s)
+        (``sim/stepper.py``) schedules where it is attached, this class elsewhere."""
+        native = self.native
+        found = self._schedule_rows(now_s) if native is None else native.schedule(now_s)
         if found is not None and self.pool is not None and self.pool.layout.check:
             rows = self.rows
             count = found[0]

@@ -1,0 +1,22 @@
+/* The block pool and the prefix cache in C (pool.c; sim/memory.py is the specification). */
+#ifndef STEPPLAN_POOL_H
+#define STEPPLAN_POOL_H
+
+#include "stepper.h"
+
+/* BlockPool.need for one request: KV blocks and kept states at ``positions``. */
+int64_t blocks_for(const Stepper *self, int64_t request, int64_t positions);
+/* BlockPool.cached_blocks: blocks of unreferenced (evictable) entries. */
+int64_t cached_blocks(const Stepper *self);
+/* BlockPool.grow: 1 grown (evicting if need be), 0 not even with eviction (nothing changed). */
+int grow_one(Stepper *self, int64_t request, int64_t positions);
+/* BlockPool.release of one request. */
+int release_one(Stepper *self, int64_t request);
+/* BlockPool.lookup: how many of the request's leading prompt blocks are cached. */
+Py_ssize_t lookup(const Stepper *self, int64_t request, int64_t limit_tokens);
+/* BlockPool.admit with the first ``hits`` blocks as hits: 1 admitted, 0 not (unchanged). */
+int admit_one(Stepper *self, int64_t request, Py_ssize_t hits, int64_t positions);
+/* BlockPool.register of one request after its commit. */
+int register_blocks(Stepper *self, int64_t request);
+
+#endif
