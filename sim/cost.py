@@ -293,12 +293,15 @@ class CostModel:
 
     def model_s(self, plan: ExecutionPlan, load: StepLoad) -> float:
         """Roofline time of the model's non-conv work for the step."""
+        return self._roofline(plan, load.kv_tokens, load.attention_pairs)
+
+    def _roofline(self, plan: ExecutionPlan, kv_tokens: int, attention_pairs: float) -> float:
         m = self.model
         tokens = plan.num_tokens
-        memory = m.params * m.dtype_bytes + m.kv_bytes_per_token * (load.kv_tokens + tokens)
+        memory = m.params * m.dtype_bytes + m.kv_bytes_per_token * (kv_tokens + tokens)
         attention_layers = m.layers - m.conv_layers
         flops = 2.0 * m.params * plan.padded_tokens
-        flops += 4.0 * m.hidden_size * attention_layers * load.attention_pairs
+        flops += 4.0 * m.hidden_size * attention_layers * attention_pairs
         return max(memory / self.gpu.memory_bw_bytes_s, flops / self.gpu.peak_flops)
 
     def conv_s(self, plan: ExecutionPlan) -> float:
@@ -339,7 +342,7 @@ class CostModel:
             predicted_us = self.engine.fit.predict_us(step_shape(plan))
             if predicted_us is not None:
                 return 0.0, 0.0, 0.0, 0.0, predicted_us * 1e-6
-        model_s = self.model_s(plan, StepLoad(kv_tokens, attention_pairs))
+        model_s = self._roofline(plan, kv_tokens, attention_pairs)
         key = (
             plan.num_spec_rows,
             plan.num_decode_rows,

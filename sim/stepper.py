@@ -15,6 +15,7 @@ for byte (``tests/test_stepper.py``).
 from __future__ import annotations
 
 import importlib
+import warnings
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -32,18 +33,24 @@ SOURCES = Path(__file__).with_name("csrc")
 _MODULE = "stepplan.sim._stepper"
 _DONE, _PYTHON, _GROW = 0, 1, 2  # the compiled finish's answers
 _PYTHON_DRAW, _PER_POSITION, _FIXED, _REPLAY = 0, 1, 2, 3  # acceptance kinds it knows
+_PYTHON_COST = "several times the compiled stepper's time per step; pip install -e . builds it"
 
 
 def load_stepper() -> ModuleType | None:
     """The compiled stepper's module, or ``None`` where it is not installed or was built
     from other sources than those beside this file (then Python runs every step)."""
+    return _stepper_module()[0]
+
+
+def _stepper_module() -> tuple[ModuleType | None, str]:
+    """The module, or ``None`` and why not."""
     try:
         module = importlib.import_module(_MODULE)
-    except ImportError:
-        return None
+    except ImportError as error:
+        return None, f"{_MODULE} is not installed ({error})"
     if SOURCES.is_dir() and getattr(module, "SOURCE_DIGEST", None) != source_digest(SOURCES):
-        return None
-    return module
+        return None, f"{module.__file__} was built from other C sources than {SOURCES} holds"
+    return module, ""
 
 
 class Stepper:
@@ -64,9 +71,12 @@ class Stepper:
         native: bool | None = None,
     ) -> None:
         self.scheduler, self.acceptance, self.log, self.table = scheduler, acceptance, log, table
-        self._module = None if native is False else load_stepper()
-        if native and self._module is None:
-            raise RuntimeError(f"{_MODULE} is not installed from {SOURCES}: pip install -e .")
+        self._module, why = (None, "") if native is False else _stepper_module()
+        if self._module is None and native is not False:
+            if native:
+                raise RuntimeError(f"{why}; reinstall stepplan (pip install -e .)")
+            message = f"stepplan.sim steps in Python ({_PYTHON_COST}): {why}"
+            warnings.warn(message, RuntimeWarning, stacklevel=3)
         self._compiled: Any = None
         self._bind()
 

@@ -118,7 +118,7 @@ class Scheduler:
     @property
     def done(self) -> bool:
         """Every request has finished."""
-        return self.num_finished == self.prompt.shape[0]
+        return self.counters.values[FINISHED] == self.prompt.shape[0]
 
     def next_arrival_s(self) -> float:
         """Arrival of the first request never admitted (``inf`` when none is left, or
