@@ -101,7 +101,7 @@ class Stepper:
         compiled = self._compiled
         given = accepted is not None
         if compiled is None:
-            self._finish_python(end_s, record, accepted, drawn=False)
+            self._finish_python(end_s, record, accepted)
             return
         if given:
             self.scheduler.rows.drawn[: accepted.size] = accepted
@@ -112,35 +112,28 @@ class Stepper:
             self._bind()
             status = self._compiled.finish(end_s, record, given)
         if status == _PYTHON:  # an acceptance model it does not know: nothing done yet
-            self._finish_python(end_s, record, accepted, drawn=False)
+            self._finish_python(end_s, record, accepted)
 
     def _finish_python(
-        self, end_s: float, record: tuple[float, ...], accepted: np.ndarray | None, *, drawn: bool
+        self, end_s: float, record: tuple[float, ...], accepted: np.ndarray | None
     ) -> None:
-        """:meth:`finish` in Python; ``drawn``: the rows' ``drawn`` hold the accepted
-        drafts, drawn but not yet logged."""
+        """:meth:`finish` in Python: its specification."""
         scheduler, rows = self.scheduler, self.scheduler.rows
         count = int(scheduler.counters.values[ROWS])
         ids = rows.ids[:count].copy()
         spec = (rows.flags[:count] & SPEC) != 0
         if accepted is None:
-            accepted = rows.drawn[:count].copy() if drawn else np.zeros(count, np.int64)
+            accepted = np.zeros(count, np.int64)
             if spec.any():
                 drafts = rows.drafts[:count][spec].astype(np.int64)
                 spec_ids = ids[spec]
-                if not drawn:
-                    steps = scheduler.spec_steps[spec_ids]
-                    accepted[spec] = self.acceptance.draw(spec_ids, steps, drafts)
+                steps = scheduler.spec_steps[spec_ids]
+                accepted[spec] = self.acceptance.draw(spec_ids, steps, drafts)
                 self.log.record_spec(spec_ids, drafts, accepted[spec])
         rows.drawn[:count] = accepted
         emitted, finished = scheduler.commit_rows(accepted)
         self.log.record(ids, emitted, finished, end_s)
         self.table.append(record + tuple(rows.info[WAITING:].tolist()))
-
-    def _kind(self) -> int:
-        model = self.acceptance
-        kinds = {PerPosition: _PER_POSITION, FixedLength: _FIXED, Replay: _REPLAY}
-        return kinds.get(type(model), _PYTHON_DRAW)
 
     def _fields(self) -> dict[str, Any]:
         """What the compiled stepper binds to: the arrays by name, and the settings."""
