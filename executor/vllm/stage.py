@@ -168,8 +168,9 @@ class DeviceBuffer:
             self._launcher = door.Launcher(self.words, query_len_max, direct=direct_launches)
         self._entries: dict[int | None, tuple[torch.Tensor, np.ndarray]] = {}
         self._cache: dict[tuple, Any] = {}  # views per shape and group
-        # Views per source, group and length: bounded by the regions' sizes, kept for good.
-        self._prefixes: dict[tuple, torch.Tensor] = {}
+        # Every prefix view of each source (and group): bounded by the regions' sizes.
+        self._prefixes: dict[tuple, list[torch.Tensor]] = {}
+        self._plan_views: dict[int, torch.Tensor] = {}
         self._open_entry: int | None = None
         self.registered: tuple[torch.Tensor, ...] = ()
 
@@ -286,36 +287,46 @@ class DeviceBuffer:
         return self._remember((shape, None), views)
 
     def _prefix(self, place: Prefix, group: int) -> Any:
-        view = self._prefixes.get((place, group))
-        if view is None:
-            view = self._prefixes[(place, group)] = self._view(place, group)
-        return view
-
-    def plan_buffer(self, size: int) -> torch.Tensor:
-        """``[size], int32``: the plan in the buffer, at its fixed address."""
-        view = self._prefixes.get(("plan", size))
-        if view is None:
-            at = self.regions.plan
-            view = self._prefixes[("plan", size)] = self.words[at : at + size]
-        return view
-
-    def _view(self, place: Prefix, group: int) -> Any:
-        """``place`` as a view of the buffer (of ``group``'s slots); :meth:`views` keeps
-        each: slicing a tensor costs about a microsecond, a step may need fifteen."""
+        """``place`` as a view of the buffer (of ``group``'s slots, for a slot source)."""
         source, length = place
         if source == PASS_THROUGH:
             return PASS_THROUGH
+        key = (source, group if source in SLOT_SOURCES else 0)
+        views = self._prefixes.get(key)
+        if views is None:
+            views = self._prefixes[key] = self._every_prefix(source, group)
+        return views[length]
+
+    def _every_prefix(self, source: str, group: int) -> list[torch.Tensor]:
+        """Every prefix of a source, made at its first use (a few milliseconds, once):
+        slicing a tensor costs about a microsecond and a step may need fifteen new ones,
+        while a source has at most a few thousand lengths."""
+        regions = self.regions
         if source in SLOT_SOURCES:
-            at = self.regions.slots + (3 * group + SLOT_SOURCES.index(source)) * self.regions.rows
+            at = regions.slots + (3 * group + SLOT_SOURCES.index(source)) * regions.rows
         else:
-            at = getattr(self.regions, source)
+            at = getattr(regions, source)
+        capacity = {"spec_qsl": 1, "non_spec_qsl": 1, "qsl_p": 1}.get(source, 0) + regions.rows
+        if source in ("spec_tokens", "plain_tokens", "ramp"):
+            capacity = regions.num_tokens if source != "ramp" else regions.total - regions.ramp - 1
         dtype = SOURCE_DTYPES[source]
         if dtype is np.int64:
-            view = self._longs[at // 2 : at // 2 + length]
+            whole = self._longs[at // 2 : at // 2 + capacity]
         elif dtype is np.bool_:
-            view = self._bytes[4 * at : 4 * at + length].view(torch.bool)
+            whole = self._bytes[4 * at : 4 * at + capacity].view(torch.bool)
         else:
-            view = self.words[at : at + length]
+            whole = self.words[at : at + capacity]
+        return [whole[:length] for length in range(capacity + 1)]
+
+    def plan_buffer(self, size: int) -> torch.Tensor:
+        """``[size], int32``: the plan in the buffer, at its fixed address (a view per size,
+        kept: graph layouts recur)."""
+        view = self._plan_views.get(size)
+        if view is None:
+            if len(self._plan_views) >= _CACHE_LIMIT:
+                self._plan_views.clear()
+            at = self.regions.plan
+            view = self._plan_views[size] = self.words[at : at + size]
         return view
 
     def _remember(self, key: tuple, value: Any) -> Any:
