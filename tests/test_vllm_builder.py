@@ -364,3 +364,12 @@ def test_registered_block_tables_spare_the_further_launches(seed, config):
         assert_seed_exact(md, expected(step, config, 1), other, drafts, "cpu")
     with pytest.raises(ValueError, match=r"tables\[0\]: must be a 2-D int32 tensor"):
         share.register_block_tables([torch.zeros(4, dtype=torch.int32)])
+
+
+def test_metadata_fields_come_in_the_seed_rules_order():
+    """The builder fills PlanMetadata by position: counts, then the seed's array fields."""
+    from stepplan.executor.vllm import ARRAY_FIELDS, COUNT_FIELDS, PlanMetadata
+
+    fields = PlanMetadata._fields
+    assert fields[: len(COUNT_FIELDS) + len(ARRAY_FIELDS)] == COUNT_FIELDS + ARRAY_FIELDS
+    assert fields[-7:] == tuple(name for name in fields if name not in fields[:-7])[-7:]

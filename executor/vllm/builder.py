@@ -72,11 +72,11 @@ class PlanMetadata(NamedTuple):
     has_initial_states_d: torch.Tensor | None
     has_initial_states_p: torch.Tensor | None
     spec_sequence_masks: torch.Tensor | None
-    spec_token_indx: torch.Tensor | None
-    non_spec_token_indx: torch.Tensor | None
     spec_state_indices_tensor: torch.Tensor | None
     spec_query_start_loc: torch.Tensor | None
     num_accepted_tokens: torch.Tensor | None
+    spec_token_indx: torch.Tensor | None
+    non_spec_token_indx: torch.Tensor | None
     query_start_loc: Any
     seq_lens: Any
     num_decode_draft_tokens_cpu: Any
@@ -169,7 +169,7 @@ class PlanMetadataBuilder:
             accepted = drafts = None
         step = self.share.open(self.group, m, accepted, drafts, step_id)
         buffer = self.share.buffer
-        views = buffer.views(step.shape, self.group)
+        views = buffer.views(step.keys, self.group)
         if not step.plan.num_spec_rows:
             views = (*views[:_PASS_AT], m.query_start_loc, *views[_PASS_AT + 1 :])
         return _new_metadata(

@@ -27,17 +27,8 @@ import numpy as np
 
 from stepplan.planner import SPEC, ExecutionPlan, PlannerConfig
 
-#: Seed fields set only where a step has spec rows.
-SPEC_FIELDS = (
-    "spec_sequence_masks",
-    "spec_token_indx",
-    "non_spec_token_indx",
-    "spec_state_indices_tensor",
-    "spec_query_start_loc",
-    "num_accepted_tokens",
-)
-#: The seed's array fields, in :class:`SeedShape` order.
-ARRAY_FIELDS = (
+#: The seed's array fields of its decode and prefill rows (and ``state_indices_tensor``).
+PLAIN_FIELDS = (
     "state_indices_tensor",
     "state_indices_tensor_d",
     "state_indices_tensor_p",
@@ -47,8 +38,19 @@ ARRAY_FIELDS = (
     "non_spec_query_start_loc",
     "has_initial_states_d",
     "has_initial_states_p",
-    *SPEC_FIELDS,
 )
+#: Seed fields set only where a step has spec rows: per row, then the token lists.
+SPEC_FIELDS = (
+    "spec_sequence_masks",
+    "spec_state_indices_tensor",
+    "spec_query_start_loc",
+    "num_accepted_tokens",
+    "spec_token_indx",
+    "non_spec_token_indx",
+)
+#: The seed's array fields, in :class:`SeedShape` order: three parts, each a function of
+#: a few counts (:func:`shape_keys`), so a builder keeps each part's views by its key.
+ARRAY_FIELDS = PLAIN_FIELDS + SPEC_FIELDS
 #: The seed's host int fields, in :func:`seed_counts` order.
 COUNT_FIELDS = (
     "num_reqs",
@@ -149,75 +151,96 @@ def seed_pads(plan: ExecutionPlan) -> tuple[int | None, int | None]:
     return spec_pad, decode_pad
 
 
+#: A part's key (see :func:`shape_keys`).
+PartKey = tuple[int, ...] | None
+
+
+def shape_keys(plan: ExecutionPlan) -> tuple[PartKey, PartKey, PartKey, int]:
+    """The keys of the three parts of ``plan``'s seed fields, and ``N`` (the rows the row
+    sources cover): the decode and prefill fields' ``(has spec rows, decode rows,
+    prefill rows, decode rows padded, engine rows)``, the spec rows' ``(spec rows,
+    padded, engine rows)`` and the token lists' ``(pure spec, spec tokens, tokens)``;
+    ``None`` for the last two without spec rows."""
+    spec_pad, decode_pad = seed_pads(plan)
+    ns, nd, npf, engine_rows = (
+        plan.num_spec_rows,
+        plan.num_decode_rows,
+        plan.num_prefill_rows,
+        plan.batch.num_rows,
+    )
+    if not ns:
+        decode_rows = decode_pad or nd
+        rows = decode_rows if not npf else nd + npf
+        plain = (0, nd, npf, decode_rows, engine_rows)
+        return plain, None, None, max(plan.layout.num_rows, rows)
+    spec_rows = spec_pad or ns
+    spec = (ns, spec_rows, engine_rows)
+    tokens = (int(not nd and not npf), plan.num_spec_decode_tokens, plan.num_tokens)
+    return (1, nd, npf, nd, engine_rows), spec, tokens, max(plan.layout.num_rows, spec_rows)
+
+
+def plain_part(key: PartKey) -> tuple[Prefix | None, ...]:
+    """The :data:`PLAIN_FIELDS` of a part key: with spec rows the seed's own path (its
+    decode and prefill fields where it has such rows; slot lists always, empty where
+    the group is; nothing in a pure spec step), without the base builder's fields
+    (decode slots and flags padded for a graph; ``non_spec_query_start_loc`` the
+    engine's ``query_start_loc``)."""
+    speculating, nd, npf, decode_rows, engine_rows = key
+    fields: dict[str, Prefix] = {}
+    if speculating:
+        fields["state_indices_tensor"] = ("plain_slot", nd + npf)
+        if nd or npf:
+            fields["state_indices_tensor_d"] = ("plain_slot", nd)
+            fields["state_indices_tensor_p"] = ("prefill_slot", npf)
+            fields["non_spec_query_start_loc"] = ("non_spec_qsl", nd + npf + 1)
+        if nd:
+            fields["query_start_loc_d"] = ("non_spec_qsl", nd + 1)
+    else:
+        fields["non_spec_query_start_loc"] = ("query_start_loc", engine_rows + 1)
+        # Decode slots only (padded for a graph), or every slot: decodes, then prefills.
+        fields["state_indices_tensor"] = ("plain_slot", nd + npf if npf else decode_rows)
+        if nd:
+            fields["state_indices_tensor_d"] = ("plain_slot", decode_rows)
+            fields["query_start_loc_d"] = ("ramp", nd + 1)  # one token per decode row
+        if npf:
+            fields["state_indices_tensor_p"] = ("prefill_slot", npf)
+    if nd:
+        fields["has_initial_states_d"] = ("has_plain", decode_rows)
+    if npf:
+        fields["has_initial_states_p"] = ("has_prefill", npf)
+        fields["num_computed_tokens_p"] = ("computed_prefill", npf)
+        fields["query_start_loc_p"] = ("qsl_p", npf + 1)
+    return tuple(map(fields.get, PLAIN_FIELDS))
+
+
+def spec_part(key: PartKey) -> tuple[Prefix | None, ...]:
+    """The spec rows' fields (the first four :data:`SPEC_FIELDS`), padded for a graph."""
+    if key is None:
+        return (None,) * 4
+    _, spec_rows, engine_rows = key
+    return (
+        ("masks", engine_rows),
+        ("spec_slot", spec_rows),
+        ("spec_qsl", spec_rows + 1),
+        ("accepted", spec_rows),
+    )
+
+
+def token_part(key: PartKey) -> tuple[Prefix | None, ...]:
+    """The token lists (the last two :data:`SPEC_FIELDS`): the identity and nothing in a
+    pure spec step, else the token map split at the spec tokens, as int64."""
+    if key is None:
+        return (None, None)
+    pure, spec_tokens, tokens = key
+    if pure:
+        return ("ramp", spec_tokens), ("ramp", 0)
+    return ("spec_tokens", spec_tokens), ("plain_tokens", tokens - spec_tokens)
+
+
 def seed_shape(plan: ExecutionPlan) -> SeedShape:
     """The seed's array fields of ``plan``, as prefixes of its sources (the rules)."""
-    spec_pad, decode_pad = seed_pads(plan)
-    ns, nd, npf = plan.num_spec_rows, plan.num_decode_rows, plan.num_prefill_rows
-    if ns:
-        fields = _spec_path(plan, spec_pad)
-        rows = spec_pad or ns
-    else:
-        fields = _plain_path(plan, decode_pad)
-        rows = decode_pad or nd + npf
-    return SeedShape(tuple(map(fields.get, ARRAY_FIELDS)), max(plan.layout.num_rows, rows))
-
-
-def _spec_path(plan: ExecutionPlan, spec_pad: int | None) -> dict[str, Prefix | None]:
-    """A step with spec rows: spec fields always, decode and prefill ones where it has
-    such rows (their slot lists then always, empty where the group is)."""
-    ns, nd, npf = plan.num_spec_rows, plan.num_decode_rows, plan.num_prefill_rows
-    spec_tokens, spec_rows = plan.num_spec_decode_tokens, spec_pad or ns
-    fields: dict[str, Prefix | None] = dict(
-        spec_sequence_masks=("masks", plan.batch.num_rows),
-        spec_state_indices_tensor=("spec_slot", spec_rows),
-        spec_query_start_loc=("spec_qsl", spec_rows + 1),
-        num_accepted_tokens=("accepted", spec_rows),
-        state_indices_tensor=("plain_slot", nd + npf),
-    )
-    if not nd and not npf:  # pure spec: the token lists are the identity and nothing
-        fields["spec_token_indx"] = ("ramp", spec_tokens)
-        fields["non_spec_token_indx"] = ("ramp", 0)
-        return fields
-    fields.update(
-        spec_token_indx=("spec_tokens", spec_tokens),
-        non_spec_token_indx=("plain_tokens", plan.num_tokens - spec_tokens),
-        non_spec_query_start_loc=("non_spec_qsl", nd + npf + 1),
-        state_indices_tensor_d=("plain_slot", nd),
-        state_indices_tensor_p=("prefill_slot", npf),
-    )
-    if nd:
-        fields["has_initial_states_d"] = ("has_plain", nd)
-        fields["query_start_loc_d"] = ("non_spec_qsl", nd + 1)
-    if npf:
-        fields.update(_prefill_fields(npf))
-    return fields
-
-
-def _plain_path(plan: ExecutionPlan, decode_pad: int | None) -> dict[str, Prefix | None]:
-    """A step without spec rows: the seed's base builder's decode and prefill fields;
-    ``non_spec_query_start_loc`` is the engine's ``query_start_loc``."""
-    nd, npf = plan.num_decode_rows, plan.num_prefill_rows
-    decode_rows = decode_pad or nd
-    fields: dict[str, Prefix | None] = {}
-    fields["non_spec_query_start_loc"] = ("query_start_loc", plan.batch.num_rows + 1)
-    # Decode slots only (padded for a graph), or every slot: decodes first, then prefills.
-    fields["state_indices_tensor"] = ("plain_slot", nd + npf if npf else decode_rows)
-    if nd:
-        fields["state_indices_tensor_d"] = ("plain_slot", decode_rows)
-        fields["has_initial_states_d"] = ("has_plain", decode_rows)
-        fields["query_start_loc_d"] = ("ramp", nd + 1)  # one token per decode row
-    if npf:
-        fields["state_indices_tensor_p"] = ("prefill_slot", npf)
-        fields.update(_prefill_fields(npf))
-    return fields
-
-
-def _prefill_fields(npf: int) -> dict[str, Prefix]:
-    return dict(
-        has_initial_states_p=("has_prefill", npf),
-        num_computed_tokens_p=("computed_prefill", npf),
-        query_start_loc_p=("qsl_p", npf + 1),
-    )
+    plain, spec, tokens, rows = shape_keys(plan)
+    return SeedShape(plain_part(plain) + spec_part(spec) + token_part(tokens), rows)
 
 
 def seed_counts(plan: ExecutionPlan) -> tuple[int, ...]:

@@ -32,7 +32,7 @@ import torch
 from stepplan.planner import ExecutionPlan, Planner, PlannerConfig, layout_capacity
 
 from .bridge import host_only_array, host_step_batch
-from .seed import SeedShape, seed_counts, seed_shape
+from .seed import PartKey, seed_counts, shape_keys
 from .stage import DeviceBuffer, plan_regions
 
 _CACHE_LIMIT = 4096  # entries of a shape-keyed cache; all are let go past it
@@ -47,8 +47,8 @@ class _Step:
         "device_inputs",
         "host_key",
         "index",
+        "keys",
         "plan",
-        "shape",
         "step_id",
     )
 
@@ -56,7 +56,7 @@ class _Step:
         self,
         index: int,
         plan: ExecutionPlan,
-        shape: SeedShape,
+        keys: tuple[PartKey, PartKey, PartKey, int],
         host_key: tuple,
         device_inputs: tuple,
         step_id: Any,
@@ -64,7 +64,7 @@ class _Step:
     ) -> None:
         self.index = index
         self.plan = plan
-        self.shape = shape
+        self.keys = keys
         self.counts = seed_counts(plan)
         self.host_key = host_key
         self.device_inputs = device_inputs
@@ -164,7 +164,7 @@ class StepShare:
         )
         # The last host tensor seen per host field and its numpy view (same memory).
         self._host_views: list[tuple[Any, np.ndarray | None]] = [(None, None), (None, None)]
-        self._last_plan: tuple[tuple, ExecutionPlan, SeedShape] | None = None
+        self._last_plan: tuple[tuple, ExecutionPlan, tuple] | None = None
         self._registered: tuple[tuple[int, int], ...] = ()
         self._cache: dict[tuple, Any] = {}  # seed shapes and placeholders, per step shape
         self._step: _Step | None = None
@@ -280,7 +280,7 @@ class StepShare:
         plan_key = inputs.key[:4]  # the plan does not depend on the accepted counts
         last = self._last_plan
         if last is not None and last[0] == plan_key:  # a pure function of the host data
-            plan, shape = last[1], last[2]
+            plan, keys = last[1], last[2]
         else:
             batch = host_step_batch(
                 inputs.query_start,
@@ -290,17 +290,17 @@ class StepShare:
                 self._placeholders(rows),
             )
             plan = self._planner.compile(batch)
-            shape = self._shape(plan)
-            self._last_plan = (plan_key, plan, shape)
+            keys = self._shape_keys(plan)
+            self._last_plan = (plan_key, plan, keys)
             self.num_compiles += 1
         buffer = self.buffer
-        buffer.stage(plan, shape, inputs.accepted_host)
+        buffer.stage(plan, keys[3], inputs.accepted_host)
         accepted = inputs.accepted_device
         if inputs.accepted_host is not None:
             accepted = buffer.accepted_view(rows)
         buffer.open(m.block_table_tensor, m.seq_lens, accepted, group)
         self.num_steps += 1
-        step = _Step(self.num_steps, plan, shape, inputs.key, device_inputs, step_id, group)
+        step = _Step(self.num_steps, plan, keys, inputs.key, device_inputs, step_id, group)
         self._step = step
         return step
 
@@ -326,31 +326,17 @@ class StepShare:
         self._cache[key] = value
         return value
 
-    def _shape(self, plan: ExecutionPlan) -> SeedShape:
-        """``seed_shape(plan)``, kept per step shape (the counts it is a function of);
-        refuses a step beyond the capacity."""
+    def _shape_keys(self, plan: ExecutionPlan) -> tuple[PartKey, PartKey, PartKey, int]:
+        """``shape_keys(plan)``; refuses a step beyond the builder's capacity."""
         self._check_capacity(plan)
-        live = plan.num_rows
-        key = (
-            plan.num_spec_rows,
-            plan.num_decode_rows,
-            live,
-            plan.num_spec_decode_tokens,
-            plan.num_tokens,
-            plan.batch.num_rows,
-            plan.layout.num_rows,
-        )
-        shape = self._cache.get(key)
-        if shape is None:
-            shape = seed_shape(plan)
-            rows = self.buffer.regions.rows
-            if shape.gather_rows > rows:
-                raise ValueError(
-                    f"common_attn_metadata: the step's {shape.gather_rows} rows exceed the "
-                    f"builder's {rows} (raise max_num_reqs)"
-                )
-            self._remember(key, shape)
-        return shape
+        keys = shape_keys(plan)
+        rows = self.buffer.regions.rows
+        if keys[3] > rows:
+            raise ValueError(
+                f"common_attn_metadata: the step's {keys[3]} rows exceed the builder's "
+                f"{rows} (raise max_num_reqs)"
+            )
+        return keys
 
     def _check_capacity(self, plan: ExecutionPlan) -> None:
         too_many_tokens = plan.num_tokens > self.buffer.regions.num_tokens

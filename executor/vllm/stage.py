@@ -25,7 +25,7 @@ from stepplan.planner.layout import FIELD_INDEX
 
 from ..upload import StagingRing
 from . import door, gather
-from .seed import ARRAY_FIELDS, SLOT_SOURCES, SOURCE_DTYPES, Prefix, SeedShape
+from .seed import SLOT_SOURCES, SOURCE_DTYPES, PartKey, Prefix, plain_part, spec_part, token_part
 
 _CACHE_LIMIT = 4096  # entries of a shape-keyed cache; all are let go past it
 #: Marks a field that is the engine's own ``query_start_loc`` (filled in per build).
@@ -44,16 +44,9 @@ _PLAN_FIELDS = (
 #: Where the kernels find each source (header word, region, unit: 4 bytes per word,
 #: 1 int32 per word, 1/2 int64 per word).
 _PLAN_FIELD_INDEX = tuple(FIELD_INDEX[field] for _, field in _PLAN_FIELDS)
-#: The fields whose source is a layer group's slots (the rest every group shares).
-_SLOT_FIELDS = tuple(
-    ARRAY_FIELDS.index(name)
-    for name in (
-        "state_indices_tensor",
-        "state_indices_tensor_d",
-        "state_indices_tensor_p",
-        "spec_state_indices_tensor",
-    )
-)
+#: The seed's three parts of fields: how each is made from its key, and which of its
+#: fields are a layer group's slots (the others every group shares).
+_PARTS = ((plain_part, (0, 1, 2)), (spec_part, (1,)), (token_part, ()))
 #: A step's header words, packed straight into the entry (a third of numpy's time).
 _STEP_HEADER = struct.Struct(f"<{door.STEP_WORDS}i")
 _SOURCE_WORDS = (
@@ -186,7 +179,7 @@ class DeviceBuffer:
     # --- a step ----------------------------------------------------------------------
 
     def stage(
-        self, plan: ExecutionPlan, shape: SeedShape, accepted_host: np.ndarray | None
+        self, plan: ExecutionPlan, gather_rows: int, accepted_host: np.ndarray | None
     ) -> None:
         """Write a step: its header words, the plan, and accepted counts given on the host
         (``[num_reqs]``; their device view is :meth:`accepted_view`)."""
@@ -200,7 +193,7 @@ class DeviceBuffer:
             entry,
             0,
             plan.layout.num_rows,
-            shape.gather_rows,
+            gather_rows,
             ns,
             ns + nd,
             live,
@@ -265,26 +258,28 @@ class DeviceBuffer:
 
     # --- views -----------------------------------------------------------------------
 
-    def views(self, shape: SeedShape, group: int) -> tuple[Any, ...]:
+    def views(self, keys: tuple[PartKey, PartKey, PartKey, int], group: int) -> tuple[Any, ...]:
         """Per :data:`~.seed.ARRAY_FIELDS` entry, its device view for ``group``, ``None``, or
-        :data:`PASS_THROUGH`; kept per shape and group (the fields of the other sources
-        once per shape), and each view per prefix."""
-        found = self._cache.get((shape, group))
-        if found is None:
-            found = list(self._cache.get((shape, None)) or self._shared_views(shape))
-            for index in _SLOT_FIELDS:
-                place = shape.fields[index]
-                if place is not None:
-                    found[index] = self._prefix(place, group)
-            found = self._remember((shape, group), tuple(found))
-        return found
+        :data:`PASS_THROUGH`, for a step of these part keys (:func:`~.seed.shape_keys`):
+        each part's views kept per key (and group), so a step of new token counts makes
+        only its two token lists' views."""
+        cache, views = self._cache, ()
+        for number, (part, slot_fields) in enumerate(_PARTS):
+            key = (number, keys[number], group if slot_fields else 0)
+            found = cache.get(key)
+            if found is None:
+                found = self._remember(
+                    key, self._part_views(part(keys[number]), group, slot_fields)
+                )
+            views += found
+        return views
 
-    def _shared_views(self, shape: SeedShape) -> tuple[Any, ...]:
-        views = tuple(
-            None if place is None or index in _SLOT_FIELDS else self._prefix(place, 0)
-            for index, place in enumerate(shape.fields)
+    def _part_views(self, fields: tuple, group: int, slot_fields: tuple[int, ...]) -> tuple:
+        """The views of one part's fields, the slot fields ``group``'s."""
+        return tuple(
+            None if place is None else self._prefix(place, group if index in slot_fields else 0)
+            for index, place in enumerate(fields)
         )
-        return self._remember((shape, None), views)
 
     def _prefix(self, place: Prefix, group: int) -> Any:
         """``place`` as a view of the buffer (of ``group``'s slots, for a slot source)."""
