@@ -26,7 +26,7 @@ from stepplan.executor.vllm import (
     host_array,
     plan_from_common_metadata,
 )
-from stepplan.planner import PlannerConfig, StepBatch, compile_plan
+from stepplan.planner import PlanError, PlannerConfig, StepBatch, compile_plan
 
 
 def full_plan(step, config):
@@ -73,7 +73,7 @@ def test_device_only_tensors_refuse_every_host_read():
         )
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=400, deadline=None)
 @given(
     seed=st.integers(0, 2**32 - 1),
     rows=st.integers(1, 40),
@@ -311,6 +311,26 @@ def test_bad_input_is_one_clear_error():
         PlanMetadataBuilder(CONFIGS[1], "cpu", share=share)
     with pytest.raises(ValueError, match="set them on the StepShare"):
         PlanMetadataBuilder(config, "cpu", share=share, max_num_tokens=64)
+
+
+def test_bad_host_data_is_refused_naming_the_field():
+    config = CONFIGS[0]
+    builder = PlanMetadataBuilder(config, "cpu", max_num_tokens=2048)
+    step = random_step(np.random.default_rng(3), 6, 4, (1, 1, 1, 0))
+    m, drafts = step.metadata("cpu"), step.host_drafts()
+    short = attrs.evolve(m, query_start_loc_cpu=m.query_start_loc_cpu[:-2])
+    with pytest.raises(ValueError, match=r"query_start_loc_cpu: \d+ entries, num_reqs \+ 1 ="):
+        builder.build(0, short, num_decode_draft_tokens_cpu=drafts)
+    with pytest.raises(ValueError, match=r"num_decode_draft_tokens_cpu: \d+ entries, num_reqs ="):
+        builder.build(0, m, num_decode_draft_tokens_cpu=drafts[:-1])
+    backwards = m.query_start_loc_cpu.clone()
+    backwards[2] = backwards[1] - 1  # row 1 would have a negative length
+    with pytest.raises(PlanError, match=r"^query_lens\[1\]: must be >= 0"):
+        builder.build(0, attrs.evolve(m, query_start_loc_cpu=backwards))
+    wrong = drafts.clone()
+    wrong[step.drafts.argmax()] += 1  # a spec row whose drafts do not match its tokens
+    with pytest.raises(PlanError, match=r"^query_lens\[\d+\]: spec row must schedule"):
+        builder.build(0, m, num_decode_draft_tokens_cpu=wrong)
 
 
 def test_host_fields_must_be_on_the_host():
