@@ -159,7 +159,7 @@ def test_direct_launches_write_what_triton_launches_write():
 
 # --- the kernels over the builder's plan buffer ------------------------------------------
 
-CHANNELS, TAPS, DILATION, SLOTS, LAYERS = 96, 4, 3, 80, 2
+CHANNELS, TAPS, DILATION, SLOTS, LAYERS = 200, 4, 3, 80, 2
 GRAPH_CONFIG = PlannerConfig(
     num_spec_tokens=3,
     graph_mode="mixed",
