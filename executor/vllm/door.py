@@ -27,7 +27,6 @@ half, and the specification the kernels are tested against.
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 import triton
 import triton.language as tl
@@ -402,11 +401,3 @@ def open_step(
 def group_slots(words: torch.Tensor, table: torch.Tensor, group: int) -> None:
     """:meth:`Launcher.group_slots` through Triton on buffer ``words``."""
     _group_slots[(1,)](words, table, table.stride(0), group, BLOCK=_BLOCK, num_warps=4)
-
-
-def copy_chunks(entry: np.ndarray, words: np.ndarray) -> None:
-    """What :func:`_open_step` copies first: the entry's ranges its header lists."""
-    table = HEADER["chunk_table"]
-    for chunk in range(int(entry[HEADER["chunks"]])):
-        start, length = (int(v) for v in entry[table + 2 * chunk : table + 2 * chunk + 2])
-        words[start : start + length] = entry[start : start + length]
