@@ -228,9 +228,18 @@ class StagingRing:
         if arrays is None:
             arrays = self._plan_views(packed.size)
         np.copyto(arrays[index], packed)
+        return self.stamp(index, packed.size)
+
+    def stamp(self, index: int, word: int) -> int:
+        """Write a fresh ticket into word ``word`` of entry ``index`` (claimed, its data
+        written in place through :meth:`host_int32`); returns the ticket.
+
+        Whatever reads the entry next must copy that word back into :meth:`done_word`
+        once its reads are over: until then :meth:`claim` does not hand the entry out.
+        """
         ticket = self._ticket % _TICKET_LIMIT + 1
         self._ticket = ticket
-        self._entry_arrays[index][packed.size] = ticket
+        self._entry_arrays[index][word] = ticket
         self._issued[index] = ticket
         return ticket
 

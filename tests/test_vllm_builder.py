@@ -1,4 +1,6 @@
-"""The vLLM builder drop-in: device fields equal ``seed_view`` of the plan, at fixed addresses."""
+"""The vLLM builder drop-in: the seed's fields exactly, from host data alone, one compile per
+step for every layer group (the device half runs as torch operations on the CPU; its
+Triton kernels are checked against them in ``test_vllm_door.py``)."""
 
 from __future__ import annotations
 
@@ -8,158 +10,386 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from vllm_cases import (
+    CONFIGS,
+    WEIGHTS,
+    HostReadError,
+    assert_seed_exact,
+    device_only,
+    expected,
+    random_step,
+)
 
 from stepplan.executor.vllm import (
-    BOOL_FIELDS,
-    INT32_FIELDS,
     PlanMetadataBuilder,
+    StepShare,
+    host_array,
     plan_from_common_metadata,
-    seed_view,
 )
-from stepplan.planner import PlannerConfig
+from stepplan.planner import PlanError, PlannerConfig, StepBatch, compile_plan
 
 
-@attrs.frozen
-class FakeCommonMetadata:
-    """The fields of vLLM's ``CommonAttentionMetadata`` the planner reads."""
-
-    query_start_loc_cpu: torch.Tensor
-    query_start_loc: torch.Tensor
-    seq_lens: torch.Tensor
-    block_table_tensor: torch.Tensor
-    num_reqs: int
-    num_actual_tokens: int
-    num_computed: torch.Tensor
-
-    def compute_num_computed_tokens(self) -> torch.Tensor:
-        return self.num_computed
-
-
-def fake_metadata(query_lens, computed, slots, extra_tokens=0, device="cpu"):
-    starts = torch.tensor(np.concatenate([[0], np.cumsum(query_lens)]), dtype=torch.int32)
-    computed = torch.tensor(computed, dtype=torch.int32)
-    table = torch.tensor(np.stack([slots, np.zeros_like(slots)], axis=1), dtype=torch.int32)
-    return FakeCommonMetadata(
-        query_start_loc_cpu=starts,
-        query_start_loc=starts.to(device),
-        seq_lens=(computed + torch.diff(starts)).to(device),
-        block_table_tensor=table.to(device),
-        num_reqs=len(query_lens),
-        num_actual_tokens=int(sum(query_lens)) + extra_tokens,
-        num_computed=computed.to(device),
+def full_plan(step, config):
+    """The oracle: the plan compiled from every field on the host, all groups' slots."""
+    batch = StepBatch(
+        query_lens=step.q,
+        num_computed_tokens=step.computed,
+        slots=np.where(step.q > 0, step.slots, 0),
+        num_draft_tokens=step.drafts if config.num_spec_tokens else np.full(len(step.q), -1),
+        num_accepted_tokens=step.accepted,
+        num_padded_tokens=int(step.q.sum()) + step.extra_tokens,
+        allow_null_slots=True,
     )
+    return compile_plan(batch, config)
 
 
-def random_step(rng: np.random.Generator, rows: int, q_max: int, weights=(7, 6, 4, 3)):
-    """Metadata plus spec info for random rows of the kinds (spec, decode, prefill, padding)."""
-    kinds = rng.choice(4, size=rows, p=np.array(weights) / sum(weights))
-    q = np.choose(
-        kinds, [1 + rng.integers(0, q_max, rows), np.ones(rows, int), rng.integers(2, 30, rows), 0]
-    )
-    computed = np.where(kinds == 0, 1, 0) + rng.integers(0, 30, rows) * (rng.random(rows) < 0.6)
-    slots = np.where(kinds == 3, 0, rng.permutation(np.arange(1, rows + 1)))
-    drafts = torch.tensor(np.where(kinds == 0, q - 1, -1), dtype=torch.int32)
-    accepted = torch.tensor(rng.integers(1, q_max + 1, rows), dtype=torch.int32)
-    m = fake_metadata(q, np.where(kinds == 3, 0, computed), slots, int(rng.integers(0, 5)))
-    return m, accepted, drafts
+def test_device_only_tensors_refuse_every_host_read():
+    """The tests' device tensors fail when read on the host, and the old reading fails."""
+    t = device_only(torch.arange(4, dtype=torch.int32), "cpu")
+    reads = [
+        t.cpu,
+        t.numpy,
+        t.tolist,
+        lambda: t[0].item(),
+        lambda: np.asarray(t),
+        lambda: int(t[0]),
+        lambda: bool(t[0]),
+        lambda: t.to("cpu"),
+        lambda: repr(t),
+        lambda: host_array(t),
+    ]
+    for read in reads:
+        with pytest.raises(HostReadError):
+            read()
+    doubled = t.index_select(0, torch.tensor([1, 3])) * 2  # device operations run
+    assert torch.equal(doubled.as_subclass(torch.Tensor), torch.tensor([2, 6], dtype=torch.int32))
+    step = random_step(np.random.default_rng(0), 5, 4, (1, 1, 1, 0))
+    with pytest.raises(HostReadError):
+        plan_from_common_metadata(
+            step.metadata("cpu"),
+            num_accepted_tokens=step.device_accepted("cpu"),
+            num_decode_draft_tokens_cpu=step.host_drafts(),
+            config=CONFIGS[0],
+        )
 
 
-def assert_matches_seed_view(md, want: dict) -> None:
-    for name, value in want.items():
-        got = getattr(md, name)
-        if value is None or isinstance(value, int):
-            assert got == value, name
-            continue
-        assert got is not None, name
-        assert got.dtype == (torch.bool if value.dtype == np.bool_ else torch.int32), name
-        np.testing.assert_array_equal(got.cpu().numpy(), value, err_msg=name)
-
-
-CONFIGS = [
-    PlannerConfig(num_spec_tokens=3, graph_mode=mode, max_num_seqs=64)
-    for mode in ("full", "mixed", "none")
-] + [PlannerConfig(num_spec_tokens=0, graph_mode="full", max_num_seqs=64)]
-
-
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=400, deadline=None)
 @given(
     seed=st.integers(0, 2**32 - 1),
     rows=st.integers(1, 40),
     config=st.sampled_from(CONFIGS),
-    weights=st.sampled_from([(1, 0, 0, 0), (1, 0, 0, 1), (0, 1, 0, 0), (7, 6, 4, 3)]),
+    weights=WEIGHTS,
 )
-def test_build_equals_seed_view_of_the_plan(seed, rows, config, weights):
+def test_build_is_seed_exact_from_host_data_alone(seed, rows, config, weights):
+    """Every field as the seed's rules give it, with device inputs never read on the host;
+    the device plan equals the plan compiled with every field read on the host."""
     rng = np.random.default_rng(seed)
-    m, accepted, drafts = random_step(rng, rows, config.query_len_max, weights)
-    if config.num_spec_tokens == 0:
-        accepted, drafts = None, None
+    step = random_step(rng, rows, config.query_len_max, weights)
+    if not (step.q > 0).any():
+        return  # no live row: the seed refuses such a step (an assert)
     builder = PlanMetadataBuilder(config, "cpu", max_num_tokens=2048)
-    md = builder.build(0, m, num_accepted_tokens=accepted, num_decode_draft_tokens_cpu=drafts)
-    plan = plan_from_common_metadata(
-        m,
-        # The planner reads accepted counts on spec rows only (and wants int32 ones otherwise).
-        num_accepted_tokens=np.ones(rows, np.int32) if accepted is None else accepted,
-        num_decode_draft_tokens_cpu=drafts,
-        config=config,
+    m, drafts = step.metadata("cpu"), step.host_drafts()
+    md = builder.build(
+        0, m, num_accepted_tokens=step.device_accepted("cpu"), num_decode_draft_tokens_cpu=drafts
     )
-    assert md.plan == plan
-    assert_matches_seed_view(md, seed_view(plan))
-    np.testing.assert_array_equal(md.plan_buffer.numpy(), plan.packed)
-    assert md.query_start_loc is m.query_start_loc and md.seq_lens is m.seq_lens
+    assert_seed_exact(md, expected(step, config), m, drafts, "cpu")
+    np.testing.assert_array_equal(md.plan_buffer.numpy(), full_plan(step, config).packed)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    rows=st.integers(1, 32),
+    config=st.sampled_from(CONFIGS),
+    trailing=st.integers(0, 3),
+)
+def test_capture_build_is_seed_exact(seed, rows, config, trailing):
+    """``build_for_cudagraph_capture``: uniform rows, every row a fully accepted spec row
+    when the config speculates (trailing zero-length rows stay padding)."""
+    rng = np.random.default_rng(seed)
+    spec = config.num_spec_tokens > 0
+    q = rng.integers(1, config.query_len_max + 1, rows) if spec else np.ones(rows, int)
+    q = np.concatenate([q, np.zeros(trailing, int)]).astype(np.int32)
+    drawn = random_step(rng, len(q), config.query_len_max, (1, 0, 0, 0))
+    slots = np.where(q > 0, drawn.slots[:, : len(q)], -1)
+    step = type(drawn)(q, drawn.computed[: len(q)], slots, q - 1, q, 0)
+    builder = PlanMetadataBuilder(config, "cpu", max_num_tokens=2048)
+    m = step.metadata("cpu")
+    if len(q) > builder.decode_cudagraph_max_bs or q.sum() > builder.decode_cudagraph_max_tokens:
+        with pytest.raises(ValueError, match="full graphs are captured for at most"):
+            builder.build_for_cudagraph_capture(m)
+        return
+    md = builder.build_for_cudagraph_capture(m)
+    want = expected(step, config, capture=True)
+    drafts = md.num_decode_draft_tokens_cpu
+    if spec:
+        assert drafts.dtype == torch.int32 and drafts.tolist() == (q - 1).tolist()
+    else:
+        assert drafts is None
+    assert_seed_exact(md, want, m, drafts, "cpu")
+
+
+def make_builders(config, groups, **share_options):
+    share = StepShare(config, "cpu", num_groups=groups, max_num_tokens=2048, **share_options)
+    return share, [PlanMetadataBuilder(config, "cpu", share=share, group=g) for g in range(groups)]
+
+
+def build_step(builders, step, **options):
+    """Every group's build of one step, each with its own block table (as vLLM hands them)."""
+    drafts, accepted = step.host_drafts(), step.device_accepted("cpu")
+    first = step.metadata("cpu")
+    results = []
+    for group, builder in enumerate(builders):
+        m = step.metadata("cpu", group)
+        # The shared fields are the first group's objects; vLLM may also slice them anew.
+        m = type(m)(
+            first.query_start_loc_cpu,
+            first.query_start_loc,
+            first.seq_lens,
+            m.block_table_tensor,
+            m.num_reqs,
+            m.num_actual_tokens,
+        )
+        md = builder.build(
+            0, m, num_accepted_tokens=accepted, num_decode_draft_tokens_cpu=drafts, **options
+        )
+        results.append((md, m, drafts))
+    return results
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), groups=st.integers(2, 4), config=st.sampled_from(CONFIGS))
+def test_one_compile_serves_every_group_of_a_step(seed, groups, config):
+    rng = np.random.default_rng(seed)
+    share, builders = make_builders(config, groups)
+    compiles = []
+    compile_plan_ = share._planner.compile
+    share._planner.compile = lambda batch: compiles.append(1) or compile_plan_(batch)
+    for _ in range(3):
+        step = random_step(
+            rng, int(rng.integers(1, 30)), config.query_len_max, (7, 6, 4, 3), groups
+        )
+        if not (step.q > 0).any():
+            continue
+        results = build_step(builders, step)
+        assert len(compiles) == share.num_compiles <= share.num_steps
+        assert {md.step for md, _, _ in results} == {share.num_steps}
+        for group, (md, _, _) in enumerate(results):
+            assert md.plan is results[0][0].plan and md.group == group
+        for group, (md, m, drafts) in enumerate(results):  # each group keeps its own slots
+            assert_seed_exact(md, expected(step, config, group), m, drafts, "cpu")
+        np.testing.assert_array_equal(
+            results[-1][0].plan_buffer.numpy(), full_plan(step, config).packed
+        )
+    assert len(compiles) <= 3
+
+
+def test_a_step_is_recognized_by_its_inputs():
+    config = CONFIGS[0]
+    share, builders = make_builders(config, 2)
+    step = random_step(np.random.default_rng(3), 12, 4, (7, 6, 4, 3), 2)
+    build_step(builders, step)
+    assert share.num_steps == 1
+    build_step(builders, step)  # the same inputs again: group 0 built already, so a new step
+    assert share.num_steps == 2
+    first = step.metadata("cpu")
+    drafts, accepted = step.host_drafts(), step.device_accepted("cpu")
+    kwargs = dict(num_accepted_tokens=accepted, num_decode_draft_tokens_cpu=drafts)
+    builders[0].build(0, first, **kwargs)
+    assert share.num_steps == 3
+    # A fresh view of the same memory (vLLM slicing its buffers anew per group) is the step's.
+    resliced = type(first)(
+        first.query_start_loc_cpu.clone(),
+        first.query_start_loc[:],
+        first.seq_lens[:],
+        step.metadata("cpu", 1).block_table_tensor,
+        first.num_reqs,
+        first.num_actual_tokens,
+    )
+    builders[1].build(
+        0, resliced, num_accepted_tokens=accepted[:], num_decode_draft_tokens_cpu=drafts
+    )
+    assert share.num_steps == 3
+    # Other device memory, or other host values, make a new step.
+    builders[0].build(0, first, **kwargs)
+    other = type(first)(*[getattr(first, n) for n in ("query_start_loc_cpu", "query_start_loc")],
+                        first.seq_lens.clone(), *[getattr(first, n) for n in
+                        ("block_table_tensor", "num_reqs", "num_actual_tokens")])  # fmt: skip
+    builders[1].build(0, other, **kwargs)
+    assert share.num_steps == 5
+    builders[0].build(0, first, **kwargs)
+    first.query_start_loc_cpu[-1] += 1  # changed in place between two groups' builds
+    first.query_start_loc_cpu[-1] -= 1
+    builders[1].build(
+        0, first, num_accepted_tokens=accepted, num_decode_draft_tokens_cpu=drafts + 0
+    )
+    assert share.num_steps == 6  # equal contents: still the step
+    share.new_step()
+    builders[1].build(0, first, **kwargs)
+    assert share.num_steps == 7
+
+
+def test_step_ids_make_steps_explicit():
+    config = CONFIGS[0]
+    share, builders = make_builders(config, 3)
+    rng = np.random.default_rng(5)
+    step = random_step(rng, 10, 4, (7, 6, 4, 3), 3)
+    build_step(builders, step, step_id=7)
+    assert share.num_steps == 1
+    build_step(builders[:1], step, step_id=8)
+    assert share.num_steps == 2
+    other = random_step(rng, 9, 4, (7, 6, 4, 3), 3)
+    m = other.metadata("cpu", 1)
+    with pytest.raises(ValueError, match="step_id 8: a further layer group got other inputs"):
+        builders[1].build(
+            0,
+            m,
+            num_accepted_tokens=other.device_accepted("cpu"),
+            num_decode_draft_tokens_cpu=other.host_drafts(),
+            step_id=8,
+        )
 
 
 def test_fields_keep_their_addresses_across_steps():
-    """A CUDA graph captured over one step's metadata reads the next step's values."""
+    """A CUDA graph captured over one step's metadata reads the next step's values: the
+    plan and the fields the seed keeps in persistent buffers for its graphs (pure spec,
+    pure decode batches) stay where they were."""
     config = CONFIGS[0]
     builder = PlanMetadataBuilder(config, "cpu", max_num_tokens=2048)
     rng = np.random.default_rng(7)
+    persistent = {
+        (1, 0, 0, 1): ("spec_state_indices_tensor", "num_accepted_tokens",
+                       "spec_query_start_loc", "spec_sequence_masks"),
+        (0, 1, 0, 0): ("has_initial_states_d", "state_indices_tensor_d"),
+        (7, 6, 4, 3): (),
+    }  # fmt: skip
     seen: dict[str, int] = {}
-    for rows in (30, 4, 17, 1):
-        m, accepted, drafts = random_step(rng, rows, config.query_len_max)
-        md = builder.build(0, m, num_accepted_tokens=accepted, num_decode_draft_tokens_cpu=drafts)
-        for name in (*INT32_FIELDS, *BOOL_FIELDS, "plan_buffer"):
-            tensor = getattr(md, name)
-            if tensor is not None and tensor.numel():  # an empty view has no address
-                assert seen.setdefault(name, tensor.data_ptr()) == tensor.data_ptr(), name
-    assert len(seen) == len(INT32_FIELDS) + len(BOOL_FIELDS) + 1
+    for rows in (30, 4, 17, 1, 25, 8):
+        for weights, names in persistent.items():
+            step = random_step(rng, rows, 4, weights)
+            md = builder.build(
+                0,
+                step.metadata("cpu"),
+                num_accepted_tokens=step.device_accepted("cpu"),
+                num_decode_draft_tokens_cpu=step.host_drafts(),
+            )
+            for name in ("plan_buffer", *names):
+                address = getattr(md, name).data_ptr()
+                assert seen.setdefault(name, address) == address, name
+    assert len(seen) == 7
 
 
-def test_build_for_cudagraph_capture_treats_rows_as_fully_accepted_spec_rows():
-    config = PlannerConfig(num_spec_tokens=3, graph_mode="full", max_num_seqs=8)
-    builder = PlanMetadataBuilder(config, "cpu")
-    m = fake_metadata(np.full(8, 4), np.full(8, 5), np.arange(1, 9))
-    md = builder.build_for_cudagraph_capture(m)
-    plan = plan_from_common_metadata(
-        m,
-        num_accepted_tokens=np.full(8, 4),
-        num_decode_draft_tokens_cpu=np.full(8, 3),
-        config=config,
-    )
-    assert md.num_spec_decodes == 8 and md.plan.graph is not None
-    assert_matches_seed_view(md, seed_view(plan))
-    too_many = fake_metadata(np.full(9, 4), np.full(9, 5), np.arange(1, 10))
-    with pytest.raises(ValueError, match="at most 8 requests and 32 tokens, got 9 and 36"):
-        builder.build_for_cudagraph_capture(too_many)
+def test_accepted_counts_may_come_from_the_host():
+    config = CONFIGS[0]
+    step = random_step(np.random.default_rng(11), 20, 4, (7, 6, 4, 3))
+    builder = PlanMetadataBuilder(config, "cpu", max_num_tokens=2048)
+    m, drafts = step.metadata("cpu"), step.host_drafts()
+    md = builder.build(0, m, num_accepted_tokens=step.accepted, num_decode_draft_tokens_cpu=drafts)
+    assert_seed_exact(md, expected(step, config), m, drafts, "cpu")
+    np.testing.assert_array_equal(md.plan_buffer.numpy(), full_plan(step, config).packed)
 
 
-def test_build_for_cudagraph_capture_without_speculation_is_a_decode_batch():
-    config = PlannerConfig(num_spec_tokens=0, graph_mode="full", max_num_seqs=8)
-    builder = PlanMetadataBuilder(config, "cpu")
-    md = builder.build_for_cudagraph_capture(
-        fake_metadata(np.ones(5), np.full(5, 2), [1, 2, 3, 4, 5])
-    )
-    assert md.num_decodes == 5 and md.num_spec_decodes == 0
-    assert md.state_indices_tensor_d.tolist() == [1, 2, 3, 4, 5, 0, 0, 0]
-
-
-def test_capacity_is_checked_with_a_clear_error():
+def test_bad_input_is_one_clear_error():
     config = PlannerConfig(num_spec_tokens=3, graph_mode="none", max_num_seqs=4, graph_sizes=[4])
     builder = PlanMetadataBuilder(config, "cpu", max_num_tokens=16)
-    m = fake_metadata(np.ones(5), np.zeros(5), [1, 2, 3, 4, 5])
-    with pytest.raises(ValueError, match="num_reqs: 5 exceeds the builder's max_num_reqs = 4"):
-        builder.build(0, m)
-    long = fake_metadata(np.array([100]), np.zeros(1), [1])
+    rng = np.random.default_rng(1)
+    step = random_step(rng, 5, 4, (0, 1, 0, 0))
+    with pytest.raises(ValueError, match=r"num_reqs: .* exceeds the builder's max_num_reqs = 4"):
+        builder.build(0, step.metadata("cpu"))
+    long = random_step(rng, 1, 4, (0, 0, 1, 0))
+    long = type(long)(np.array([100], np.int32), *[getattr(long, n) for n in
+                      ("computed", "slots", "drafts", "accepted")], 0)  # fmt: skip
     with pytest.raises(ValueError, match="raise max_num_tokens"):
-        builder.build(0, long)
-    md = builder.build(0, fake_metadata(np.array([3, 1]), np.array([0, 2]), [2, 1]))
-    assert md.num_prefills == 1 and md.state_indices_tensor.tolist() == [1, 2]
+        builder.build(0, long.metadata("cpu"))
+    share = StepShare(config, "cpu", num_groups=2)
+    PlanMetadataBuilder(config, "cpu", share=share, group=1)
+    with pytest.raises(ValueError, match="group: 1 already has a builder"):
+        PlanMetadataBuilder(config, "cpu", share=share, group=1)
+    with pytest.raises(ValueError, match=r"group: must be in 0\.\.1, got 2"):
+        PlanMetadataBuilder(config, "cpu", share=share, group=2)
+    with pytest.raises(ValueError, match="share: was made for another PlannerConfig"):
+        PlanMetadataBuilder(CONFIGS[1], "cpu", share=share)
+    with pytest.raises(ValueError, match="set them on the StepShare"):
+        PlanMetadataBuilder(config, "cpu", share=share, max_num_tokens=64)
+
+
+def test_bad_host_data_is_refused_naming_the_field():
+    config = CONFIGS[0]
+    builder = PlanMetadataBuilder(config, "cpu", max_num_tokens=2048)
+    step = random_step(np.random.default_rng(3), 6, 4, (1, 1, 1, 0))
+    m, drafts = step.metadata("cpu"), step.host_drafts()
+    short = attrs.evolve(m, query_start_loc_cpu=m.query_start_loc_cpu[:-2])
+    with pytest.raises(ValueError, match=r"query_start_loc_cpu: \d+ entries, num_reqs \+ 1 ="):
+        builder.build(0, short, num_decode_draft_tokens_cpu=drafts)
+    with pytest.raises(ValueError, match=r"num_decode_draft_tokens_cpu: \d+ entries, num_reqs ="):
+        builder.build(0, m, num_decode_draft_tokens_cpu=drafts[:-1])
+    backwards = m.query_start_loc_cpu.clone()
+    backwards[2] = backwards[1] - 1  # row 1 would have a negative length
+    with pytest.raises(PlanError, match=r"^query_lens\[1\]: must be >= 0"):
+        builder.build(0, attrs.evolve(m, query_start_loc_cpu=backwards))
+    wrong = drafts.clone()
+    wrong[step.drafts.argmax()] += 1  # a spec row whose drafts do not match its tokens
+    with pytest.raises(PlanError, match=r"^query_lens\[\d+\]: spec row must schedule"):
+        builder.build(0, m, num_decode_draft_tokens_cpu=wrong)
+
+
+def test_host_fields_must_be_on_the_host():
+    """Tensors the builder reads on the host must be there (a meta tensor stands in for a
+    device one: reading it fails as reading a device one would wait)."""
+    config = CONFIGS[0]
+    builder = PlanMetadataBuilder(config, "cpu", max_num_tokens=2048)
+    step = random_step(np.random.default_rng(2), 6, 4, (1, 1, 0, 0))
+    m = step.metadata("cpu")
+    on_device = step.host_drafts().to("meta")
+    with pytest.raises(ValueError, match="num_decode_draft_tokens_cpu: must be on the host, got a"):
+        builder.build(0, m, num_decode_draft_tokens_cpu=on_device)
+    bad = attrs.evolve(m, query_start_loc_cpu=m.query_start_loc_cpu.to("meta"))
+    with pytest.raises(ValueError, match="query_start_loc_cpu: must be on the host, got a tensor"):
+        builder.build(0, bad)
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), config=st.sampled_from(CONFIGS))
+def test_registered_block_tables_spare_the_further_launches(seed, config):
+    """With the engine's tables registered, the opening launch gathers every group's
+    slots: the further builds launch nothing and their fields are still the seed's."""
+    rng = np.random.default_rng(seed)
+    share, builders = make_builders(config, 3)
+    persistent = [device_only(torch.zeros(64, 2, dtype=torch.int32), "cpu") for _ in range(3)]
+    share.register_block_tables(persistent)
+    launches = []
+    slots = share.buffer.slots
+    share.buffer.slots = lambda table, group: launches.append(group) or slots(table, group)
+    for _ in range(3):
+        step = random_step(rng, int(rng.integers(1, 30)), config.query_len_max, (7, 6, 4, 3), 3)
+        rows = len(step.q)
+        for group, table in enumerate(persistent):  # the engine's copy into its tables
+            table[:rows, 0] = torch.from_numpy(step.slots[group])
+        first = step.metadata("cpu")
+        drafts, accepted = step.host_drafts(), step.device_accepted("cpu")
+        for group, builder in enumerate(builders):
+            m = attrs.evolve(first, block_table_tensor=persistent[group][:rows])
+            md = builder.build(
+                0, m, num_accepted_tokens=accepted, num_decode_draft_tokens_cpu=drafts
+            )
+            if (step.q > 0).any():
+                assert_seed_exact(md, expected(step, config, group), m, drafts, "cpu")
+        assert launches == []
+    other = attrs.evolve(first, block_table_tensor=step.metadata("cpu", 1).block_table_tensor)
+    kwargs = dict(num_accepted_tokens=accepted, num_decode_draft_tokens_cpu=drafts)
+    builders[0].build(0, attrs.evolve(first, block_table_tensor=persistent[0][:rows]), **kwargs)
+    md = builders[1].build(0, other, **kwargs)  # not its registered table: its own launch
+    assert launches == [1]
+    if (step.q > 0).any():
+        assert_seed_exact(md, expected(step, config, 1), other, drafts, "cpu")
+    with pytest.raises(ValueError, match=r"tables\[0\]: must be a 2-D int32 tensor"):
+        share.register_block_tables([torch.zeros(4, dtype=torch.int32)])
+
+
+def test_metadata_fields_come_in_the_seed_rules_order():
+    """The builder fills PlanMetadata by position: counts, then the seed's array fields."""
+    from stepplan.executor.vllm import ARRAY_FIELDS, COUNT_FIELDS, PlanMetadata
+
+    fields = PlanMetadata._fields
+    assert fields[: len(COUNT_FIELDS) + len(ARRAY_FIELDS)] == COUNT_FIELDS + ARRAY_FIELDS
+    assert fields[-7:] == tuple(name for name in fields if name not in fields[:-7])[-7:]

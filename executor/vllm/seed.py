@@ -1,26 +1,123 @@
 """A plan laid out as the seed builder's ``PleShortConvAttentionMetadata`` fields.
 
-``seed_view`` gives engine code written against the seed's metadata the same
-fields from a plan, graph padding included, so it reads a plan unchanged.
+One set of rules, two ways to fill them in. :func:`seed_shape` says, for each array field
+of the seed's metadata, whether the seed sets it and, if so, which *source* it is the
+first ``length`` entries of (a source is one array: the slots of the spec rows, the
+query starts of the prefill rows, ...; every field is a prefix of one, so a builder
+keeps one view per source and length). :func:`seed_view` fills the sources from a
+complete host plan (numpy arrays); the drop-in builder (:mod:`.builder`) has its kernel
+fill them on the device (:mod:`.door`), so every field is a view of its persistent
+device buffer.
+
+The row sources follow the plan's group-ordered rows ``[spec | decode | prefill]`` and
+then padding rows, as far as the longest field needs (the seed pads uniform batches
+for its CUDA graphs, SPEC §3.4): the ``spec`` ones from the first row, the ``plain``
+ones from the first decode row, the ``prefill`` ones from the first prefill row. Where
+the seed indexes by position and the engine's order is not grouped (a zero-length row
+between spec rows), the rules take the by-mask value of SPEC §3.1 instead of the
+seed's positional one; vLLM pads at the end, where the two agree.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import attrs
 import numpy as np
 
-from stepplan.planner import ExecutionPlan, PlannerConfig
+from stepplan.planner import SPEC, ExecutionPlan, PlannerConfig
 
-#: Seed fields set only where a step has spec rows.
+#: The seed's array fields of its decode and prefill rows (and ``state_indices_tensor``).
+PLAIN_FIELDS = (
+    "state_indices_tensor",
+    "state_indices_tensor_d",
+    "state_indices_tensor_p",
+    "num_computed_tokens_p",
+    "query_start_loc_d",
+    "query_start_loc_p",
+    "non_spec_query_start_loc",
+    "has_initial_states_d",
+    "has_initial_states_p",
+)
+#: Seed fields set only where a step has spec rows: per row, then the token lists.
 SPEC_FIELDS = (
     "spec_sequence_masks",
-    "spec_token_indx",
-    "non_spec_token_indx",
     "spec_state_indices_tensor",
     "spec_query_start_loc",
     "num_accepted_tokens",
+    "spec_token_indx",
+    "non_spec_token_indx",
 )
+#: The seed's array fields, in :class:`SeedShape` order: three parts, each a function of
+#: a few counts (:func:`shape_keys`), so a builder keeps each part's views by its key.
+ARRAY_FIELDS = PLAIN_FIELDS + SPEC_FIELDS
+#: The seed's host int fields, in :func:`seed_counts` order.
+COUNT_FIELDS = (
+    "num_reqs",
+    "num_actual_tokens",
+    "num_spec_decodes",
+    "num_spec_decode_tokens",
+    "num_decodes",
+    "num_decode_tokens",
+    "num_prefills",
+    "num_prefill_tokens",
+    "spec_query_len",
+    "max_prefill_query_len",
+)
+#: Per-row values only the device knows in vLLM (slots from each group's block table,
+#: accepted counts, computed tokens ``seq_lens - query_lens`` and so the has-initial-
+#: state flags): the builder gathers them there. Slot sources are per layer group.
+ROW_SOURCES = (
+    "spec_slot",
+    "plain_slot",
+    "prefill_slot",
+    "accepted",
+    "has_plain",
+    "has_prefill",
+    "computed_prefill",
+)
+SLOT_SOURCES = ROW_SOURCES[:3]
+#: Values that follow from the plan (query starts per group, the spec mask by engine
+#: row, the token lists as int64): the builder's kernel derives them from the plan it
+#: copied, which costs the host nothing.
+PLAN_SOURCES = ("spec_qsl", "non_spec_qsl", "qsl_p", "masks", "spec_tokens", "plain_tokens")
+#: Every source's dtype; ``ramp`` is ``0, 1, 2, ...`` and ``query_start_loc`` the engine's
+#: own ``query_start_loc`` (the seed passes it on as it is).
+SOURCE_DTYPES = {
+    "spec_slot": np.int32,
+    "plain_slot": np.int32,
+    "prefill_slot": np.int32,
+    "accepted": np.int32,
+    "has_plain": np.bool_,
+    "has_prefill": np.bool_,
+    "computed_prefill": np.int32,
+    "spec_qsl": np.int32,
+    "non_spec_qsl": np.int32,
+    "qsl_p": np.int32,
+    "masks": np.bool_,
+    "spec_tokens": np.int64,
+    "plain_tokens": np.int64,
+    "ramp": np.int32,
+    "query_start_loc": np.int32,
+}
+
+#: ``(source, length)``: a field's values are ``source[:length]`` (a plain tuple: a step
+#: makes fifteen of them, and a tuple costs a tenth of a frozen class).
+Prefix = tuple[str, int]
+
+
+@attrs.frozen(eq=False)  # compared and hashed by identity: builders key caches by it
+class SeedShape:
+    """Which seed array fields a step sets, and where each lies.
+
+    Attributes:
+        fields: per :data:`ARRAY_FIELDS` entry, a :data:`Prefix` or ``None`` (unset).
+        gather_rows: ``N``, group-ordered rows the row sources cover (from their
+            first row): the plan's row capacity, or what the longest padded field needs.
+    """
+
+    fields: tuple[Prefix | None, ...]
+    gather_rows: int
 
 
 def seed_graph_limits(config: PlannerConfig) -> tuple[int, int]:
@@ -33,119 +130,189 @@ def seed_graph_limits(config: PlannerConfig) -> tuple[int, int]:
     )
 
 
-def _seed_pads(plan: ExecutionPlan) -> tuple[int | None, int | None]:
+def seed_pads(plan: ExecutionPlan) -> tuple[int | None, int | None]:
     """Rows the seed pads a pure-spec and a pure-decode batch to (``None``: no padding).
 
-    The seed captures full graphs only for uniform batches within
-    :func:`seed_graph_limits`; decode rows pad to the smallest capture size.
+    The seed pads only where it replays full graphs, uniform batches within
+    :func:`seed_graph_limits`: spec rows to the engine's row count (its padding rows
+    have no tokens), decode rows to the smallest graph size that holds them.
     """
     config = plan.config
     if config.graph_mode == "none":
         return None, None
     max_rows, max_tokens = seed_graph_limits(config)
+    spec, decode, prefill = plan.num_spec_rows, plan.num_decode_rows, plan.num_prefill_rows
     spec_pad = decode_pad = None
-    pure_spec = plan.num_spec_rows and plan.num_rows == plan.num_spec_rows
-    if pure_spec and plan.num_spec_rows <= max_rows and plan.num_spec_decode_tokens <= max_tokens:
-        spec_pad = max(plan.batch.num_rows, plan.batch.num_padded_rows or 0)
-    pure_decode = plan.num_decode_rows and plan.num_rows == plan.num_decode_rows
-    if pure_decode and plan.num_decode_rows <= max_rows:
-        decode_pad = config.smallest_size(plan.num_decode_rows)
+    if spec and not decode and not prefill:
+        if spec <= max_rows and plan.num_spec_decode_tokens <= max_tokens:
+            spec_pad = plan.batch.num_rows
+    elif decode and not spec and not prefill and decode <= max_rows:
+        decode_pad = config.smallest_size(decode)
     return spec_pad, decode_pad
 
 
-def _padded(values: np.ndarray, length: int | None, fill: Any) -> np.ndarray:
-    if length is None or length <= len(values):
-        return values
-    return np.concatenate([values, np.full(length - len(values), fill, dtype=values.dtype)])
+#: A part's key (see :func:`shape_keys`).
+PartKey = tuple[int, ...] | None
+
+
+def shape_keys(plan: ExecutionPlan) -> tuple[PartKey, PartKey, PartKey, int]:
+    """The keys of the three parts of ``plan``'s seed fields, and ``N`` (the rows the row
+    sources cover): the decode and prefill fields' ``(has spec rows, decode rows,
+    prefill rows, decode rows padded, engine rows)``, the spec rows' ``(spec rows,
+    padded, engine rows)`` and the token lists' ``(pure spec, spec tokens, tokens)``;
+    ``None`` for the last two without spec rows."""
+    spec_pad, decode_pad = seed_pads(plan)
+    ns, nd, npf, engine_rows = (
+        plan.num_spec_rows,
+        plan.num_decode_rows,
+        plan.num_prefill_rows,
+        plan.batch.num_rows,
+    )
+    if not ns:
+        decode_rows = decode_pad or nd
+        rows = decode_rows if not npf else nd + npf
+        plain = (0, nd, npf, decode_rows, engine_rows)
+        return plain, None, None, max(plan.layout.num_rows, rows)
+    spec_rows = spec_pad or ns
+    spec = (ns, spec_rows, engine_rows)
+    tokens = (int(not nd and not npf), plan.num_spec_decode_tokens, plan.num_tokens)
+    return (1, nd, npf, nd, engine_rows), spec, tokens, max(plan.layout.num_rows, spec_rows)
+
+
+def plain_part(key: PartKey) -> tuple[Prefix | None, ...]:
+    """The :data:`PLAIN_FIELDS` of a part key: with spec rows the seed's own path (its
+    decode and prefill fields where it has such rows; slot lists always, empty where
+    the group is; nothing in a pure spec step), without the base builder's fields
+    (decode slots and flags padded for a graph; ``non_spec_query_start_loc`` the
+    engine's ``query_start_loc``)."""
+    speculating, nd, npf, decode_rows, engine_rows = key
+    fields: dict[str, Prefix] = {}
+    if speculating:
+        fields["state_indices_tensor"] = ("plain_slot", nd + npf)
+        if nd or npf:
+            fields["state_indices_tensor_d"] = ("plain_slot", nd)
+            fields["state_indices_tensor_p"] = ("prefill_slot", npf)
+            fields["non_spec_query_start_loc"] = ("non_spec_qsl", nd + npf + 1)
+        if nd:
+            fields["query_start_loc_d"] = ("non_spec_qsl", nd + 1)
+    else:
+        fields["non_spec_query_start_loc"] = ("query_start_loc", engine_rows + 1)
+        # Decode slots only (padded for a graph), or every slot: decodes, then prefills.
+        fields["state_indices_tensor"] = ("plain_slot", nd + npf if npf else decode_rows)
+        if nd:
+            fields["state_indices_tensor_d"] = ("plain_slot", decode_rows)
+            fields["query_start_loc_d"] = ("ramp", nd + 1)  # one token per decode row
+        if npf:
+            fields["state_indices_tensor_p"] = ("prefill_slot", npf)
+    if nd:
+        fields["has_initial_states_d"] = ("has_plain", decode_rows)
+    if npf:
+        fields["has_initial_states_p"] = ("has_prefill", npf)
+        fields["num_computed_tokens_p"] = ("computed_prefill", npf)
+        fields["query_start_loc_p"] = ("qsl_p", npf + 1)
+    return tuple(map(fields.get, PLAIN_FIELDS))
+
+
+def spec_part(key: PartKey) -> tuple[Prefix | None, ...]:
+    """The spec rows' fields (the first four :data:`SPEC_FIELDS`), padded for a graph."""
+    if key is None:
+        return (None,) * 4
+    _, spec_rows, engine_rows = key
+    return (
+        ("masks", engine_rows),
+        ("spec_slot", spec_rows),
+        ("spec_qsl", spec_rows + 1),
+        ("accepted", spec_rows),
+    )
+
+
+def token_part(key: PartKey) -> tuple[Prefix | None, ...]:
+    """The token lists (the last two :data:`SPEC_FIELDS`): the identity and nothing in a
+    pure spec step, else the token map split at the spec tokens, as int64."""
+    if key is None:
+        return (None, None)
+    pure, spec_tokens, tokens = key
+    if pure:
+        return ("ramp", spec_tokens), ("ramp", 0)
+    return ("spec_tokens", spec_tokens), ("plain_tokens", tokens - spec_tokens)
+
+
+def seed_shape(plan: ExecutionPlan) -> SeedShape:
+    """The seed's array fields of ``plan``, as prefixes of its sources (the rules)."""
+    plain, spec, tokens, rows = shape_keys(plan)
+    return SeedShape(plain_part(plain) + spec_part(spec) + token_part(tokens), rows)
+
+
+def seed_counts(plan: ExecutionPlan) -> tuple[int, ...]:
+    """The seed's host counts of ``plan``, in :data:`COUNT_FIELDS` order."""
+    batch = plan.batch
+    return (
+        batch.num_rows,
+        batch.num_padded_tokens or batch.num_tokens,
+        plan.num_spec_rows,
+        plan.num_spec_decode_tokens,
+        plan.num_decode_rows,
+        plan.num_decode_tokens,
+        plan.num_prefill_rows,
+        plan.num_prefill_tokens,
+        plan.query_len_max,
+        plan.max_prefill_query_len,
+    )
+
+
+def plan_sources(plan: ExecutionPlan, rows: int) -> dict[str, np.ndarray]:
+    """The plan sources (:data:`PLAN_SOURCES`), for ``rows`` gathered rows: what the
+    builder's kernel derives from the plan it copies."""
+    ns, live = plan.num_spec_rows, plan.num_rows
+    first_prefill, spec_tokens = ns + plan.num_decode_rows, plan.num_spec_decode_tokens
+    starts = plan.row_query_start[: live + 1]
+    tokens = plan.token_map[: plan.num_tokens].astype(np.int64)
+    return {
+        "spec_qsl": starts[np.minimum(np.arange(rows + 1), ns)],  # padding rows: no tokens
+        "non_spec_qsl": starts[ns:] - starts[ns],
+        "qsl_p": starts[first_prefill:] - starts[first_prefill],
+        "masks": plan.batch.kinds == SPEC,
+        "spec_tokens": tokens[:spec_tokens],
+        "plain_tokens": tokens[spec_tokens:],
+    }
+
+
+def row_sources(plan: ExecutionPlan, rows: int, group: int = 0) -> dict[str, np.ndarray]:
+    """The row sources of a complete host plan over ``rows`` group-ordered rows (what the
+    builder gathers on the device from the engine's tensors)."""
+    live, ns = plan.num_rows, plan.num_spec_rows
+    first_prefill = ns + plan.num_decode_rows
+    slot = np.zeros(rows, np.int32)
+    slot[:live] = plan.row_slot[group, :live]
+    accepted = np.ones(rows, np.int32)
+    accepted[:ns] = plan.row_num_accepted[:ns]
+    computed = np.zeros(rows, np.int32)
+    computed[ns:live] = plan.batch.num_computed_tokens[plan.row_request[ns:live]]
+    return {
+        "spec_slot": slot,
+        "plain_slot": slot[ns:],
+        "prefill_slot": slot[first_prefill:],
+        "accepted": accepted,
+        "has_plain": computed[ns:] > 0,
+        "has_prefill": computed[first_prefill:] > 0,
+        "computed_prefill": computed[first_prefill:],
+    }
 
 
 def seed_view(plan: ExecutionPlan, group: int = 0) -> dict[str, Any]:
     """The plan as the seed's ``PleShortConvAttentionMetadata`` fields, for layer group ``group``.
 
-    Values are numpy arrays (``int32``; masks ``bool``), ints, or ``None``
-    where the seed leaves a field unset, graph padding included. Where the
-    seed indexes by position and the engine order is not already grouped
-    (a zero-length row between spec rows), this view gives the by-mask value
-    of SPEC §3.1 instead of the seed's positional one.
+    Values are numpy arrays of the seed's dtypes (``int32``; masks ``bool``; the token
+    lists of a mixed step ``int64``), ints, or ``None`` where the seed leaves a field
+    unset; empty arrays where the seed gives empty tensors; graph padding included.
+    ``plan`` must be complete (its slots, accepted counts and computed tokens real).
     """
-    ns = plan.num_spec_rows
-    starts = plan.row_query_start[: plan.num_rows + 1]
-    non_spec_qsl = (starts[ns:] - starts[ns]).astype(np.int32)
-    spec_pad, decode_pad = _seed_pads(plan)
-    view = _counts(plan) | _non_spec_fields(plan, group, non_spec_qsl, decode_pad)
-    if not ns:
-        engine_rows = plan.batch.num_rows + 1 - len(non_spec_qsl)
-        view["non_spec_query_start_loc"] = _padded(
-            non_spec_qsl, len(non_spec_qsl) + engine_rows, non_spec_qsl[-1]
-        )
-        view.update(dict.fromkeys(SPEC_FIELDS, None))
-        return view
-    view.update(_spec_fields(plan, group, spec_pad))
-    non_spec_rows = plan.num_decode_rows + plan.num_prefill_rows
-    view["non_spec_query_start_loc"] = non_spec_qsl if non_spec_rows else None
+    shape = seed_shape(plan)
+    sources = row_sources(plan, shape.gather_rows, group) | plan_sources(plan, shape.gather_rows)
+    longest = max(plan.num_tokens, shape.gather_rows) + 1
+    sources["ramp"] = np.arange(longest, dtype=np.int32)
+    sources["query_start_loc"] = np.asarray(plan.batch.query_start)
+    view: dict[str, Any] = dict(zip(COUNT_FIELDS, seed_counts(plan), strict=True))
+    for name, place in zip(ARRAY_FIELDS, shape.fields, strict=True):
+        view[name] = None if place is None else sources[place[0]][: place[1]]
     return view
-
-
-def _counts(plan: ExecutionPlan) -> dict[str, int]:
-    """The seed's host counts of ``plan``."""
-    batch = plan.batch
-    return {
-        "num_reqs": batch.num_rows,
-        "num_actual_tokens": batch.num_padded_tokens or batch.num_tokens,
-        "num_spec_decodes": plan.num_spec_rows,
-        "num_spec_decode_tokens": plan.num_spec_decode_tokens,
-        "num_decodes": plan.num_decode_rows,
-        "num_decode_tokens": plan.num_decode_tokens,
-        "num_prefills": plan.num_prefill_rows,
-        "num_prefill_tokens": plan.num_prefill_tokens,
-        "spec_query_len": plan.query_len_max,
-        "max_prefill_query_len": plan.max_prefill_query_len,
-    }
-
-
-def _non_spec_fields(
-    plan: ExecutionPlan, group: int, non_spec_qsl: np.ndarray, decode_pad: int | None
-) -> dict[str, Any]:
-    """The decode (``_d``) and prefill (``_p``) fields, and ``state_indices_tensor``.
-
-    ``non_spec_qsl`` is ``[non-spec rows + 1], int32``: the query starts of the rows after
-    the spec rows, from 0.
-    """
-    ns, nd, npf = plan.num_spec_rows, plan.num_decode_rows, plan.num_prefill_rows
-    live, batch = plan.num_rows, plan.batch
-    slots = plan.row_slot[group, :live]
-    has_initial = batch.num_computed_tokens[plan.row_request[:live]] > 0
-    view: dict[str, Any] = {
-        "state_indices_tensor_d": _padded(slots[ns : ns + nd], decode_pad, 0) if nd else None,
-        "state_indices_tensor_p": slots[ns + nd :] if npf else None,
-        "has_initial_states_d": _padded(has_initial[ns : ns + nd], decode_pad, False)
-        if nd
-        else None,
-        "has_initial_states_p": has_initial[ns + nd :] if npf else None,
-        "num_computed_tokens_p": batch.num_computed_tokens[plan.row_request[ns + nd : live]]
-        if npf
-        else None,
-        "query_start_loc_d": non_spec_qsl[: nd + 1] if nd else None,
-        "query_start_loc_p": non_spec_qsl[nd:] - nd if npf else None,
-    }
-    view["state_indices_tensor"] = (
-        np.concatenate([view["state_indices_tensor_d"], slots[ns + nd :]])
-        if nd
-        else slots[ns + nd :]
-    )
-    return view
-
-
-def _spec_fields(plan: ExecutionPlan, group: int, spec_pad: int | None) -> dict[str, Any]:
-    """The fields of :data:`SPEC_FIELDS`, for a plan with spec rows."""
-    ns = plan.num_spec_rows
-    tokens = plan.token_map[: plan.num_tokens]
-    spec_qsl = plan.row_query_start[: ns + 1]
-    return dict(
-        spec_sequence_masks=plan.batch.kinds == 0,
-        spec_token_indx=tokens[: plan.num_spec_decode_tokens],
-        non_spec_token_indx=tokens[plan.num_spec_decode_tokens :],
-        spec_state_indices_tensor=_padded(plan.row_slot[group, :ns], spec_pad, 0),
-        spec_query_start_loc=_padded(spec_qsl, spec_pad and spec_pad + 1, spec_qsl[-1]),
-        num_accepted_tokens=_padded(plan.row_num_accepted[:ns], spec_pad, 1),
-    )

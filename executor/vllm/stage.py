@@ -1,0 +1,331 @@
+"""The builder's persistent device buffer: what lies where, how a step gets there, its views.
+
+One int32 buffer holds, at fixed offsets (:class:`Regions`), the header the kernels of
+:mod:`.door` read, the plan, and every source of the seed's fields
+(:data:`~.seed.SOURCE_DTYPES`). Fixed offsets make every field a view at a fixed
+address, so a CUDA graph captured over one step's metadata reads the next step's
+values there, as the seed's persistent buffers do. The host writes only the header and
+the plan (and accepted counts given on the host): on a CUDA device into a staging entry
+of pinned memory that the opening kernel copies; elsewhere into the buffer itself, then
+torch operations (:mod:`.gather`) do the kernels' work.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+import numpy as np
+import torch
+
+from stepplan.planner import ExecutionPlan
+from stepplan.planner.layout import FIELD_INDEX
+
+from ..upload import StagingRing
+from . import door, gather
+from .seed import SLOT_SOURCES, SOURCE_DTYPES, PartKey, Prefix, plain_part, spec_part, token_part
+
+_CACHE_LIMIT = 4096  # entries of a shape-keyed cache; all are let go past it
+#: Marks a field that is the engine's own ``query_start_loc`` (filled in per build).
+PASS_THROUGH = "query_start_loc"
+#: The plan fields the kernels find through the header: (header word, plan field).
+_PLAN_FIELDS = (
+    ("token_map", "token_map"),
+    ("query_start", "row_query_start"),
+    ("kind", "row_kind"),
+    ("state_offset", "row_state_offset"),
+    ("reads_state", "row_reads_state"),
+    ("accepted", "row_num_accepted"),
+    ("request", "row_request"),
+    ("slot", "row_slot"),
+)
+#: Where the kernels find each source (header word, region, unit: 4 bytes per word,
+#: 1 int32 per word, 1/2 int64 per word).
+_PLAN_FIELD_INDEX = tuple(FIELD_INDEX[field] for _, field in _PLAN_FIELDS)
+#: The seed's three parts of fields: how each is made from its key, and which of its
+#: fields are a layer group's slots (the others every group shares).
+_PARTS = ((plain_part, (0, 1, 2)), (spec_part, (1,)), (token_part, ()))
+#: A step's header words, packed straight into the entry (a third of numpy's time).
+_STEP_HEADER = struct.Struct(f"<{door.STEP_WORDS}i")
+_SOURCE_WORDS = (
+    ("slots_at", "slots", 1),
+    ("accepted_at", "accepted", 1),
+    ("has_plain_at", "has_plain", 4),
+    ("has_prefill_at", "has_prefill", 4),
+    ("computed_prefill_at", "computed_prefill", 1),
+    ("spec_qsl_at", "spec_qsl", 1),
+    ("non_spec_qsl_at", "non_spec_qsl", 1),
+    ("qsl_p_at", "qsl_p", 1),
+    ("masks_at", "masks", 4),
+    ("spec_tokens_at", "spec_tokens", 0.5),
+    ("plain_tokens_at", "plain_tokens", 0.5),
+    ("tables", "tables", 0.5),
+)
+
+
+@attrs.frozen
+class Regions:
+    """Where each part lies in the buffer (and in a staging entry), in int32 words.
+
+    The host writes ``[0, staged)``: the header, the plan and accepted counts that come
+    from the host; the kernels write the plan sources and the row sources (``slots``:
+    per layer group its spec, plain and prefill slots, ``rows`` words each); ``tables``
+    holds the registered block tables' addresses and row strides (int64), ``ramp``
+    ``0, 1, 2, ...`` for good. ``rows`` is the row sources' capacity (the query-start
+    sources hold ``rows + 1``), ``num_tokens`` the token lists'.
+    """
+
+    plan: int
+    accepted_host: int
+    staged: int
+    spec_qsl: int
+    non_spec_qsl: int
+    qsl_p: int
+    masks: int
+    spec_tokens: int
+    plain_tokens: int
+    accepted: int
+    computed_prefill: int
+    has_plain: int
+    has_prefill: int
+    slots: int
+    tables: int
+    ramp: int
+    total: int
+    rows: int
+    num_tokens: int
+
+
+def plan_regions(plan_words: int, rows: int, tokens: int, groups: int) -> Regions:
+    """The regions for plans of up to ``plan_words`` words, ``rows`` gathered rows,
+    ``tokens`` tokens and ``groups`` layer groups; every region 8-byte aligned."""
+    at, offsets = door.HEADER_WORDS, {}
+    flags = -(-rows // 4)
+    for name, size in (
+        ("plan", plan_words),
+        ("accepted_host", rows),
+        ("staged", 0),
+        ("spec_qsl", rows + 1),
+        ("non_spec_qsl", rows + 1),
+        ("qsl_p", rows + 1),
+        ("masks", flags),
+        ("spec_tokens", 2 * tokens),
+        ("plain_tokens", 2 * tokens),
+        ("accepted", rows),
+        ("computed_prefill", rows),
+        ("has_plain", flags),
+        ("has_prefill", flags),
+        ("slots", 3 * groups * rows),
+        ("tables", 4 * groups),
+        ("ramp", max(tokens, rows) + 1),
+        ("total", 0),
+    ):
+        at += at % 2
+        if name == "staged":  # entries of staged + 1 words (the ring's) stay 16-byte aligned
+            at += (3 - at) % 4
+        offsets[name] = at
+        at += size
+    return Regions(**offsets, rows=rows, num_tokens=tokens)
+
+
+class DeviceBuffer:
+    """The persistent buffer of one :class:`~.share.StepShare`, with its staging ring.
+
+    Args:
+        regions: its layout.
+        device: where it lives.
+        ring_size: staging entries (CUDA only), used in turn.
+        query_len_max: ``Q`` (the spec rows' state offsets are clamped to ``0..Q-1``).
+        direct_launches: launch the kernels past Triton's dispatch (:class:`~.door.Launcher`).
+    """
+
+    def __init__(
+        self,
+        regions: Regions,
+        device: torch.device,
+        ring_size: int,
+        query_len_max: int,
+        *,
+        direct_launches: bool = True,
+    ) -> None:
+        self.regions, self.device, self.query_len_max = regions, device, query_len_max
+        self.words = torch.zeros(regions.total, dtype=torch.int32, device=device)
+        self.words[regions.ramp :] = torch.arange(regions.total - regions.ramp, device=device)
+        self._bytes = self.words.view(torch.uint8)
+        self._longs = self.words.view(torch.int64)
+        self._ring = self._launcher = None
+        if device.type == "cuda":
+            self._ring = StagingRing(4 * regions.staged, device, ring_size)
+            self._launcher = door.Launcher(self.words, query_len_max, direct=direct_launches)
+        self._entries: dict[int | None, tuple[torch.Tensor, np.ndarray]] = {}
+        self._cache: dict[tuple, Any] = {}  # views per shape and group
+        # Every prefix view of each source (and group): bounded by the regions' sizes.
+        self._prefixes: dict[tuple, list[torch.Tensor]] = {}
+        self._plan_views: dict[int, torch.Tensor] = {}
+        self._open_entry: int | None = None
+        self.registered: tuple[torch.Tensor, ...] = ()
+
+    def register(self, tables: Sequence[torch.Tensor]) -> None:
+        """Gather every step's slots of groups ``0 .. len(tables) - 1`` from ``tables``
+        (int32 ``[rows, B]`` on the device) in the opening launch."""
+        values = [t.data_ptr() for t in tables] + [t.stride(0) for t in tables]
+        at = self.regions.tables // 2
+        self._longs[at : at + len(values)] = torch.tensor(values, dtype=torch.int64)
+        self.registered = tuple(tables)
+        self._cache.clear()  # the headers say how many tables there are
+
+    # --- a step ----------------------------------------------------------------------
+
+    def stage(
+        self, plan: ExecutionPlan, gather_rows: int, accepted_host: np.ndarray | None
+    ) -> None:
+        """Write a step: its header words, the plan, and accepted counts given on the host
+        (``[num_reqs]``; their device view is :meth:`accepted_view`)."""
+        index = None if self._ring is None else self._ring.claim()
+        entry = self._entry(index)
+        regions, size = self.regions, plan.packed.shape[0]
+        ns, nd, live = plan.num_spec_rows, plan.num_decode_rows, plan.num_rows
+        rows = 0 if accepted_host is None else plan.batch.num_rows
+        starts = plan.layout.starts()
+        _STEP_HEADER.pack_into(
+            entry,
+            0,
+            plan.layout.num_rows,
+            gather_rows,
+            ns,
+            ns + nd,
+            live,
+            plan.batch.num_rows,
+            plan.num_spec_decode_tokens,
+            plan.num_tokens,
+            len(self.registered),
+            3 if rows else 2,
+            0,
+            door.TICKET_WORD + 1,
+            regions.plan,
+            size,
+            regions.accepted_host,
+            rows,
+            *[regions.plan + starts[field] for field in _PLAN_FIELD_INDEX],
+        )
+        entry[regions.plan : regions.plan + size] = plan.packed
+        if rows:
+            entry[regions.accepted_host : regions.accepted_host + rows] = accepted_host[:rows]
+        if self._ring is not None:
+            self._ring.stamp(index, door.TICKET_WORD)
+        self._open_entry = index
+
+    def open(self, table: Any, seq_lens: Any, accepted: Any, group: int) -> None:
+        """Launch the staged step's opening kernel (``group``'s slots from ``table``)."""
+        if self._ring is None:
+            gather.open_step_reference(
+                self.words, table, seq_lens, accepted, group, self.query_len_max, self.registered
+            )
+            return
+        entry, _ = self._entries[self._open_entry]
+        done = self._ring.done_word(self._open_entry)
+        self._launcher.open_step(entry, done, table, seq_lens, accepted, group)
+
+    def slots(self, table: Any, group: int) -> None:
+        """Gather a further group's slots into the open step."""
+        if self._ring is None:
+            gather.group_slots_reference(self.words, table, group)
+        else:
+            self._launcher.group_slots(table, group)
+
+    def accepted_view(self, rows: int) -> torch.Tensor:
+        """``[rows], int32``: where :meth:`stage` put accepted counts given on the host."""
+        return self.words[self.regions.accepted_host : self.regions.accepted_host + rows]
+
+    def _entry(self, index: int | None) -> np.ndarray:
+        """The staging entry ``index`` as numpy (on the CPU: the buffer itself), its fixed
+        header words written when it is first used."""
+        found = self._entries.get(index)
+        if found is None:
+            if self._ring is None:
+                tensor = self.words[: self.regions.staged]
+                found = (tensor, tensor.numpy())
+            else:
+                found = self._ring.host_int32(index, self.regions.staged)
+            entry = found[1]
+            entry[door.HEADER["stride"]] = self.regions.rows
+            for word, region, unit in _SOURCE_WORDS:
+                entry[door.HEADER[word]] = int(getattr(self.regions, region) * unit)
+            self._entries[index] = found
+        return found[1]
+
+    # --- views -----------------------------------------------------------------------
+
+    def views(self, keys: tuple[PartKey, PartKey, PartKey, int], group: int) -> tuple[Any, ...]:
+        """Per :data:`~.seed.ARRAY_FIELDS` entry, its device view for ``group``, ``None``, or
+        :data:`PASS_THROUGH`, for a step of these part keys (:func:`~.seed.shape_keys`):
+        each part's views kept per key (and group), so a step of new token counts makes
+        only its two token lists' views."""
+        cache, views = self._cache, ()
+        for number, (part, slot_fields) in enumerate(_PARTS):
+            key = (number, keys[number], group if slot_fields else 0)
+            found = cache.get(key)
+            if found is None:
+                found = self._remember(
+                    key, self._part_views(part(keys[number]), group, slot_fields)
+                )
+            views += found
+        return views
+
+    def _part_views(self, fields: tuple, group: int, slot_fields: tuple[int, ...]) -> tuple:
+        """The views of one part's fields, the slot fields ``group``'s."""
+        return tuple(
+            None if place is None else self._prefix(place, group if index in slot_fields else 0)
+            for index, place in enumerate(fields)
+        )
+
+    def _prefix(self, place: Prefix, group: int) -> Any:
+        """``place`` as a view of the buffer (of ``group``'s slots, for a slot source)."""
+        source, length = place
+        if source == PASS_THROUGH:
+            return PASS_THROUGH
+        key = (source, group if source in SLOT_SOURCES else 0)
+        views = self._prefixes.get(key)
+        if views is None:
+            views = self._prefixes[key] = self._every_prefix(source, group)
+        return views[length]
+
+    def _every_prefix(self, source: str, group: int) -> list[torch.Tensor]:
+        """Every prefix of a source, made at its first use (a few milliseconds, once):
+        slicing a tensor costs about a microsecond and a step may need fifteen new ones,
+        while a source has at most a few thousand lengths."""
+        regions = self.regions
+        if source in SLOT_SOURCES:
+            at = regions.slots + (3 * group + SLOT_SOURCES.index(source)) * regions.rows
+        else:
+            at = getattr(regions, source)
+        capacity = {"spec_qsl": 1, "non_spec_qsl": 1, "qsl_p": 1}.get(source, 0) + regions.rows
+        if source in ("spec_tokens", "plain_tokens", "ramp"):
+            capacity = regions.num_tokens if source != "ramp" else regions.total - regions.ramp - 1
+        dtype = SOURCE_DTYPES[source]
+        if dtype is np.int64:
+            whole = self._longs[at // 2 : at // 2 + capacity]
+        elif dtype is np.bool_:
+            whole = self._bytes[4 * at : 4 * at + capacity].view(torch.bool)
+        else:
+            whole = self.words[at : at + capacity]
+        return [whole[:length] for length in range(capacity + 1)]
+
+    def plan_buffer(self, size: int) -> torch.Tensor:
+        """``[size], int32``: the plan in the buffer, at its fixed address (a view per size,
+        kept: graph layouts recur)."""
+        view = self._plan_views.get(size)
+        if view is None:
+            if len(self._plan_views) >= _CACHE_LIMIT:
+                self._plan_views.clear()
+            at = self.regions.plan
+            view = self._plan_views[size] = self.words[at : at + size]
+        return view
+
+    def _remember(self, key: tuple, value: Any) -> Any:
+        if len(self._cache) >= _CACHE_LIMIT:
+            self._cache.clear()
+        self._cache[key] = value
+        return value
