@@ -85,7 +85,7 @@ class HybridModelRunner:
         use_graphs: replay a CUDA graph of the whole forward per bucket; default on for
             triton with flash attention on CUDA.
         attention: ``"flash"`` (CUDA, bf16/fp16) or ``"sdpa"`` (per-row reference);
-            default flash on CUDA, else sdpa.
+            default flash on CUDA for a bf16/fp16 model, else sdpa.
     """
 
     def __init__(
@@ -104,7 +104,9 @@ class HybridModelRunner:
         self.shape, self.num_slots, self.max_len = shape, num_slots, max_len
         self.device = torch.device(device)
         on_cuda = self.device.type == "cuda"
-        self.attention = attention or ("flash" if on_cuda else "sdpa")
+        # FlashAttention needs half precision: a float32 model takes the reference on CUDA too.
+        flash_ok = on_cuda and shape.dtype != "float32"
+        self.attention = attention or ("flash" if flash_ok else "sdpa")
         if use_graphs is None:
             use_graphs = backend == "triton" and on_cuda and self.attention == "flash"
         self._check_arguments(planner, num_groups, backend, use_graphs)
