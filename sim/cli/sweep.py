@@ -13,6 +13,7 @@ under ``runs/``.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import sys
 from collections.abc import Sequence
@@ -185,7 +186,10 @@ def sweep_document(spec: SweepSpec, view: SweepView, *, complete: bool, ran: int
         for name in dict.fromkeys(traces.tolist())
     }
     return {
-        "sweep": str(spec.path),
+        "sweep": {
+            "file": spec.path.name,
+            "sha256": hashlib.sha256(spec.path.read_bytes()).hexdigest(),
+        },
         "complete": complete,
         "points": int(table.num_rows),
         "ran_now": ran,
