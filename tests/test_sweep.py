@@ -155,6 +155,16 @@ def test_a_point_that_cannot_fit_its_trace_is_refused_first(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
+def test_a_trace_without_arrival_times_is_drawn_at_each_points_rate(tmp_path):
+    rows = "".join(f"{64 + i},{8 + i % 5}\n" for i in range(30))
+    write(tmp_path, "input_tokens,output_tokens\n" + rows, "lengths.csv")
+    text = 'traces = ["lengths.csv"]\n[grid]\nworkload.rate = [2.0, 50.0]\n'
+    assert sweep(write(tmp_path, text), tmp_path / "out", "--workers", "1") == 0
+    table = read_csv(tmp_path / "out" / "sweep.csv", SWEEP)
+    slow, fast = table["duration_s"]
+    assert table["requests"].tolist() == [30, 30] and fast < slow / 5
+
+
 def test_ray_missing_is_one_line(tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray raises ImportError
     assert sweep(write(tmp_path, SWEEP_FILE), tmp_path / "out", "--ray") == 2

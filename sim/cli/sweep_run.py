@@ -61,8 +61,9 @@ class Point:
 
 
 class TraceReader:
-    """Reads each trace once per setting that changes what is read (rate, seed, limit
-    or not), and prepares it for a point; ``origin`` (a sweep file) prefixes errors."""
+    """Reads each trace once (and once per rate and seed where they draw it: synthetic
+    workloads, Poisson arrivals), and prepares it for a point; ``origin`` (a sweep file)
+    prefixes errors."""
 
     def __init__(self, origin: str | None = None) -> None:
         self._origin = origin
@@ -73,14 +74,22 @@ class TraceReader:
             return exc
         return SweepError(f"{self._origin}: {entry.where}: {exc}")
 
+    def _read(self, entry: TraceEntry, config: SimConfig) -> RequestTable:
+        workload = config.workload
+        read = (entry.spec, entry.format, workload.limit is None, workload.rate is None)
+        drawn = (*read, workload.rate, config.seed)
+        for key in (read, drawn):
+            if key in self._tables:
+                return self._tables[key]
+        table = read_trace(entry.spec, entry.format, config)
+        random = table.format == "synthetic" or table.arrivals == "poisson"
+        self._tables[drawn if random else read] = table
+        return table
+
     def requests(self, entry: TraceEntry, config: SimConfig) -> RequestTable:
         """The trace of ``entry`` prepared for ``config`` (window, limit, rate scale)."""
-        workload = config.workload
-        key = (entry.spec, entry.format, workload.rate, config.seed, workload.limit is None)
         try:
-            if key not in self._tables:
-                self._tables[key] = read_trace(entry.spec, entry.format, config)
-            return prepare_requests(self._tables[key], config)
+            return prepare_requests(self._read(entry, config), config)
         except (TraceError, WorkloadError) as exc:
             raise self._fail(entry, exc) from None
 
