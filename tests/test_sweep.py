@@ -201,6 +201,15 @@ def test_the_table_has_a_row_per_point_with_settings_and_metrics(serial):
     assert (measured["wall_s"] > 0).all() and "wall_s" not in table
 
 
+def test_the_table_is_in_parquet_too_when_pyarrow_is_installed(serial):
+    pq = pytest.importorskip("pyarrow.parquet")
+    table = read_csv(serial / "sweep.csv", SWEEP)
+    parquet = pq.read_table(serial / "sweep.parquet")
+    assert parquet.column_names == list(table)
+    for name in table:
+        assert parquet.column(name).to_pylist() == table[name].tolist(), name
+
+
 def test_two_workers_give_the_serial_table(serial, tmp_path):
     assert sweep(write(tmp_path, SWEEP_FILE), tmp_path / "out", "--workers", "2") == 0
     for name in ("sweep.csv", "sweep.json"):
