@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import resource
 import tempfile
 import time
 from importlib import resources
@@ -43,11 +44,20 @@ def sweep_file(folder: Path, limit: int | None) -> Path:
     return path
 
 
-def one_point(settings: dict) -> float:
+def cpu_s() -> float:
+    """CPU seconds of this process and its waited-for children (the sweep's workers)."""
+    own, children = (
+        resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+    )
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def one_point(settings: dict) -> tuple[float, float]:
+    """Wall and CPU seconds of one point in this process."""
     config = with_settings(SimConfig(), settings)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), cpu_s()
     simulate(prepare_requests(load_trace(AZURE_CODE), config), config)
-    return time.perf_counter() - start
+    return time.perf_counter() - start, cpu_s() - cpu
 
 
 def points_wall(folder: Path) -> float:
@@ -81,21 +91,25 @@ def main() -> None:
     print(f"host: {host}, {cores} core(s), {args.workers} workers")
     print(f"trace: {AZURE_CODE} (limit {args.limit or 'none'}), {points} points: {GRID}")
     print(f"load average before: {load_average()} (other processes share the cores)")
-    t1 = one_point(base)
+    t1, cpu1 = one_point(base)
     ideal = points * t1 / args.workers
-    print(f"one point                       {t1:7.2f} s")
+    print(f"one point                       {t1:7.2f} s (CPU {cpu1:.2f} s)")
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         path = sweep_file(folder, args.limit)
         if not args.no_serial:
             serial = sum(
-                one_point({**base, "scheduler.max_num_seqs": m, "seed": s})
+                one_point({**base, "scheduler.max_num_seqs": m, "seed": s})[0]
                 for m in GRID["scheduler.max_num_seqs"]
                 for s in GRID["seed"]
             )
             print(f"16 points, one after the other  {serial:7.2f} s")
+        cpu = cpu_s()
         local = timed_sweep(path, folder / "local", "--workers", str(args.workers))
+        cpu = cpu_s() - cpu
         print(f"stepplan sweep --workers {args.workers}       {local:7.2f} s")
+        share = cpu / (points * cpu1)
+        print(f"  its CPU, workers included     {cpu:7.2f} s = {share:.3f} x 16 points' CPU")
         busy = points_wall(folder / "local")
         print(
             f"  its points' wall times, summed  {busy:7.2f} s: sweep / (that / {args.workers}) "
