@@ -156,8 +156,9 @@ def run_capacity(args: argparse.Namespace) -> int:
         offered = base.num_requests / base.span_s if base.span_s > 0 else None
         table = search.curve(slo)
         document = capacity_document(args, slo, result, table, offered, search.identity)
-        if table.num_rows:
-            _write(folder, table, document, slo, result)
+        if not table.num_rows:  # inside the claim: a folder it made is removed again
+            stop.raise_if_stopped("no scale had finished, nothing written")
+        _write(folder, table, document, slo, result)
     if not args.quiet:
         print(_report(table, slo, result, offered))
     if not args.quiet or not args.out:

@@ -102,6 +102,8 @@ def run_sweep(args: argparse.Namespace) -> int:
             )
         run.run(points, stop)
         view = _write(folder, spec, points, run)
+        if view is None:  # inside the claim: a folder it made is removed again
+            stop.raise_if_stopped("no point had finished, nothing written")
     if not args.quiet and view is not None:
         print(_report(spec, view))
     if not args.quiet or not args.out:
