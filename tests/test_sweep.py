@@ -321,6 +321,21 @@ def test_an_interrupted_sweep_keeps_its_points_and_a_rerun_finishes(
     assert json.loads((out / "stepplan-manifest.json").read_text())["complete"] is True
 
 
+def test_a_sweep_stopped_in_its_first_point_writes_nothing(tmp_path, monkeypatch, capsys):
+    real = runner_module.run_point
+
+    def interrupted(task, stop=None):
+        os.kill(os.getpid(), signal.SIGTERM)  # while the point runs: it stops, unrecorded
+        return real(task, stop)
+
+    monkeypatch.setattr(runner_module, "run_point", interrupted)
+    out = tmp_path / "out"
+    assert sweep(write(tmp_path, SWEEP_FILE), out, "--workers", "1") == 143
+    err = capsys.readouterr().err.strip()
+    assert err == "stepplan: interrupted by SIGTERM; no point had finished, nothing written"
+    assert not out.exists()
+
+
 def test_kept_runs_are_results_folders_of_their_points(tmp_path):
     text = SWEEP_FILE.replace("workload.rate_scale = [1, 3]", "workload.rate_scale = [2]")
     out = tmp_path / "out"
