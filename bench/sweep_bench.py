@@ -130,22 +130,24 @@ def ray_times(path: Path, folder: Path, ideal: float, local: float) -> None:
     except ImportError:
         print("ray: not installed (pip install 'stepplan[ray]'), skipped")
         return
+    cpus = len(os.sched_getaffinity(0))
     started = timed_sweep(path, folder / "ray")
     print(f"stepplan sweep --ray (starts Ray) {started:7.2f} s, / ideal {started / ideal:.3f}")
+    print(f"  its points' wall, summed        {points_wall(folder / 'ray'):7.2f} s")
     same = (folder / "ray" / "sweep.csv").read_bytes() == (
         folder / "local" / "sweep.csv"
     ).read_bytes()
     init = time.perf_counter()
-    ray.init(num_cpus=len(os.sched_getaffinity(0)), include_dashboard=False, logging_level="ERROR")
+    ray.init(num_cpus=cpus, include_dashboard=False, logging_level="ERROR")
     init = time.perf_counter() - init
+    print(f"ray.init alone                    {init:7.2f} s")
     warm = timed_sweep(path, folder / "ray_warm", "--ray")
     ray.shutdown()
     busy = points_wall(folder / "ray_warm")
-    ratio = warm / (busy / len(os.sched_getaffinity(0)))
-    print(f"  its points' wall times, summed  {busy:7.2f} s: / (that / CPUs) = {ratio:.3f}")
-    print(f"  ray.init alone                  {init:7.2f} s")
-    print(f"stepplan sweep --ray (Ray up)    {warm:7.2f} s, / ideal {warm / ideal:.3f}")
-    print(f"Ray table == local table: {same}; local {local:.2f} s")
+    print(f"stepplan sweep --ray (Ray up)     {warm:7.2f} s, / ideal {warm / ideal:.3f}")
+    ratio = warm / (busy / cpus)
+    print(f"  its points' wall, summed        {busy:7.2f} s: / (that / {cpus}) = {ratio:.3f}")
+    print(f"Ray table == local table: {same}")
 
 
 if __name__ == "__main__":
