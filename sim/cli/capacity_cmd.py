@@ -35,6 +35,7 @@ from ..sweep.tradeoff import Slo, default_slo, parse_slo
 from ..table import Table
 from .options import add_run_command, build_config, checked, run_name
 from .signals import StopRequest
+from .sweep import import_figures
 from .sweep_run import (
     Point,
     PointRun,
@@ -143,6 +144,7 @@ def run_capacity(args: argparse.Namespace) -> int:
     stem = f"capacity-{entry.label}-{config_digest([*key, args.lo, args.hi, args.tol])}"
     with claim_folder(args, stem, "capacity", CAPACITY_FILES) as folder:
         run = PointRun(folder, reader, runner, quiet=True, label="capacity")
+        run.meanwhile = import_figures
         search = CapacityRun(args, config, run, entry)
         check_points([search.point(lo), search.point(hi)], reader, None)
         run.load(args.overwrite)

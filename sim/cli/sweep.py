@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib
 import json
 import sys
 from collections.abc import Sequence
@@ -92,6 +93,7 @@ def run_sweep(args: argparse.Namespace) -> int:
     with claim_folder(args, stem, "sweep", SWEEP_FILES) as folder:
         check_points(points, reader, str(spec.path))
         run = PointRun(folder, reader, runner, keep_runs=args.keep_runs, quiet=args.quiet)
+        run.meanwhile = import_figures
         run.load(args.overwrite)
         todo = sum(not run.done(p) for p in {p.digest: p for p in points}.values())
         if not args.quiet:
@@ -150,6 +152,11 @@ def sweep_view(table: Table, spec: SweepSpec) -> SweepView:
     front = grouped_front(traces, table.column(x), table.column(y))
     slos = spec.slos if spec.slos is not None else (default_slo(spec.configs[0]),)
     return SweepView(table, front, slos, tuple(best_points(table, slos, y)))
+
+
+def import_figures() -> None:
+    """Load the figures' modules (matplotlib: half a second) while the points run."""
+    importlib.import_module("stepplan.plots.sweep")
 
 
 def _figure(view: SweepView, spec: SweepSpec) -> bytes:

@@ -30,7 +30,15 @@ from ..sweep.records import (
     read_records,
     setting_value,
 )
-from ..sweep.runner import Done, PointOutcome, PointTask, default_workers, run_local, run_serial
+from ..sweep.runner import (
+    Done,
+    Meanwhile,
+    PointOutcome,
+    PointTask,
+    default_workers,
+    run_local,
+    run_serial,
+)
 from ..sweep.spec import SweepError, TraceEntry, describe
 from ..traces import RequestTable, TraceError
 from ..workloads import WorkloadError
@@ -38,8 +46,9 @@ from .options import RESULTS_PARENT, identify, read_trace
 from .provenance import provenance, with_provenance
 from .signals import StopRequest
 
-#: Runs tasks, handing each finished point to ``done``, until all ran or the event is set.
-Runner = Callable[[Iterable[PointTask], Done, threading.Event], None]
+#: Runs tasks, handing each finished point to ``done``, until all ran or the event is set;
+#: the last argument is the caller's work meanwhile (``runner.py``).
+Runner = Callable[[Iterable[PointTask], Done, threading.Event, Meanwhile], None]
 
 
 @attrs.frozen(eq=False)
@@ -202,6 +211,7 @@ class PointRun:
     keep_runs: bool = False
     quiet: bool = False
     label: str = "sweep"
+    meanwhile: Meanwhile = None
     records: dict[str, PointRecord] = attrs.Factory(dict)
     ran: int = 0
 
@@ -229,7 +239,7 @@ class PointRun:
 
         try:
             with stop.deferred() as event:
-                self.runner(self._tasks(todo), finished, event)
+                self.runner(self._tasks(todo), finished, event, self.meanwhile)
         finally:
             if progress is not None:
                 progress.close()

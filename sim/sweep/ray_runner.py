@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator
 from types import ModuleType
 from typing import Any
 
-from .runner import POLL_S, QUEUED_PER_WORKER, Done, PointTask, run_point
+from .runner import POLL_S, QUEUED_PER_WORKER, Done, Meanwhile, PointTask, run_point
 
 INSTALL = "pip install 'stepplan[ray]'"
 
@@ -38,6 +38,8 @@ def run_ray(
     tasks: Iterable[PointTask],
     done: Done,
     stop: threading.Event,
+    meanwhile: Meanwhile = None,
+    *,
     address: str | None = None,
     say: Any = None,
 ) -> None:
@@ -53,14 +55,19 @@ def run_ray(
         where = "a local Ray" if started and address is None else "Ray"
         say(f"running on {where} ({cpus} CPUs)")
     try:
-        _run(ray, iter(tasks), done, stop, cpus)
+        _run(ray, iter(tasks), done, stop, cpus, meanwhile)
     finally:
         if started:
             ray.shutdown()
 
 
 def _run(
-    ray: ModuleType, queue: Iterator[PointTask], done: Done, stop: threading.Event, cpus: int
+    ray: ModuleType,
+    queue: Iterator[PointTask],
+    done: Done,
+    stop: threading.Event,
+    cpus: int,
+    meanwhile: Meanwhile,
 ) -> None:
     remote = ray.remote(num_cpus=1, max_retries=0)(run_point)
     pending: list[Any] = []
@@ -71,6 +78,9 @@ def _run(
                 if task is None:
                     break
                 pending.append(remote.remote(task))
+            if meanwhile is not None:
+                meanwhile()
+                meanwhile = None
             if not pending:
                 return
             ready, pending = ray.wait(pending, num_returns=1, timeout=POLL_S)

@@ -6,6 +6,9 @@ A point is a :class:`PointTask` (its trace, prepared, and its settings); running
 A runner hands each finished point to ``done`` in the calling process (which writes
 its record), and returns when every point has run or ``stop`` is set; a stopped runner
 ends the points still running at once and drops them (they run again on a re-run).
+``meanwhile``, when given, is called once in the calling process as soon as the first
+points are handed out: its own preparation (the figure's imports) then overlaps the
+workers' start instead of following the last point.
 """
 
 from __future__ import annotations
@@ -67,6 +70,7 @@ class PointOutcome:
 
 
 Done = Callable[[PointOutcome], None]
+Meanwhile = Callable[[], None] | None
 
 
 def run_point(task: PointTask, stop: threading.Event | None = None) -> PointOutcome | None:
@@ -88,8 +92,12 @@ def default_workers() -> int:
     return max(1, os.cpu_count() or 1)
 
 
-def run_serial(tasks: Iterable[PointTask], done: Done, stop: threading.Event) -> None:
+def run_serial(
+    tasks: Iterable[PointTask], done: Done, stop: threading.Event, meanwhile: Meanwhile = None
+) -> None:
     """Every point in this process, in order; ``stop`` also ends the point running."""
+    if meanwhile is not None:
+        meanwhile()
     for task in tasks:
         if stop.is_set():
             return
@@ -105,7 +113,14 @@ def _worker_init() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def run_local(tasks: Iterable[PointTask], done: Done, stop: threading.Event, workers: int) -> None:
+def run_local(
+    tasks: Iterable[PointTask],
+    done: Done,
+    stop: threading.Event,
+    meanwhile: Meanwhile = None,
+    *,
+    workers: int,
+) -> None:
     """The points in ``workers`` worker processes (spawned: nothing of this process's
     state is inherited), each handed to ``done`` as it finishes."""
     queue: Iterator[PointTask] = iter(tasks)
@@ -120,6 +135,9 @@ def run_local(tasks: Iterable[PointTask], done: Done, stop: threading.Event, wor
                 if task is None:
                     break
                 pending.add(pool.submit(run_point, task))
+            if meanwhile is not None:  # the workers are starting: the parent's turn
+                meanwhile()
+                meanwhile = None
             if not pending:
                 break
             finished, pending = wait(pending, timeout=POLL_S, return_when=FIRST_COMPLETED)
