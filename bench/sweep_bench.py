@@ -131,7 +131,7 @@ def ray_times(path: Path, folder: Path, ideal: float, local: float) -> None:
         print("ray: not installed (pip install 'stepplan[ray]'), skipped")
         return
     cpus = len(os.sched_getaffinity(0))
-    started = timed_sweep(path, folder / "ray")
+    started = timed_sweep(path, folder / "ray", "--ray")
     print(f"stepplan sweep --ray (starts Ray) {started:7.2f} s, / ideal {started / ideal:.3f}")
     print(f"  its points' wall, summed        {points_wall(folder / 'ray'):7.2f} s")
     same = (folder / "ray" / "sweep.csv").read_bytes() == (
