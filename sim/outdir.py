@@ -7,7 +7,9 @@ carries :data:`MANIFEST` (``stepplan-manifest.json``): the kind of run, the file
 - a new folder, or an existing empty one, is used as it is (missing parents are made);
 - an existing folder with other content and no manifest is refused, naming it;
 - a stepplan folder is reused only with ``overwrite``, and then only the entries its
-  manifest lists are replaced or removed; anything else in it (``report.html``,
+  manifest lists are replaced or removed (or, with ``resume``, a folder of the same
+  kind is taken up as it is, its entries kept: a sweep goes on where it stopped);
+  anything else in it (``report.html``,
   figures, ``graph_sizes.toml`` written later by ``stepplan report``/``buckets`` or by
   hand) is the user's and is left as it is -- a file stepplan would write that the
   manifest does not list is refused;
@@ -44,8 +46,9 @@ MANIFEST = "stepplan-manifest.json"
 STAGING_PREFIX = ".stepplan-partial-"
 #: Version of the manifest's layout.
 MANIFEST_FORMAT = 1
-#: Kinds of folder: one run's results, or ``compare``'s folder of two runs.
-KINDS = ("simulate", "compare", "fidelity")
+#: Kinds of folder: one run's results, ``compare``'s folder of two runs, ``fidelity``'s,
+#: and the folders of ``sweep`` and ``capacity`` (their points' records and runs inside).
+KINDS = ("simulate", "compare", "fidelity", "sweep", "capacity")
 _DIGEST_CHARS = 8
 _MAX_COUNTER = 999
 _CLAIM_TRIES = 5  # a folder removed between open and lock is claimed again
@@ -131,12 +134,14 @@ class ResultsFolder:
         kind: str = "simulate",
         overwrite: bool = False,
         names: Collection[str] = (),
+        resume: bool = False,
     ) -> ResultsFolder:
         """Check ``path`` and lock it for this process.
 
         ``names`` are the entries this run may write (checked against an old manifest
-        when ``overwrite``). Raises :class:`FolderTaken`, :class:`FolderBusy` or another
-        :class:`OutDirError`, each naming ``path`` as given.
+        when ``overwrite`` or ``resume``: with ``resume`` an earlier folder of the same
+        kind is taken up without ``overwrite``). Raises :class:`FolderTaken`,
+        :class:`FolderBusy` or another :class:`OutDirError`, each naming ``path`` as given.
         """
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
@@ -151,13 +156,13 @@ class ResultsFolder:
             raise FolderBusy(f"{shown}: keeps changing under this run; is another one using it?")
         folder = cls(path, shown, kind, fd, created)
         try:
-            folder._check(overwrite, names)
+            folder._check(overwrite, names, resume)
         except BaseException:
             folder.release(keep=False)
             raise
         return folder
 
-    def _check(self, overwrite: bool, names: Collection[str]) -> None:
+    def _check(self, overwrite: bool, names: Collection[str], resume: bool = False) -> None:
         if not os.access(self.path, os.W_OK | os.X_OK):
             raise OutDirError(f"{self.shown}: folder is not writable")
         for stale in _stale_staging(self.path):  # left by a killed run: ours, and we hold it
@@ -176,7 +181,7 @@ class ResultsFolder:
                 f"{self.shown}: holds a stepplan {manifest['kind']} run, not a {self.kind} "
                 "run; choose another folder"
             )
-        if not overwrite:
+        if not (overwrite or resume):
             raise FolderTaken(
                 f"{self.shown}: holds an earlier stepplan run; --overwrite replaces the files "
                 f"its {MANIFEST} lists (nothing else), or choose another folder"
@@ -199,11 +204,23 @@ class ResultsFolder:
         """Whether this claim has written files (or a manifest) into the folder."""
         return self._placed
 
+    @property
+    def entries(self) -> tuple[str, ...]:
+        """The entries the manifest lists now (an earlier run's, until this one writes)."""
+        return tuple(self._entries)
+
     # ------------------------------------------------------------------ writing
 
-    def put(self, write: Callable[[Path], Iterable[str]], *, complete: bool = True) -> None:
+    def put(
+        self,
+        write: Callable[[Path], Iterable[str]],
+        *,
+        complete: bool = True,
+        keep: Collection[str] = (),
+    ) -> None:
         """Write this run's files: ``write(staging)`` writes them into a staging folder
-        and returns their names; they then replace the old run's entries."""
+        and returns their names; they then replace the old run's entries, but for
+        ``keep`` (entries already in place, such as sub-folders), which stay listed."""
         stage = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=self.path))
         try:
             names = list(write(stage))
@@ -212,7 +229,7 @@ class ResultsFolder:
             self._write_manifest(stage, sorted(set(self._entries) | set(names)), False)
             for name in names:
                 os.replace(stage / name, self.path / name)
-            self._finish(stage, names, complete)
+            self._finish(stage, [*names, *(k for k in keep if k not in names)], complete)
         finally:
             shutil.rmtree(stage, ignore_errors=True)
 
@@ -223,6 +240,25 @@ class ResultsFolder:
             self._finish(stage, list(entries), complete)
         finally:
             shutil.rmtree(stage, ignore_errors=True)
+
+    def put_into(self, folder: str, name: str, data: bytes) -> Path:
+        """Write the file ``folder/name`` (``folder`` a sub-folder of this one, made and
+        listed in the manifest first) all at once or not at all; its path. For a sweep's
+        records, one per point as it finishes."""
+        if not (_plain_name(folder) and _plain_name(name)):
+            raise ValueError(f"put_into: {folder!r}/{name!r} must be plain names")
+        if folder not in self._entries:
+            self.record([*self._entries, folder], complete=False)
+        target = self.path / folder
+        target.mkdir(exist_ok=True)
+        staged = target / f"{STAGING_PREFIX}{os.getpid()}-{name}"
+        try:
+            with staged.open("wb") as handle:  # open, not mkstemp: the user's umask
+                handle.write(data)
+            os.replace(staged, target / name)
+        finally:
+            staged.unlink(missing_ok=True)
+        return target / name
 
     def _finish(self, stage: Path, names: list[str], complete: bool) -> None:
         for name in sorted(set(self._entries) - set(names)):
@@ -325,10 +361,11 @@ def _same_folder(fd: int, path: Path) -> bool:
     return (held.st_dev, held.st_ino) == (now.st_dev, now.st_ino)
 
 
-def config_digest(key: object) -> str:
-    """A short digest of ``key`` (JSON-able: the effective settings and the trace spec)."""
+def config_digest(key: object, chars: int = _DIGEST_CHARS) -> str:
+    """A digest of ``key`` (JSON-able: the effective settings and the trace spec), its
+    first ``chars`` hex digits."""
     text = json.dumps(key, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:_DIGEST_CHARS]
+    return hashlib.sha256(text.encode()).hexdigest()[:chars]
 
 
 def claim_new(
@@ -338,14 +375,16 @@ def claim_new(
     kind: str = "simulate",
     overwrite: bool = False,
     names: Collection[str] = (),
+    resume: bool = False,
 ) -> ResultsFolder:
     """Claim ``parent/stem``, or ``stem-2``, ``stem-3``, ... when one is taken or in use
-    (with ``overwrite``, an earlier stepplan run of the same kind counts as free)."""
+    (with ``overwrite`` or ``resume``, an earlier stepplan run of the same kind counts
+    as free)."""
     for counter in range(1, _MAX_COUNTER + 1):
         name = stem if counter == 1 else f"{stem}-{counter}"
         try:
             return ResultsFolder.claim(
-                Path(parent) / name, kind=kind, overwrite=overwrite, names=names
+                Path(parent) / name, kind=kind, overwrite=overwrite, names=names, resume=resume
             )
         except (FolderTaken, FolderBusy):
             continue

@@ -140,3 +140,64 @@ def _duration(seconds: float) -> str:
     if seconds < 3600:
         return f"{seconds / 60:.0f} min"
     return f"{seconds / 3600:.1f} h"
+
+
+class CountProgress(Protocol):
+    """Progress over a count of items (a sweep's points), as each finishes."""
+
+    def advance(self, count: int = 1) -> None:
+        """``count`` more items finished."""
+
+    def close(self) -> None:
+        """No more items."""
+
+
+class CountBar:
+    """A tqdm bar over items, for a terminal; ``done`` of ``total`` finished before."""
+
+    def __init__(self, total: int, stream: TextIO, *, unit: str, done: int = 0) -> None:
+        self._bar = tqdm(total=total, initial=done, unit=unit, leave=False, file=stream)
+
+    def advance(self, count: int = 1) -> None:
+        """Move the bar on."""
+        self._bar.update(count)
+
+    def close(self) -> None:
+        """Remove the bar."""
+        self._bar.close()
+
+
+class CountLines:
+    """A line when the first item finishes and then at most every ``every_s`` seconds
+    (``clock`` reads the time), for a stream that is not a terminal; a last line when
+    all are done."""
+
+    def __init__(
+        self,
+        total: int,
+        stream: TextIO,
+        *,
+        unit: str,
+        done: int = 0,
+        label: str = "",
+        every_s: float = LINE_EVERY_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._total, self._done, self._unit = total, done, unit
+        self._stream, self._label, self._every_s, self._clock = stream, label, every_s, clock
+        self._start = clock()
+        self._next = self._start
+
+    def advance(self, count: int = 1) -> None:
+        """Print a line when it is time, or when the last item finished."""
+        self._done += count
+        now = self._clock()
+        if now < self._next and self._done < self._total:
+            return
+        self._next = now + self._every_s
+        prefix = f"stepplan: {self._label}: " if self._label else "stepplan: "
+        line = f"{self._done:,}/{self._total:,} {self._unit}s done, {now - self._start:,.0f} s"
+        print(prefix + line, file=self._stream, flush=True)
+
+    def close(self) -> None:
+        """Nothing to tidy: every line is complete."""

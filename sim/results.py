@@ -89,7 +89,8 @@ class SimResult:
 # ----------------------------------------------------------------------------- writing
 
 
-def _write_parquet(path: Path, columns: Mapping[str, np.ndarray]) -> None:
+def write_parquet(path: Path, columns: Mapping[str, np.ndarray]) -> None:
+    """Write ``columns`` (``[num_rows]`` each) as a Parquet file (needs pyarrow)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -109,7 +110,7 @@ def parquet_available() -> bool:
 def _write_files(stage: Path, result: SimResult, parquet: bool) -> list[str]:
     """Write the result's files into ``stage``; their names."""
     use_parquet = parquet and parquet_available()
-    write_table = _write_parquet if use_parquet else write_csv
+    write_table = write_parquet if use_parquet else write_csv
     suffix = ".parquet" if use_parquet else ".csv"
     steps = {k: v for k, v in result.steps.items() if k not in _MEASURED_ONLY}
     measured_steps = {k: result.steps[k] for k in MEASURED_STEPS.names if k in result.steps}

@@ -309,6 +309,124 @@ NOTES = (
 )
 
 
+# ----------------------------------------------------------------- sweeps and capacity
+
+_LATENCY_NAMES = {"ttft": "time to first token", "tpot": "time per output token"}
+_LATENCY_NAMES |= {"itl": "inter-token latency", "e2e": "end-to-end latency"}
+#: A sweep point's metrics, each with the keys of its value in ``summary.json``
+#: (``measured`` ones in ``measured.json``); a ``null`` there is NaN.
+_SWEEP_METRICS: tuple[tuple[Column, tuple[str, ...]], ...] = (
+    (Column("requests", INT, "requests", "requests in the run"), ("requests",)),
+    (
+        Column("finished_requests", INT, "requests", "requests that finished"),
+        ("finished_requests",),
+    ),
+    (Column("duration_s", FLOAT, "s", "first arrival to last finish"), ("duration_s",)),
+    (
+        Column("throughput_req_s", FLOAT, "req/s", "finished requests per second"),
+        ("throughput", "requests_per_s"),
+    ),
+    (
+        Column("output_tok_s", FLOAT, "tokens/s", "output tokens per second"),
+        ("throughput", "output_tokens_per_s"),
+    ),
+    (
+        Column("total_tok_s", FLOAT, "tokens/s", "prompt and output tokens per second"),
+        ("throughput", "total_tokens_per_s"),
+    ),
+    (
+        Column("goodput_req_s", FLOAT, "req/s", "requests meeting the config's SLO per second"),
+        ("goodput", "requests_per_s"),
+    ),
+    (
+        Column("goodput_share", FLOAT, "", "share of requests meeting the config's SLO"),
+        ("goodput", "share"),
+    ),
+    *(
+        (
+            Column(f"{name}_{stat}_ms", FLOAT, "ms", f"{stat} {meaning}"),
+            ("latency_ms", name, stat),
+        )
+        for name, meaning in _LATENCY_NAMES.items()
+        for stat in ("mean", "p50", "p90", "p99")
+    ),
+    (Column("steps", INT, "steps", "steps simulated"), ("steps", "count")),
+    (Column("graph_hit_rate", FLOAT, "", "share of steps on a graph"), ("steps", "graph_hit_rate")),
+    (
+        Column("padded_token_share", FLOAT, "", "padding / (live + padding) tokens"),
+        ("steps", "padded_token_share"),
+    ),
+    (
+        Column("acceptance_length", FLOAT, "tokens", "mean accepted drafts + 1 per spec step"),
+        ("acceptance", "mean_acceptance_length"),
+    ),
+    (Column("preemptions", INT, "", "preemptions by recompute"), ("memory", "preemptions")),
+    (Column("peak_kv_usage", FLOAT, "", "peak share of KV blocks used"), ("memory", "peak_usage")),
+    (
+        Column("prefix_hit_rate", FLOAT, "", "share of prompt tokens the prefix cache saved"),
+        ("memory", "prefix_cache_hit_rate"),
+    ),
+    (Column("busy_s", FLOAT, "s", "simulated time with a step running"), ("time_s", "busy")),
+)
+_SWEEP_MEASURED_METRICS = (
+    (Column("wall_s", FLOAT, "s", "the point's wall time"), (MEASURED, "run", "wall_s")),
+    (
+        Column("steps_per_s", FLOAT, "steps/s", "simulated steps per wall second"),
+        (MEASURED, "run", "steps_per_s"),
+    ),
+    (
+        Column("plan_us_p50", FLOAT, "us", "median planner time per step"),
+        (MEASURED, "host", "plan_us_p50"),
+    ),
+)
+#: The metric columns of a sweep's table, in order, and the summary keys of each.
+SWEEP_METRICS = tuple(column for column, _ in _SWEEP_METRICS)
+SWEEP_PATHS: Mapping[str, tuple[str, ...]] = MappingProxyType(
+    {column.name: path for column, path in _SWEEP_METRICS + _SWEEP_MEASURED_METRICS}
+)
+_POINT = Column("point", INT, "", "the point's number in the sweep, from 0")
+_DIGEST = Column("digest", TEXT, "", "sha256 of the trace and the settings (the resume key)")
+SWEEP = TableSchema(
+    "sweep.csv",
+    "one point of a sweep: a trace under one set of settings; after ``digest`` one column "
+    "per swept setting (``scheduler.max_num_seqs``, ...), then the metrics",
+    (
+        _POINT,
+        Column("trace", TEXT, "", "the trace's name in the sweep file"),
+        _DIGEST,
+        *SWEEP_METRICS,
+    ),
+)
+SWEEP_MEASURED = TableSchema(
+    "sweep_measured.csv",
+    "one point's measured figures (they vary from run to run)",
+    (_POINT, _DIGEST, *(column for column, _ in _SWEEP_MEASURED_METRICS)),
+)
+CAPACITY = TableSchema(
+    "capacity.csv",
+    "one request-rate scale the capacity search ran, by scale",
+    (
+        Column("scale", FLOAT, "", "the request-rate scale (``workload.rate_scale``)"),
+        Column("round", INT, "", "the search round that ran it, from 0"),
+        Column("met", INT, "", "1 when every SLO held, else 0"),
+        _DIGEST,
+        *SWEEP_METRICS,
+    ),
+)
+SWEEP_TABLES = (SWEEP, SWEEP_MEASURED, CAPACITY)
+_SWEEP_FILES = (
+    ("sweep.csv", "one row per point (and ``sweep.parquet`` when pyarrow is installed)"),
+    ("sweep_measured.csv", "each point's wall time and planner time"),
+    ("sweep.json", "the sweep's trade-off: Pareto front and best point per SLO"),
+    ("sweep.png", "the trade-off figure"),
+    ("capacity.csv", "``stepplan capacity``: one row per rate scale it ran"),
+    ("capacity.json", "``stepplan capacity``: the answer, the SLOs and the search's rounds"),
+    ("capacity.png", "``stepplan capacity``: the curve that led to the answer"),
+    ("points/", "one record per finished point (``<digest>.json``): what a re-run skips"),
+    ("runs/", "``--keep-runs``: each point's results folder (``<digest>/``)"),
+)
+
+
 def _cell(text: str) -> str:
     return text.replace("``", "`").replace("|", "\\|")
 
@@ -343,8 +461,25 @@ def markdown() -> str:
     for name, keys in (("summary.json", SUMMARY), ("measured.json", MEASURED_SUMMARY)):
         rows = [(f"`{key.name}`", key.meaning, _keys(key)) for key in keys]
         lines += [f"## {name}", "", *_table(("key", "meaning", "its keys"), rows)]
-    lines += ["## Notes", "", *(f"- {_cell(note)}" for note in NOTES)]
-    return "\n".join(lines) + "\n"
+    lines += ["## Notes", "", *(f"- {_cell(note)}" for note in NOTES), ""]
+    return "\n".join(lines + _sweep_markdown()) + "\n"
+
+
+def _sweep_markdown() -> list[str]:
+    """The sweep and capacity folders' section of ``docs/results.md``."""
+    files = [(f"`{name}`", meaning) for name, meaning in _SWEEP_FILES]
+    lines = [
+        "# Sweep and capacity folders",
+        "",
+        "What `stepplan sweep` and `stepplan capacity` write (`sim/sweep/`).",
+        "",
+        *_table(("file", "holds"), files),
+    ]
+    for table in SWEEP_TABLES:
+        lines += [f"## {table.file}", "", f"One row: {table.meaning}.", ""]
+        rows = [(f"`{c.name}`", c.dtype, c.unit, c.meaning) for c in table.columns]
+        lines += _table(("column", "type", "unit", "meaning"), rows)
+    return lines[:-1]
 
 
 if __name__ == "__main__":

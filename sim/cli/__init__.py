@@ -5,7 +5,8 @@ sets ``handler`` (a function of the parsed arguments returning the exit code);
 :data:`SUBCOMMANDS` lists them. Adding a subcommand is one such function and one
 entry in that tuple.
 Modules: ``options`` (what the simulating commands share), ``simulate``, ``compare``,
-``buckets``, ``report`` and ``config_cmd`` (``stepplan config``); ``helptext`` (help that
+``buckets``, ``report``, ``config_cmd`` (``stepplan config``), ``sweep`` and
+``capacity_cmd`` (with ``sweep_run``, what they share); ``helptext`` (help that
 shows every default), ``provenance`` (what ``summary.json`` records to run it again) and
 ``tables`` (what is printed and saved about runs). Only this package of the simulator
 imports ``stepplan.plots``.
@@ -23,10 +24,14 @@ from ..config import ConfigError, with_settings
 from ..cost import ProfileError
 from ..engine_profile import EngineProfileError
 from ..outdir import OutDirError
+from ..sweep.ray_runner import RayMissing
+from ..sweep.search import SearchError
+from ..sweep.spec import SweepError
 from ..traces import TraceError
 from ..workloads import WorkloadError
 from .buckets import ERRORS as BUCKET_ERRORS
 from .buckets import add_buckets
+from .capacity_cmd import add_capacity
 from .compare import add_compare, run_compare
 from .config_cmd import add_config
 from .fidelity import add_fidelity
@@ -39,10 +44,12 @@ from .report import ERRORS as REPORT_ERRORS
 from .report import add_report
 from .signals import Interrupted, stop_on_signals
 from .simulate import add_simulate
+from .sweep import add_sweep
 
 USER_ERRORS = (ConfigError, TraceError, WorkloadError, ProfileError, AcceptanceError, OSError)
 USER_ERRORS += (OutDirError, EngineProfileError)
 USER_ERRORS += REPORT_ERRORS + BUCKET_ERRORS + PROFILE_ERRORS
+USER_ERRORS += (SweepError, SearchError, RayMissing)
 
 __all__ = [
     "SUBCOMMANDS",
@@ -65,6 +72,8 @@ SUBCOMMANDS: tuple[Callable[[Any], None], ...] = (
     add_config,
     add_profile,
     add_fidelity,
+    add_sweep,
+    add_capacity,
 )
 
 

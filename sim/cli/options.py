@@ -154,19 +154,23 @@ def checked(config: SimConfig) -> SimConfig:
     return config
 
 
+def read_trace(trace: str | None, fmt: str | None, config: SimConfig) -> RequestTable:
+    """The trace ``trace`` names as read, before :func:`prepare_requests`: a file (of
+    format ``fmt``, ``None``: detected), a synthetic spec, or (``None``) the embedded
+    trace's first requests."""
+    if trace is None:
+        with resources.as_file(resources.files("stepplan.sim").joinpath(EMBEDDED_TRACE)) as path:
+            table = load_trace(path, "azure")
+        return table.limit(EMBEDDED_LIMIT) if config.workload.limit is None else table
+    if trace.startswith(SYNTHETIC_PREFIX):
+        return parse_synthetic(trace, seed=config.seed)
+    return load_trace(trace, fmt, rate=config.workload.rate, seed=config.seed)
+
+
 def load_requests(args: argparse.Namespace, config: SimConfig) -> RequestTable:
     """The trace ``args.trace`` names (the embedded trace's first requests when absent),
     prepared."""
-    if args.trace is None:
-        with resources.as_file(resources.files("stepplan.sim").joinpath(EMBEDDED_TRACE)) as path:
-            table = load_trace(path, "azure")
-        if config.workload.limit is None:
-            table = table.limit(EMBEDDED_LIMIT)
-    elif args.trace.startswith(SYNTHETIC_PREFIX):
-        table = parse_synthetic(args.trace, seed=config.seed)
-    else:
-        table = load_trace(args.trace, args.format, rate=config.workload.rate, seed=config.seed)
-    prepared = prepare_requests(table, config)
+    prepared = prepare_requests(read_trace(args.trace, args.format, config), config)
     for note in trace_notes(prepared, config):  # once nothing can fail: an error is one line
         print(f"stepplan: note: {note}", file=sys.stderr)
     return prepared
@@ -208,8 +212,13 @@ def trace_notes(table: RequestTable, config: SimConfig) -> list[str]:
 
 def identify_trace(args: argparse.Namespace) -> dict[str, Any]:
     """The trace :func:`load_requests` reads, as the provenance records it."""
+    return identify(args.trace)
+
+
+def identify(trace: str | None) -> dict[str, Any]:
+    """The trace :func:`read_trace` reads for ``trace``, as the provenance records it."""
     with resources.as_file(resources.files("stepplan.sim").joinpath(EMBEDDED_TRACE)) as path:
-        return trace_identity(args.trace, path)
+        return trace_identity(trace, path)
 
 
 def run_name(args: argparse.Namespace, config: SimConfig) -> str:
@@ -231,7 +240,7 @@ def format_table(columns: list[tuple[str, dict[str, Any]]]) -> str:
     return align(header, body)
 
 
-def _add_trace_options(parser: argparse.ArgumentParser) -> None:
+def _add_trace_options(parser: argparse.ArgumentParser, *, parquet: bool = True) -> None:
     parser.add_argument(
         "trace",
         nargs="?",
@@ -249,7 +258,8 @@ def _add_trace_options(parser: argparse.ArgumentParser) -> None:
         help="reuse a results folder of an earlier run: replaces the files its "
         "stepplan-manifest.json lists, nothing else",
     )
-    parser.add_argument("--parquet", action="store_true", help="Parquet files (needs pyarrow)")
+    if parquet:
+        parser.add_argument("--parquet", action="store_true", help="Parquet files (needs pyarrow)")
     parser.add_argument(
         "--quiet",
         action="store_true",
@@ -429,11 +439,17 @@ def simulate_one(
 
 
 def add_run_command(
-    subparsers: Any, name: str, handler: Callable[[argparse.Namespace], int], **texts: str
+    subparsers: Any,
+    name: str,
+    handler: Callable[[argparse.Namespace], int],
+    *,
+    parquet: bool = True,
+    **texts: str,
 ) -> argparse.ArgumentParser:
-    """A subcommand that simulates a trace: its parser with the trace and setting options."""
+    """A subcommand that simulates a trace: its parser with the trace and setting options
+    (``--parquet`` only where the command writes a run's tables)."""
     parser = subparsers.add_parser(name, **texts)
-    _add_trace_options(parser)
+    _add_trace_options(parser, parquet=parquet)
     add_setting_options(parser)
     parser.set_defaults(handler=handler)
     return parser
