@@ -9,9 +9,10 @@ fields two rows ahead and, with PREFETCH, the history and residuals one row ahea
 ``r + P``'s loads are issued before row ``r``'s stores, so a program always has a row's
 bytes in flight. Rows of one launch never share a slot (slot 0 aside, which nothing reads
 or writes) nor a token, so those early loads never see a store of the rows before them.
-A program stops at its first row that is not a spec or decode row: launch A's rows come
-first in the plan, so that is the first prefill or padding row, and a graph bucket's
-padded rows cost a program one plan read, not a program each.
+A program goes idle at its first row that is not a spec or decode row: launch A's rows
+come first in the plan, so that is the first prefill or padding row, and from there on
+its iterations load nothing (every mask off), so a graph bucket's padded rows cost a
+program one plan read and a few idle iterations, not a program each.
 """
 
 # Triton types kernel arguments at launch, not through annotations.
@@ -67,6 +68,13 @@ def _row_fields(plan_ptr, offsets, row, row_count, ROW_TOKENS_MAX: tl.constexpr)
     # Integer flags, not scalar bools (see device._past): spec rows work on any slot.
     works = tl.where(kind == 0, 1, tl.where(kind == 1, tl.minimum(slot, 1), 0))
     return kind, slot, q * works, first_token, reads, offset
+
+
+@triton.jit
+def _idle_unless(fields, alive):
+    """``fields`` (:func:`_row_fields`) as a row without work (``q`` 0) unless ``alive`` (1)."""
+    kind, slot, q, first_token, reads, offset = fields
+    return kind, slot, q * alive, first_token, reads, offset
 
 
 @triton.jit
@@ -203,17 +211,17 @@ def _short_conv_rows_persistent(
     DEPENDENT: tl.constexpr,
 ):
     """Launch A on a grid ``(P, channel blocks)``: program ``(p, b)`` runs rows ``p, p + P,
-    ...`` below ``row_count`` over channel block ``b``, until its first row that is not a
-    spec or decode row (the module docstring). ALIGN (16 or 1) divides the token strides
+    ...`` below ``row_count`` over channel block ``b``, idle from its first row that is not
+    a spec or decode row on (the module docstring). ALIGN (16 or 1) divides the token strides
     and the state's window stride."""
     _await_previous_kernel(DEPENDENT)
     reach: tl.constexpr = (TAPS - 1) * DILATION
     levels: tl.constexpr = (WHOLE_WINDOW - 1).bit_length() if WHOLE_WINDOW else 0
-    row = tl.program_id(0)
+    first_row = tl.program_id(0)
     stride = tl.num_programs(0)
     offsets = (query_start_at, token_start_at, kind_at, offset_at, reads_at, slot_at)
-    fields = _row_fields(plan_ptr, offsets, row, row_count, ROW_TOKENS_MAX)
-    later_fields = _row_fields(plan_ptr, offsets, row + stride, row_count, ROW_TOKENS_MAX)
+    fields = _row_fields(plan_ptr, offsets, first_row, row_count, ROW_TOKENS_MAX)
+    later_fields = _row_fields(plan_ptr, offsets, first_row + stride, row_count, ROW_TOKENS_MAX)
     s_chan = _channel_stride(state_chan, CHANNEL_UNIT, WHOLE_WINDOW)
     s_win = 1 if WINDOW_UNIT else state_win
     chan = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -221,7 +229,16 @@ def _short_conv_rows_persistent(
     taps = _load_taps(weight_ptr, weight_chan, weight_tap, chan, chan_ok, TAPS)  # once
     memory = (x_ptr, x_stride, residual_ptr, residual_stride, state_ptr, state_slot, s_chan, s_win)
     data = _row_loads(memory, fields, chan, chan_ok, reach, ROW_TOKENS_MAX, WHOLE_WINDOW, levels)
-    while fields[0] <= 1:
+    # A counted loop that goes idle, not a while loop that stops: Triton 3.6 cannot
+    # compile a while loop carrying tensors (TritonGPURemoveLayoutConversions asserts).
+    # From the first row that is not launch A's on, ``alive`` 0 masks every load and
+    # store: the rest of the program's rows read and write nothing (the module docstring).
+    alive = 1
+    for row in range(first_row, row_count, stride):
+        alive *= tl.where(fields[0] <= 1, 1, 0)  # an integer flag: see _row_fields
+        limit = row_count * alive
+        fields = _idle_unless(fields, alive)
+        later_fields = _idle_unless(later_fields, alive)
         later = row + stride
         # Strides made anew per row: else the compiler hoists each history row's address
         # arithmetic out of the loop and holds it in registers through it.
@@ -239,7 +256,7 @@ def _short_conv_rows_persistent(
             entries,
         )
         if PREFETCH:  # the next row's loads go out before this row's stores
-            after_fields = _row_fields(plan_ptr, offsets, later + stride, row_count, ROW_TOKENS_MAX)
+            after_fields = _row_fields(plan_ptr, offsets, later + stride, limit, ROW_TOKENS_MAX)
             later_data = _row_loads(
                 memory, later_fields, chan, chan_ok, reach, ROW_TOKENS_MAX, WHOLE_WINDOW, levels
             )
@@ -248,14 +265,13 @@ def _short_conv_rows_persistent(
             ROW_TOKENS_MAX, WINDOW_BLOCK, WINDOW_TILE, WHOLE_WINDOW, levels, BLOCK_C, FAST,
         )  # fmt: skip
         if not PREFETCH:  # one row at a time: the next row's loads after this row's stores
-            after_fields = _row_fields(plan_ptr, offsets, later + stride, row_count, ROW_TOKENS_MAX)
+            after_fields = _row_fields(plan_ptr, offsets, later + stride, limit, ROW_TOKENS_MAX)
             later_data = _row_loads(
                 memory, later_fields, chan, chan_ok, reach, ROW_TOKENS_MAX, WHOLE_WINDOW, levels
             )
         data = later_data
         fields = later_fields
         later_fields = after_fields
-        row = later
 
 
 def _launch_rows_persistent(
