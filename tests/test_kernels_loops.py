@@ -42,7 +42,7 @@ def run(case: Case, plan: ExecutionPlan) -> tuple[torch.Tensor, torch.Tensor]:
     residual, state = case.residual.clone(), case.conv_state.clone()
     kernels.launch_short_conv(
         kernels.launch_shape(plan),
-        torch.from_numpy(np.array(plan.packed)),
+        torch.from_numpy(np.array(plan.packed)).to(case.x.device),
         case.x,
         residual,
         state,
