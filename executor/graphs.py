@@ -10,6 +10,7 @@ recorded for another shape.
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -184,12 +185,20 @@ class StepGraphs:
         torch.cuda.current_stream().wait_stream(side)
         side.synchronize()  # the warm-up's ticket is back: every entry is free
         graphs = []
-        for index in range(ring.ring_size):
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool):
-                self._upload_with_ticket(index, with_ticket)
-                self._forward(tokens)
-            graphs.append(graph)
+        # torch.cuda.graph collects garbage before it begins; a collection inside the
+        # capture could free a dead engine's pinned memory, which invalidates the capture.
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            for index in range(ring.ring_size):
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=self._pool):
+                    self._upload_with_ticket(index, with_ticket)
+                    self._forward(tokens)
+                graphs.append(graph)
+        finally:
+            if collecting:
+                gc.enable()
         executor.forget_prepared()
         return _Captured(executor.signature(plan), plan.config, plan.layout, tuple(graphs))
 
