@@ -150,11 +150,7 @@ def _configs(args: argparse.Namespace) -> tuple[SimConfig, SimConfig, EngineProf
         raise ConfigError("fidelity: needs --profile FILE (what `stepplan profile` wrote)")
     profile = read_engine_profile(profile_path)
     live = with_settings(base, {"live.enabled": True, "live.time": "measured"})
-    # The live engine keeps no prefix cache, so the simulation of it keeps none either.
-    simulated = with_settings(
-        base,
-        {"live.enabled": False, "cost.profile": str(profile_path), "memory.prefix_caching": False},
-    )
+    simulated = with_settings(base, {"live.enabled": False, "cost.profile": str(profile_path)})
     profile.check_setup(*engine_setup(live, planner_config(live)))
     return live, simulated, profile
 
@@ -179,6 +175,9 @@ def run_fidelity(args: argparse.Namespace) -> int:
         recorder = Recorder()
         live = simulate(requests, live_config, observer=recorder)
         write_results(live, folders["live"])
+        # The simulation models the engine that ran: a prefix cache only if it kept one.
+        caching = bool(live.summary["memory"]["prefix_caching"])
+        sim_config = with_settings(sim_config, {"memory.prefix_caching": caching})
         replay = replay_of(recorder.accepted, requests.num_requests)
         check = Recorder()
         durations = [r.measured_us * 1e-6 for r in recorder.records]
