@@ -35,6 +35,9 @@ _LONG_CONTEXT = 7000
 IDLE_GAP_S = 0.002
 _GRID_NODES = (2, 4, 8, 16, 32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 2560, 3072)
 _GRID_NODES += (4096, 5120, 6144, 7168)
+#: Steps of at least this many tokens are also measured with 8 to ``_MANY_CHUNKS``
+#: prefill chunks (a burst of short prompts packs a step with them).
+_MANY_CHUNKS_FROM, _MANY_CHUNKS = 512, 16
 
 
 @attrs.frozen
@@ -157,6 +160,11 @@ def profile_batches(config: PlannerConfig, limits: GridLimits, seed: int = 0) ->
             batches.append(
                 build.eager(low, spec_rows // 2, int(build.rng.integers(0, 2048)), prefills)
             )
+        if low >= _MANY_CHUNKS_FROM and cap >= 16:  # a burst of short prompts
+            prefills = int(build.rng.integers(8, min(_MANY_CHUNKS, cap // 2) + 1))
+            batches.append(
+                build.eager(low, spec_rows // 2, int(build.rng.integers(0, 2048)), prefills)
+            )
         if config.graph_mode == "mixed" and 8 <= low <= config.sizes[-1]:
             batches += _mixed_points(build, low, cap)
     return [batch for batch in batches if batch is not None]
@@ -210,27 +218,97 @@ def measure(
     follows other steps, never itself, so neither a GPU heated by one shape run back to
     back nor a host warmed by it is what a live step meets. Before each timed step the
     host works for ``idle_gap_s`` while the GPU idles, as a live host schedules.
+
+    An eager step's every run is of a token count run before by no other (its last
+    prefill chunk a few tokens longer or shorter, :func:`fresh_variants`): a live eager
+    step almost always has a new token count, and the host's first launch of a shape
+    costs more than its next ones (several ms a step, measured on an H200 host), which
+    a repeated shape would hide. A point keeps the batch's own shape.
     """
     rng = np.random.default_rng(seed)
+    runs = warmup + repeats
+    reach, seen = _Reach.of(batches), set[int]()
+    variants = [fresh_variants(batch, planner, runs, reach, seen) for batch in batches]
     inputs = [
-        (rng.integers(0, vocab_size, batch.num_tokens, dtype=np.int64), samples(batch))
-        for batch in batches
+        [(rng.integers(0, vocab_size, b.num_tokens, dtype=np.int64), samples(b)) for b in row]
+        for row in variants
     ]
-    for batch, (ids, sampled) in zip(batches, inputs, strict=True):
-        for _ in range(warmup):
-            run(planner.compile(_rebuilt(batch)), ids, sampled)
+    for row, row_inputs in zip(variants, inputs, strict=True):
+        for attempt in range(warmup):
+            run(planner.compile(_rebuilt(row[attempt])), *row_inputs[attempt])
     timings: list[list[tuple[float, float | None, float]]] = [[] for _ in batches]
-    plans: list[ExecutionPlan | None] = [None] * len(batches)
-    for _ in range(repeats):
+    for repeat in range(warmup, runs):
         for index in rng.permutation(len(batches)).tolist():
-            ids, sampled = inputs[index]
+            ids, sampled = inputs[index][repeat]
             _host_work(idle_gap_s)
             start = time.perf_counter()
-            plan = plans[index] = planner.compile(_rebuilt(batches[index]))
+            plan = planner.compile(_rebuilt(variants[index][repeat]))
             planning_s = time.perf_counter() - start
             wall_s, gpu_s, host_s = run(plan, ids, sampled)
             timings[index].append((planning_s + wall_s, gpu_s, planning_s + host_s))
-    return [_point(plan, rows) for plan, rows in zip(plans, timings, strict=True) if plan]
+    plans = [planner.compile(batch) for batch in batches]
+    return [_point(plan, rows) for plan, rows in zip(plans, timings, strict=True) if rows]
+
+
+@attrs.frozen
+class _Reach:
+    """What a variant may not pass: the grid's largest step and longest row (its token
+    budget and KV positions)."""
+
+    tokens: int
+    row_end: int
+
+    @classmethod
+    def of(cls, batches: Sequence[StepBatch]) -> _Reach:
+        ends = [int((b.num_computed_tokens + b.query_lens).max()) for b in batches if b.num_rows]
+        return cls(max((b.num_tokens for b in batches), default=0), max(ends, default=0))
+
+
+def fresh_variants(
+    batch: StepBatch, planner: Planner, count: int, reach: _Reach, seen: set[int]
+) -> list[StepBatch]:
+    """``count`` batches to run for ``batch``: itself ``count`` times for a graph step;
+    for an eager one, copies whose last prefill chunk is ``+1, -1, +2, -2, ...`` tokens
+    longer (only shorter where longer passes ``reach``), each still an eager step of a
+    token count not in ``seen`` (which takes it). Where too few such copies lie near,
+    the batch itself stands in for the rest."""
+    base = planner.compile(batch)
+    if base.graph is not None:
+        return [batch] * count
+    prefill = np.flatnonzero(batch.num_draft_tokens < 0)
+    if prefill.size == 0:
+        return [batch] * count
+    last = int(prefill[-1])
+    variants: list[StepBatch] = []
+    for step in range(1, 8 * count + 1):
+        delta = (step + 1) // 2 * (1 if step % 2 else -1)
+        if batch.num_tokens + delta in seen:
+            continue
+        variant = _shifted(batch, last, delta, planner, reach)
+        if variant is not None:
+            variants.append(variant)
+            seen.add(variant.num_tokens)
+        if len(variants) == count:
+            return variants
+    return variants + [batch] * (count - len(variants))
+
+
+def _shifted(
+    batch: StepBatch, row: int, delta: int, planner: Planner, reach: _Reach
+) -> StepBatch | None:
+    """``batch`` with row ``row``'s chunk ``delta`` tokens longer, if that is an eager
+    step of ``planner`` within ``reach``."""
+    query = batch.query_lens.copy()
+    query[row] += delta
+    end = int(batch.num_computed_tokens[row]) + int(query[row])
+    if query[row] < 2 or batch.num_tokens + delta > reach.tokens or end > reach.row_end:
+        return None
+    try:
+        shifted = attrs.evolve(_rebuilt(batch), query_lens=query)
+        plan = planner.compile(shifted)
+    except ValueError:
+        return None
+    return shifted if plan.graph is None else None
 
 
 def _point(plan: ExecutionPlan, timings: list[tuple[float, float | None, float]]) -> ProfilePoint:

@@ -75,3 +75,34 @@ def test_mixed_mode_grid_measures_mixed_graphs_across_their_sizes():
     )  # fmt: skip
     profile = EngineProfile("t", "cpu", {}, {}, {}, {}, token_grid(LIMITS), tuple(points))
     assert all(profile.fit.predict_us(p.shape) is not None for p in points)
+
+
+def test_every_eager_run_has_a_token_count_of_its_own():
+    """A live eager step almost always has a new token count: the profile times such
+    steps as first runs of their count, never repeats of one, and keeps the batch's shape."""
+    batches = profile_batches(CONFIG, LIMITS, seed=5)
+    planner = Planner(CONFIG)
+    shapes = []
+
+    def recording_run(plan, ids, samples):
+        shapes.append((plan.graph is None, plan.num_tokens))
+        assert (plan.batch.num_computed_tokens + plan.batch.query_lens <= LIMITS.max_len).all()
+        assert plan.num_tokens <= LIMITS.max_num_batched_tokens
+        return fake_run(plan, ids, samples)
+
+    points = measure(batches, planner, recording_run, sample_positions, vocab_size=50, repeats=3)
+    eager_counts = [tokens for eager, tokens in shapes if eager]
+    assert len(eager_counts) > 100
+    # A few tiny chunks run out of neighbours; everything else is run once per count.
+    assert len(set(eager_counts)) >= 0.85 * len(eager_counts)
+    graph_runs = sum(not eager for eager, _ in shapes)
+    graphs = sum(planner.compile(b).graph is not None for b in batches)
+    assert graph_runs == graphs * 5  # 2 warm-ups and 3 repeats of the same batch
+    assert [p.shape.num_tokens for p in points] == [b.num_tokens for b in batches]
+
+
+def test_a_grid_of_many_rows_measures_bursts_of_short_prompts():
+    config = PlannerConfig(num_spec_tokens=3, graph_mode="full", max_num_seqs=128)
+    limits = GridLimits(max_num_batched_tokens=8192, num_slots=129, max_len=9232)
+    chunks = [int((b.num_draft_tokens < 0).sum()) for b in profile_batches(config, limits)]
+    assert max(chunks) >= 8
