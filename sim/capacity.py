@@ -206,6 +206,8 @@ def memory_summary(
 ) -> dict[str, Any]:
     """The summary's ``memory`` section (see ``results.py``)."""
     usage, duration = steps["kv_usage"], steps["duration_s"]
+    # Not ``usage @ duration``: BLAS splits a long dot product over its threads, so its
+    # last bits would depend on the core count, and its threads spin on after it.
     busy = float(duration.sum())
     prompt = int(requests["prompt_tokens"].sum())
     cached = int(requests["cached_tokens"].sum())
@@ -221,7 +223,7 @@ def memory_summary(
         "capacity_blocks": None if unbounded else layout.num_blocks,
         "capacity_gib": None if unbounded else layout.num_blocks * layout.block_bytes / GIB,
         "peak_usage": float(usage.max()) if usage.size else 0.0,
-        "mean_usage": float(usage @ duration / busy) if busy else 0.0,
+        "mean_usage": float(np.sum(usage * duration) / busy) if busy else 0.0,
         "preemptions": int(requests["num_preemptions"].sum()),
         "preempted_requests": int((requests["num_preemptions"] > 0).sum()),
         "recomputed_tokens": int(requests["recomputed_tokens"].sum()),

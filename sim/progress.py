@@ -27,6 +27,13 @@ _ROUGH_STEP_S = 0.02  # simulated time of a decode step, for the number running 
 LIVE_WARN_S = 60.0
 
 
+class _Bar(tqdm):
+    """tqdm without its monitor thread (it only retunes bars that update rarely):
+    a sweep forks its workers only from a process of one thread."""
+
+    monitor_interval = 0
+
+
 class Progress(Protocol):
     """What :func:`stepplan.sim.run.simulate` reports after every step."""
 
@@ -41,7 +48,7 @@ class ProgressBar:
     """A tqdm bar of finished requests, for a terminal."""
 
     def __init__(self, total: int, stream: TextIO) -> None:
-        self._bar = tqdm(total=total, unit="req", leave=False, file=stream)
+        self._bar = _Bar(total=total, unit="req", leave=False, file=stream)
 
     def update(self, steps: int, finished: int, clock_s: float) -> None:
         """Refresh every few hundred steps."""
@@ -156,7 +163,7 @@ class CountBar:
     """A tqdm bar over items, for a terminal; ``done`` of ``total`` finished before."""
 
     def __init__(self, total: int, stream: TextIO, *, unit: str, done: int = 0) -> None:
-        self._bar = tqdm(total=total, initial=done, unit=unit, leave=False, file=stream)
+        self._bar = _Bar(total=total, initial=done, unit=unit, leave=False, file=stream)
 
     def advance(self, count: int = 1) -> None:
         """Move the bar on."""

@@ -173,3 +173,31 @@ def test_preemption_keeps_greedy_decoding_in_live_mode(backend):
     assert result.requests["num_preemptions"].sum() > 0
     for request_id in range(table.num_requests):
         np.testing.assert_array_equal(live.output(request_id), reference.output(request_id))
+
+
+def test_the_mean_usage_does_not_depend_on_blas_threads():
+    """Over 10,000 steps a BLAS dot product is split over its threads, so its last bits
+    would follow the core count (a Ray worker runs BLAS on one thread); the summary's
+    mean usage is the same number on any."""
+    import os
+    import subprocess
+    import sys
+
+    run = (
+        "from stepplan.sim.config import SimConfig\n"
+        "from stepplan.sim.run import prepare_requests, simulate\n"
+        "from stepplan.sim.workloads import parse_synthetic\n"
+        "config = SimConfig()\n"
+        "table = prepare_requests(parse_synthetic('synthetic:n=2000,rate=10'), config)\n"
+        "result = simulate(table, config)\n"
+        "print(len(result.steps['kv_usage']), repr(result.summary['memory']['mean_usage']))\n"
+    )
+    said = set()
+    for threads in ("1", "4"):
+        env = {**os.environ, "OPENBLAS_NUM_THREADS": threads, "OMP_NUM_THREADS": threads}
+        done = subprocess.run([sys.executable, "-c", run], env=env, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        steps, mean = done.stdout.split()
+        assert int(steps) > 10_000
+        said.add(mean)
+    assert len(said) == 1

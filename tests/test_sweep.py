@@ -210,7 +210,9 @@ def test_the_table_is_in_parquet_too_when_pyarrow_is_installed(serial):
         assert parquet.column(name).to_pylist() == table[name].tolist(), name
 
 
-def test_two_workers_give_the_serial_table(serial, tmp_path):
+@pytest.mark.parametrize("start", ["fork", "spawn"])
+def test_two_workers_give_the_serial_table(serial, tmp_path, monkeypatch, start):
+    monkeypatch.setattr(runner_module, "start_method", lambda: start)
     assert sweep(write(tmp_path, SWEEP_FILE), tmp_path / "out", "--workers", "2") == 0
     for name in ("sweep.csv", "sweep.json"):
         assert (tmp_path / "out" / name).read_bytes() == (serial / name).read_bytes(), name
@@ -232,9 +234,28 @@ def test_a_ray_sweep_gives_the_local_table(serial, tmp_path, local_ray):
         assert (tmp_path / "out" / name).read_bytes() == (serial / name).read_bytes(), name
 
 
-def test_a_stopped_pool_ends_its_workers_at_once():
+def test_workers_are_forked_only_from_a_process_of_one_thread():
+    import subprocess
+    import threading
+
+    ask = "from stepplan.sim.sweep.runner import start_method; print(start_method())"
+    alone = subprocess.run([sys.executable, "-c", ask], capture_output=True, text=True)
+    assert alone.stdout.strip() == ("fork" if sys.platform.startswith("linux") else "spawn")
+    release = threading.Event()
+    other = threading.Thread(target=release.wait)
+    other.start()
+    try:
+        assert runner_module.start_method() == "spawn"
+    finally:
+        release.set()
+        other.join()
+
+
+@pytest.mark.parametrize("start", ["fork", "spawn"])
+def test_a_stopped_pool_ends_its_workers_at_once(start):
     """Stopping run_local drops the points still running: their workers are terminated
-    (exit code -SIGTERM), not waited for."""
+    (exit code -SIGTERM), not waited for, even where a forked worker inherited a
+    SIGTERM handler that only asks to stop."""
     import multiprocessing
     import threading
 
@@ -254,7 +275,11 @@ def test_a_stopped_pool_ends_its_workers_at_once():
         workers.extend(multiprocessing.active_children())
         stop.set()
 
-    runner_module.run_local(tasks, finished, stop, workers=2)
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
+    try:
+        runner_module.run_local(tasks, finished, stop, workers=2, start=start)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     assert done == ["quick"] and len(workers) == 2
     assert [worker.exitcode for worker in workers] == [-signal.SIGTERM] * 2
     assert not multiprocessing.active_children()

@@ -8,7 +8,7 @@ its record), and returns when every point has run or ``stop`` is set; a stopped 
 ends the points still running at once and drops them (they run again on a re-run).
 ``meanwhile``, when given, is called once in the calling process as soon as the first
 points are handed out: its own preparation (the figure's imports) then overlaps the
-workers' start instead of following the last point.
+points instead of following the last one, and comes after the workers are forked.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import contextlib
 import multiprocessing
 import os
 import signal
+import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
@@ -109,8 +110,24 @@ def run_serial(
 
 def _worker_init() -> None:
     """Workers leave Ctrl-C to the sweep (a terminal sends it to the whole process
-    group): the sweep stops them itself, and no worker prints a traceback."""
+    group): the sweep stops them itself, and no worker prints a traceback. SIGTERM ends
+    a worker (a forked one would inherit the sweep's handler, which only asks to stop)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def start_method() -> str:
+    """``fork`` on Linux from a process of one thread, else ``spawn``.
+
+    A forked worker starts at once with stepplan imported and no state of its own to
+    build (a spawned one starts a new interpreter and imports stepplan and the calling
+    script again: about 0.3 s of CPU per worker, on the cores the points need). Another
+    thread of this process could hold a lock at the fork that stays held in the child,
+    so then the workers are spawned; macOS and Windows always spawn. The threads Python
+    does not see are numpy's BLAS pool, which stops itself around a fork, and those of
+    torch or Ray when this process started them: a worker touches neither."""
+    forkable = sys.platform.startswith("linux") and threading.active_count() == 1
+    return "fork" if forkable else "spawn"
 
 
 def run_local(
@@ -120,13 +137,14 @@ def run_local(
     meanwhile: Meanwhile = None,
     *,
     workers: int,
+    start: str | None = None,
 ) -> None:
-    """The points in ``workers`` worker processes (spawned: nothing of this process's
-    state is inherited), each handed to ``done`` as it finishes."""
+    """The points in ``workers`` worker processes, each handed to ``done`` as it
+    finishes; ``start`` is how they start (``fork``, ``spawn``; default
+    :func:`start_method`). Either way a worker runs only :func:`run_point` of a task."""
     queue: Iterator[PointTask] = iter(tasks)
-    pool = ProcessPoolExecutor(
-        workers, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_init
-    )
+    context = multiprocessing.get_context(start or start_method())
+    pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_worker_init)
     pending: set[Future] = set()
     try:
         while True:
