@@ -111,3 +111,19 @@ def test_refusals(profile, tmp_path, capsys):
     assert cli.main(["profile", "--out", str(tmp_path / "p.json"), "--repeats", "0", *SETUP]) == 2
     one_error(capsys, "--repeats: must be at least 1")
     assert not (tmp_path / "x").exists() and not (tmp_path / "f").exists()
+
+
+def test_the_live_engine_has_the_profiled_engines_kv_positions(profile, tmp_path):
+    """A profile of the model's whole length: the live engine is built with its KV
+    positions (attention's graphs are captured for that many keys), not with the few the
+    slice's longest request needs."""
+    assert json.loads(profile.read_text())["runner"]["max_len"] == 512  # tiny's whole length
+    trace = tmp_path / "short.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
+        f"2023-11-16 18:15:46.{i:06d},{20 + i},{5 + i}\n" for i in range(4)
+    ))  # fmt: skip
+    out = tmp_path / "fid"
+    argv = ["fidelity", str(trace), "--profile", str(profile), "--out", str(out), *SETUP]
+    assert cli.main(argv) == 0
+    live = json.loads((out / "live" / "summary.json").read_text())
+    assert live["live_run"]["max_len"] == 512  # the slice alone needs 256

@@ -34,7 +34,7 @@ from ..acceptance import Replay
 from ..config import ConfigError, SimConfig, with_settings
 from ..engine_profile import EngineProfile, read_engine_profile, step_shape
 from ..fidelity import StepErrors, StepRecord, end_to_end, step_errors
-from ..live import engine_setup
+from ..live import engine_setup, model_preset
 from ..outdir import ResultsFolder
 from ..results import SimResult, write_results
 from ..run import StepEvent, planner_config, simulate
@@ -150,9 +150,22 @@ def _configs(args: argparse.Namespace) -> tuple[SimConfig, SimConfig, EngineProf
         raise ConfigError("fidelity: needs --profile FILE (what `stepplan profile` wrote)")
     profile = read_engine_profile(profile_path)
     live = with_settings(base, {"live.enabled": True, "live.time": "measured"})
+    live = _profiled_positions(live, profile)
     simulated = with_settings(base, {"live.enabled": False, "cost.profile": str(profile_path)})
     profile.check_setup(*engine_setup(live, planner_config(live)))
     return live, simulated, profile
+
+
+def _profiled_positions(live: SimConfig, profile: EngineProfile) -> SimConfig:
+    """The live engine with the profiled engine's KV positions per slot unless
+    ``live.max_len`` says otherwise: attention's graphs are captured for that many keys,
+    so the engine that runs is the one measured. Only a profile of the model's whole
+    length qualifies: every request the run admits fits it."""
+    measured = profile.runner.get("max_len")
+    if live.live.max_len is not None or not isinstance(measured, int):
+        return live
+    limit = min(int(model_preset(live)["max_model_len"]), live.model.resolved().max_model_len)
+    return with_settings(live, {"live.max_len": measured}) if measured == limit else live
 
 
 def run_fidelity(args: argparse.Namespace) -> int:
