@@ -214,10 +214,11 @@ def measure(
     tokens the engine samples.
 
     Each batch runs ``warmup`` times first (its compilations and graph capture), then the
-    timed repeats go round the batches, each round in a new order: in a live run a step
-    follows other steps, never itself, so neither a GPU heated by one shape run back to
-    back nor a host warmed by it is what a live step meets. Before each timed step the
-    host works for ``idle_gap_s`` while the GPU idles, as a live host schedules.
+    timed repeats go round the batches, each round in a new order (:func:`_round_order`):
+    in a live run a step follows steps of about its own weight, never itself, so neither
+    a GPU heated by one shape run back to back nor a light step measured just after a
+    heavy one is what a live step meets. Before each timed step the host works for
+    ``idle_gap_s`` while the GPU idles, as a live host schedules.
 
     An eager step's every run is of a token count run before by no other (its last
     prefill chunk a few tokens longer or shorter, :func:`fresh_variants`): a live eager
@@ -233,12 +234,14 @@ def measure(
         [(rng.integers(0, vocab_size, b.num_tokens, dtype=np.int64), samples(b)) for b in row]
         for row in variants
     ]
-    for row, row_inputs in zip(variants, inputs, strict=True):
+    weights = np.zeros(len(batches))
+    for index, (row, row_inputs) in enumerate(zip(variants, inputs, strict=True)):
         for attempt in range(warmup):
-            run(planner.compile(_rebuilt(row[attempt])), *row_inputs[attempt])
+            wall_s, _, _ = run(planner.compile(_rebuilt(row[attempt])), *row_inputs[attempt])
+            weights[index] = wall_s
     timings: list[list[tuple[float, float | None, float]]] = [[] for _ in batches]
     for repeat in range(warmup, runs):
-        for index in rng.permutation(len(batches)).tolist():
+        for index in _round_order(weights, repeat, rng).tolist():
             ids, sampled = inputs[index][repeat]
             _host_work(idle_gap_s)
             start = time.perf_counter()
@@ -262,6 +265,14 @@ class _Reach:
     def of(cls, batches: Sequence[StepBatch]) -> _Reach:
         ends = [int((b.num_computed_tokens + b.query_lens).max()) for b in batches if b.num_rows]
         return cls(max((b.num_tokens for b in batches), default=0), max(ends, default=0))
+
+
+def _round_order(weights: np.ndarray, repeat: int, rng: np.random.Generator) -> np.ndarray:
+    """One round's order: by the warm-up's time, jittered by up to 25% and turned round
+    every other round, so a step follows steps of about its own weight (live, a batch
+    changes little from one step to the next) but never the same ones."""
+    order = np.argsort(weights * rng.uniform(0.8, 1.25, weights.size), kind="stable")
+    return order[::-1] if repeat % 2 else order
 
 
 def fresh_variants(
