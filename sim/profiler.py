@@ -4,14 +4,14 @@
 can replay for uniform steps (each at full rows at :data:`CONTEXT_LEVELS`, with one long
 row among short ones, and once partly filled), and eager steps over a token grid (a
 prefill chunk without and with context, spec rows beside one prefill chunk or several, at
-each node and between nodes; in graph mode ``mixed`` also steps full of spec rows beside a
-short chunk, which such graphs serve). The
-planner decides each batch's graph, so the grid needs no copy of the bucket rule.
+each node and between nodes, and from 512 tokens 8-16 chunks in one step; in graph mode
+``mixed`` also steps full of spec rows beside a short chunk, which such graphs serve).
+The planner decides each batch's graph, so the grid needs no copy of the bucket rule.
 :func:`measure` times each batch through a caller's ``run`` (the live engine's timed
 step), after warm-up, as the median of repeats taken round the whole grid, planner
 compile included: the same work the live engine's measured steps consist of, each after
-other shapes and a short stretch of host work, as a live step comes after the host's
-scheduling.
+steps of about its weight and a short stretch of host work, as a live step comes after
+the host's scheduling, and each eager run at a token count of its own, as live.
 """
 
 from __future__ import annotations
