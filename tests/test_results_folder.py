@@ -324,7 +324,7 @@ def test_a_signal_keeps_a_partial_result(tmp_path, signum, code):
     )
     try:
         assert "simulating" in run.stderr.readline()
-        threading.Event().wait(0.5)  # some steps in
+        threading.Event().wait(0.1)  # some steps in: the whole run takes about 0.6 s here
         run.send_signal(signum)
         _, err = run.communicate(timeout=120)
     finally:
