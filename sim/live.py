@@ -102,10 +102,16 @@ def model_preset(config: SimConfig) -> dict[str, Any]:
     return preset
 
 
+def length_limit(config: SimConfig) -> int:
+    """The longest context the live engine can hold: the preset's ``max_model_len`` or
+    the simulation's, whichever is shorter."""
+    return min(int(model_preset(config)["max_model_len"]), config.model.resolved().max_model_len)
+
+
 def kv_positions(config: SimConfig, lengths: np.ndarray | None) -> int:
     """KV positions per slot: ``live.max_len``, else the longest request (prompt plus
-    output) rounded up, within the model's ``max_model_len``."""
-    limit = min(int(model_preset(config)["max_model_len"]), config.model.resolved().max_model_len)
+    output) rounded up, within :func:`length_limit`."""
+    limit = length_limit(config)
     if config.live.max_len is not None:
         if config.live.max_len > limit:
             raise ConfigError(f"live.max_len: {config.live.max_len} exceeds max_model_len {limit}")

@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 import attrs
 import numpy as np
 
-from stepplan.planner import ExecutionPlan, Planner, PlannerConfig, StepBatch
+from stepplan.planner import ExecutionPlan, PlanError, Planner, PlannerConfig, StepBatch
 
 from .engine_profile import ProfilePoint, step_shape
 
@@ -228,13 +228,15 @@ def measure(
     """
     rng = np.random.default_rng(seed)
     runs = warmup + repeats
+    plans = [planner.compile(batch) for batch in batches]
     reach, seen = _Reach.of(batches), set[int]()
-    variants = [fresh_variants(batch, planner, runs, reach, seen) for batch in batches]
+    variants = [fresh_variants(plan, planner, runs, reach, seen) for plan in plans]
     inputs = [
         [(rng.integers(0, vocab_size, b.num_tokens, dtype=np.int64), samples(b)) for b in row]
         for row in variants
     ]
-    weights = np.zeros(len(batches))
+    # A step's weight: its warm-up time, or without warm-up its token count.
+    weights = np.array([plan.num_tokens for plan in plans], np.float64)
     for index, (row, row_inputs) in enumerate(zip(variants, inputs, strict=True)):
         for attempt in range(warmup):
             wall_s, _, _ = run(planner.compile(_rebuilt(row[attempt])), *row_inputs[attempt])
@@ -249,7 +251,6 @@ def measure(
             planning_s = time.perf_counter() - start
             wall_s, gpu_s, host_s = run(plan, ids, sampled)
             timings[index].append((planning_s + wall_s, gpu_s, planning_s + host_s))
-    plans = [planner.compile(batch) for batch in batches]
     return [_point(plan, rows) for plan, rows in zip(plans, timings, strict=True) if rows]
 
 
@@ -276,15 +277,15 @@ def _round_order(weights: np.ndarray, repeat: int, rng: np.random.Generator) -> 
 
 
 def fresh_variants(
-    batch: StepBatch, planner: Planner, count: int, reach: _Reach, seen: set[int]
+    plan: ExecutionPlan, planner: Planner, count: int, reach: _Reach, seen: set[int]
 ) -> list[StepBatch]:
-    """``count`` batches to run for ``batch``: itself ``count`` times for a graph step;
-    for an eager one, copies whose last prefill chunk is ``+1, -1, +2, -2, ...`` tokens
-    longer (only shorter where longer passes ``reach``), each still an eager step of a
-    token count not in ``seen`` (which takes it). Where too few such copies lie near,
-    the batch itself stands in for the rest."""
-    base = planner.compile(batch)
-    if base.graph is not None:
+    """``count`` batches to run for ``plan``'s batch: itself ``count`` times for a graph
+    step; for an eager one, copies whose last prefill chunk is ``+1, -1, +2, -2, ...``
+    tokens longer (only shorter where longer passes ``reach``), each still an eager step
+    of a token count not in ``seen`` (which takes it). Where too few such copies lie
+    near, the batch itself stands in for the rest."""
+    batch = plan.batch
+    if plan.graph is not None:
         return [batch] * count
     prefill = np.flatnonzero(batch.num_draft_tokens < 0)
     if prefill.size == 0:
@@ -315,9 +316,9 @@ def _shifted(
     if query[row] < 2 or batch.num_tokens + delta > reach.tokens or end > reach.row_end:
         return None
     try:
-        shifted = attrs.evolve(_rebuilt(batch), query_lens=query)
+        shifted = attrs.evolve(batch, query_lens=query)
         plan = planner.compile(shifted)
-    except ValueError:
+    except PlanError:
         return None
     return shifted if plan.graph is None else None
 

@@ -106,3 +106,19 @@ def test_a_grid_of_many_rows_measures_bursts_of_short_prompts():
     limits = GridLimits(max_num_batched_tokens=8192, num_slots=129, max_len=9232)
     chunks = [int((b.num_draft_tokens < 0).sum()) for b in profile_batches(config, limits)]
     assert max(chunks) >= 8
+
+
+def test_a_round_times_steps_after_steps_of_about_their_weight():
+    """Rounds go by weight (jittered, every other one turned round), never a fixed order:
+    a light step is timed after light ones, as in a live run."""
+    from stepplan.sim.profiler import _round_order
+
+    rng = np.random.default_rng(0)
+    weights = np.geomspace(1e-3, 1.0, 60)
+    orders = [_round_order(weights, repeat, rng) for repeat in range(4)]
+    for repeat, order in enumerate(orders):
+        ranked = weights[order] if repeat % 2 == 0 else weights[order][::-1]
+        # A step never comes before one more than 1.25 / 0.8 times lighter.
+        assert (np.maximum.accumulate(ranked) <= ranked * (1.25 / 0.8) + 1e-12).all()
+        assert sorted(order.tolist()) == list(range(60))
+    assert orders[0].tolist() != orders[2].tolist()  # the jitter moves neighbours

@@ -34,7 +34,7 @@ from ..acceptance import Replay
 from ..config import ConfigError, SimConfig, with_settings
 from ..engine_profile import EngineProfile, read_engine_profile, step_shape
 from ..fidelity import StepErrors, StepRecord, end_to_end, step_errors
-from ..live import engine_setup, model_preset
+from ..live import engine_setup, length_limit
 from ..outdir import ResultsFolder
 from ..results import SimResult, write_results
 from ..run import StepEvent, planner_config, simulate
@@ -162,10 +162,9 @@ def _profiled_positions(live: SimConfig, profile: EngineProfile) -> SimConfig:
     so the engine that runs is the one measured. Only a profile of the model's whole
     length qualifies: every request the run admits fits it."""
     measured = profile.runner.get("max_len")
-    if live.live.max_len is not None or not isinstance(measured, int):
+    if live.live.max_len is not None or measured != length_limit(live):
         return live
-    limit = min(int(model_preset(live)["max_model_len"]), live.model.resolved().max_model_len)
-    return with_settings(live, {"live.max_len": measured}) if measured == limit else live
+    return with_settings(live, {"live.max_len": measured})
 
 
 def run_fidelity(args: argparse.Namespace) -> int:

@@ -25,7 +25,7 @@ import attrs
 
 from ..config import ConfigError, SimConfig
 from ..engine_profile import FORMAT, EngineProfile, EngineProfileError
-from ..live import engine_setup, make_runner, model_preset
+from ..live import engine_setup, length_limit, make_runner
 from ..profiler import CONTEXT_LEVELS, GridLimits, measure, profile_batches, token_grid
 from ..run import planner_config
 from .options import add_setting_options, build_config
@@ -78,8 +78,7 @@ def grid_limits(config: SimConfig) -> GridLimits:
     the budget's prefill and the grid's longest contexts (``live.max_len`` when set)."""
     budget = config.scheduler.max_num_batched_tokens
     needed = max(budget, int(CONTEXT_LEVELS[-1] * _CONTEXT_ROOM) + 16)
-    limit = min(int(model_preset(config)["max_model_len"]), config.model.resolved().max_model_len)
-    max_len = config.live.max_len or min(limit, needed)
+    max_len = config.live.max_len or min(length_limit(config), needed)
     return GridLimits(budget, config.scheduler.slots + 1, max_len, config.scheduler.num_groups)
 
 
