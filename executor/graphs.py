@@ -10,8 +10,9 @@ recorded for another shape.
 
 from __future__ import annotations
 
+import contextlib
 import gc
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -71,6 +72,19 @@ class _Captured:
     config: PlannerConfig
     layout: PlanLayout
     graphs: tuple[Any, ...]  # torch.cuda.CUDAGraph per ring entry
+
+
+@contextlib.contextmanager
+def paused_gc() -> Iterator[None]:
+    """No garbage collection inside the block; the collector as it was after it (left
+    off if the caller had it off)."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if collecting:
+            gc.enable()
 
 
 class StepGraphs:
@@ -187,18 +201,13 @@ class StepGraphs:
         graphs = []
         # torch.cuda.graph collects garbage before it begins; a collection inside the
         # capture could free a dead engine's pinned memory, which invalidates the capture.
-        collecting = gc.isenabled()
-        gc.disable()
-        try:
+        with paused_gc():
             for index in range(ring.ring_size):
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=self._pool):
                     self._upload_with_ticket(index, with_ticket)
                     self._forward(tokens)
                 graphs.append(graph)
-        finally:
-            if collecting:
-                gc.enable()
         executor.forget_prepared()
         return _Captured(executor.signature(plan), plan.config, plan.layout, tuple(graphs))
 

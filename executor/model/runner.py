@@ -10,7 +10,6 @@ one plan run the same shapes.
 
 from __future__ import annotations
 
-import gc
 import time
 from collections.abc import Sequence
 
@@ -19,6 +18,7 @@ import numpy as np
 import torch
 
 from stepplan.executor import Executor, StepGraphs
+from stepplan.executor.graphs import paused_gc
 from stepplan.executor.upload import PinnedUpload
 from stepplan.planner import (
     ExecutionPlan,
@@ -300,13 +300,8 @@ class HybridModelRunner:
         if events is not None:
             torch.cuda.synchronize(self.device)
         # A collection of the caller's objects is not the step's time: none runs inside.
-        collecting = gc.isenabled()
-        gc.disable()
-        try:
+        with paused_gc():
             return self._timed(plan, token_ids, sample_index)
-        finally:
-            if collecting:
-                gc.enable()
 
     def _timed(
         self, plan: ExecutionPlan, token_ids: np.ndarray, sample_index: np.ndarray
