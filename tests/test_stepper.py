@@ -22,6 +22,15 @@ COMPILED = load_stepper() is not None
 needs_compiled = pytest.mark.skipif(not COMPILED, reason="the compiled stepper is not built")
 
 
+def test_the_compiled_stepper_is_built():
+    """The install builds it (as it builds the planner's packer, whose tests need it): a
+    failed build must fail here, not pass by skipping every parity test below."""
+    from stepplan.sim.stepper import _stepper_module
+
+    module, why = _stepper_module()
+    assert module is not None, why
+
+
 def assert_same(native, python):
     """Two results equal in every column but the measured planner time, and in the gaps."""
     for table in ("steps", "requests"):
