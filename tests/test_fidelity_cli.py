@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import csv
 import json
 
 import pytest
 
 from stepplan.sim import cli
+from stepplan.sim.engine_profile import StepShape, read_engine_profile
 
 SETUP = ["--set", "model.name=tiny", "--max-num-seqs", "4", "--max-num-batched-tokens", "64"]
 SETUP += ["--num-spec-tokens", "3", "--max-model-len", "512"]
@@ -62,6 +64,35 @@ def test_fidelity_end_to_end(profile, tmp_path, capsys):
     lines = (out / "acceptance.jsonl").read_text().splitlines()
     assert len(lines) == document["requests"]
     assert "replayed batches identical: True" in capsys.readouterr().out
+    rescored(profile, out / "fidelity_steps.csv")
+
+
+def rescored(profile, steps_csv):
+    """Each line of ``fidelity_steps.csv`` holds its step's whole shape: the profile's fit
+    predicts from the rebuilt shape what the line records, and the clocks run forward."""
+    fit = read_engine_profile(profile).fit
+    lines = list(csv.DictReader(steps_csv.read_text().splitlines()))
+    assert lines
+    for line in lines:
+        graph = line["graph"].split(":") if line["graph"] else None
+        shape = StepShape(
+            graph=None if graph is None else (graph[0], *map(int, graph[1:])),
+            rows=tuple(int(line[f"rows_{k}"]) for k in ("spec", "decode", "prefill")),
+            tokens=tuple(int(line[f"tokens_{k}"]) for k in ("spec", "decode", "prefill")),
+            tiles=int(line["tiles"]),
+            context_tokens=int(line["context_tokens"]),
+            prefill_pairs=float(line["prefill_pairs"]),
+            max_context=int(line["max_context"]),
+            prefill_context=int(line["prefill_context"]),
+        )
+        assert shape.num_tokens == int(line["tokens"]) and shape.num_rows == int(line["rows"])
+        guess = fit.predict_us(shape)
+        assert (guess is None) == (line["predicted_us"] == "")
+        if guess is not None:
+            assert guess == float(line["predicted_us"])
+    starts = [float(line["start_s"]) for line in lines]
+    stamps = [float(line["unix_s"]) for line in lines]
+    assert starts == sorted(starts) and stamps == sorted(stamps)
 
 
 def test_fidelity_on_a_trace_with_block_hashes(profile, tmp_path):

@@ -12,9 +12,10 @@
    step times; TTFT, TPOT and throughput are compared with the live run's.
 
 ``OUT`` (a results folder of its own, ``stepplan-manifest.json``) receives
-``fidelity.json``, ``fidelity.png``, ``fidelity_steps.csv`` (measured and predicted time
-per step), ``acceptance.jsonl`` (what ``--acceptance replay`` reads) and the two runs'
-results folders ``live/`` and ``sim/``.
+``fidelity.json``, ``fidelity.png``, ``fidelity_steps.csv`` (per step: its whole shape,
+measured and predicted time, its start on the run's clock and the host's),
+``acceptance.jsonl`` (what ``--acceptance replay`` reads) and the two runs' results
+folders ``live/`` and ``sim/``.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import contextlib
 import csv
 import io
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -54,8 +56,12 @@ class Recorder:
     records: list[StepRecord] = attrs.Factory(list)
     batches: list[tuple[int, ...]] = attrs.Factory(list)
     accepted: dict[int, list[int]] = attrs.Factory(dict)
+    #: Each step's start on the run's clock, and the host's clock when it was recorded
+    #: (seconds since the epoch: to line steps up with the GPU's own telemetry).
+    clocks: list[tuple[float, float]] = attrs.Factory(list)
 
     def __call__(self, event: StepEvent) -> None:
+        self.clocks.append((event.start_s, time.time()))
         outcome = event.outcome
         measured_us = event.costs.total * 1e6
         cold = bool(outcome is not None and outcome.cold)
@@ -90,23 +96,30 @@ def _acceptance_jsonl(replay: Replay) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _steps_csv(records: list[StepRecord], profile: EngineProfile) -> str:
+def _steps_csv(recorder: Recorder, profile: EngineProfile) -> str:
+    """One line per live step: its kind, its whole :class:`StepShape` (so a run can be
+    scored again against another profile's fit), the measured and predicted times."""
     from ..fidelity import step_kind
 
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(
         ["step", "kind", "graph", "tokens", "rows", "cold", "measured_us", "gpu_us",
-         "predicted_us"]
+         "predicted_us", "rows_spec", "rows_decode", "rows_prefill", "tokens_spec",
+         "tokens_decode", "tokens_prefill", "tiles", "context_tokens", "prefill_pairs",
+         "max_context", "prefill_context", "start_s", "unix_s"]
     )  # fmt: skip
-    for index, record in enumerate(records):
-        guess = profile.fit.predict_us(record.shape)
-        graph = "" if record.shape.graph is None else ":".join(map(str, record.shape.graph))
+    for index, (record, clocks) in enumerate(zip(recorder.records, recorder.clocks, strict=True)):
+        shape = record.shape
+        guess = profile.fit.predict_us(shape)
+        graph = "" if shape.graph is None else ":".join(map(str, shape.graph))
         writer.writerow(
-            [index, step_kind(record.shape), graph, record.shape.num_tokens,
-             record.shape.num_rows, int(record.cold), repr(record.measured_us),
+            [index, step_kind(shape), graph, shape.num_tokens, shape.num_rows,
+             int(record.cold), repr(record.measured_us),
              "" if record.gpu_us is None else repr(record.gpu_us),
-             "" if guess is None else repr(guess)]
+             "" if guess is None else repr(guess), *shape.rows, *shape.tokens, shape.tiles,
+             shape.context_tokens, repr(shape.prefill_pairs), shape.max_context,
+             shape.prefill_context, repr(clocks[0]), repr(clocks[1])]
         )  # fmt: skip
     return out.getvalue()
 
@@ -241,7 +254,7 @@ def _write_files(
     from stepplan.plots.fidelity import plot_fidelity
 
     (stage / "fidelity.json").write_text(json.dumps(document, indent=2) + "\n")
-    (stage / "fidelity_steps.csv").write_text(_steps_csv(recorder.records, profile))
+    (stage / "fidelity_steps.csv").write_text(_steps_csv(recorder, profile))
     (stage / "acceptance.jsonl").write_text(_acceptance_jsonl(replay))
     title = f"{profile.preset.get('name')} on {profile.device}: simulated against measured steps"
     figure = plot_fidelity(errors.measured_us, errors.predicted_us, errors.kinds, title)
