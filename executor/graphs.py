@@ -208,6 +208,12 @@ class StepGraphs:
                     self._upload_with_ticket(index, with_ticket)
                     self._forward(tokens)
                 graphs.append(graph)
+        # A graph's first launch costs the GPU more than its next ones: replay each once
+        # on the inert plan now, so that no step pays for it.
+        for index, graph in enumerate(graphs):
+            ring.write(index, plan.layout.inert_buffer())
+            graph.replay()
+        ring.wait_all()
         executor.forget_prepared()
         return _Captured(executor.signature(plan), plan.config, plan.layout, tuple(graphs))
 
