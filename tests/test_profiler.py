@@ -122,3 +122,44 @@ def test_a_round_times_steps_after_steps_of_about_their_weight():
         assert (np.maximum.accumulate(ranked) <= ranked * (1.25 / 0.8) + 1e-12).all()
         assert sorted(order.tolist()) == list(range(60))
     assert orders[0].tolist() != orders[2].tolist()  # the jitter moves neighbours
+
+
+def test_a_heavy_step_is_timed_after_a_stretch_of_light_ones():
+    """Before each timed run of a step whose warm-up took LEAD_FROM_S or more, the lightest
+    batch runs (untimed, on its first inputs) for the lead-in; a light step gets none."""
+    from stepplan.planner import StepBatch
+    from stepplan.sim.profiler import LEAD_FROM_S
+
+    config = PlannerConfig(num_spec_tokens=3, graph_mode="none", max_num_seqs=256)
+    batches = [
+        StepBatch(
+            query_lens=[4] * rows,
+            num_computed_tokens=[20] * rows,
+            slots=list(range(1, rows + 1)),
+            num_draft_tokens=[3] * rows,
+            num_accepted_tokens=[1] * rows,
+        )
+        for rows in (1, 50, 150)
+    ]
+    seconds = {4: 1e-4, 200: LEAD_FROM_S / 3, 600: LEAD_FROM_S * 1.2}
+    runs: list[tuple[int, int]] = []  # (tokens, id of the input ids)
+
+    def run(plan, ids, samples):
+        runs.append((plan.num_tokens, id(ids)))
+        return seconds[plan.num_tokens], None, 1e-5
+
+    repeats, warmup = 3, 2
+    measure(
+        batches, Planner(config), run, sample_positions, vocab_size=50, repeats=repeats,
+        warmup=warmup, lead_in_s=0.002,
+    )  # fmt: skip
+    lead_ids = runs[0][1]  # the lightest batch's first inputs
+    timed = runs[warmup * len(batches) :]
+    leads = [i for i, (tokens, ids) in enumerate(timed) if ids == lead_ids]
+    assert leads and all(timed[i][0] == 4 for i in leads)
+    followers = {timed[i + 1][0] for i in leads if i + 1 not in leads}
+    assert followers == {600}  # a lead-in ends only at the heavy step
+    heavy = [i for i, (tokens, _) in enumerate(timed) if tokens == 600]
+    assert len(heavy) == repeats and all(i - 1 in leads for i in heavy)
+    others = [tokens for tokens, ids in timed if ids != lead_ids]
+    assert sorted(others) == sorted([4, 200, 600] * repeats)
