@@ -14,8 +14,11 @@ host-side metadata and upload, the GPU work and the read-back of the sampled tok
 **The fit** (:class:`EngineFit`) is three linear models, weighted so that least squares
 minimises *relative* error (the figure of merit is the per-step MAPE):
 
-- uniform graph steps (spec, decode): one base time per bucket, plus shared slopes in
-  ``context_tokens``, ``prefill_pairs``, live rows and ``max_context``;
+- uniform graph steps (spec, decode): one base time per bucket, a slope in
+  ``context_tokens`` per bucket measured at three or more contexts (attention's cost per
+  KV entry falls as a bucket's rows grow: few rows leave the GPU part idle) and a shared
+  one for the others, plus shared slopes in ``prefill_pairs``, live rows and
+  ``max_context``;
 - eager steps: a piecewise-linear function of the live tokens over the profile's token grid
   (hat functions at its nodes), plus slopes in ``context_tokens``, ``prefill_pairs``, rows
   per kind, tiles, decode-like rows times tokens (attention's launch grid covers every
@@ -275,13 +278,16 @@ class EngineFit:
 
     Attributes:
         buckets: uniform graph key -> its base time (µs).
-        graph_slopes: µs per unit of :func:`_graph_features`' features.
-        graph_limits: the largest measured value of each of them.
+        context_us: uniform graph key -> µs per context token (its own or the shared).
+        graph_slopes: µs per unit of :func:`_graph_features`' features but the first
+            (``context_tokens``, which ``context_us`` prices).
+        graph_limits: the largest measured value of each of those features.
         eager: eager steps over their live tokens.
         mixed: mixed graphs over their bucket's tokens.
     """
 
     buckets: Mapping[tuple[str, int, int, int], float]
+    context_us: Mapping[tuple[str, int, int, int], float]
     graph_slopes: np.ndarray
     graph_limits: np.ndarray
     eager: TokenModel
@@ -297,24 +303,50 @@ class EngineFit:
         features = np.asarray(_graph_features(shape))
         if base is None or (features > self.graph_limits * _EXTRAPOLATION).any():
             return None
-        return base + float(features @ self.graph_slopes)
+        context = float(features[0]) * self.context_us[shape.graph]
+        return base + context + float(features[1:] @ self.graph_slopes)
 
 
-def _fit_buckets(
-    points: Sequence[ProfilePoint],
-) -> tuple[dict[tuple[str, int, int, int], float], np.ndarray, np.ndarray]:
-    """Uniform graphs: a base per bucket and shared slopes (``buckets, slopes, limits``)."""
+#: A bucket measured at this many distinct contexts or more gets a context slope of its own.
+_OWN_SLOPE_CONTEXTS = 3
+
+
+@attrs.frozen
+class _BucketFit:
+    """Uniform graphs' fit: ``base`` and ``context_us`` per key, shared ``slopes`` in the
+    features after ``context_tokens``, and every feature's largest measured value."""
+
+    base: dict[tuple[str, int, int, int], float]
+    context_us: dict[tuple[str, int, int, int], float]
+    slopes: np.ndarray
+    limits: np.ndarray
+
+
+def _fit_buckets(points: Sequence[ProfilePoint]) -> _BucketFit:
+    """A base per bucket, a context slope per bucket measured at
+    :data:`_OWN_SLOPE_CONTEXTS` contexts (one shared slope for the rest), shared slopes."""
     if not points:
-        return {}, np.zeros(4), np.zeros(4)
+        return _BucketFit({}, {}, np.zeros(3), np.zeros(4))
     keys = sorted({p.shape.graph for p in points})  # type: ignore[type-var]
     index = {key: i for i, key in enumerate(keys)}
-    design = np.zeros((len(points), len(keys) + 4))
+    contexts: dict[Any, set[int]] = {key: set() for key in keys}
+    for point in points:
+        contexts[point.shape.graph].add(point.shape.context_tokens)
+    own = [key for key in keys if len(contexts[key]) >= _OWN_SLOPE_CONTEXTS]
+    # Columns: bases, own context slopes, the shared context slope, the other features.
+    slope_column = {key: len(keys) + i for i, key in enumerate(own)}
+    shared = len(keys) + len(own)
+    design = np.zeros((len(points), shared + 4))
+    features = np.array([_graph_features(p.shape) for p in points])
     for row, point in enumerate(points):
-        design[row, index[point.shape.graph]] = 1.0  # type: ignore[index]
-        design[row, len(keys) :] = _graph_features(point.shape)
+        key = point.shape.graph
+        design[row, index[key]] = 1.0  # type: ignore[index]
+        design[row, slope_column.get(key, shared)] = features[row, 0]
+        design[row, shared + 1 :] = features[row, 1:]
     solution = _weighted_fit(design, np.array([p.wall_us for p in points]))
-    buckets = {key: float(solution[i]) for key, i in index.items()}
-    return buckets, solution[len(keys) :], design[:, len(keys) :].max(axis=0)
+    base = {key: float(solution[i]) for key, i in index.items()}
+    context_us = {key: float(solution[slope_column.get(key, shared)]) for key in keys}
+    return _BucketFit(base, context_us, solution[shared + 1 :], features.max(axis=0))
 
 
 def fit_points(points: Sequence[ProfilePoint], token_grid: Sequence[int]) -> EngineFit:
@@ -322,15 +354,16 @@ def fit_points(points: Sequence[ProfilePoint], token_grid: Sequence[int]) -> Eng
     uniform = [p for p in points if p.shape.graph is not None and p.shape.graph[0] != "mixed"]
     mixed = [p for p in points if p.shape.graph is not None and p.shape.graph[0] == "mixed"]
     eager = [p for p in points if p.shape.graph is None]
-    buckets, graph_slopes, graph_limits = _fit_buckets(uniform)
+    graphs = _fit_buckets(uniform)
     # The mixed model's grid: the token grid within the buckets measured, and their ends.
     sizes = [p.shape.graph[1] for p in mixed]  # type: ignore[index]
     mixed_nodes = [n for n in token_grid if sizes and min(sizes) <= n <= max(sizes)]
     mixed_nodes += [min(sizes), max(sizes)] if sizes else []
     return EngineFit(
-        buckets=MappingProxyType(buckets),
-        graph_slopes=_frozen(graph_slopes),
-        graph_limits=_frozen(graph_limits),
+        buckets=MappingProxyType(graphs.base),
+        context_us=MappingProxyType(graphs.context_us),
+        graph_slopes=_frozen(graphs.slopes),
+        graph_limits=_frozen(graphs.limits),
         eager=TokenModel.fit(
             [p.shape.num_tokens for p in eager],
             [_eager_features(p.shape) for p in eager],

@@ -30,7 +30,9 @@ def law(shape: StepShape) -> float:
         return base + 0.02 * shape.context_tokens + 1e-5 * shape.prefill_pairs + 5 * shape.rows[0]
     if shape.graph is not None:
         base = {key: 900.0 + 40.0 * i for i, key in enumerate(KEYS)}[shape.graph]
-        return base + 0.015 * shape.context_tokens + 2.0 * shape.num_rows
+        # Each bucket's own price per context token (few rows: a dearer KV entry).
+        per_token = {key: 0.03 / (1 + i) for i, key in enumerate(KEYS)}[shape.graph]
+        return base + per_token * shape.context_tokens + 2.0 * shape.num_rows
     tokens = shape.num_tokens
     dense = np.interp(tokens, GRID, [500, 520, 600, 900, 2100, 8000])
     return float(dense + 0.01 * shape.context_tokens + 2e-5 * shape.prefill_pairs + 3 * shape.tiles)
@@ -105,6 +107,28 @@ def test_the_fit_recovers_its_law(seed):
         predicted = fit.predict_us(point.shape)
         if predicted is not None:
             assert predicted == pytest.approx(point.wall_us, rel=1e-6)
+
+
+def test_a_bucket_measured_at_two_contexts_takes_the_shared_context_slope():
+    """Buckets measured at three or more contexts price context each their own way; one
+    measured at fewer shares a slope with the others like it, so it still extrapolates."""
+    rng = np.random.default_rng(5)
+    points = [p for p in random_points(rng, 400) if p.shape.graph in KEYS]
+    few = [("spec", 16, 4, 0), ("spec", 64, 16, 0)]
+
+    def few_law(shape: StepShape) -> float:
+        return 950.0 + 10.0 * shape.graph[2] + 0.012 * shape.context_tokens
+
+    for key in few:
+        for context in (1000, 5000):
+            shape = StepShape(key, (key[2], 0, 0), (key[1], 0, 0), 0, context, 0.0)
+            points.append(ProfilePoint(shape, few_law(shape) + 2.0 * key[2]))
+    fit = profile(points).fit
+    assert [fit.context_us[key] for key in KEYS] == pytest.approx([0.03, 0.015, 0.01])
+    for key in few:
+        assert fit.context_us[key] == pytest.approx(0.012)
+        shape = StepShape(key, (key[2], 0, 0), (key[1], 0, 0), 0, 3000, 0.0)
+        assert fit.predict_us(shape) == pytest.approx(few_law(shape) + 2.0 * key[2])
 
 
 def test_coverage():
