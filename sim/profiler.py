@@ -10,9 +10,8 @@ The planner decides each batch's graph, so the grid needs no copy of the bucket 
 :func:`measure` times each batch through a caller's ``run`` (the live engine's timed
 step), after warm-up, as the median of repeats taken round the whole grid, planner
 compile included: the same work the live engine's measured steps consist of, each after
-steps of about its weight (a heavy one after a stretch of light steps) and a short
-stretch of host work, as a live step comes after the host's scheduling, and each eager
-run at a token count of its own, as live.
+steps of about its weight and a short stretch of host work, as a live step comes after
+the host's scheduling, and each eager run at a token count of its own, as live.
 """
 
 from __future__ import annotations
@@ -34,10 +33,6 @@ _LONG_CONTEXT = 7000
 #: Host work before each timed repeat: in a live run the GPU waits while the host
 #: schedules the next step.
 IDLE_GAP_S = 0.002
-#: Before each timed step whose warm-up took at least ``LEAD_FROM_S``, the GPU runs the
-#: grid's lightest step for ``LEAD_IN_S``: live, a heavy step mostly follows light ones,
-#: and a power-capped GPU runs it faster from that state than after other heavy steps.
-LEAD_IN_S, LEAD_FROM_S = 0.2, 0.05
 _GRID_NODES = (2, 4, 8, 16, 32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 2560, 3072)
 _GRID_NODES += (4096, 5120, 6144, 7168)
 #: Steps of at least this many tokens are also measured with 8 to ``_MANY_CHUNKS``
@@ -213,7 +208,6 @@ def measure(
     warmup: int = 2,
     seed: int = 0,
     idle_gap_s: float = IDLE_GAP_S,
-    lead_in_s: float = LEAD_IN_S,
 ) -> list[ProfilePoint]:
     """Median wall time of each batch's step as a live run measures it -- the batch built
     and compiled, then ``run`` -- with its GPU and host parts; ``samples(batch)`` gives the
@@ -224,8 +218,7 @@ def measure(
     in a live run a step follows steps of about its own weight, never itself, so neither
     a GPU heated by one shape run back to back nor a light step measured just after a
     heavy one is what a live step meets. Before each timed step the host works for
-    ``idle_gap_s`` while the GPU idles, as a live host schedules; before a heavy one
-    (:data:`LEAD_FROM_S`) the lightest batch first runs for ``lead_in_s``, untimed.
+    ``idle_gap_s`` while the GPU idles, as a live host schedules.
 
     An eager step's every run is of a token count run before by no other (its last
     prefill chunk a few tokens longer or shorter, :func:`fresh_variants`): a live eager
@@ -249,15 +242,9 @@ def measure(
             wall_s, _, _ = run(planner.compile(_rebuilt(row[attempt])), *row_inputs[attempt])
             weights[index] = wall_s
     timings: list[list[tuple[float, float | None, float]]] = [[] for _ in batches]
-    lightest = int(np.argmin(weights)) if batches else 0
     for repeat in range(warmup, runs):
         for index in _round_order(weights, repeat, rng).tolist():
             ids, sampled = inputs[index][repeat]
-            if warmup and weights[index] >= LEAD_FROM_S:
-                light_ids, light_sampled = inputs[lightest][0]
-                deadline = time.perf_counter() + lead_in_s
-                while time.perf_counter() < deadline:
-                    run(planner.compile(_rebuilt(variants[lightest][0])), light_ids, light_sampled)
             _host_work(idle_gap_s)
             start = time.perf_counter()
             plan = planner.compile(_rebuilt(variants[index][repeat]))
