@@ -27,25 +27,7 @@ minimises *relative* error (the figure of merit is the per-step MAPE):
   work is the bucket's), with the bucket's rows and rows times tokens in place of the
   live ones for attention's grid.
 
-A uniform graph step is covered when its bucket was measured; a mixed graph when its
-bucket's tokens lie within the measured buckets'; an eager step when its tokens lie in
-the token grid and its other features stay within twice the largest measured. Everything
-else falls back to the roofline, and the summary counts the steps of each source.
-
-Document layout (``format`` and ``version`` are checked)::
-
-    {"format": "stepplan-engine-profile", "version": 3,
-     "device": "NVIDIA H200", "versions": {"torch": ..., "triton": ..., "stepplan": ...},
-     "preset": {"name": "hybrid-8b", ...every dimension...},
-     "planner": {"num_spec_tokens": 3, "graph_mode": "full", "graph_sizes": [...],
-                 "max_num_seqs": 256, "prefill_tile_tokens": 64, "num_groups": 1},
-     "runner": {"backend": "triton", "device": "cuda", ...},
-     "token_grid": [1, 2, 4, ...],
-     "points": [{"graph": ["spec", 1024, 256, 0] | null, "rows": [s, d, p],
-                 "tokens": [s, d, p], "tiles": n, "context_tokens": n,
-                 "prefill_pairs": x, "max_context": n, "prefill_context": n,
-                 "wall_us": median,
-                 "gpu_us": median | null, "host_us": median | null}, ...]}
+Coverage, the roofline fallback and the document's layout: ``docs/profile_format.md``.
 """
 
 from __future__ import annotations
@@ -61,6 +43,8 @@ import numpy as np
 
 FORMAT = "stepplan-engine-profile"
 VERSION = 3
+#: A bucket measured at this many distinct contexts or more gets a context slope of its own.
+_OWN_SLOPE_CONTEXTS = 3
 #: Slopes extrapolate to at most this multiple of the largest measured feature.
 _EXTRAPOLATION = 2.0
 #: Planner settings a profile must share with a simulation; graph sizes and
@@ -307,31 +291,16 @@ class EngineFit:
         return base + context + float(features[1:] @ self.graph_slopes)
 
 
-#: A bucket measured at this many distinct contexts or more gets a context slope of its own.
-_OWN_SLOPE_CONTEXTS = 3
-
-
-@attrs.frozen
-class _BucketFit:
-    """Uniform graphs' fit: ``base`` and ``context_us`` per key, shared ``slopes`` in the
-    features after ``context_tokens``, and every feature's largest measured value."""
-
-    base: dict[tuple[str, int, int, int], float]
-    context_us: dict[tuple[str, int, int, int], float]
-    slopes: np.ndarray
-    limits: np.ndarray
-
-
-def _fit_buckets(points: Sequence[ProfilePoint]) -> _BucketFit:
-    """A base per bucket, a context slope per bucket measured at
-    :data:`_OWN_SLOPE_CONTEXTS` contexts (one shared slope for the rest), shared slopes."""
+def _fit_buckets(points: Sequence[ProfilePoint]) -> tuple[dict, dict, np.ndarray, np.ndarray]:
+    """``base, context_us, slopes, limits``: a base and a context slope per bucket (shared
+    below :data:`_OWN_SLOPE_CONTEXTS` contexts), other slopes, each feature's maximum."""
     if not points:
-        return _BucketFit({}, {}, np.zeros(3), np.zeros(4))
+        return {}, {}, np.zeros(3), np.zeros(4)
     keys = sorted({p.shape.graph for p in points})  # type: ignore[type-var]
     index = {key: i for i, key in enumerate(keys)}
-    contexts: dict[Any, set[int]] = {key: set() for key in keys}
-    for point in points:
-        contexts[point.shape.graph].add(point.shape.context_tokens)
+    contexts = {
+        key: {p.shape.context_tokens for p in points if p.shape.graph == key} for key in keys
+    }
     own = [key for key in keys if len(contexts[key]) >= _OWN_SLOPE_CONTEXTS]
     # Columns: bases, own context slopes, the shared context slope, the other features.
     slope_column = {key: len(keys) + i for i, key in enumerate(own)}
@@ -346,7 +315,7 @@ def _fit_buckets(points: Sequence[ProfilePoint]) -> _BucketFit:
     solution = _weighted_fit(design, np.array([p.wall_us for p in points]))
     base = {key: float(solution[i]) for key, i in index.items()}
     context_us = {key: float(solution[slope_column.get(key, shared)]) for key in keys}
-    return _BucketFit(base, context_us, solution[shared + 1 :], features.max(axis=0))
+    return base, context_us, solution[shared + 1 :], features.max(axis=0)
 
 
 def fit_points(points: Sequence[ProfilePoint], token_grid: Sequence[int]) -> EngineFit:
@@ -354,16 +323,16 @@ def fit_points(points: Sequence[ProfilePoint], token_grid: Sequence[int]) -> Eng
     uniform = [p for p in points if p.shape.graph is not None and p.shape.graph[0] != "mixed"]
     mixed = [p for p in points if p.shape.graph is not None and p.shape.graph[0] == "mixed"]
     eager = [p for p in points if p.shape.graph is None]
-    graphs = _fit_buckets(uniform)
+    base, context_us, slopes, limits = _fit_buckets(uniform)
     # The mixed model's grid: the token grid within the buckets measured, and their ends.
     sizes = [p.shape.graph[1] for p in mixed]  # type: ignore[index]
     mixed_nodes = [n for n in token_grid if sizes and min(sizes) <= n <= max(sizes)]
     mixed_nodes += [min(sizes), max(sizes)] if sizes else []
     return EngineFit(
-        buckets=MappingProxyType(graphs.base),
-        context_us=MappingProxyType(graphs.context_us),
-        graph_slopes=_frozen(graphs.slopes),
-        graph_limits=_frozen(graphs.limits),
+        buckets=MappingProxyType(base),
+        context_us=MappingProxyType(context_us),
+        graph_slopes=_frozen(slopes),
+        graph_limits=_frozen(limits),
         eager=TokenModel.fit(
             [p.shape.num_tokens for p in eager],
             [_eager_features(p.shape) for p in eager],
