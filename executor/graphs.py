@@ -189,7 +189,8 @@ class StepGraphs:
         with_ticket = executor.graph_plan_buffer(plan, with_ticket=True)
         plan_buffer = with_ticket[:-1]
         ring.wait_all()  # queued replays may still read the entries the graphs pull from
-        ring.write(0, plan.layout.inert_buffer())
+        inert = plan.layout.inert_buffer()
+        ring.write(0, inert)
         executor.prepare_graphed(plan, plan_buffer)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
@@ -211,7 +212,7 @@ class StepGraphs:
         # A graph's first launch costs the GPU more than its next ones: replay each once
         # on the inert plan now, so that no step pays for it.
         for index, graph in enumerate(graphs):
-            ring.write(index, plan.layout.inert_buffer())
+            ring.write(index, inert)
             graph.replay()
         ring.wait_all()
         executor.forget_prepared()

@@ -265,7 +265,7 @@ class EngineFit:
         context_us: uniform graph key -> µs per context token (its own or the shared).
         graph_slopes: µs per unit of :func:`_graph_features`' features but the first
             (``context_tokens``, which ``context_us`` prices).
-        graph_limits: the largest measured value of each of those features.
+        graph_limits: the largest measured value of each of the four features.
         eager: eager steps over their live tokens.
         mixed: mixed graphs over their bucket's tokens.
     """

@@ -9,7 +9,8 @@ import json
 import pytest
 
 from stepplan.sim import cli
-from stepplan.sim.engine_profile import StepShape, read_engine_profile
+from stepplan.sim.cli.fidelity import shape_of_row
+from stepplan.sim.engine_profile import read_engine_profile
 
 SETUP = ["--set", "model.name=tiny", "--max-num-seqs", "4", "--max-num-batched-tokens", "64"]
 SETUP += ["--num-spec-tokens", "3", "--max-model-len", "512"]
@@ -74,17 +75,7 @@ def rescored(profile, steps_csv):
     lines = list(csv.DictReader(steps_csv.read_text().splitlines()))
     assert lines
     for line in lines:
-        graph = line["graph"].split(":") if line["graph"] else None
-        shape = StepShape(
-            graph=None if graph is None else (graph[0], *map(int, graph[1:])),
-            rows=tuple(int(line[f"rows_{k}"]) for k in ("spec", "decode", "prefill")),
-            tokens=tuple(int(line[f"tokens_{k}"]) for k in ("spec", "decode", "prefill")),
-            tiles=int(line["tiles"]),
-            context_tokens=int(line["context_tokens"]),
-            prefill_pairs=float(line["prefill_pairs"]),
-            max_context=int(line["max_context"]),
-            prefill_context=int(line["prefill_context"]),
-        )
+        shape = shape_of_row(line)
         assert shape.num_tokens == int(line["tokens"]) and shape.num_rows == int(line["rows"])
         guess = fit.predict_us(shape)
         assert (guess is None) == (line["predicted_us"] == "")

@@ -34,7 +34,7 @@ import numpy as np
 
 from ..acceptance import Replay
 from ..config import ConfigError, SimConfig, with_settings
-from ..engine_profile import EngineProfile, read_engine_profile, step_shape
+from ..engine_profile import EngineProfile, StepShape, read_engine_profile, step_shape
 from ..fidelity import StepErrors, StepRecord, end_to_end, step_errors
 from ..live import engine_setup, length_limit
 from ..outdir import ResultsFolder
@@ -96,6 +96,37 @@ def _acceptance_jsonl(replay: Replay) -> str:
     return "\n".join(lines) + "\n"
 
 
+#: ``fidelity_steps.csv``'s columns of a step's :class:`StepShape` (after its graph).
+SHAPE_COLUMNS = (
+    "rows_spec", "rows_decode", "rows_prefill", "tokens_spec", "tokens_decode",
+    "tokens_prefill", "tiles", "context_tokens", "prefill_pairs", "max_context",
+    "prefill_context",
+)  # fmt: skip
+
+
+def _shape_cells(shape: StepShape) -> list[Any]:
+    """``shape`` as :data:`SHAPE_COLUMNS` cells."""
+    return [*shape.rows, *shape.tokens, shape.tiles, shape.context_tokens,
+            repr(shape.prefill_pairs), shape.max_context, shape.prefill_context]  # fmt: skip
+
+
+def shape_of_row(row: dict[str, str]) -> StepShape:
+    """The :class:`StepShape` of one ``fidelity_steps.csv`` line (a ``csv.DictReader`` row):
+    what rescoring a live run against another profile's fit reads."""
+    graph = row["graph"].split(":") if row["graph"] else None
+    counts = [int(row[name]) for name in SHAPE_COLUMNS[:7]]
+    return StepShape(
+        graph=None if graph is None else (graph[0], *map(int, graph[1:])),
+        rows=(counts[0], counts[1], counts[2]),
+        tokens=(counts[3], counts[4], counts[5]),
+        tiles=counts[6],
+        context_tokens=int(row["context_tokens"]),
+        prefill_pairs=float(row["prefill_pairs"]),
+        max_context=int(row["max_context"]),
+        prefill_context=int(row["prefill_context"]),
+    )
+
+
 def _steps_csv(recorder: Recorder, profile: EngineProfile) -> str:
     """One line per live step: its kind, its whole :class:`StepShape` (so a run can be
     scored again against another profile's fit), the measured and predicted times."""
@@ -105,9 +136,7 @@ def _steps_csv(recorder: Recorder, profile: EngineProfile) -> str:
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(
         ["step", "kind", "graph", "tokens", "rows", "cold", "measured_us", "gpu_us",
-         "predicted_us", "rows_spec", "rows_decode", "rows_prefill", "tokens_spec",
-         "tokens_decode", "tokens_prefill", "tiles", "context_tokens", "prefill_pairs",
-         "max_context", "prefill_context", "start_s", "unix_s"]
+         "predicted_us", *SHAPE_COLUMNS, "start_s", "unix_s"]
     )  # fmt: skip
     for index, (record, clocks) in enumerate(zip(recorder.records, recorder.clocks, strict=True)):
         shape = record.shape
@@ -117,9 +146,8 @@ def _steps_csv(recorder: Recorder, profile: EngineProfile) -> str:
             [index, step_kind(shape), graph, shape.num_tokens, shape.num_rows,
              int(record.cold), repr(record.measured_us),
              "" if record.gpu_us is None else repr(record.gpu_us),
-             "" if guess is None else repr(guess), *shape.rows, *shape.tokens, shape.tiles,
-             shape.context_tokens, repr(shape.prefill_pairs), shape.max_context,
-             shape.prefill_context, repr(clocks[0]), repr(clocks[1])]
+             "" if guess is None else repr(guess), *_shape_cells(shape), repr(clocks[0]),
+             repr(clocks[1])]
         )  # fmt: skip
     return out.getvalue()
 
