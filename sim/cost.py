@@ -62,7 +62,8 @@ import attrs
 from stepplan.planner import ExecutionPlan
 
 from .config import CostConfig, GpuConfig, ModelConfig, read_text
-from .engine_profile import EngineProfile, read_engine_profile, step_shape
+from .engine_fit import step_shape
+from .engine_profile import EngineProfile, read_engine_profile
 from .gpus import profile_scale
 
 KINDS = ("spec", "decode", "prefill", "mixed")

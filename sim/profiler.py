@@ -24,7 +24,7 @@ import numpy as np
 
 from stepplan.planner import ExecutionPlan, PlanError, Planner, PlannerConfig, StepBatch
 
-from .engine_profile import ProfilePoint, step_shape
+from .engine_fit import ProfilePoint, step_shape
 
 #: Context levels (tokens per row, mean) of each measured graph bucket.
 CONTEXT_LEVELS = (128, 1024, 4096, 6144)

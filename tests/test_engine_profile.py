@@ -9,18 +9,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from stepplan.sim.engine_fit import ProfilePoint, StepShape
 from stepplan.sim.engine_profile import (
     EngineProfile,
     EngineProfileError,
-    ProfilePoint,
-    StepShape,
     read_engine_profile,
     write_engine_profile,
 )
 
 GRID = (1, 16, 64, 256, 1024, 4096)
 KEYS = [("spec", 4 * r, r, 0) for r in (1, 8, 64)]
-MIXED = [("mixed", t, r, r + t // 64) for t, r in ((8, 2), (64, 16), (256, 64))]
+# Two row counts at a token count: a bucket's rows and rows x tokens are then told apart
+# from its tokens, so buckets between the measured ones are determined.
+MIXED = [("mixed", t, r, r + t // 64) for t, r in ((8, 2), (64, 16), (64, 4), (256, 64), (256, 16))]
 
 
 def law(shape: StepShape) -> float:
@@ -143,6 +144,23 @@ def test_coverage():
     assert fit.predict_us(unmeasured) is None
     assert fit.predict_us(too_long) is None
     assert fit.predict_us(far_context) is None
+
+
+def test_a_step_the_measurements_leave_undetermined_is_not_covered():
+    """Without an eager prefill under 256 tokens, the price of a prefill row there is not
+    measured (only its sum with the dense base above 256): no prediction, not a guess."""
+    points = [
+        p
+        for p in random_points(np.random.default_rng(7), 600)
+        if not (p.shape.graph is None and p.shape.rows[2] and p.shape.num_tokens < 256)
+    ]
+    fit = profile(points).fit
+    small = StepShape(None, (1, 0, 1), (4, 0, 46), 1, 800, 46 * 300.0, 0, 0)
+    large = StepShape(None, (1, 0, 1), (4, 0, 460), 8, 800, 460 * 300.0, 0, 0)
+    assert fit.predict_us(small) is None
+    assert fit.predict_us(large) == pytest.approx(law(large), rel=1e-6)
+    spec_only = StepShape(None, (5, 0, 0), (20, 0, 0), 0, 800, 0.0, 0, 0)
+    assert fit.predict_us(spec_only) == pytest.approx(law(spec_only), rel=1e-6)
 
 
 def test_round_trip(tmp_path):

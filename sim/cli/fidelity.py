@@ -34,7 +34,8 @@ import numpy as np
 
 from ..acceptance import Replay
 from ..config import ConfigError, SimConfig, with_settings
-from ..engine_profile import EngineProfile, StepShape, read_engine_profile, step_shape
+from ..engine_fit import StepShape, step_shape
+from ..engine_profile import EngineProfile, read_engine_profile
 from ..fidelity import StepErrors, StepRecord, end_to_end, step_errors
 from ..live import engine_setup, length_limit
 from ..outdir import ResultsFolder
