@@ -25,7 +25,7 @@ greedy tokens back into each request:
 
 Time (``live.time``): ``model`` keeps the cost model's step time, so only acceptance
 is live; ``measured`` makes each step last what the engine took -- the planner's measured
-time plus the runner's whole call, the device synchronized at both ends -- which varies
+time plus the runner's whole call, the stream synchronized at both ends -- which varies
 from run to run. A bucket's CUDA graph is captured the first time a step needs it, before
 that step and outside its time (a serving engine captures its graphs at start-up, never
 while requests wait); the capture time is reported apart (``graph_capture_s``). A step
@@ -65,7 +65,7 @@ class LiveOutcome:
 
     Attributes:
         accepted: ``[R], int64`` accepted drafts per row (0 off the spec rows).
-        wall_s: the runner's whole call (device synchronized at both ends).
+        wall_s: the runner's whole call (its stream synchronized at both ends).
         gpu_s: its GPU time by CUDA events (``None`` off CUDA).
         cold: the step compiled a kernel.
     """

@@ -46,7 +46,7 @@ class StepTiming:
     """One timed step.
 
     Attributes:
-        wall_s: host wall time of the whole call, the device synchronized at both ends.
+        wall_s: host wall time of the whole call, the stream synchronized at both ends.
         gpu_s: CUDA-event time from before the metadata upload to the end of the
             forward (``None`` off CUDA).
         host_s: host time until the step's GPU work was all launched.
@@ -293,12 +293,14 @@ class HybridModelRunner:
     def timed_run(
         self, plan: ExecutionPlan, token_ids: np.ndarray, sample_index: np.ndarray
     ) -> tuple[np.ndarray, StepTiming]:
-        """:meth:`run_plan`, timed: the device synchronized before and after, so ``wall_s``
+        """:meth:`run_plan`, timed: the stream synchronized before and after, so ``wall_s``
         holds the whole call and nothing queued before it; what profiles and live runs
         both call."""
         events = self._events
         if events is not None:
-            torch.cuda.synchronize(self.device)
+            # The stream, not the device: a device-wide synchronize costs the host more
+            # with every CUDA graph instantiated (bench/RESULTS.md, fidelity, sixth pass).
+            torch.cuda.current_stream(self.device).synchronize()
         # A collection of the caller's objects is not the step's time: none runs inside.
         with paused_gc():
             return self._timed(plan, token_ids, sample_index)
@@ -317,7 +319,7 @@ class HybridModelRunner:
             host_s = time.perf_counter() - start
             tokens = greedy.cpu().numpy()
         if events is not None:
-            torch.cuda.synchronize(self.device)
+            events[1].synchronize()
         wall_s = time.perf_counter() - start
         gpu_s = events[0].elapsed_time(events[1]) / 1e3 if events is not None else None
         return tokens, StepTiming(wall_s=wall_s, gpu_s=gpu_s, host_s=host_s)
