@@ -188,25 +188,54 @@ def _weighted_fit(design: np.ndarray, measured: np.ndarray) -> np.ndarray:
     return solution
 
 
-def _unidentified(design: np.ndarray, scale: np.ndarray) -> np.ndarray:
-    """``[columns, k], float64``: the directions (in units of ``scale`` per column) that the
-    measured rows leave free, the null space of the design. A prediction with a part along
-    them is the solver's choice rather than a measurement's, so it is not covered."""
-    _, values, rows = np.linalg.svd(design / scale, full_matrices=True)
-    cut = values.max(initial=0.0) * max(design.shape) * np.finfo(float).eps
-    return _frozen(rows[int((values > cut).sum()) :].T)
+@attrs.frozen(eq=False)
+class _Span:
+    """What a fit's measured rows determine: a prediction with a part along the directions
+    they leave free (their design's null space) is the solver's choice, not a measurement's.
+    A column no measured row touches is free by itself; it is kept apart, so a fit whose
+    other columns are all determined checks a row without linear algebra.
+
+    Attributes:
+        unmeasured: ``[U], int64`` the design columns that are zero in every measured row.
+        measured: ``[M], int64`` the others.
+        free: ``[M, k], float64`` a basis of the free directions over ``measured`` in units
+            of each column's scale, divided by that scale (a design row multiplies it as
+            it is).
+        units: ``[M], float64`` one over each measured column's scale.
+    """
+
+    unmeasured: np.ndarray
+    measured: np.ndarray
+    free: np.ndarray
+    units: np.ndarray
+
+    @classmethod
+    def of(cls, design: np.ndarray, scale: np.ndarray) -> _Span:
+        """The span of ``design``'s rows, its columns measured in ``scale``."""
+        touched = np.abs(design).max(axis=0, initial=0.0) > 0
+        unmeasured, measured = np.flatnonzero(~touched), np.flatnonzero(touched)
+        scale = scale[measured]
+        _, values, rows = np.linalg.svd(design[:, measured] / scale, full_matrices=True)
+        cut = values.max(initial=0.0) * max(design.shape) * np.finfo(float).eps
+        free = rows[int((values > cut).sum()) :].T
+        unmeasured.flags.writeable = measured.flags.writeable = False
+        return cls(unmeasured, measured, _frozen(free / scale[:, None]), _frozen(1.0 / scale))
+
+    def covers(self, vector: np.ndarray) -> bool:
+        """Whether ``vector`` (a design row) is a combination of the measured rows."""
+        if vector[self.unmeasured].any():
+            return False
+        if not self.free.shape[1]:
+            return True
+        checked = vector[self.measured]
+        along = np.abs(checked @ self.free).max()
+        return bool(along <= 1e-6 * max(np.abs(checked * self.units).max(), 1.0))
 
 
-def _identified(free: np.ndarray, vector: np.ndarray, scale: np.ndarray) -> bool:
-    """Whether ``vector`` (a design row) is a combination of the measured rows."""
-    scaled = vector / scale
-    return bool(np.abs(scaled @ free).max(initial=0.0) <= 1e-6 * max(np.abs(scaled).max(), 1.0))
-
-
-def _token_scale(nodes: int, limits: np.ndarray) -> np.ndarray:
-    """Column units of a token model's design: hats in their own, features in their largest
-    measured value (one where never measured, as a positive value there is refused)."""
-    return np.concatenate([np.ones(nodes), np.where(limits > 0, limits, 1.0)])
+def _token_span(design: np.ndarray, nodes: int, limits: np.ndarray) -> _Span:
+    """A token model's span: hats in their own units, features in their largest measured
+    value (one where never measured: that column is unmeasured anyway)."""
+    return _Span.of(design, np.concatenate([np.ones(nodes), np.where(limits > 0, limits, 1.0)]))
 
 
 @attrs.frozen(eq=False)
@@ -220,15 +249,14 @@ class TokenModel:
         node_us: ``[N], float64`` the base time at each node.
         slopes: ``[F], float64`` µs per unit of each feature.
         limits: ``[F], float64`` the largest measured value of each feature.
-        free: ``[N + F, k], float64`` directions the measurements leave free (see
-            :func:`_unidentified`); a step with a part along them is not covered.
+        span: what the measured steps determine over the ``N + F`` design columns.
     """
 
     nodes: np.ndarray
     node_us: np.ndarray
     slopes: np.ndarray
     limits: np.ndarray
-    free: np.ndarray
+    span: _Span
 
     @classmethod
     def fit(
@@ -243,20 +271,19 @@ class TokenModel:
         if not wall_us:
             empty = _frozen(np.zeros(0))
             zeros = _frozen(np.zeros(width))
-            return cls(empty, empty, zeros, zeros, _frozen(np.zeros((width, 0))))
+            return cls(empty, empty, zeros, zeros, _token_span(np.zeros((0, width)), 0, zeros))
         grid = np.asarray(sorted(set(nodes)), dtype=np.float64)
         design = np.array(
             [[*_hats(grid, t), *f] for t, f in zip(tokens, features, strict=True)], np.float64
         )
         solution = _weighted_fit(design, np.asarray(wall_us, np.float64))
         limits = _frozen(design[:, grid.size :].max(axis=0))
-        free = _unidentified(design, _token_scale(grid.size, limits))
         return cls(
             _frozen(grid),
             _frozen(solution[: grid.size]),
             _frozen(solution[grid.size :]),
             limits,
-            free,
+            _token_span(design, grid.size, limits),
         )
 
     def predict_us(self, tokens: float, features: Sequence[float]) -> float | None:
@@ -266,11 +293,10 @@ class TokenModel:
         if not self.nodes.size or not self.nodes[0] <= tokens <= self.nodes[-1]:
             return None
         values = np.asarray(features, np.float64)
-        hats = _hats(self.nodes, tokens)
         if (values > self.limits * _EXTRAPOLATION).any():
             return None
-        scale = _token_scale(self.nodes.size, self.limits)
-        if not _identified(self.free, np.concatenate([hats, values]), scale):
+        hats = _hats(self.nodes, tokens)
+        if not self.span.covers(np.concatenate([hats, values])):
             return None
         return float(hats @ self.node_us + values @ self.slopes)
 

@@ -161,6 +161,10 @@ def test_a_step_the_measurements_leave_undetermined_is_not_covered():
     assert fit.predict_us(large) == pytest.approx(law(large), rel=1e-6)
     spec_only = StepShape(None, (5, 0, 0), (20, 0, 0), 0, 800, 0.0, 0, 0)
     assert fit.predict_us(spec_only) == pytest.approx(law(spec_only), rel=1e-6)
+    # No eager step under 256 tokens at all: the grid's nodes there were never measured.
+    fit = profile([p for p in points if p.shape.graph is not None or p.shape.num_tokens >= 256]).fit
+    assert fit.predict_us(spec_only) is None
+    assert fit.predict_us(large) == pytest.approx(law(large), rel=1e-6)
 
 
 def test_round_trip(tmp_path):
