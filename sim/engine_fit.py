@@ -14,8 +14,10 @@ minimises *relative* error (the figure of merit is the per-step MAPE):
 - uniform graph steps (spec, decode): one base time per bucket, a slope in
   ``context_tokens`` per bucket measured at three or more contexts (attention's cost per
   KV entry falls as a bucket's rows grow: few rows leave the GPU part idle) and a shared
-  one for the others, plus shared slopes in ``prefill_pairs``, live rows and
-  ``max_context``;
+  one for the others, a slope in ``max_context`` per bucket whose own points tell it
+  apart from context (how long one long row keeps the GPU depends on how many rows
+  share it) and a shared one for the others, plus shared slopes in ``prefill_pairs``
+  and live rows;
 - eager steps: a piecewise-linear function of the live tokens over the profile's token grid
   (hat functions at its nodes), plus slopes in ``context_tokens``, ``prefill_pairs``, rows
   per kind, tiles, decode-like rows times tokens (attention's launch grid covers every
@@ -308,15 +310,17 @@ class EngineFit:
     Attributes:
         buckets: uniform graph key -> its base time (µs).
         context_us: uniform graph key -> µs per context token (its own or the shared).
-        graph_slopes: µs per unit of :func:`_graph_features`' features but the first
-            (``context_tokens``, which ``context_us`` prices).
-        graph_limits: the largest measured value of each of the four features.
+        long_row_us: uniform graph key -> µs per token of ``max_context`` (its own or
+            the shared).
+        graph_slopes: ``[2]`` µs per unit of ``prefill_pairs`` and of live rows.
+        graph_limits: the largest measured value of each of :func:`_graph_features`' four.
         eager: eager steps over their live tokens.
         mixed: mixed graphs over their bucket's tokens.
     """
 
     buckets: Mapping[tuple[str, int, int, int], float]
     context_us: Mapping[tuple[str, int, int, int], float]
+    long_row_us: Mapping[tuple[str, int, int, int], float]
     graph_slopes: np.ndarray
     graph_limits: np.ndarray
     eager: TokenModel
@@ -333,34 +337,52 @@ class EngineFit:
         if base is None or (features > self.graph_limits * _EXTRAPOLATION).any():
             return None
         context = float(features[0]) * self.context_us[shape.graph]
-        return base + context + float(features[1:] @ self.graph_slopes)
+        long_row = float(features[3]) * self.long_row_us[shape.graph]
+        return base + context + long_row + float(features[1:3] @ self.graph_slopes)
 
 
-def _fit_buckets(points: Sequence[ProfilePoint]) -> tuple[dict, dict, np.ndarray, np.ndarray]:
-    """``base, context_us, slopes, limits``: a base and a context slope per bucket (shared
-    below :data:`_OWN_SLOPE_CONTEXTS` contexts), other slopes, each feature's maximum."""
+def _tells_apart(design: np.ndarray) -> bool:
+    """Whether ``design``'s columns (one bucket's points) are linearly independent."""
+    scaled = design / np.maximum(np.abs(design).max(axis=0), 1.0)
+    return bool(np.linalg.matrix_rank(scaled) == design.shape[1])
+
+
+def _fit_buckets(points: Sequence[ProfilePoint]) -> tuple[dict, dict, dict, np.ndarray, np.ndarray]:
+    """``base, context_us, long_row_us, slopes, limits``: a base per bucket; a context
+    slope per bucket measured at :data:`_OWN_SLOPE_CONTEXTS` contexts or more, and a
+    ``max_context`` slope per such bucket whose points tell it from context (shared
+    slopes for the others); shared slopes in pairs and rows; each feature's maximum."""
     if not points:
-        return {}, {}, np.zeros(3), np.zeros(4)
+        return {}, {}, {}, np.zeros(2), np.zeros(4)
     keys = sorted({p.shape.graph for p in points})  # type: ignore[type-var]
     index = {key: i for i, key in enumerate(keys)}
-    contexts = {
-        key: {p.shape.context_tokens for p in points if p.shape.graph == key} for key in keys
-    }
-    own = [key for key in keys if len(contexts[key]) >= _OWN_SLOPE_CONTEXTS]
-    # Columns: bases, own context slopes, the shared context slope, the other features.
-    slope_column = {key: len(keys) + i for i, key in enumerate(own)}
-    shared = len(keys) + len(own)
-    design = np.zeros((len(points), shared + 4))
     features = np.array([_graph_features(p.shape) for p in points])
-    for row, point in enumerate(points):
-        key = point.shape.graph
+    graphs = [p.shape.graph for p in points]
+    own_context, own_long = [], []
+    for key in keys:
+        mine = features[[g == key for g in graphs]]
+        if len(set(mine[:, 0])) >= _OWN_SLOPE_CONTEXTS:
+            own_context.append(key)
+            ones = np.ones((len(mine), 1))
+            if _tells_apart(np.hstack([ones, mine[:, [0, 3]]])):
+                own_long.append(key)
+    # Columns: bases, own context slopes, own long-row slopes, then the shared context,
+    # pairs, rows and long-row slopes.
+    context_column = {key: len(keys) + i for i, key in enumerate(own_context)}
+    long_column = {key: len(keys) + len(own_context) + i for i, key in enumerate(own_long)}
+    shared = len(keys) + len(own_context) + len(own_long)
+    design = np.zeros((len(points), shared + 4))
+    for row, key in enumerate(graphs):
         design[row, index[key]] = 1.0  # type: ignore[index]
-        design[row, slope_column.get(key, shared)] = features[row, 0]
-        design[row, shared + 1 :] = features[row, 1:]
+        design[row, context_column.get(key, shared)] = features[row, 0]
+        design[row, shared + 1 : shared + 3] = features[row, 1:3]
+        design[row, long_column.get(key, shared + 3)] = features[row, 3]
     solution = _weighted_fit(design, np.array([p.wall_us for p in points]))
     base = {key: float(solution[i]) for key, i in index.items()}
-    context_us = {key: float(solution[slope_column.get(key, shared)]) for key in keys}
-    return base, context_us, solution[shared + 1 :], features.max(axis=0)
+    context_us = {key: float(solution[context_column.get(key, shared)]) for key in keys}
+    long_row_us = {key: float(solution[long_column.get(key, shared + 3)]) for key in keys}
+    slopes = solution[shared + 1 : shared + 3]
+    return base, context_us, long_row_us, slopes, features.max(axis=0)
 
 
 def fit_points(points: Sequence[ProfilePoint], token_grid: Sequence[int]) -> EngineFit:
@@ -368,7 +390,7 @@ def fit_points(points: Sequence[ProfilePoint], token_grid: Sequence[int]) -> Eng
     uniform = [p for p in points if p.shape.graph is not None and p.shape.graph[0] != "mixed"]
     mixed = [p for p in points if p.shape.graph is not None and p.shape.graph[0] == "mixed"]
     eager = [p for p in points if p.shape.graph is None]
-    base, context_us, slopes, limits = _fit_buckets(uniform)
+    base, context_us, long_row_us, slopes, limits = _fit_buckets(uniform)
     # The mixed model's grid: the token grid within the buckets measured, and their ends.
     sizes = [p.shape.graph[1] for p in mixed]  # type: ignore[index]
     mixed_nodes = [n for n in token_grid if sizes and min(sizes) <= n <= max(sizes)]
@@ -376,6 +398,7 @@ def fit_points(points: Sequence[ProfilePoint], token_grid: Sequence[int]) -> Eng
     return EngineFit(
         buckets=MappingProxyType(base),
         context_us=MappingProxyType(context_us),
+        long_row_us=MappingProxyType(long_row_us),
         graph_slopes=_frozen(slopes),
         graph_limits=_frozen(limits),
         eager=TokenModel.fit(

@@ -31,9 +31,16 @@ def law(shape: StepShape) -> float:
         return base + 0.02 * shape.context_tokens + 1e-5 * shape.prefill_pairs + 5 * shape.rows[0]
     if shape.graph is not None:
         base = {key: 900.0 + 40.0 * i for i, key in enumerate(KEYS)}[shape.graph]
-        # Each bucket's own price per context token (few rows: a dearer KV entry).
+        # Each bucket's own price per context token (few rows: a dearer KV entry) and per
+        # token of its longest row (how long that row keeps the GPU to itself).
         per_token = {key: 0.03 / (1 + i) for i, key in enumerate(KEYS)}[shape.graph]
-        return base + per_token * shape.context_tokens + 2.0 * shape.num_rows
+        long_row = {key: 0.05 / (1 + 4 * i) for i, key in enumerate(KEYS)}[shape.graph]
+        return (
+            base
+            + per_token * shape.context_tokens
+            + long_row * shape.max_context
+            + 2.0 * shape.num_rows
+        )
     tokens = shape.num_tokens
     dense = np.interp(tokens, GRID, [500, 520, 600, 900, 2100, 8000])
     return float(dense + 0.01 * shape.context_tokens + 2e-5 * shape.prefill_pairs + 3 * shape.tiles)
@@ -62,9 +69,9 @@ def random_points(rng: np.random.Generator, count: int) -> list[ProfilePoint]:
         elif rng.random() < 0.5:
             key = KEYS[rng.integers(len(KEYS))]
             rows = int(rng.integers(1, key[2] + 1))
-            shape = StepShape(
-                key, (rows, 0, 0), (4 * rows, 0, 0), 0, int(rng.integers(0, 9e4)), 0.0
-            )
+            context = int(rng.integers(rows, 8192 * rows + 1))
+            longest = int(rng.integers(-(-context // rows), min(context, 8192) + 1))
+            shape = StepShape(key, (rows, 0, 0), (4 * rows, 0, 0), 0, context, 0.0, longest)
         else:
             spec, prefill = int(rng.integers(0, 16)), int(rng.integers(0, 2))
             chunk = int(rng.integers(2, 3000)) if prefill else 0
@@ -125,7 +132,11 @@ def test_a_bucket_measured_at_two_contexts_takes_the_shared_context_slope():
             shape = StepShape(key, (key[2], 0, 0), (key[1], 0, 0), 0, context, 0.0)
             points.append(ProfilePoint(shape, few_law(shape) + 2.0 * key[2]))
     fit = profile(points).fit
-    assert [fit.context_us[key] for key in KEYS] == pytest.approx([0.03, 0.015, 0.01])
+    assert [fit.context_us[key] for key in KEYS[1:]] == pytest.approx([0.015, 0.01])
+    assert [fit.long_row_us[key] for key in KEYS[1:]] == pytest.approx([0.01, 0.05 / 9])
+    # One row: its context is its longest row's, and only their sum is measured.
+    one = KEYS[0]
+    assert fit.context_us[one] + fit.long_row_us[one] == pytest.approx(0.03 + 0.05)
     for key in few:
         assert fit.context_us[key] == pytest.approx(0.012)
         shape = StepShape(key, (key[2], 0, 0), (key[1], 0, 0), 0, 3000, 0.0)
