@@ -148,6 +148,10 @@ def _measured(plan_us: np.ndarray, wall_s: float) -> dict[str, Any]:
     }
 
 
+#: The ``time_s`` terms the summary table prints (``engine``: an engine profile's time).
+TIME_TERMS = ("model", "short_conv", "host", "launch", "engine", "idle")
+
+
 def _cell(value: float | None, digits: int) -> str:
     return "-" if value is None else f"{value:,.{digits}f}"
 
@@ -193,6 +197,19 @@ def summary_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
         ("acceptance length", _cell(summary["acceptance"]["mean_acceptance_length"], 3)),
         ("plan us p50 (measured)", _cell(_plan_us_p50(summary), 1)),
     ]
-    for term in ("model", "short_conv", "host", "launch", "idle"):
-        rows.append((f"time {term} s", _cell(times[term], 3)))
+    rows.append(("step times from", _sources_cell(summary)))
+    for term in TIME_TERMS:
+        rows.append((f"time {term} s", _cell(times.get(term), 3)))
     return rows
+
+
+def _sources_cell(summary: dict[str, Any]) -> str:
+    """Which model timed the steps: the live engine, or an engine profile and the roofline
+    (each with its step count)."""
+    cost = summary.get("cost")
+    if not isinstance(cost, dict):
+        return "-"
+    if cost.get("source") == "measured":
+        return f"live engine ({cost.get('steps_measured', 0):,})"
+    profiled, roofline = cost.get("steps_from_profile", 0), cost.get("steps_from_roofline", 0)
+    return f"profile {profiled:,}, roofline {roofline:,}" if profiled else f"roofline {roofline:,}"

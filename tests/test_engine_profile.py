@@ -224,3 +224,25 @@ def test_bad_files_are_one_error(tmp_path, content, message):
         read_engine_profile(path)
     with pytest.raises(EngineProfileError, match="cannot read"):
         read_engine_profile(tmp_path / "missing.json")
+
+
+def test_the_shipped_mixed_profile_fits_its_settings_file():
+    """The H200 profile in sim/data and docs/fidelity_h200.toml describe one setup: a
+    fidelity or simulate run with that file is checked against the profile, not refused,
+    and every point the profile measured is covered by its own fit."""
+    from pathlib import Path
+
+    from stepplan.sim.config import load_config
+    from stepplan.sim.live import engine_setup
+    from stepplan.sim.run import planner_config
+
+    root = Path(__file__).resolve().parents[1]
+    shipped = read_engine_profile(
+        root / "sim" / "data" / "engine_profile_hybrid-8b_h200_mixed.json"
+    )
+    config = load_config(root / "docs" / "fidelity_h200.toml")
+    shipped.check_setup(*engine_setup(config, planner_config(config)))
+    predicted = [shipped.fit.predict_us(point.shape) for point in shipped.points]
+    assert None not in predicted
+    measured = np.array([point.wall_us for point in shipped.points])
+    assert float(np.mean(np.abs(np.array(predicted) / measured - 1))) < 0.05

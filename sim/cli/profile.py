@@ -191,8 +191,10 @@ def add_profile(subparsers: Any) -> None:
         help="time the live engine over a grid of step shapes; write its profile",
         description="Build the live engine (model.name's preset; --live-device, "
         "--live-backend) and time its steps over a grid of shapes: every CUDA-graph bucket "
-        "at three context levels, and eager steps over a token grid. The profile JSON is "
-        "what --profile FILE hands to the cost model.",
+        "at four context levels and with one long row, eager steps over a token grid (and "
+        "in graph mode mixed, mixed graphs). The profile JSON is what --profile FILE "
+        "hands to the cost model; docs/fidelity_h200.toml holds the shipped H200 "
+        "profile's settings (--config).",
     )
     parser.add_argument("--out", required=True, help="the profile JSON file to write")
     parser.add_argument(

@@ -19,16 +19,14 @@ from typing import Any
 
 import attrs
 
-from ..summary import summary_rows
+from ..summary import TIME_TERMS, summary_rows
 
 _LATENCY = {
     f"{metric.upper()} {stat} ms": ("latency_ms", metric, stat)
     for metric in ("ttft", "tpot", "itl", "e2e")
     for stat in ("mean", "p50", "p99")
 }
-_TIMES = {
-    f"time {term} s": ("time_s", term) for term in ("model", "short_conv", "host", "launch", "idle")
-}
+_TIMES = {f"time {term} s": ("time_s", term) for term in TIME_TERMS}
 #: Numeric rows of ``summary_rows`` -> the path of their value in ``summary.json``.
 METRIC_PATHS: Mapping[str, tuple[str, ...]] = {
     "requests": ("requests",),
