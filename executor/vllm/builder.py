@@ -26,10 +26,12 @@ import torch
 from stepplan.planner import ExecutionPlan, PlannerConfig
 
 from .bridge import host_only_array
-from .seed import ARRAY_FIELDS, seed_graph_limits
+from .seed import ARRAY_FIELDS, COUNT_FIELDS, seed_graph_limits
 from .share import StepShare
 
-_PASS_AT = ARRAY_FIELDS.index("non_spec_query_start_loc")  # the engine's own, without spec rows
+# Where the engine's own non_spec_query_start_loc goes (without spec rows), in a build's
+# counts and fields.
+_PASS_AT = len(COUNT_FIELDS) + ARRAY_FIELDS.index("non_spec_query_start_loc")
 
 
 # A NamedTuple, not a frozen attrs class: made on every build, it costs 0.8 µs against
@@ -168,20 +170,22 @@ class PlanMetadataBuilder:
         if not self._speculates:
             accepted = drafts = None
         step = self.share.open(self.group, m, accepted, drafts, step_id)
-        buffer = self.share.buffer
-        views = buffer.views(step.keys, self.group)
-        if not step.plan.num_spec_rows:
-            views = (*views[:_PASS_AT], m.query_start_loc, *views[_PASS_AT + 1 :])
+        record, group = step.record, self.group
+        fields = record.fields.get(group)
+        if fields is None:  # the plan's counts and views: made once per plan and group
+            views = self.share.buffer.views(record.keys, group)
+            fields = record.fields[group] = (*record.counts, *views)
+        if not record.plan.num_spec_rows:
+            fields = (*fields[:_PASS_AT], m.query_start_loc, *fields[_PASS_AT + 1 :])
         return _new_metadata(
             (
-                *step.counts,
-                *views,
+                *fields,
                 m.query_start_loc,
                 m.seq_lens,
                 num_decode_draft_tokens_cpu,
-                step.plan,
-                buffer.plan_buffer(step.plan.packed.shape[0]),
-                self.group,
+                record.plan,
+                record.plan_buffer,
+                group,
                 step.index,
                 *_UNSET,
             )

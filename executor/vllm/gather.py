@@ -33,6 +33,7 @@ class _Step:
 
 
 def open_step_reference(
+    entry: torch.Tensor | None,
     words: torch.Tensor,
     table: torch.Tensor,
     seq_lens: torch.Tensor,
@@ -41,15 +42,27 @@ def open_step_reference(
     query_len_max: int,
     registered: Sequence[torch.Tensor] = (),
 ) -> None:
-    """``_open_step`` on ``words``, whose header and plan are in place: the slots of every
-    ``registered`` table's group and then of ``group`` from ``table``, the rows, the plan
-    sources."""
+    """``_open_step`` on ``words``: the copy of ``entry``'s ranges (``None``: the header and
+    plan are in place already), the slots of every ``registered`` table's group and then
+    of ``group`` from ``table``, the rows, the plan sources."""
+    if entry is not None:
+        copy_entry_reference(entry, words)
     step = _Step(words)
     for other, registered_table in enumerate(registered):
         _slots(step, registered_table, other)
     _slots(step, table, group)
     _rows(step, seq_lens, accepted, query_len_max)
     _plan_sources(step)
+
+
+def copy_entry_reference(entry: torch.Tensor, words: torch.Tensor) -> None:
+    """The opening kernel's copy: each of the entry's (start, length) word ranges, as its
+    header lists them, into the same range of ``words``."""
+    host = entry.numpy()
+    table = HEADER["chunk_table"]
+    for chunk in range(int(host[HEADER["chunks"]])):
+        start, length = (int(v) for v in host[table + 2 * chunk : table + 2 * chunk + 2])
+        words[start : start + length] = entry[start : start + length]
 
 
 def group_slots_reference(words: torch.Tensor, table: torch.Tensor, group: int) -> None:

@@ -38,38 +38,58 @@ from .stage import DeviceBuffer, plan_regions
 _CACHE_LIMIT = 4096  # entries of a shape-keyed cache; all are let go past it
 
 
-class _Step:
-    """One step: its plan, the seed shape, what identifies it, and which groups it built."""
+class _Plan:
+    """A compiled plan and what builds derive from it, each a pure function of the plan:
+    its seed shape keys and counts, and per layer group the counts and views a build
+    returns (views of the buffer's fixed addresses)."""
 
-    __slots__ = (
-        "built",
-        "counts",
-        "device_inputs",
-        "host_key",
-        "index",
-        "keys",
-        "plan",
-        "step_id",
-    )
+    __slots__ = ("counts", "fields", "key", "keys", "plan", "plan_buffer")
+
+    def __init__(
+        self,
+        key: tuple,
+        plan: ExecutionPlan,
+        keys: tuple[PartKey, PartKey, PartKey, int],
+        plan_buffer: torch.Tensor,
+    ) -> None:
+        self.key, self.plan, self.keys = key, plan, keys
+        self.counts = seed_counts(plan)
+        self.plan_buffer = plan_buffer
+        self.fields: dict[int, tuple] = {}
+
+
+class _Step:
+    """One step: its plan, what identifies it, and which groups it built."""
+
+    __slots__ = ("built", "device_inputs", "host_key", "index", "record", "step_id")
 
     def __init__(
         self,
         index: int,
-        plan: ExecutionPlan,
-        keys: tuple[PartKey, PartKey, PartKey, int],
+        record: _Plan,
         host_key: tuple,
         device_inputs: tuple,
         step_id: Any,
         group: int,
     ) -> None:
         self.index = index
-        self.plan = plan
-        self.keys = keys
-        self.counts = seed_counts(plan)
+        self.record = record
         self.host_key = host_key
         self.device_inputs = device_inputs
         self.step_id = step_id
         self.built = 1 << group
+
+    @property
+    def plan(self) -> ExecutionPlan:
+        return self.record.plan
+
+    @property
+    def keys(self) -> tuple[PartKey, PartKey, PartKey, int]:
+        return self.record.keys
+
+    @property
+    def counts(self) -> tuple[int, ...]:
+        return self.record.counts
 
 
 def _signature(tensor: Any) -> Any:
@@ -129,7 +149,7 @@ class StepShare:
         ring_size: staging entries used in turn: how many steps the host may run ahead
             of the device before a build waits for one to come back.
         direct_launches: launch the kernels past Triton's dispatch where Triton allows
-            (:class:`~.door.Launcher`); ``False``: through Triton, every launch.
+            (:class:`~.launch.Launcher`); ``False``: through Triton, every launch.
     """
 
     def __init__(
@@ -164,7 +184,7 @@ class StepShare:
         )
         # The last host tensor seen per host field and its numpy view (same memory).
         self._host_views: list[tuple[Any, np.ndarray | None]] = [(None, None), (None, None)]
-        self._last_plan: tuple[tuple, ExecutionPlan, tuple] | None = None
+        self._last_plan: _Plan | None = None
         self._registered: tuple[tuple[int, int], ...] = ()
         self._cache: dict[tuple, Any] = {}  # seed shapes and placeholders, per step shape
         self._step: _Step | None = None
@@ -278,10 +298,8 @@ class StepShare:
         self._step = None  # a build that fails opens no step
         rows = m.num_reqs
         plan_key = inputs.key[:4]  # the plan does not depend on the accepted counts
-        last = self._last_plan
-        if last is not None and last[0] == plan_key:  # a pure function of the host data
-            plan, keys = last[1], last[2]
-        else:
+        record = self._last_plan
+        if record is None or record.key != plan_key:  # the plan: a pure function of these
             batch = host_step_batch(
                 inputs.query_start,
                 inputs.drafts,
@@ -291,16 +309,17 @@ class StepShare:
             )
             plan = self._planner.compile(batch)
             keys = self._shape_keys(plan)
-            self._last_plan = (plan_key, plan, keys)
+            plan_buffer = self.buffer.plan_buffer(plan.packed.shape[0])
+            record = self._last_plan = _Plan(plan_key, plan, keys, plan_buffer)
             self.num_compiles += 1
         buffer = self.buffer
-        buffer.stage(plan, keys[3], inputs.accepted_host)
+        buffer.stage(record.plan, record.keys[3], inputs.accepted_host)
         accepted = inputs.accepted_device
         if inputs.accepted_host is not None:
             accepted = buffer.accepted_view(rows)
         buffer.open(m.block_table_tensor, m.seq_lens, accepted, group)
         self.num_steps += 1
-        step = _Step(self.num_steps, plan, keys, inputs.key, device_inputs, step_id, group)
+        step = _Step(self.num_steps, record, inputs.key, device_inputs, step_id, group)
         self._step = step
         return step
 

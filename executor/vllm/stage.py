@@ -6,8 +6,8 @@ One int32 buffer holds, at fixed offsets (:class:`Regions`), the header the kern
 address, so a CUDA graph captured over one step's metadata reads the next step's
 values there, as the seed's persistent buffers do. The host writes only the header and
 the plan (and accepted counts given on the host): on a CUDA device into a staging entry
-of pinned memory that the opening kernel copies; elsewhere into the buffer itself, then
-torch operations (:mod:`.gather`) do the kernels' work.
+of pinned memory that the opening kernel copies; elsewhere into a host entry that torch
+operations (:mod:`.gather`) copy, as the kernel does, before they do the kernels' work.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from stepplan.planner.layout import FIELD_INDEX
 
 from ..upload import StagingRing
 from . import door, gather
+from .launch import Launcher
 from .seed import SLOT_SOURCES, SOURCE_DTYPES, PartKey, Prefix, plain_part, spec_part, token_part
 
 _CACHE_LIMIT = 4096  # entries of a shape-keyed cache; all are let go past it
@@ -138,7 +139,7 @@ class DeviceBuffer:
         device: where it lives.
         ring_size: staging entries (CUDA only), used in turn.
         query_len_max: ``Q`` (the spec rows' state offsets are clamped to ``0..Q-1``).
-        direct_launches: launch the kernels past Triton's dispatch (:class:`~.door.Launcher`).
+        direct_launches: launch the kernels past Triton's dispatch (:class:`~.launch.Launcher`).
     """
 
     def __init__(
@@ -158,13 +159,17 @@ class DeviceBuffer:
         self._ring = self._launcher = None
         if device.type == "cuda":
             self._ring = StagingRing(4 * regions.staged, device, ring_size)
-            self._launcher = door.Launcher(self.words, query_len_max, direct=direct_launches)
+            self._launcher = Launcher(self.words, query_len_max, direct=direct_launches)
         self._entries: dict[int | None, tuple[torch.Tensor, np.ndarray]] = {}
         self._cache: dict[tuple, Any] = {}  # views per shape and group
         # Every prefix view of each source (and group): bounded by the regions' sizes.
         self._prefixes: dict[tuple, list[torch.Tensor]] = {}
         self._plan_views: dict[int, torch.Tensor] = {}
         self._open_entry: int | None = None
+        # Per entry what it holds (plan, gather rows, registered tables, host accepted
+        # rows), and the last header made: a repeated step rewrites neither.
+        self._held: dict[int | None, tuple] = {}
+        self._last_header: tuple | None = None
         self.registered: tuple[torch.Tensor, ...] = ()
 
     def register(self, tables: Sequence[torch.Tensor]) -> None:
@@ -182,25 +187,54 @@ class DeviceBuffer:
         self, plan: ExecutionPlan, gather_rows: int, accepted_host: np.ndarray | None
     ) -> None:
         """Write a step: its header words, the plan, and accepted counts given on the host
-        (``[num_reqs]``; their device view is :meth:`accepted_view`)."""
+        (``[num_reqs]``; their device view is :meth:`accepted_view`). An entry that already
+        holds this plan with this header (only :meth:`stage` writes an entry, and plans are
+        immutable) keeps them: a repeated step writes no plan."""
         index = None if self._ring is None else self._ring.claim()
         entry = self._entry(index)
-        regions, size = self.regions, plan.packed.shape[0]
-        ns, nd, live = plan.num_spec_rows, plan.num_decode_rows, plan.num_rows
+        regions = self.regions
         rows = 0 if accepted_host is None else plan.batch.num_rows
+        registered = len(self.registered)
+        held = self._held.get(index)
+        if not (
+            held is not None
+            and held[0] is plan
+            and held[1] == gather_rows
+            and held[2] == registered
+            and held[3] == rows
+        ):
+            entry[: door.STEP_WORDS] = self._header(plan, gather_rows, registered, rows)
+            entry[regions.plan : regions.plan + plan.packed.shape[0]] = plan.packed
+            self._held[index] = (plan, gather_rows, registered, rows)
+        if rows:
+            entry[regions.accepted_host : regions.accepted_host + rows] = accepted_host[:rows]
+        if self._ring is not None:
+            self._ring.stamp(index, door.TICKET_WORD)
+        self._open_entry = index
+
+    def _header(self, plan: ExecutionPlan, gather_rows: int, registered: int, rows: int) -> Any:
+        """A step's header words (kept for the last plan: the ring's entries take it in
+        turn)."""
+        key = (gather_rows, registered, rows)
+        last = self._last_header
+        if last is not None and last[0] is plan and last[1] == key:
+            return last[2]
+        regions, size = self.regions, plan.packed.shape[0]
+        ns, nd = plan.num_spec_rows, plan.num_decode_rows
         starts = plan.layout.starts()
+        header = np.empty(door.STEP_WORDS, np.int32)
         _STEP_HEADER.pack_into(
-            entry,
+            header,
             0,
             plan.layout.num_rows,
             gather_rows,
             ns,
             ns + nd,
-            live,
+            plan.num_rows,
             plan.batch.num_rows,
             plan.num_spec_decode_tokens,
             plan.num_tokens,
-            len(self.registered),
+            registered,
             3 if rows else 2,
             0,
             door.TICKET_WORD + 1,
@@ -210,21 +244,19 @@ class DeviceBuffer:
             rows,
             *[regions.plan + starts[field] for field in _PLAN_FIELD_INDEX],
         )
-        entry[regions.plan : regions.plan + size] = plan.packed
-        if rows:
-            entry[regions.accepted_host : regions.accepted_host + rows] = accepted_host[:rows]
-        if self._ring is not None:
-            self._ring.stamp(index, door.TICKET_WORD)
-        self._open_entry = index
+        header.setflags(write=False)
+        self._last_header = (plan, key, header)
+        return header
 
     def open(self, table: Any, seq_lens: Any, accepted: Any, group: int) -> None:
         """Launch the staged step's opening kernel (``group``'s slots from ``table``)."""
+        entry, _ = self._entries[self._open_entry]
         if self._ring is None:
             gather.open_step_reference(
-                self.words, table, seq_lens, accepted, group, self.query_len_max, self.registered
-            )
+                entry, self.words, table, seq_lens, accepted, group, self.query_len_max,
+                self.registered,
+            )  # fmt: skip
             return
-        entry, _ = self._entries[self._open_entry]
         done = self._ring.done_word(self._open_entry)
         self._launcher.open_step(entry, done, table, seq_lens, accepted, group)
 
@@ -240,12 +272,13 @@ class DeviceBuffer:
         return self.words[self.regions.accepted_host : self.regions.accepted_host + rows]
 
     def _entry(self, index: int | None) -> np.ndarray:
-        """The staging entry ``index`` as numpy (on the CPU: the buffer itself), its fixed
-        header words written when it is first used."""
+        """The staging entry ``index`` as numpy (on the CPU: one host entry, copied into
+        the buffer by the reference as the kernel copies it), its fixed header words
+        written when it is first used."""
         found = self._entries.get(index)
         if found is None:
-            if self._ring is None:
-                tensor = self.words[: self.regions.staged]
+            if self._ring is None:  # a host entry as on CUDA: the reference copies it
+                tensor = torch.zeros(self.regions.staged, dtype=torch.int32)
                 found = (tensor, tensor.numpy())
             else:
                 found = self._ring.host_int32(index, self.regions.staged)
