@@ -55,11 +55,11 @@ from runtime_bench import fixed_work, freeze_startup_objects
 from stepplan.executor.vllm import (
     PlanMetadataBuilder,
     StepShare,
+    door,
     host_array,
     plan_from_common_metadata,
     seed_view,
 )
-from stepplan.executor.vllm.launch import Launcher
 from stepplan.planner import PlannerConfig
 
 GROUPS, SPEC_TOKENS = 4, 3
@@ -258,7 +258,7 @@ def launch_parts(share: StepShare, engine: Engine, inputs: dict, builds: int) ->
     accepted = kwargs["num_accepted_tokens"]
     parts = {}
     for label, direct in (("launch, direct", True), ("launch, through Triton", False)):
-        launcher = Launcher(buffer.words, share.config.query_len_max, direct=direct)
+        launcher = door.Launcher(buffer.words, share.config.query_len_max, direct=direct)
         launcher.open_step(*args, accepted, 0)  # compiles or finds the variant
         samples = []
         for _ in range(builds):

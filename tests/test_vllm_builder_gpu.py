@@ -157,29 +157,6 @@ def test_direct_launches_write_what_triton_launches_write():
         assert torch.equal(direct.buffer.words[64:staged], plain.buffer.words[64:staged])
 
 
-def test_direct_launches_pass_addresses_and_skip_triton():
-    """After the first step the launches go straight to the compiled launcher, the pinned
-    entries as the device addresses the driver gives (UVA: their host addresses)."""
-    config = CONFIGS[0]
-    rng = np.random.default_rng(3)
-    steps = prepared_steps(rng, config, 6)
-    share, builders = make_builders(config, direct=True)
-    for _, metadata, accepted, drafts in steps:
-        build_all(builders, metadata, accepted, drafts)
-    torch.cuda.synchronize()
-    launcher = share.buffer._launcher
-    assert launcher.direct and launcher._compiled
-    pinned = [arg for _, arg, _ in launcher._pinned.values()]
-    assert pinned and all(isinstance(arg, int) for arg in pinned)
-    calls = []
-    triton_launch = launcher._through_triton
-    launcher._through_triton = lambda *args: calls.append(args) or triton_launch(*args)
-    for _, metadata, accepted, drafts in steps:
-        build_all(builders, metadata, accepted, drafts)
-    torch.cuda.synchronize()
-    assert not calls  # every variant was compiled by the first round
-
-
 # --- the kernels over the builder's plan buffer ------------------------------------------
 
 CHANNELS, TAPS, DILATION, SLOTS, LAYERS = 200, 4, 3, 80, 2

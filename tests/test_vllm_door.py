@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from vllm_cases import CONFIGS, WEIGHTS, random_step
 
-from stepplan.executor.vllm import StepShare, door, launch
+from stepplan.executor.vllm import StepShare, door
 
 
 def fresh_words(share: StepShare) -> torch.Tensor:
@@ -94,9 +94,3 @@ def test_the_header_words_are_distinct_and_fit():
     assert len(set(words)) == len(words)
     assert not (set(words) - {table}) & chunk_words
     assert max([*words, *chunk_words]) < door.TICKET_WORD < door.HEADER_WORDS
-
-
-def test_unmapped_memory_has_no_device_address():
-    """Pageable host memory has none (the driver refuses it, or there is no driver): the
-    launcher then passes the tensor and lets Triton ask."""
-    assert launch.mapped_device_pointer(torch.zeros(4, dtype=torch.int32)) is None

@@ -284,6 +284,90 @@ def _group_slots(words_ptr, table_ptr, table_stride, group, BLOCK: tl.constexpr)
     _gather_slots(words_ptr, table_ptr, table_stride, group, BLOCK)
 
 
+#: Triton from 3.3 on hands a compiled kernel's launcher every argument, constexprs too.
+_DIRECT_LAUNCHES = tuple(int(part) for part in triton.__version__.split(".")[:2]) >= (3, 3)
+
+
+def _specialization(tensors: tuple[torch.Tensor, ...], stride: int) -> tuple:
+    """What Triton compiles a variant per: each pointer's dtype and 16-byte alignment, and
+    whether the stride is 1 or a multiple of 16."""
+    return (
+        *[(t.dtype, t.data_ptr() % 16 == 0) for t in tensors],
+        stride == 1,
+        stride % 16 == 0,
+    )
+
+
+class Launcher:
+    """The door's two kernels on one buffer, launched past Triton's per-launch dispatch.
+
+    A variant's first launch (:func:`_specialization`) goes through Triton, which
+    compiles it; later ones call the compiled kernel's launcher on the current stream
+    (Triton >= 3.3; before, every launch goes through Triton), which skips Triton's
+    argument binding, cache lookup and global checks: microseconds per launch. Launch
+    hooks that Triton's profilers install are not called on that path.
+
+    Args:
+        words: the buffer, ``[W], int32`` on a CUDA device (``W`` even).
+        query_len_max: ``Q``.
+        direct: launch past Triton's dispatch where Triton allows it.
+    """
+
+    def __init__(self, words: torch.Tensor, query_len_max: int, *, direct: bool = True) -> None:
+        self.words, self.query_len_max = words, query_len_max
+        self._views = (words, words.view(torch.uint8), words.view(torch.int64))
+        index = words.device.index
+        self._device = torch.cuda.current_device() if index is None else index
+        self.direct = direct and _DIRECT_LAUNCHES
+        self._compiled: dict[tuple, object] = {}
+
+    def open_step(
+        self,
+        entry: torch.Tensor,
+        done: torch.Tensor,
+        table: torch.Tensor,
+        seq_lens: torch.Tensor,
+        accepted: torch.Tensor | None,
+        group: int,
+    ) -> None:
+        """Launch :func:`_open_step`: ``entry`` (``[E], int32`` pinned) and its ``done``
+        word (``[1], int32`` pinned); ``table`` ``[>= num_reqs, B]`` the building group's
+        block table (slot: column 0), ``seq_lens`` and ``accepted`` ``[>= num_reqs]``
+        (``None``: every count 1), int32 or int64."""
+        stride = table.stride(0)
+        has_accepted = accepted is not None
+        counts = accepted if has_accepted else self.words
+        args = (entry, done, *self._views, table, stride, seq_lens, counts, group)
+        constants = (has_accepted, self.query_len_max, _BLOCK)
+        key = (
+            "open",
+            has_accepted,
+            *_specialization((entry, done, table, seq_lens, counts), stride),
+        )
+        self._launch(_open_step, key, args, constants, ("HAS_ACCEPTED", "QUERY_LEN_MAX", "BLOCK"))
+
+    def group_slots(self, table: torch.Tensor, group: int) -> None:
+        """Launch :func:`_group_slots`: group ``group``'s slots from ``table``."""
+        stride = table.stride(0)
+        args = (self.words, table, stride, group)
+        self._launch(
+            _group_slots, ("slots", *_specialization((table,), stride)), args, (_BLOCK,), ("BLOCK",)
+        )
+
+    def _launch(self, kernel, key: tuple, args: tuple, constants: tuple, names: tuple) -> None:
+        compiled = self._compiled.get(key) if self.direct else None
+        if compiled is None:
+            launched = kernel[(1,)](*args, **dict(zip(names, constants, strict=True)), num_warps=4)
+            if self.direct:
+                self._compiled[key] = launched
+            return
+        stream = torch._C._cuda_getCurrentRawStream(self._device)
+        compiled.run(
+            1, 1, 1, stream, compiled.function, compiled.packed_metadata, None, None, None,
+            *args, *constants,
+        )  # fmt: skip
+
+
 def open_step(
     entry: torch.Tensor,
     done: torch.Tensor,
@@ -294,7 +378,7 @@ def open_step(
     group: int,
     query_len_max: int,
 ) -> None:
-    """:meth:`~.launch.Launcher.open_step` through Triton on buffer ``words`` (any device Triton
+    """:meth:`Launcher.open_step` through Triton on buffer ``words`` (any device Triton
     runs on, its interpreter included)."""
     _open_step[(1,)](
         entry,
@@ -315,5 +399,5 @@ def open_step(
 
 
 def group_slots(words: torch.Tensor, table: torch.Tensor, group: int) -> None:
-    """:meth:`~.launch.Launcher.group_slots` through Triton on buffer ``words``."""
+    """:meth:`Launcher.group_slots` through Triton on buffer ``words``."""
     _group_slots[(1,)](words, table, table.stride(0), group, BLOCK=_BLOCK, num_warps=4)

@@ -149,7 +149,7 @@ class StepShare:
         ring_size: staging entries used in turn: how many steps the host may run ahead
             of the device before a build waits for one to come back.
         direct_launches: launch the kernels past Triton's dispatch where Triton allows
-            (:class:`~.launch.Launcher`); ``False``: through Triton, every launch.
+            (:class:`~.door.Launcher`); ``False``: through Triton, every launch.
     """
 
     def __init__(

@@ -25,7 +25,6 @@ from stepplan.planner.layout import FIELD_INDEX
 
 from ..upload import StagingRing
 from . import door, gather
-from .launch import Launcher
 from .seed import SLOT_SOURCES, SOURCE_DTYPES, PartKey, Prefix, plain_part, spec_part, token_part
 
 _CACHE_LIMIT = 4096  # entries of a shape-keyed cache; all are let go past it
@@ -139,7 +138,7 @@ class DeviceBuffer:
         device: where it lives.
         ring_size: staging entries (CUDA only), used in turn.
         query_len_max: ``Q`` (the spec rows' state offsets are clamped to ``0..Q-1``).
-        direct_launches: launch the kernels past Triton's dispatch (:class:`~.launch.Launcher`).
+        direct_launches: launch the kernels past Triton's dispatch (:class:`~.door.Launcher`).
     """
 
     def __init__(
@@ -159,7 +158,7 @@ class DeviceBuffer:
         self._ring = self._launcher = None
         if device.type == "cuda":
             self._ring = StagingRing(4 * regions.staged, device, ring_size)
-            self._launcher = Launcher(self.words, query_len_max, direct=direct_launches)
+            self._launcher = door.Launcher(self.words, query_len_max, direct=direct_launches)
         self._entries: dict[int | None, tuple[torch.Tensor, np.ndarray]] = {}
         self._cache: dict[tuple, Any] = {}  # views per shape and group
         # Every prefix view of each source (and group): bounded by the regions' sizes.
