@@ -166,9 +166,8 @@ class DeviceBuffer:
         self._plan_views: dict[int, torch.Tensor] = {}
         self._open_entry: int | None = None
         # Per entry what it holds (plan, gather rows, registered tables, host accepted
-        # rows), and the last header made: a repeated step rewrites neither.
+        # rows): a repeated step rewrites neither header nor plan.
         self._held: dict[int | None, tuple] = {}
-        self._last_header: tuple | None = None
         self.registered: tuple[torch.Tensor, ...] = ()
 
     def register(self, tables: Sequence[torch.Tensor]) -> None:
@@ -202,7 +201,7 @@ class DeviceBuffer:
             and held[2] == registered
             and held[3] == rows
         ):
-            entry[: door.STEP_WORDS] = self._header(plan, gather_rows, registered, rows)
+            self._pack_header(entry, plan, gather_rows, registered, rows)
             entry[regions.plan : regions.plan + plan.packed.shape[0]] = plan.packed
             self._held[index] = (plan, gather_rows, registered, rows)
         if rows:
@@ -211,19 +210,16 @@ class DeviceBuffer:
             self._ring.stamp(index, door.TICKET_WORD)
         self._open_entry = index
 
-    def _header(self, plan: ExecutionPlan, gather_rows: int, registered: int, rows: int) -> Any:
-        """A step's header words (kept for the last plan: the ring's entries take it in
-        turn)."""
-        key = (gather_rows, registered, rows)
-        last = self._last_header
-        if last is not None and last[0] is plan and last[1] == key:
-            return last[2]
+    def _pack_header(
+        self, entry: np.ndarray, plan: ExecutionPlan, gather_rows: int, registered: int, rows: int
+    ) -> None:
+        """A step's header words, packed straight into ``entry`` (no array in between: a
+        fresh plan's build makes no more objects than it must)."""
         regions, size = self.regions, plan.packed.shape[0]
         ns, nd = plan.num_spec_rows, plan.num_decode_rows
         starts = plan.layout.starts()
-        header = np.empty(door.STEP_WORDS, np.int32)
         _STEP_HEADER.pack_into(
-            header,
+            entry,
             0,
             plan.layout.num_rows,
             gather_rows,
@@ -243,9 +239,6 @@ class DeviceBuffer:
             rows,
             *[regions.plan + starts[field] for field in _PLAN_FIELD_INDEX],
         )
-        header.setflags(write=False)
-        self._last_header = (plan, key, header)
-        return header
 
     def open(self, table: Any, seq_lens: Any, accepted: Any, group: int) -> None:
         """Launch the staged step's opening kernel (``group``'s slots from ``table``)."""
