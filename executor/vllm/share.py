@@ -79,18 +79,6 @@ class _Step:
         self.step_id = step_id
         self.built = 1 << group
 
-    @property
-    def plan(self) -> ExecutionPlan:
-        return self.record.plan
-
-    @property
-    def keys(self) -> tuple[PartKey, PartKey, PartKey, int]:
-        return self.record.keys
-
-    @property
-    def counts(self) -> tuple[int, ...]:
-        return self.record.counts
-
 
 def _signature(tensor: Any) -> Any:
     """What makes two device tensors the same input: their memory, shape, strides, dtype."""
