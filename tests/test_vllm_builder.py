@@ -8,7 +8,7 @@ import attrs
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from vllm_cases import (
     CONFIGS,
@@ -194,9 +194,11 @@ def test_a_repeated_plan_serves_steps_of_new_device_values(seed, config):
     share, builders = make_builders(config, 2)
     first = random_step(rng, int(rng.integers(1, 30)), config.query_len_max, (7, 6, 4, 3), 2)
     other = random_step(rng, int(rng.integers(1, 30)), config.query_len_max, (7, 6, 4, 3), 2)
-    if not (first.q > 0).any() or not (other.q > 0).any():
-        return
-    compiles = []
+    assume((first.q > 0).any() and (other.q > 0).any())
+    buffer, headers = share.buffer, []
+    pack = buffer._pack_header
+    buffer._pack_header = lambda *args: headers.append(1) or pack(*args)
+    compiles, written = [], []
     for step in (first, other, first, first, first):
         rows = len(step.q)
         step = attrs.evolve(
@@ -208,9 +210,12 @@ def test_a_repeated_plan_serves_steps_of_new_device_values(seed, config):
         for group, (md, m, drafts) in enumerate(build_step(builders, step)):
             assert_seed_exact(md, expected(step, config, group), m, drafts, "cpu")
         compiles.append(share.num_compiles)
+        written.append(len(headers))
         np.testing.assert_array_equal(md.plan_buffer.numpy(), full_plan(step, config).packed)
     same = np.array_equal(first.q, other.q) and np.array_equal(first.drafts, other.drafts)
     assert compiles[2:] == [compiles[2]] * 3 and (same or compiles[:3] == [1, 2, 3])
+    # The CPU buffer has one entry: A's third and later steps find it holding A's plan.
+    assert written[2:] == [written[2]] * 3 and (same or written[:3] == [1, 2, 3])
 
 
 def test_a_step_is_recognized_by_its_inputs():

@@ -194,13 +194,8 @@ class DeviceBuffer:
         rows = 0 if accepted_host is None else plan.batch.num_rows
         registered = len(self.registered)
         held = self._held.get(index)
-        if not (
-            held is not None
-            and held[0] is plan
-            and held[1] == gather_rows
-            and held[2] == registered
-            and held[3] == rows
-        ):
+        # The plan by identity: an equal plan built anew is rewritten (plans have no cheap ==).
+        if held is None or held[0] is not plan or held[1:] != (gather_rows, registered, rows):
             self._pack_header(entry, plan, gather_rows, registered, rows)
             entry[regions.plan : regions.plan + plan.packed.shape[0]] = plan.packed
             self._held[index] = (plan, gather_rows, registered, rows)
