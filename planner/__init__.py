@@ -16,8 +16,8 @@ from .config import GRAPH_MODES, MAX_GRAPH_SIZE, MAX_NUM_SEQS, PlannerConfig, de
 from .errors import PlanError
 from .layout import FIELDS, BufferField, PlanLayout
 from .native import NativeBuildError
-from .plan import ExecutionPlan, GraphKey, Op
-from .planner import Planner
+from .plan import ExecutionPlan, GraphKey, Op, PlanShape
+from .planner import Planner, host_step_batch
 
 __all__ = [
     "DECODE",
@@ -37,6 +37,7 @@ __all__ = [
     "Op",
     "PlanError",
     "PlanLayout",
+    "PlanShape",
     "Planner",
     "PlannerConfig",
     "StepBatch",
@@ -45,6 +46,7 @@ __all__ = [
     "choose_graphs",
     "compile_plan",
     "default_graph_sizes",
+    "host_step_batch",
     "largest_graph_layout",
     "layout_capacity",
 ]

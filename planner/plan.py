@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import attrs
 import numpy as np
@@ -75,6 +75,46 @@ class _PackedArray:
         if plan is None:
             return self
         return plan.array(self.name)
+
+
+# A NamedTuple, not a frozen attrs class: Planner.pack_into makes one per step, where its
+# 13 fields cost a third of an attrs instance's.
+class PlanShape(NamedTuple):
+    """A plan without its arrays: its config, graph, layout and counts.
+
+    What :meth:`~stepplan.planner.Planner.pack_into` returns for the bytes it packs, and
+    :attr:`ExecutionPlan.shape` of a plan. Fields as :class:`ExecutionPlan`'s, plus its
+    batch's ``num_reqs`` (``R``, padding rows included) and ``num_padded_tokens``.
+    """
+
+    config: PlannerConfig
+    graph: GraphKey | None
+    layout: PlanLayout
+    num_reqs: int
+    num_padded_tokens: int | None
+    num_spec_rows: int
+    num_decode_rows: int
+    num_prefill_rows: int
+    num_spec_decode_tokens: int
+    num_decode_tokens: int
+    num_prefill_tokens: int
+    max_prefill_query_len: int
+    num_tiles: int
+
+    @property
+    def num_rows(self) -> int:
+        """Live rows (padding rows excluded)."""
+        return self.num_spec_rows + self.num_decode_rows + self.num_prefill_rows
+
+    @property
+    def num_tokens(self) -> int:
+        """Live tokens."""
+        return self.num_spec_decode_tokens + self.num_decode_tokens + self.num_prefill_tokens
+
+    @property
+    def query_len_max(self) -> int:
+        """``Q``: the longest spec query."""
+        return self.config.query_len_max
 
 
 @attrs.frozen(eq=False)
@@ -157,6 +197,25 @@ class ExecutionPlan:
     def num_groups(self) -> int:
         """Layer groups."""
         return self.layout.num_groups
+
+    @property
+    def shape(self) -> PlanShape:
+        """The plan without its arrays."""
+        return PlanShape(
+            self.config,
+            self.graph,
+            self.layout,
+            self.batch.num_rows,
+            self.batch.num_padded_tokens,
+            self.num_spec_rows,
+            self.num_decode_rows,
+            self.num_prefill_rows,
+            self.num_spec_decode_tokens,
+            self.num_decode_tokens,
+            self.num_prefill_tokens,
+            self.max_prefill_query_len,
+            self.num_tiles,
+        )
 
     @property
     def padded_tokens(self) -> int:

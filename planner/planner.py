@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from types import ModuleType
 
 import numpy as np
@@ -11,9 +12,10 @@ from .batch import StepBatch
 from .buckets import choose_graph, may_replay
 from .compile import check_limits, compile_plan
 from .config import PlannerConfig
+from .errors import PlanError
 from .layout import PlanLayout
 from .native import NativeBuildError, load_packer
-from .plan import ExecutionPlan, GraphKey
+from .plan import ExecutionPlan, GraphKey, PlanShape
 
 #: Graph choices kept (a few small objects each); all are let go when this many are kept.
 _MAX_GRAPHS = 4096
@@ -21,6 +23,7 @@ _UNSEEN = object()
 #: A plan's (graph, layout, layout.size, tokens, rows, tiles); graph ``None``: eager.
 _Shape = tuple[GraphKey | None, PlanLayout, int, int, int, int]
 _INT32 = "i"  # numpy's cheapest spelling of int32 (C int)
+_COUNT_TYPES = (int, type(None))
 _NUMPY_COST = "about 3x the host time per plan of the compiled packer"
 
 
@@ -66,22 +69,29 @@ class Planner:
         packer = self._packer
         if packer is None:
             return compile_plan(batch, self.config)
-        spec, decode, prefill, _ = batch.kind_counts
+        spec, decode, prefill, _ = counts = batch.kind_counts
         if spec + decode + prefill > self.config.max_num_seqs:
             check_limits(batch, self.config)  # raises compile_plan's error
-        graph, layout, size, tokens, rows, tiles = self._shape(batch, packer)
+        num_tokens, slots = batch.query_start.item(-1), batch.slots
+        graph, layout, size, tokens, rows, tiles = self._shape(
+            counts,
+            num_tokens,
+            batch.num_padded_tokens,
+            len(slots),
+            lambda: packer.prefill_tiles(batch.query_lens, batch.kinds, self._tile),
+        )
         packed = np.empty(size, _INT32)
         found = packer.pack(
             packed,
             batch.query_start,
             batch.num_computed_tokens,
             batch.num_accepted_tokens,
-            batch.slots,
+            slots,
             batch.kinds,
             tokens,
             rows,
             tiles,
-            len(batch.slots),
+            len(slots),
             self._query_len_max,
             self._tile,
         )
@@ -90,7 +100,6 @@ class Planner:
             raise AssertionError("the packer refused a batch compile_plan accepts")
         num_tiles, longest_prefill, spec_tokens = found
         packed.setflags(write=False)
-        num_tokens = batch.query_start.item(-1)
         # Positional, in ExecutionPlan's field order (a test holds it there): keywords make
         # this call, the dearest line left here, measurably slower (bench/RESULTS.md).
         return ExecutionPlan(
@@ -109,21 +118,129 @@ class Planner:
             packed,
         )
 
-    def _shape(self, batch: StepBatch, packer: ModuleType) -> _Shape:
-        """The plan's graph, layout and buffer sizes: a graph shape as kept, an eager one
-        sized by this step (its tiles counted by the packer)."""
-        counts = batch.kind_counts
+    def pack_host_step(
+        self,
+        out: np.ndarray,
+        query_start: np.ndarray,
+        num_draft_tokens: np.ndarray | None,
+        num_reqs: int,
+        *,
+        num_padded_tokens: int | None = None,
+        num_groups: int = 1,
+    ) -> PlanShape:
+        """Pack the plan of :func:`host_step_batch`'s step (known on the host by its query
+        starts and drafts alone) into ``out[:size]`` and say its shape, making neither the
+        batch nor the plan: the bytes are ``compile(host_step_batch(...)).packed``, the
+        shape its ``.shape``. For a caller that ships the bytes and needs only the counts
+        (the vLLM builder); natively two C calls, the census and the pack.
+
+        Args:
+            out: ``[>= size], int32``, writable; ``ValueError`` (nothing written) where it
+                is shorter than the plan.
+            query_start, num_draft_tokens, num_reqs, num_padded_tokens, num_groups: as
+                :func:`host_step_batch` takes them (int32 arrays take the native path).
+
+        Raises :class:`~.errors.PlanError` as ``compile(host_step_batch(...))`` does.
+        """
+        packer = self._packer
+        if packer is not None and type(num_padded_tokens) in _COUNT_TYPES:
+            shape = self._pack_host(
+                packer, out, query_start, num_draft_tokens, num_reqs, num_padded_tokens,
+                num_groups,
+            )  # fmt: skip
+            if shape is not None:
+                return shape
+        # Anything else, or a step the checks refuse: StepBatch's errors, word for word.
+        plan = self.compile(
+            host_step_batch(
+                query_start,
+                num_draft_tokens,
+                num_reqs,
+                num_padded_tokens=num_padded_tokens,
+                num_groups=num_groups,
+            )
+        )
+        _check_room(out, plan.layout.size)
+        out[: plan.layout.size] = plan.packed
+        return plan.shape
+
+    def _pack_host(
+        self,
+        packer: ModuleType,
+        out: np.ndarray,
+        query_start: np.ndarray,
+        drafts: np.ndarray | None,
+        num_reqs: int,
+        num_padded_tokens: int | None,
+        groups: int,
+    ) -> PlanShape | None:
+        """:meth:`pack_host_step` by the compiled packer; ``None`` (nothing written) where
+        a check fails or the arrays are not int32, so that the caller takes StepBatch's
+        path."""
+        query_len_max, tile = self._query_len_max, self._tile
+        try:
+            census = packer.pack_host(
+                None, query_start, drafts, num_reqs, 0, 0, 0, groups, query_len_max, tile
+            )
+        except (TypeError, ValueError):  # other dtypes, lengths: StepBatch's path says
+            return None
+        if census is None:
+            return None
+        spec, decode, prefill, num_tokens, live_tiles = census
+        live = spec + decode + prefill
+        if live > self.config.max_num_seqs or (
+            num_padded_tokens is not None and num_padded_tokens < num_tokens
+        ):
+            return None
+        counts = (spec, decode, prefill, num_reqs - live)
+        graph, layout, size, tokens, rows, tiles = self._shape(
+            counts, num_tokens, num_padded_tokens, groups, live_tiles
+        )
+        _check_room(out, size)
+        found = packer.pack_host(
+            out[:size], query_start, drafts, num_reqs, tokens, rows, tiles, groups,
+            query_len_max, tile,
+        )  # fmt: skip
+        if found is None:
+            return None
+        num_tiles, longest_prefill, spec_tokens = found
+        return PlanShape(
+            self.config,
+            graph,
+            layout,
+            num_reqs,
+            num_padded_tokens,
+            spec,
+            decode,
+            prefill,
+            spec_tokens,
+            decode,
+            num_tokens - spec_tokens - decode,
+            longest_prefill,
+            num_tiles,
+        )
+
+    def _shape(
+        self,
+        counts: tuple[int, int, int, int],
+        num_tokens: int,
+        num_padded_tokens: int | None,
+        groups: int,
+        tiles_of: Callable[[], int] | int,
+    ) -> _Shape:
+        """The plan's graph, layout and buffer sizes for a step of these kind counts:
+        a graph shape as kept, an eager one sized by this step's prefill tiles
+        (``tiles_of``: their count, or what counts them)."""
         spec, decode, prefill, _ = counts
-        num_tokens, groups = batch.query_start.item(-1), len(batch.slots)
         if may_replay(self._graph_mode, spec, decode, prefill):
-            key = (counts, num_tokens, batch.num_padded_tokens, groups)
+            key = (counts, num_tokens, num_padded_tokens, groups)
             shape = self._graphs.get(key, _UNSEEN)
             if shape is _UNSEEN:
-                need = max(num_tokens, batch.num_padded_tokens or 0)
+                need = max(num_tokens, num_padded_tokens or 0)
                 shape = self._choose(key, (spec, decode, prefill), need, groups)
             if shape is not None:
                 return shape  # type: ignore[return-value]
-        tiles = packer.prefill_tiles(batch.query_lens, batch.kinds, self._tile) if prefill else 0
+        tiles = 0 if not prefill else tiles_of if type(tiles_of) is int else tiles_of()
         live = spec + decode + prefill
         layout = PlanLayout(num_tokens, live, tiles, groups)
         return None, layout, layout.size, num_tokens, live, tiles
@@ -143,6 +260,53 @@ class Planner:
             self._graphs.clear()
         self._graphs[key] = found
         return found
+
+
+def host_step_batch(
+    query_start: np.ndarray,
+    num_draft_tokens: np.ndarray | None,
+    num_reqs: int,
+    *,
+    num_padded_tokens: int | None = None,
+    num_groups: int = 1,
+) -> StepBatch:
+    """The batch of a step known on the host by its query starts and drafts alone, as an
+    engine that keeps the rest on the device hands it over (vLLM): row ``r`` has
+    ``query_start[r + 1] - query_start[r]`` tokens and ``num_draft_tokens[r]`` drafts
+    (``None``: no spec row), and placeholders where the host does not know: no computed
+    tokens, one accepted token, NULL slots (``allow_null_slots``).
+
+    Args:
+        query_start: ``[>= num_reqs + 1]`` integers (the first ``num_reqs + 1`` are read).
+        num_draft_tokens: ``[>= num_reqs]`` integers, ``>= 0`` on spec rows, or ``None``.
+        num_reqs: ``R``, rows (padding rows included).
+        num_padded_tokens: as :class:`StepBatch`'s.
+        num_groups: ``G``, layer groups.
+    """
+    starts = np.asarray(query_start)
+    if starts.ndim != 1 or starts.shape[0] < num_reqs + 1:
+        raise PlanError("query_start", None, f"needs num_reqs + 1 = {num_reqs + 1} entries")
+    starts = starts[: num_reqs + 1].astype(np.int64)
+    drafts = np.full(num_reqs, -1, np.int64)
+    if num_draft_tokens is not None:
+        drafts = np.asarray(num_draft_tokens)
+        if drafts.ndim != 1 or drafts.shape[0] < num_reqs:
+            raise PlanError("num_draft_tokens", None, f"needs num_reqs = {num_reqs} entries")
+        drafts = drafts[:num_reqs]
+    return StepBatch(
+        np.diff(starts),
+        np.zeros(num_reqs, np.int32),
+        np.zeros((num_groups, num_reqs), np.int32),
+        drafts,
+        np.ones(num_reqs, np.int32),
+        num_padded_tokens=num_padded_tokens,
+        allow_null_slots=True,
+    )
+
+
+def _check_room(out: np.ndarray, size: int) -> None:
+    if out.shape[0] < size:
+        raise ValueError(f"out: {out.shape[0]} entries, the plan needs {size}")
 
 
 def _packer(native: bool | None) -> ModuleType | None:

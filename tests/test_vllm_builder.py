@@ -162,9 +162,9 @@ def build_step(builders, step, **options):
 def test_one_compile_serves_every_group_of_a_step(seed, groups, config):
     rng = np.random.default_rng(seed)
     share, builders = make_builders(config, groups)
-    compiles = []
-    compile_plan_ = share._planner.compile
-    share._planner.compile = lambda batch: compiles.append(1) or compile_plan_(batch)
+    compiles = []  # the builds' plans: packed from host data, no plan made
+    pack = share._planner.pack_host_step
+    share._planner.pack_host_step = lambda *args, **kw: compiles.append(1) or pack(*args, **kw)
     for _ in range(3):
         step = random_step(
             rng, int(rng.integers(1, 30)), config.query_len_max, (7, 6, 4, 3), groups

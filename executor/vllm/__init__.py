@@ -11,7 +11,6 @@ from .bridge import (
     batch_from_common_metadata,
     host_array,
     host_only_array,
-    host_step_batch,
     plan_from_common_metadata,
 )
 from .builder import PlanMetadata, PlanMetadataBuilder
@@ -37,7 +36,6 @@ __all__ = [
     "batch_from_common_metadata",
     "host_array",
     "host_only_array",
-    "host_step_batch",
     "plan_from_common_metadata",
     "seed_graph_limits",
     "seed_shape",

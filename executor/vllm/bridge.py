@@ -1,12 +1,12 @@
 """vLLM's metadata in, a plan out; duck-typed: no vLLM import.
 
-Two readings of vLLM's ``CommonAttentionMetadata``. :func:`host_step_batch` takes only
-what lives on the host (``query_start_loc_cpu``, ``num_decode_draft_tokens_cpu``, the
-counts): the drop-in builder's, which gathers slots, accepted counts and computed tokens
-on the device (:mod:`.door`). :func:`plan_from_common_metadata` reads every field into a
-complete plan, device tensors included (each read waits for the device): an oracle for
-tests and offline use. (The other way, :mod:`.seed` lays a plan out as the seed
-builder's fields.)
+Two readings of vLLM's ``CommonAttentionMetadata``. The drop-in builder takes only what
+lives on the host (``query_start_loc_cpu``, ``num_decode_draft_tokens_cpu``, the counts:
+:func:`~stepplan.planner.host_step_batch`'s step) and gathers slots, accepted counts and
+computed tokens on the device (:mod:`.door`).
+:func:`plan_from_common_metadata` reads every field into a complete plan, device tensors
+included (each read waits for the device): an oracle for tests and offline use. (The
+other way, :mod:`.seed` lays a plan out as the seed builder's fields.)
 """
 
 from __future__ import annotations
@@ -43,57 +43,6 @@ def host_only_array(field: str, value: Any) -> np.ndarray:
                 ) from None
             return value.detach().numpy()
     return np.asarray(value)
-
-
-def host_step_batch(
-    query_start: np.ndarray,
-    drafts: np.ndarray | None,
-    num_reqs: int,
-    num_actual_tokens: int,
-    placeholders: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
-) -> StepBatch:
-    """The :class:`StepBatch` of one step from host data alone.
-
-    Args:
-        query_start: ``[>= num_reqs + 1]`` vLLM's ``query_start_loc_cpu``.
-        drafts: ``[>= num_reqs]`` ``num_decode_draft_tokens_cpu`` (``>= 0`` marks spec
-            rows), or ``None`` (no row is spec).
-        num_reqs: rows, padding rows included.
-        num_actual_tokens: the engine's padded token count.
-        placeholders: zeros ``[R]``, zeros ``[G, R]``, ones ``[R]``, minus ones ``[R]``
-            (int32): the computed tokens, slots and accepted counts the plan holds until
-            the device fills in the real ones (the slots are NULL, so the batch allows
-            NULL slots), and the drafts of a step without spec rows.
-    """
-    if query_start.shape[0] < num_reqs + 1:
-        raise ValueError(
-            f"common_attn_metadata.query_start_loc_cpu: {query_start.shape[0]} entries, "
-            f"num_reqs + 1 = {num_reqs + 1} needed"
-        )
-    query_lens = query_start[1 : num_reqs + 1] - query_start[:num_reqs]
-    if query_lens.dtype != _INT32:
-        query_lens = query_lens.astype(np.int32)
-    zeros, slots, ones, no_drafts = placeholders
-    if drafts is None:
-        drafts = no_drafts
-    else:
-        if drafts.shape[0] < num_reqs:
-            raise ValueError(
-                f"num_decode_draft_tokens_cpu: {drafts.shape[0]} entries, num_reqs = "
-                f"{num_reqs} needed"
-            )
-        drafts = drafts[:num_reqs]
-        if drafts.dtype != _INT32:
-            drafts = drafts.astype(np.int32)
-    return StepBatch(
-        query_lens,
-        zeros,
-        slots,
-        drafts,
-        ones,
-        num_padded_tokens=num_actual_tokens,
-        allow_null_slots=True,
-    )
 
 
 def batch_from_common_metadata(

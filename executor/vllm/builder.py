@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from stepplan.planner import ExecutionPlan, PlannerConfig
+from stepplan.planner import ExecutionPlan, PlannerConfig, PlanShape
 
 from .bridge import host_only_array
 from .seed import ARRAY_FIELDS, COUNT_FIELDS, seed_graph_limits
@@ -36,7 +36,7 @@ _PASS_AT = len(COUNT_FIELDS) + ARRAY_FIELDS.index("non_spec_query_start_loc")
 
 # A NamedTuple, not a frozen attrs class: made on every build, it costs 0.8 µs against
 # 2.2 µs for the attrs class's 39 fields (this machine).
-class PlanMetadata(NamedTuple):
+class _Fields(NamedTuple):
     """The seed's ``PleShortConvAttentionMetadata`` fields, plus the plan.
 
     Counts are ints. Arrays are device tensors over the builder's persistent buffer,
@@ -46,12 +46,16 @@ class PlanMetadata(NamedTuple):
     ``query_start_loc``, ``seq_lens`` and ``num_decode_draft_tokens_cpu`` are the
     engine's own (so is ``non_spec_query_start_loc`` in a step without spec rows).
 
-    ``plan`` is the host plan: its structure is the step's, but the fields only the
-    device knows (``row_slot``, ``row_num_accepted``, ``row_state_offset``, the
-    non-spec rows' ``row_reads_state``) hold placeholders (NULL slots, one accepted
-    token, no initial state); ``plan_buffer`` holds the real plan, on the device, for
-    the kernels. ``group`` is the layer group these slots are of, ``step`` the step's
-    number on its :class:`~.share.StepShare` (groups of one step share it).
+    ``plan`` is the host plan (:class:`~stepplan.planner.ExecutionPlan`, compiled at
+    its first access: a build packs the plan's bytes without making it) and
+    ``plan_shape`` its counts and layout (:class:`~stepplan.planner.PlanShape`, free):
+    its structure is the step's, but the fields only the device knows (``row_slot``,
+    ``row_num_accepted``, ``row_state_offset``, the non-spec rows' ``row_reads_state``)
+    hold placeholders (NULL slots, one accepted token, no initial state);
+    ``plan_buffer`` holds the real plan, on the device, for the kernels. ``group`` is
+    the layer group these slots are of, ``step`` the step's number on its
+    :class:`~.share.StepShare` (groups of one step share it). ``plan_record`` is the
+    share's record of the plan (not part of the contract).
     """
 
     num_reqs: int
@@ -82,7 +86,7 @@ class PlanMetadata(NamedTuple):
     query_start_loc: Any
     seq_lens: Any
     num_decode_draft_tokens_cpu: Any
-    plan: ExecutionPlan
+    plan_record: Any
     plan_buffer: torch.Tensor  # [plan.layout.size] int32, the packed plan on the device
     group: int
     step: int
@@ -93,6 +97,21 @@ class PlanMetadata(NamedTuple):
     block_idx_first_scheduled_token_p: None = None
     block_idx_last_computed_token: None = None
     block_idx_last_scheduled_token_prev_step: None = None
+
+
+class PlanMetadata(_Fields):
+    __doc__ = _Fields.__doc__
+    __slots__ = ()
+
+    @property
+    def plan(self) -> ExecutionPlan:
+        """The host plan (see the class)."""
+        return self.plan_record.plan
+
+    @property
+    def plan_shape(self) -> PlanShape:
+        """The host plan's counts and layout, without its arrays."""
+        return self.plan_record.shape
 
 
 _UNSET = (None,) * 7  # the fields stepplan leaves unset (PlanMetadata's last seven)
@@ -175,7 +194,7 @@ class PlanMetadataBuilder:
         if fields is None:  # the plan's counts and views: made once per plan and group
             views = self.share.buffer.views(record.keys, group)
             fields = record.fields[group] = (*record.counts, *views)
-        if not record.plan.num_spec_rows:
+        if not record.shape.num_spec_rows:
             fields = (*fields[:_PASS_AT], m.query_start_loc, *fields[_PASS_AT + 1 :])
         return _new_metadata(
             (
@@ -183,7 +202,7 @@ class PlanMetadataBuilder:
                 m.query_start_loc,
                 m.seq_lens,
                 num_decode_draft_tokens_cpu,
-                record.plan,
+                record,
                 record.plan_buffer,
                 group,
                 step.index,

@@ -25,7 +25,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from stepplan.planner import SPEC, ExecutionPlan, PlannerConfig
+from stepplan.planner import SPEC, ExecutionPlan, PlannerConfig, PlanShape
 
 #: The seed's array fields of its decode and prefill rows (and ``state_indices_tensor``).
 PLAIN_FIELDS = (
@@ -130,8 +130,9 @@ def seed_graph_limits(config: PlannerConfig) -> tuple[int, int]:
     )
 
 
-def seed_pads(plan: ExecutionPlan) -> tuple[int | None, int | None]:
-    """Rows the seed pads a pure-spec and a pure-decode batch to (``None``: no padding).
+def seed_pads(plan: PlanShape) -> tuple[int | None, int | None]:
+    """Rows the seed pads a pure-spec and a pure-decode batch to (``None``: no padding),
+    for a plan of this shape (:attr:`~stepplan.planner.ExecutionPlan.shape`).
 
     The seed pads only where it replays full graphs, uniform batches within
     :func:`seed_graph_limits`: spec rows to the engine's row count (its padding rows
@@ -145,7 +146,7 @@ def seed_pads(plan: ExecutionPlan) -> tuple[int | None, int | None]:
     spec_pad = decode_pad = None
     if spec and not decode and not prefill:
         if spec <= max_rows and plan.num_spec_decode_tokens <= max_tokens:
-            spec_pad = plan.batch.num_rows
+            spec_pad = plan.num_reqs
     elif decode and not spec and not prefill and decode <= max_rows:
         decode_pad = config.smallest_size(decode)
     return spec_pad, decode_pad
@@ -155,18 +156,18 @@ def seed_pads(plan: ExecutionPlan) -> tuple[int | None, int | None]:
 PartKey = tuple[int, ...] | None
 
 
-def shape_keys(plan: ExecutionPlan) -> tuple[PartKey, PartKey, PartKey, int]:
-    """The keys of the three parts of ``plan``'s seed fields, and ``N`` (the rows the row
-    sources cover): the decode and prefill fields' ``(has spec rows, decode rows,
-    prefill rows, decode rows padded, engine rows)``, the spec rows' ``(spec rows,
-    padded, engine rows)`` and the token lists' ``(pure spec, spec tokens, tokens)``;
-    ``None`` for the last two without spec rows."""
+def shape_keys(plan: PlanShape) -> tuple[PartKey, PartKey, PartKey, int]:
+    """The keys of the three parts of the seed fields of a plan of this shape, and ``N``
+    (the rows the row sources cover): the decode and prefill fields' ``(has spec rows,
+    decode rows, prefill rows, decode rows padded, engine rows)``, the spec rows' ``(spec
+    rows, padded, engine rows)`` and the token lists' ``(pure spec, spec tokens,
+    tokens)``; ``None`` for the last two without spec rows."""
     spec_pad, decode_pad = seed_pads(plan)
     ns, nd, npf, engine_rows = (
         plan.num_spec_rows,
         plan.num_decode_rows,
         plan.num_prefill_rows,
-        plan.batch.num_rows,
+        plan.num_reqs,
     )
     if not ns:
         decode_rows = decode_pad or nd
@@ -239,16 +240,15 @@ def token_part(key: PartKey) -> tuple[Prefix | None, ...]:
 
 def seed_shape(plan: ExecutionPlan) -> SeedShape:
     """The seed's array fields of ``plan``, as prefixes of its sources (the rules)."""
-    plain, spec, tokens, rows = shape_keys(plan)
+    plain, spec, tokens, rows = shape_keys(plan.shape)
     return SeedShape(plain_part(plain) + spec_part(spec) + token_part(tokens), rows)
 
 
-def seed_counts(plan: ExecutionPlan) -> tuple[int, ...]:
-    """The seed's host counts of ``plan``, in :data:`COUNT_FIELDS` order."""
-    batch = plan.batch
+def seed_counts(plan: PlanShape) -> tuple[int, ...]:
+    """The seed's host counts of a plan of this shape, in :data:`COUNT_FIELDS` order."""
     return (
-        batch.num_rows,
-        batch.num_padded_tokens or batch.num_tokens,
+        plan.num_reqs,
+        plan.num_padded_tokens or plan.num_tokens,
         plan.num_spec_rows,
         plan.num_spec_decode_tokens,
         plan.num_decode_rows,
@@ -312,7 +312,7 @@ def seed_view(plan: ExecutionPlan, group: int = 0) -> dict[str, Any]:
     longest = max(plan.num_tokens, shape.gather_rows) + 1
     sources["ramp"] = np.arange(longest, dtype=np.int32)
     sources["query_start_loc"] = np.asarray(plan.batch.query_start)
-    view: dict[str, Any] = dict(zip(COUNT_FIELDS, seed_counts(plan), strict=True))
+    view: dict[str, Any] = dict(zip(COUNT_FIELDS, seed_counts(plan.shape), strict=True))
     for name, place in zip(ARRAY_FIELDS, shape.fields, strict=True):
         view[name] = None if place is None else sources[place[0]][: place[1]]
     return view

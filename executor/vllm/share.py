@@ -29,33 +29,71 @@ from typing import Any
 import numpy as np
 import torch
 
-from stepplan.planner import ExecutionPlan, Planner, PlannerConfig, layout_capacity
+from stepplan.planner import (
+    ExecutionPlan,
+    Planner,
+    PlannerConfig,
+    PlanShape,
+    host_step_batch,
+    layout_capacity,
+)
 
-from .bridge import host_only_array, host_step_batch
+from .bridge import host_only_array
 from .seed import PartKey, seed_counts, shape_keys
 from .stage import DeviceBuffer, plan_regions
 
-_CACHE_LIMIT = 4096  # entries of a shape-keyed cache; all are let go past it
-
 
 class _Plan:
-    """A compiled plan and what builds derive from it, each a pure function of the plan:
-    its seed shape keys and counts, and per layer group the counts and views a build
-    returns (views of the buffer's fixed addresses)."""
+    """A step's plan as the builder keeps it: packed from host data alone (no StepBatch,
+    no ExecutionPlan made), its shape, seed shape keys and counts, and per layer group
+    the counts and views a build returns (views of the buffer's fixed addresses). The
+    :class:`~stepplan.planner.ExecutionPlan` itself is compiled on first access of
+    :attr:`plan`, from the same host data: the same bytes, a pure function of them."""
 
-    __slots__ = ("counts", "fields", "key", "keys", "plan", "plan_buffer")
+    __slots__ = (
+        "_inputs",
+        "_plan",
+        "_planner",
+        "counts",
+        "fields",
+        "key",
+        "keys",
+        "plan_buffer",
+        "shape",
+    )
 
     def __init__(
         self,
         key: tuple,
-        plan: ExecutionPlan,
+        planner: Planner,
+        inputs: tuple,
+        shape: PlanShape,
         keys: tuple[PartKey, PartKey, PartKey, int],
         plan_buffer: torch.Tensor,
     ) -> None:
-        self.key, self.plan, self.keys = key, plan, keys
-        self.counts = seed_counts(plan)
-        self.plan_buffer = plan_buffer
+        self.key, self._planner, self._inputs = key, planner, inputs
+        self.shape, self.keys, self.plan_buffer = shape, keys, plan_buffer
+        self.counts = seed_counts(shape)
         self.fields: dict[int, tuple] = {}
+        self._plan: ExecutionPlan | None = None
+
+    def pack(self, out: np.ndarray) -> None:
+        """Write the plan's bytes into ``out`` (``[>= size], int32``) again."""
+        query_start, drafts, rows, tokens, groups = self._inputs
+        self._planner.pack_host_step(
+            out, query_start, drafts, rows, num_padded_tokens=tokens, num_groups=groups
+        )
+
+    @property
+    def plan(self) -> ExecutionPlan:
+        """The host plan (compiled at the first access, then kept)."""
+        if self._plan is None:
+            query_start, drafts, rows, tokens, groups = self._inputs
+            batch = host_step_batch(
+                query_start, drafts, rows, num_padded_tokens=tokens, num_groups=groups
+            )
+            self._plan = self._planner.compile(batch)
+        return self._plan
 
 
 class _Step:
@@ -121,6 +159,11 @@ class _HostInputs:
 _HOST_FIELDS = ("common_attn_metadata.query_start_loc_cpu", "num_decode_draft_tokens_cpu")
 
 
+def _check_length(field: str, array: np.ndarray, need: int, what: str) -> None:
+    if array.shape[0] < need:
+        raise ValueError(f"{field}: {array.shape[0]} entries, {what} = {need} needed")
+
+
 class StepShare:
     """The step state the builders of an engine's layer groups share (see the module).
 
@@ -174,7 +217,6 @@ class StepShare:
         self._host_views: list[tuple[Any, np.ndarray | None]] = [(None, None), (None, None)]
         self._last_plan: _Plan | None = None
         self._registered: tuple[tuple[int, int], ...] = ()
-        self._cache: dict[tuple, Any] = {}  # seed shapes and placeholders, per step shape
         self._step: _Step | None = None
         self._claimed: set[int] = set()
         #: Steps opened so far, and plans compiled for them (a step whose host data
@@ -282,26 +324,17 @@ class StepShare:
     def _compile(
         self, group: int, m: Any, inputs: _HostInputs, device_inputs: tuple, step_id: Any
     ) -> _Step:
-        """Open a new step: compile from host data, stage, launch the opening gather."""
+        """Open a new step: pack from host data into a staging entry, launch the gather."""
         self._step = None  # a build that fails opens no step
-        rows = m.num_reqs
+        rows, buffer = m.num_reqs, self.buffer
         plan_key = inputs.key[:4]  # the plan does not depend on the accepted counts
         record = self._last_plan
-        if record is None or record.key != plan_key:  # the plan: a pure function of these
-            batch = host_step_batch(
-                inputs.query_start,
-                inputs.drafts,
-                rows,
-                m.num_actual_tokens,
-                self._placeholders(rows),
-            )
-            plan = self._planner.compile(batch)
-            keys = self._shape_keys(plan)
-            plan_buffer = self.buffer.plan_buffer(plan.packed.shape[0])
-            record = self._last_plan = _Plan(plan_key, plan, keys, plan_buffer)
+        index = buffer.claim()
+        packed = record is None or record.key != plan_key
+        if packed:  # the plan: a pure function of these
+            record = self._last_plan = self._pack(index, m, inputs, plan_key)
             self.num_compiles += 1
-        buffer = self.buffer
-        buffer.stage(record.plan, record.keys[3], inputs.accepted_host)
+        buffer.stage(index, record, record.keys[3], inputs.accepted_host, packed=packed)
         accepted = inputs.accepted_device
         if inputs.accepted_host is not None:
             accepted = buffer.accepted_view(rows)
@@ -311,44 +344,47 @@ class StepShare:
         self._step = step
         return step
 
-    def _placeholders(self, rows: int) -> tuple[np.ndarray, ...]:
-        """``host_step_batch``'s placeholders for ``rows`` rows (``StepBatch`` copies them)."""
-        key = ("placeholders", rows)
-        found = self._cache.get(key)
-        if found is None:
-            found = self._remember(
-                key,
-                (
-                    np.zeros(rows, np.int32),
-                    np.zeros((self.num_groups, rows), np.int32),
-                    np.ones(rows, np.int32),
-                    np.full(rows, -1, np.int32),
-                ),
-            )
-        return found
-
-    def _remember(self, key: tuple, value: Any) -> Any:
-        if len(self._cache) >= _CACHE_LIMIT:
-            self._cache.clear()
-        self._cache[key] = value
-        return value
-
-    def _shape_keys(self, plan: ExecutionPlan) -> tuple[PartKey, PartKey, PartKey, int]:
-        """``shape_keys(plan)``; refuses a step beyond the builder's capacity."""
-        self._check_capacity(plan)
-        keys = shape_keys(plan)
-        rows = self.buffer.regions.rows
-        if keys[3] > rows:
+    def _pack(self, index: int | None, m: Any, inputs: _HostInputs, plan_key: tuple) -> _Plan:
+        """A new step's plan, packed into staging entry ``index``, and its record; the
+        builder's capacity checked before anything is written."""
+        rows, tokens = m.num_reqs, m.num_actual_tokens
+        query_start, drafts = inputs.query_start, inputs.drafts
+        _check_length(_HOST_FIELDS[0], query_start, rows + 1, "num_reqs + 1")
+        if drafts is not None:
+            _check_length(_HOST_FIELDS[1], drafts, rows, "num_reqs")
+        live_tokens = int(query_start[rows]) - int(query_start[0])
+        if live_tokens > self.buffer.regions.num_tokens:
+            raise self._capacity_error(f"{live_tokens} tokens")
+        shape = self._planner.pack_host_step(
+            self.buffer.plan_space(index, self.max_plan_layout.size),
+            query_start,
+            drafts,
+            rows,
+            num_padded_tokens=tokens,
+            num_groups=self.num_groups,
+        )
+        size = shape.layout.size
+        if size > self.max_plan_layout.size:
+            raise self._capacity_error(f"plan {shape.layout}")
+        keys = shape_keys(shape)
+        if keys[3] > self.buffer.regions.rows:
             raise ValueError(
                 f"common_attn_metadata: the step's {keys[3]} rows exceed the builder's "
-                f"{rows} (raise max_num_reqs)"
+                f"{self.buffer.regions.rows} (raise max_num_reqs)"
             )
-        return keys
+        plan_buffer = self.buffer.plan_buffer(size)
+        # Copies: the engine's host tensors change after the build.
+        kept = (
+            query_start[: rows + 1].copy(),
+            None if drafts is None else drafts[:rows].copy(),
+            rows,
+            tokens,
+            self.num_groups,
+        )
+        return _Plan(plan_key, self._planner, kept, shape, keys, plan_buffer)
 
-    def _check_capacity(self, plan: ExecutionPlan) -> None:
-        too_many_tokens = plan.num_tokens > self.buffer.regions.num_tokens
-        if plan.packed.size > self.max_plan_layout.size or too_many_tokens:
-            raise ValueError(
-                f"common_attn_metadata: the step's plan ({plan.layout}) exceeds the builder's "
-                f"capacity ({self.max_plan_layout}); raise max_num_tokens"
-            )
+    def _capacity_error(self, what: str) -> ValueError:
+        return ValueError(
+            f"common_attn_metadata: the step's {what} exceed(s) the builder's capacity "
+            f"({self.max_plan_layout}); raise max_num_tokens"
+        )

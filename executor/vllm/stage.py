@@ -20,7 +20,7 @@ import attrs
 import numpy as np
 import torch
 
-from stepplan.planner import ExecutionPlan
+from stepplan.planner import PlanShape
 from stepplan.planner.layout import FIELD_INDEX
 
 from ..upload import StagingRing
@@ -181,47 +181,69 @@ class DeviceBuffer:
 
     # --- a step ----------------------------------------------------------------------
 
+    def claim(self) -> int | None:
+        """The next staging entry's index (``None`` on the CPU: the one host entry)."""
+        return None if self._ring is None else self._ring.claim()
+
+    def plan_space(self, index: int | None, size: int) -> np.ndarray:
+        """``[size], int32``: where entry ``index`` (claimed) holds a step's plan, for a new
+        plan to be packed into; the entry no longer counts as holding its old one."""
+        self._held.pop(index, None)
+        at = self.regions.plan
+        return self._entry(index)[at : at + size]
+
     def stage(
-        self, plan: ExecutionPlan, gather_rows: int, accepted_host: np.ndarray | None
+        self,
+        index: int | None,
+        record: Any,
+        gather_rows: int,
+        accepted_host: np.ndarray | None,
+        *,
+        packed: bool,
     ) -> None:
-        """Write a step: its header words, the plan, and accepted counts given on the host
-        (``[num_reqs]``; their device view is :meth:`accepted_view`). An entry that already
-        holds this plan with this header (only :meth:`stage` writes an entry, and plans are
-        immutable) keeps them: a repeated step writes no plan."""
-        index = None if self._ring is None else self._ring.claim()
+        """Write a step into entry ``index`` (claimed): its header words, the plan, and
+        accepted counts given on the host (``[num_reqs]``; their device view is
+        :meth:`accepted_view`). ``record`` is the step's plan record (its ``shape``, and
+        ``pack(out)`` writing its bytes); ``packed``: its plan was just packed into
+        :meth:`plan_space`. An entry that already holds this plan with this header (only
+        this buffer writes an entry, and plans are immutable) keeps them: a repeated
+        step writes no plan."""
         entry = self._entry(index)
-        regions = self.regions
-        rows = 0 if accepted_host is None else plan.batch.num_rows
-        registered = len(self.registered)
-        held = self._held.get(index)
-        # The plan by identity: an equal plan built anew is rewritten (plans have no cheap ==).
-        if held is None or held[0] is not plan or held[1:] != (gather_rows, registered, rows):
-            self._pack_header(entry, plan, gather_rows, registered, rows)
-            entry[regions.plan : regions.plan + plan.packed.shape[0]] = plan.packed
-            self._held[index] = (plan, gather_rows, registered, rows)
+        shape = record.shape
+        rows = 0 if accepted_host is None else shape.num_reqs
+        held = (record, gather_rows, len(self.registered), rows)
+        found = self._held.get(index)
+        # The plan by identity: an equal plan packed anew is rewritten.
+        if found is None or found[0] is not record or found[1:] != held[1:]:
+            if not packed:
+                record.pack(self.plan_space(index, shape.layout.size))
+            self._pack_header(entry, shape, *held[1:])
+            self._held[index] = held
         if rows:
-            entry[regions.accepted_host : regions.accepted_host + rows] = accepted_host[:rows]
+            entry[self.regions.accepted_host : self.regions.accepted_host + rows] = accepted_host[
+                :rows
+            ]
         if self._ring is not None:
             self._ring.stamp(index, door.TICKET_WORD)
         self._open_entry = index
 
     def _pack_header(
-        self, entry: np.ndarray, plan: ExecutionPlan, gather_rows: int, registered: int, rows: int
+        self, entry: np.ndarray, plan: PlanShape, gather_rows: int, registered: int, rows: int
     ) -> None:
         """A step's header words, packed straight into ``entry`` (no array in between: a
         fresh plan's build makes no more objects than it must)."""
-        regions, size = self.regions, plan.packed.shape[0]
+        regions, layout = self.regions, plan.layout
         ns, nd = plan.num_spec_rows, plan.num_decode_rows
-        starts = plan.layout.starts()
+        starts = layout.starts()  # ends with the plan's size
         _STEP_HEADER.pack_into(
             entry,
             0,
-            plan.layout.num_rows,
+            layout.num_rows,
             gather_rows,
             ns,
             ns + nd,
             plan.num_rows,
-            plan.batch.num_rows,
+            plan.num_reqs,
             plan.num_spec_decode_tokens,
             plan.num_tokens,
             registered,
@@ -229,7 +251,7 @@ class DeviceBuffer:
             0,
             door.TICKET_WORD + 1,
             regions.plan,
-            size,
+            starts[-1],
             regions.accepted_host,
             rows,
             *[regions.plan + starts[field] for field in _PLAN_FIELD_INDEX],

@@ -87,12 +87,10 @@ static int slots_broken(const int32_t *slots, const int8_t *kinds, Py_ssize_t ro
     return 0;
 }
 
-/* Kinds and rows per kind (vectorized), then query starts; 1 when a length is negative,
- * a spec row's length is not its drafts + 1, or the token total passes int32. A row with
- * drafts >= 0 is spec; else 0, 1 or more tokens make it padding, decode or prefill. */
-static int rows_broken(const int32_t *restrict q, const int32_t *restrict computed,
-                       const int32_t *restrict drafts, Py_ssize_t rows, int8_t *restrict kinds,
-                       int32_t *restrict starts, Py_ssize_t counts[4]) {
+/* See check.h. */
+int rows_broken(const int32_t *restrict q, const int32_t *restrict computed,
+                const int32_t *restrict drafts, Py_ssize_t rows, int8_t *restrict kinds,
+                int32_t *restrict starts, Py_ssize_t counts[4]) {
     uint32_t bad = 0, spec_rows = 0, decode_rows = 0, prefill_rows = 0;
     for (Py_ssize_t r = 0; r < rows; r++) {
         int32_t length = q[r], draft = drafts[r];

@@ -18,6 +18,7 @@ static PyMethodDef methods[] = {
     {"prefill_tiles", (PyCFunction)(void (*)(void))prefill_tiles, METH_FASTCALL,
      "prefill_tiles(query_lens, kinds, tile) -> int: work tiles of the prefill rows."},
     {"check_batch", (PyCFunction)(void (*)(void))check_batch, METH_FASTCALL, CHECK_DOC},
+    {"pack_host", (PyCFunction)(void (*)(void))pack_host, METH_FASTCALL, PACK_HOST_DOC},
     {NULL, NULL, 0, NULL},
 };
 

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "buffers.h"
+#include "check.h"
 #include "rows.h"
 
 /* Token map entries a short row writes at once: its tokens, then whatever follows, which
@@ -298,5 +299,164 @@ PyObject *pack(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     }
     PyBuffer_Release(&out);
     release_batch(&batch);
+    return result;
+}
+
+/* --- host steps: a step known on the host by its query starts and drafts alone ---------
+ * The computed tokens, accepted counts and slots are placeholders (0, 1, NULL), as the
+ * vLLM builder's plans hold them until the device fills in the real ones. */
+
+/* A host step's batch, derived into scratch memory it owns: rebased query starts, kinds
+ * by check.c's rule, placeholder arrays. */
+typedef struct {
+    Batch batch;
+    Py_ssize_t counts[4];
+    void *scratch, *zeros;
+} HostStep;
+
+static void release_host_step(HostStep *step) {
+    PyMem_Free(step->scratch);
+    PyMem_Free(step->zeros);
+    step->scratch = step->zeros = NULL;
+}
+
+/* Derives ``step`` from query_start ``[>= rows + 1]`` and drafts ``[>= rows]`` (NULL: no
+ * spec row); 1 when a StepBatch rule breaks (then Python raises its error), 0 when it
+ * holds, -1 with MemoryError. */
+static int take_host_step(HostStep *step, const int32_t *query_start, const int32_t *drafts,
+                          Py_ssize_t rows, Py_ssize_t groups) {
+    size_t n = (size_t)rows;
+    step->scratch = PyMem_Malloc((4 * n + 1) * sizeof(int32_t) + n + 1);
+    step->zeros = PyMem_Calloc((size_t)groups * n + 1, sizeof(int32_t));
+    if (step->scratch == NULL || step->zeros == NULL) {
+        release_host_step(step);
+        PyErr_NoMemory();
+        return -1;
+    }
+    int32_t *lens = step->scratch, *starts = lens + n, *ones = starts + n + 1;
+    int32_t *no_drafts = ones + n;
+    int8_t *kinds = (int8_t *)(no_drafts + n);
+    for (size_t r = 0; r < n; r++) {
+        lens[r] = (int32_t)((uint32_t)query_start[r + 1] - (uint32_t)query_start[r]);
+        ones[r] = 1, no_drafts[r] = -1;
+    }
+    const int32_t *zeros = step->zeros;
+    int broken = rows_broken(lens, zeros, drafts ? drafts : no_drafts, rows, kinds, starts,
+                             step->counts);
+    step->batch = (Batch){.held = 0, .num_rows = rows, .query_start = starts,
+                          .computed = zeros, .accepted = ones, .slots = zeros, .kinds = kinds};
+    return broken;
+}
+
+/* The host arrays of pack_host's arguments: query_start and drafts (None: NULL) views. */
+static int take_host_arrays(PyObject *const *args, Py_buffer views[2], Py_ssize_t rows,
+                            int *held) {
+    *held = 0;
+    if (get_array(args[0], &views[0], "query_start", 'i', 4, 0) < 0) {
+        return -1;
+    }
+    *held = 1;
+    if (views[0].len / 4 < rows + 1) {
+        PyErr_Format(PyExc_ValueError, "query_start: %zd entries, num_reqs + 1 = %zd needed",
+                     views[0].len / 4, rows + 1);
+        return -1;
+    }
+    if (args[1] == Py_None) {
+        return 0;
+    }
+    if (get_array(args[1], &views[1], "num_draft_tokens", 'i', 4, 0) < 0) {
+        return -1;
+    }
+    *held = 2;
+    if (views[1].len / 4 < rows) {
+        PyErr_Format(PyExc_ValueError, "num_draft_tokens: %zd entries, num_reqs = %zd needed",
+                     views[1].len / 4, rows);
+        return -1;
+    }
+    return 0;
+}
+
+const char PACK_HOST_DOC[] =
+    "pack_host(packed, query_start, num_draft_tokens, num_reqs, num_tokens, num_rows,\n"
+    "          num_tiles, num_groups, query_len_max, tile)\n"
+    "The step of ``num_reqs`` rows whose query lengths are the differences of\n"
+    "``query_start`` (int32, >= num_reqs + 1 entries) and whose drafts are\n"
+    "``num_draft_tokens`` (int32, >= num_reqs; None: no spec row), its computed tokens 0,\n"
+    "accepted counts 1 and slots NULL. With ``packed`` None: its census, (spec, decode,\n"
+    "prefill rows, tokens, prefill tiles). Else ``packed`` is filled as pack() fills it\n"
+    "and (num_tiles, longest prefill, spec tokens) returned. None when a StepBatch rule\n"
+    "or the config's limits break (StepBatch and compile_plan name the error).";
+
+PyObject *pack_host(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 10) {
+        PyErr_Format(PyExc_TypeError, "pack_host takes 10 arguments, got %zd", nargs);
+        return NULL;
+    }
+    Py_ssize_t rows = get_count(args[3], "num_reqs"), counts[6];
+    if (rows < 0 || take_counts(args + 4, counts) < 0) {
+        return NULL;
+    }
+    Py_buffer views[2], out;
+    int held, out_held = 0;
+    PyObject *result = NULL;
+    HostStep step = {.scratch = NULL, .zeros = NULL};
+    if (take_host_arrays(args + 1, views, rows, &held) < 0) {
+        goto done;
+    }
+    const int32_t *drafts = held == 2 ? views[1].buf : NULL;
+    int broken = take_host_step(&step, views[0].buf, drafts, rows, counts[3]);
+    if (broken < 0) {
+        goto done;
+    }
+    Census census;
+    if (broken || take_census(&step.batch, counts[4], &census) < 0 || census.breaks_limits) {
+        PyErr_Clear();
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
+    int64_t num_tokens = census.tokens[SPEC] + census.tokens[DECODE] + census.tokens[PREFILL];
+    Fields fields = {.tokens = counts[0], .rows = counts[1], .tiles = counts[2],
+                     .groups = counts[3]};
+    if (args[0] == Py_None) {
+        int64_t tiles = 0;
+        const int32_t *starts = step.batch.query_start;
+        for (Py_ssize_t r = 0; r < rows; r++) {
+            int32_t q = starts[r + 1] - starts[r];
+            tiles += step.batch.kinds[r] == PREFILL ? (q + counts[5] - 1) / counts[5] : 0;
+        }
+        result = Py_BuildValue("(nnnLL)", step.counts[SPEC], step.counts[DECODE],
+                               step.counts[PREFILL], (long long)num_tokens, (long long)tiles);
+        goto done;
+    }
+    if (get_array(args[0], &out, "packed", 'i', 4, 1) < 0) {
+        goto done;
+    }
+    out_held = 1;
+    Py_ssize_t live = census.rows[SPEC] + census.rows[DECODE] + census.rows[PREFILL];
+    if (out.len != plan_size(counts[0], counts[1], counts[2], counts[3]) * 4) {
+        PyErr_Format(PyExc_ValueError, "packed: has %zd entries, the layout needs %zd",
+                     out.len / 4, plan_size(counts[0], counts[1], counts[2], counts[3]));
+    } else if (shares_memory(&out, &views[0]) || (held == 2 && shares_memory(&out, &views[1]))) {
+        PyErr_SetString(PyExc_ValueError, "packed: shares memory with the step's arrays");
+    } else if (live > counts[1] || num_tokens > counts[0]) {
+        PyErr_Format(PyExc_ValueError, "packed: %zd rows, %lld tokens exceed the layout's %zd, %zd",
+                     live, (long long)num_tokens, counts[1], counts[0]);
+    } else if (order_rows(&step.batch, out.buf, &census, counts[5], &fields) > counts[2]) {
+        PyErr_Format(PyExc_ValueError, "packed: %lld tiles exceed the layout's %zd",
+                     (long long)census.tiles, counts[2]);
+    } else {
+        write_plan(&step.batch, &fields, &census, counts[5], census.in_order);
+        result = Py_BuildValue("(LiL)", (long long)census.tiles, (int)census.longest_prefill,
+                               (long long)census.tokens[SPEC]);
+    }
+done:
+    if (out_held) {
+        PyBuffer_Release(&out);
+    }
+    while (held > 0) {
+        PyBuffer_Release(&views[--held]);
+    }
+    release_host_step(&step);
     return result;
 }

@@ -11,4 +11,10 @@ extern const char PACK_DOC[];
  *      num_tokens, num_rows, num_tiles, num_groups, query_len_max, tile): PACK_DOC. */
 PyObject *pack(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 
+extern const char PACK_HOST_DOC[];
+
+/* pack_host(packed, query_start, num_draft_tokens, num_reqs, num_tokens, num_rows,
+ *           num_tiles, num_groups, query_len_max, tile): PACK_HOST_DOC. */
+PyObject *pack_host(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+
 #endif

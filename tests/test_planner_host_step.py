@@ -1,0 +1,115 @@
+"""``Planner.pack_host_step``: a host step's plan bytes without the batch or the plan."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+from planner_strategies import step_batches
+
+from stepplan.planner import PlanError, Planner, PlannerConfig, host_step_batch
+
+NATIVE = pytest.mark.parametrize("native", [True, False], ids=["native", "numpy"])
+
+
+def host_inputs(batch, offset: int, extra: int, drafts_given: bool):
+    """The batch's host data as an engine passes it: query starts from ``offset`` (not
+    necessarily 0) with ``extra`` entries past the rows, drafts (or None) likewise."""
+    starts = offset + np.concatenate([[0], np.cumsum(batch.query_lens)])
+    starts = np.concatenate([starts, np.full(extra, starts[-1])]).astype(np.int32)
+    drafts = None
+    if drafts_given:
+        drafts = np.concatenate([batch.num_draft_tokens, np.zeros(extra, np.int32)])
+        drafts = drafts.astype(np.int32)
+    return starts, drafts
+
+
+@NATIVE
+@settings(max_examples=150, deadline=None)
+@given(
+    case=step_batches(),
+    offset=st.integers(0, 50),
+    extra=st.integers(0, 3),
+    drafts_given=st.booleans(),
+    slack=st.integers(0, 40),
+)
+def test_the_bytes_and_shape_are_the_compiled_plans(
+    native, case, offset, extra, drafts_given, slack
+):
+    batch, config = case
+    assume(drafts_given or not (batch.num_draft_tokens >= 0).any())
+    starts, drafts = host_inputs(batch, offset, extra, drafts_given)
+    rows, groups = batch.num_rows, batch.num_groups
+    padded = batch.num_padded_tokens
+    planner = Planner(config, native=native)
+    want = planner.compile(
+        host_step_batch(starts, drafts, rows, num_padded_tokens=padded, num_groups=groups)
+    )
+    out = np.full(want.layout.size + slack, 7, np.int32)
+    shape = planner.pack_host_step(
+        out, starts, drafts, rows, num_padded_tokens=padded, num_groups=groups
+    )
+    assert shape == want.shape
+    np.testing.assert_array_equal(out[: want.layout.size], want.packed)
+    assert (out[want.layout.size :] == 7).all()  # nothing past the plan
+    # The placeholders: no computed tokens, one accepted token, NULL slots.
+    assert not want.batch.num_computed_tokens.any() and not want.batch.slots.any()
+    assert (want.batch.num_accepted_tokens == 1).all()
+
+
+@NATIVE
+def test_a_short_buffer_is_refused_before_anything_is_written(native):
+    config = PlannerConfig(num_spec_tokens=3, graph_mode="none")
+    starts, drafts = np.array([0, 4, 5, 105], np.int32), np.array([3, -1, -1], np.int32)
+    planner = Planner(config, native=native)
+    size = planner.pack_host_step(np.empty(4096, np.int32), starts, drafts, 3).layout.size
+    out = np.full(size - 1, 7, np.int32)
+    with pytest.raises(ValueError, match=rf"out: {size - 1} entries, the plan needs {size}"):
+        planner.pack_host_step(out, starts, drafts, 3)
+    assert (out == 7).all()
+
+
+@NATIVE
+@pytest.mark.parametrize(
+    ("starts", "drafts", "padded", "message"),
+    [
+        ([0, 4, 3], [3, -1], None, r"^query_lens\[1\]: must be >= 0"),
+        ([0, 3, 4], [3, -1], None, r"^query_lens\[0\]: spec row must schedule"),
+        ([0, 4, 5], [3, -2], None, r"^num_draft_tokens\[1\]"),
+        ([0, 6, 7], [5, -1], None, r"num_spec_tokens"),
+        ([0, 4, 5], [3, -1], 4, r"^num_padded_tokens: 4 is fewer than the 5 tokens"),
+        ([0, 4], [3, -1], None, r"^query_start: needs num_reqs \+ 1 = 3 entries"),
+        ([0, 4, 5], [3], None, r"^num_draft_tokens: needs num_reqs = 2 entries"),
+    ],
+)
+def test_bad_steps_get_the_batchs_errors(native, starts, drafts, padded, message):
+    """Whatever the path, a step the rules refuse raises the error StepBatch and
+    compile_plan raise, naming the field (and nothing is written)."""
+    config = PlannerConfig(num_spec_tokens=3, graph_mode="full", max_num_seqs=8)
+    out = np.full(1024, 7, np.int32)
+    args = (np.array(starts, np.int32), np.array(drafts, np.int32), 2)
+    with pytest.raises(PlanError, match=message):
+        Planner(config, native=native).pack_host_step(out, *args, num_padded_tokens=padded)
+    assert (out == 7).all()
+
+
+def test_too_many_rows_get_compile_plans_error():
+    config = PlannerConfig(num_spec_tokens=0, graph_mode="none", max_num_seqs=2)
+    starts = np.arange(4, dtype=np.int32)  # three decode rows
+    with pytest.raises(PlanError, match="max_num_seqs"):
+        Planner(config).pack_host_step(np.empty(256, np.int32), starts, None, 3)
+
+
+def test_other_dtypes_take_the_batchs_path_to_the_same_bytes():
+    config = PlannerConfig(num_spec_tokens=3, graph_mode="mixed")
+    starts32 = np.array([0, 4, 5, 105, 105], np.int32)
+    drafts32 = np.array([3, -1, -1, -1], np.int32)
+    planner = Planner(config)
+    one, other = np.zeros(4096, np.int32), np.zeros(4096, np.int32)
+    shape = planner.pack_host_step(one, starts32, drafts32, 4, num_padded_tokens=110)
+    again = planner.pack_host_step(
+        other, starts32.astype(np.int64), drafts32.tolist(), 4, num_padded_tokens=110
+    )
+    assert shape == again and shape.graph is not None
+    np.testing.assert_array_equal(one, other)
