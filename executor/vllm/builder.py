@@ -1,7 +1,7 @@
 """A drop-in for the seed's vLLM metadata builder that never waits for the device.
 
 :class:`PlanMetadataBuilder` has the seed builder's ``build`` and
-``build_for_cudagraph_capture``. A build compiles the step's plan from host data only,
+``build_for_cudagraph_capture``. A build packs the step's plan from host data only,
 or reuses the plan its step already has when another layer group's builder compiled it
 (:class:`~.share.StepShare`), and returns the seed's metadata fields as views of one
 persistent device buffer: slots, accepted counts and has-initial-state flags are

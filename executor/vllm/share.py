@@ -1,9 +1,10 @@
 """``StepShare``: one plan per step for the builders of every layer group, never a device read.
 
-The first layer group's build of a step compiles the plan from host data alone
+The first layer group's build of a step packs the plan from host data alone
 (``query_start_loc_cpu``, ``num_decode_draft_tokens_cpu``, the engine's counts; a step
-whose host data equal the last compiled step's reuses its plan), writes it with a
-header into a staging entry and launches one kernel (:mod:`.door`) that copies it to
+whose host data equal the last compiled step's reuses its plan) straight into a staging
+entry (:meth:`~stepplan.planner.Planner.pack_host_step`: no batch or plan object is
+made), writes a header there and launches one kernel (:mod:`.door`) that copies it to
 the device, gathers there what only the device knows and derives the seed's fields.
 Each further group of the same step launches one kernel for its own slots, or none
 when the engine registered its block tables (:meth:`StepShare.register_block_tables`),
