@@ -353,9 +353,13 @@ class StepShare:
         _check_length(_HOST_FIELDS[0], query_start, rows + 1, "num_reqs + 1")
         if drafts is not None:
             _check_length(_HOST_FIELDS[1], drafts, rows, "num_reqs")
+        # Every plan of at most these tokens and rows fits the plan space (layout_capacity).
         live_tokens = int(query_start[rows]) - int(query_start[0])
         if live_tokens > self.buffer.regions.num_tokens:
-            raise self._capacity_error(f"{live_tokens} tokens")
+            raise ValueError(
+                f"common_attn_metadata: the step's {live_tokens} tokens exceed the builder's "
+                f"capacity ({self.max_plan_layout}); raise max_num_tokens"
+            )
         shape = self._planner.pack_host_step(
             self.buffer.plan_space(index, self.max_plan_layout.size),
             query_start,
@@ -364,16 +368,13 @@ class StepShare:
             num_padded_tokens=tokens,
             num_groups=self.num_groups,
         )
-        size = shape.layout.size
-        if size > self.max_plan_layout.size:
-            raise self._capacity_error(f"plan {shape.layout}")
         keys = shape_keys(shape)
         if keys[3] > self.buffer.regions.rows:
             raise ValueError(
                 f"common_attn_metadata: the step's {keys[3]} rows exceed the builder's "
                 f"{self.buffer.regions.rows} (raise max_num_reqs)"
             )
-        plan_buffer = self.buffer.plan_buffer(size)
+        plan_buffer = self.buffer.plan_buffer(shape.layout.size)
         # Copies: the engine's host tensors change after the build.
         kept = (
             query_start[: rows + 1].copy(),
@@ -383,9 +384,3 @@ class StepShare:
             self.num_groups,
         )
         return _Plan(plan_key, self._planner, kept, shape, keys, plan_buffer)
-
-    def _capacity_error(self, what: str) -> ValueError:
-        return ValueError(
-            f"common_attn_metadata: the step's {what} exceed(s) the builder's capacity "
-            f"({self.max_plan_layout}); raise max_num_tokens"
-        )
