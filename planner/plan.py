@@ -77,6 +77,14 @@ class _PackedArray:
         return plan.array(self.name)
 
 
+def _live_rows(plan: PlanShape | ExecutionPlan) -> int:
+    return plan.num_spec_rows + plan.num_decode_rows + plan.num_prefill_rows
+
+
+def _live_tokens(plan: PlanShape | ExecutionPlan) -> int:
+    return plan.num_spec_decode_tokens + plan.num_decode_tokens + plan.num_prefill_tokens
+
+
 # A NamedTuple, not a frozen attrs class: Planner.pack_into makes one per step, where its
 # 13 fields cost a third of an attrs instance's.
 class PlanShape(NamedTuple):
@@ -104,12 +112,12 @@ class PlanShape(NamedTuple):
     @property
     def num_rows(self) -> int:
         """Live rows (padding rows excluded)."""
-        return self.num_spec_rows + self.num_decode_rows + self.num_prefill_rows
+        return _live_rows(self)
 
     @property
     def num_tokens(self) -> int:
         """Live tokens."""
-        return self.num_spec_decode_tokens + self.num_decode_tokens + self.num_prefill_tokens
+        return _live_tokens(self)
 
     @property
     def query_len_max(self) -> int:
@@ -186,12 +194,12 @@ class ExecutionPlan:
     @property
     def num_rows(self) -> int:
         """Live rows (padding rows excluded)."""
-        return self.num_spec_rows + self.num_decode_rows + self.num_prefill_rows
+        return _live_rows(self)
 
     @property
     def num_tokens(self) -> int:
         """Live tokens."""
-        return self.num_spec_decode_tokens + self.num_decode_tokens + self.num_prefill_tokens
+        return _live_tokens(self)
 
     @property
     def num_groups(self) -> int:
