@@ -25,7 +25,7 @@ from stepplan.planner.layout import FIELD_INDEX
 
 from ..upload import StagingRing
 from . import door, gather
-from .seed import SLOT_SOURCES, SOURCE_DTYPES, PartKey, Prefix, plain_part, spec_part, token_part
+from .seed import SLOT_SOURCES, SOURCE_DTYPES, PartKey, plain_part, spec_part, token_part
 
 _CACHE_LIMIT = 4096  # entries of a shape-keyed cache; all are let go past it
 #: Marks a field that is the engine's own ``query_start_loc`` (filled in per build).
@@ -44,9 +44,9 @@ _PLAN_FIELDS = (
 #: Where the kernels find each source (header word, region, unit: 4 bytes per word,
 #: 1 int32 per word, 1/2 int64 per word).
 _PLAN_FIELD_INDEX = tuple(FIELD_INDEX[field] for _, field in _PLAN_FIELDS)
-#: The seed's three parts of fields: how each is made from its key, and which of its
-#: fields are a layer group's slots (the others every group shares).
-_PARTS = ((plain_part, (0, 1, 2)), (spec_part, (1,)), (token_part, ()))
+#: The seed's three parts of fields: how each is made from its key, and whether it holds
+#: a layer group's slots (if not, every group shares its views).
+_PARTS = ((plain_part, True), (spec_part, True), (token_part, False))
 #: A step's header words, packed straight into the entry (a third of numpy's time).
 _STEP_HEADER = struct.Struct(f"<{door.STEP_WORDS}i")
 _SOURCE_WORDS = (
@@ -130,6 +130,32 @@ def plan_regions(plan_words: int, rows: int, tokens: int, groups: int) -> Region
     return Regions(**offsets, rows=rows, num_tokens=tokens)
 
 
+class _Marker:
+    """The pass-through marker at every length (a source whose views are the engine's)."""
+
+    __slots__ = ()
+
+    def __getitem__(self, length: int) -> str:
+        return PASS_THROUGH
+
+
+class _SourceLists(dict):
+    """A layer group's every-prefix lists by source, each made at its first use (the slot
+    sources are the group's, the others shared by every group)."""
+
+    def __init__(self, buffer: DeviceBuffer, group: int) -> None:
+        super().__init__({PASS_THROUGH: _Marker()})
+        self.buffer, self.group = buffer, group
+
+    def __missing__(self, source: str) -> list[torch.Tensor]:
+        key = (source, self.group if source in SLOT_SOURCES else 0)
+        prefixes = self.buffer._prefixes.get(key)
+        if prefixes is None:
+            prefixes = self.buffer._prefixes[key] = self.buffer._every_prefix(*key)
+        self[source] = prefixes
+        return prefixes
+
+
 class DeviceBuffer:
     """The persistent buffer of one :class:`~.share.StepShare`, with its staging ring.
 
@@ -163,6 +189,7 @@ class DeviceBuffer:
         self._cache: dict[tuple, Any] = {}  # views per shape and group
         # Every prefix view of each source (and group): bounded by the regions' sizes.
         self._prefixes: dict[tuple, list[torch.Tensor]] = {}
+        self._lists: dict[int, _SourceLists] = {}  # the same lists, by group and source
         self._plan_views: dict[int, torch.Tensor] = {}
         self._open_entry: int | None = None
         # Per entry what it holds (plan, gather rows, registered tables, host accepted
@@ -306,33 +333,28 @@ class DeviceBuffer:
         each part's views kept per key (and group), so a step of new token counts makes
         only its two token lists' views."""
         cache, views = self._cache, ()
-        for number, (part, slot_fields) in enumerate(_PARTS):
-            key = (number, keys[number], group if slot_fields else 0)
+        for number, (part, per_group) in enumerate(_PARTS):
+            key = (number, keys[number], group if per_group else 0)
             found = cache.get(key)
             if found is None:
+                lists = self._source_lists(group)
                 found = self._remember(
-                    key, self._part_views(part(keys[number]), group, slot_fields)
+                    key,
+                    tuple(
+                        None if place is None else lists[place[0]][place[1]]
+                        for place in part(keys[number])
+                    ),
                 )
             views += found
         return views
 
-    def _part_views(self, fields: tuple, group: int, slot_fields: tuple[int, ...]) -> tuple:
-        """The views of one part's fields, the slot fields ``group``'s."""
-        return tuple(
-            None if place is None else self._prefix(place, group if index in slot_fields else 0)
-            for index, place in enumerate(fields)
-        )
-
-    def _prefix(self, place: Prefix, group: int) -> Any:
-        """``place`` as a view of the buffer (of ``group``'s slots, for a slot source)."""
-        source, length = place
-        if source == PASS_THROUGH:
-            return PASS_THROUGH
-        key = (source, group if source in SLOT_SOURCES else 0)
-        views = self._prefixes.get(key)
-        if views is None:
-            views = self._prefixes[key] = self._every_prefix(source, group)
-        return views[length]
+    def _source_lists(self, group: int) -> dict[str, Any]:
+        """Per source, every prefix view of it (``group``'s slots for a slot source; for
+        :data:`PASS_THROUGH`, the marker at every length), filled in at a source's first use."""
+        lists = self._lists.get(group)
+        if lists is None:
+            lists = self._lists[group] = _SourceLists(self, group)
+        return lists
 
     def _every_prefix(self, source: str, group: int) -> list[torch.Tensor]:
         """Every prefix of a source, made at its first use (a few milliseconds, once):
