@@ -15,7 +15,7 @@ from vllm_cases import CONFIGS, FakeCommonMetadata, Step, assert_seed_exact, exp
 
 from stepplan.executor import reference
 from stepplan.executor.kernels import launch_shape, launch_short_conv
-from stepplan.executor.vllm import PlanMetadataBuilder, StepShare, door
+from stepplan.executor.vllm import PlanMetadataBuilder, StepShare
 from stepplan.planner import PlannerConfig, StepBatch, compile_plan
 
 pytestmark = pytest.mark.gpu
@@ -155,15 +155,6 @@ def test_direct_launches_write_what_triton_launches_write():
         staged = direct.buffer.regions.staged
         assert torch.equal(direct.buffer.words[staged:], plain.buffer.words[staged:])
         assert torch.equal(direct.buffer.words[64:staged], plain.buffer.words[64:staged])
-    # The direct launches passed the pinned entries as addresses, not tensors.
-    passed = [arg for _, arg, _ in direct.buffer._launcher._pinned.values()]
-    assert passed and all(isinstance(arg, int) for arg in passed)
-
-
-def test_the_driver_maps_pinned_memory_and_refuses_pageable_memory():
-    pinned = torch.zeros(64, dtype=torch.int32, pin_memory=True)
-    assert door.mapped_device_pointer(pinned) == pinned.data_ptr()  # UVA: the same address
-    assert door.mapped_device_pointer(torch.zeros(64, dtype=torch.int32)) is None
 
 
 # --- the kernels over the builder's plan buffer ------------------------------------------

@@ -27,8 +27,6 @@ half, and the specification the kernels are tested against.
 
 from __future__ import annotations
 
-import ctypes
-
 import torch
 import triton
 import triton.language as tl
@@ -288,40 +286,26 @@ def _group_slots(words_ptr, table_ptr, table_stride, group, BLOCK: tl.constexpr)
 
 #: Triton from 3.3 on hands a compiled kernel's launcher every argument, constexprs too.
 _DIRECT_LAUNCHES = tuple(int(part) for part in triton.__version__.split(".")[:2]) >= (3, 3)
-#: ``CU_POINTER_ATTRIBUTE_DEVICE_POINTER`` of the CUDA driver API's ``CUpointer_attribute``.
-_CU_POINTER_ATTRIBUTE_DEVICE_POINTER = 3
 
 
-def mapped_device_pointer(tensor: torch.Tensor) -> int | None:
-    """The device address of pinned host memory ``tensor``, as the CUDA driver maps it
-    (what Triton's launcher asks it for on every launch of a tensor argument), or
-    ``None`` where the driver cannot say."""
-    try:
-        driver = ctypes.CDLL("libcuda.so.1")
-        address = ctypes.c_uint64(0)
-        status = driver.cuPointerGetAttribute(
-            ctypes.byref(address),
-            ctypes.c_int(_CU_POINTER_ATTRIBUTE_DEVICE_POINTER),
-            ctypes.c_uint64(tensor.data_ptr()),
-        )
-    except (OSError, AttributeError):
-        return None
-    return int(address.value) if status == 0 and address.value else None
+def _specialization(tensors: tuple[torch.Tensor, ...], stride: int) -> tuple:
+    """What Triton compiles a variant per: each pointer's dtype and 16-byte alignment, and
+    whether the stride is 1 or a multiple of 16."""
+    return (
+        *[(t.dtype, t.data_ptr() % 16 == 0) for t in tensors],
+        stride == 1,
+        stride % 16 == 0,
+    )
 
 
 class Launcher:
     """The door's two kernels on one buffer, launched past Triton's per-launch dispatch.
 
-    A variant's first launch goes through Triton, which compiles it; later ones call the
-    compiled kernel's launcher on the current stream (Triton >= 3.3; before, every
-    launch goes through Triton), which skips Triton's argument binding, cache lookup and
-    global checks. Pointers go to that launcher as ints, which spares it a ``data_ptr``
-    call and a driver query per pointer: the buffer's once; the engine's tensors' per
-    launch, after checking they are on a CUDA device; a pinned staging entry's where the
-    driver maps it to its own host address (asked once per entry; else the tensor goes).
-    A variant is keyed by what Triton specializes on: each pointer's dtype and 16-byte
-    alignment, whether the stride is 1 or a multiple of 16. Launch hooks that Triton's
-    profilers install are not called on that path.
+    A variant's first launch (:func:`_specialization`) goes through Triton, which
+    compiles it; later ones call the compiled kernel's launcher on the current stream
+    (Triton >= 3.3; before, every launch goes through Triton), which skips Triton's
+    argument binding, cache lookup and global checks: microseconds per launch. Launch
+    hooks that Triton's profilers install are not called on that path.
 
     Args:
         words: the buffer, ``[W], int32`` on a CUDA device (``W`` even).
@@ -332,14 +316,10 @@ class Launcher:
     def __init__(self, words: torch.Tensor, query_len_max: int, *, direct: bool = True) -> None:
         self.words, self.query_len_max = words, query_len_max
         self._views = (words, words.view(torch.uint8), words.view(torch.int64))
-        self._pointers = tuple(view.data_ptr() for view in self._views)
         index = words.device.index
         self._device = torch.cuda.current_device() if index is None else index
         self.direct = direct and _DIRECT_LAUNCHES
-        # Per variant: the compiled kernel's launcher, function handle and metadata.
-        self._compiled: dict[tuple, tuple] = {}
-        # Per pinned tensor (by identity, the tensor held): (tensor, what to pass, aligned).
-        self._pinned: dict[int, tuple[torch.Tensor, object, bool]] = {}
+        self._compiled: dict[tuple, object] = {}
 
     def open_step(
         self,
@@ -357,62 +337,35 @@ class Launcher:
         stride = table.stride(0)
         has_accepted = accepted is not None
         counts = accepted if has_accepted else self.words
-        constants = (has_accepted, self.query_len_max, _BLOCK)
-        key = None
-        if self.direct and table.is_cuda and seq_lens.is_cuda and counts.is_cuda:
-            entry_arg, entry_aligned = self._pinned_arg(entry)
-            done_arg, done_aligned = self._pinned_arg(done)
-            table_at, seq_at, counts_at = table.data_ptr(), seq_lens.data_ptr(), counts.data_ptr()
-            key = (
-                "open", has_accepted, entry_aligned, done_aligned,
-                table.dtype, table_at % 16 == 0, seq_lens.dtype, seq_at % 16 == 0,
-                counts.dtype, counts_at % 16 == 0, stride == 1, stride % 16 == 0,
-            )  # fmt: skip
-            compiled = self._compiled.get(key)
-            if compiled is not None:
-                pointers = (entry_arg, done_arg, *self._pointers, table_at, stride, seq_at)
-                self._run(compiled, (*pointers, counts_at, group), constants)
-                return
         args = (entry, done, *self._views, table, stride, seq_lens, counts, group)
-        names = ("HAS_ACCEPTED", "QUERY_LEN_MAX", "BLOCK")
-        self._through_triton(_open_step, key, args, dict(zip(names, constants, strict=True)))
+        constants = (has_accepted, self.query_len_max, _BLOCK)
+        key = (
+            "open",
+            has_accepted,
+            *_specialization((entry, done, table, seq_lens, counts), stride),
+        )
+        self._launch(_open_step, key, args, constants, ("HAS_ACCEPTED", "QUERY_LEN_MAX", "BLOCK"))
 
     def group_slots(self, table: torch.Tensor, group: int) -> None:
         """Launch :func:`_group_slots`: group ``group``'s slots from ``table``."""
         stride = table.stride(0)
-        key = None
-        if self.direct and table.is_cuda:
-            table_at = table.data_ptr()
-            key = ("slots", table.dtype, table_at % 16 == 0, stride == 1, stride % 16 == 0)
-            compiled = self._compiled.get(key)
-            if compiled is not None:
-                self._run(compiled, (self._pointers[0], table_at, stride, group), (_BLOCK,))
-                return
         args = (self.words, table, stride, group)
-        self._through_triton(_group_slots, key, args, {"BLOCK": _BLOCK})
+        self._launch(
+            _group_slots, ("slots", *_specialization((table,), stride)), args, (_BLOCK,), ("BLOCK",)
+        )
 
-    def _pinned_arg(self, tensor: torch.Tensor) -> tuple[object, bool]:
-        """What the launcher takes for pinned ``tensor`` (its address, where the driver maps
-        it to itself, else the tensor) and whether it is 16-byte aligned."""
-        found = self._pinned.get(id(tensor))
-        if found is None or found[0] is not tensor:
-            address = tensor.data_ptr()
-            same = mapped_device_pointer(tensor) == address
-            found = (tensor, address if same else tensor, address % 16 == 0)
-            self._pinned[id(tensor)] = found
-        return found[1], found[2]
-
-    def _through_triton(self, kernel, key: tuple | None, args: tuple, constants: dict) -> None:
-        """A launch through Triton (which compiles a new variant); its compiled kernel kept
-        under ``key`` for direct launches."""
-        launched = kernel[(1,)](*args, **constants, num_warps=4)
-        if key is not None:
-            self._compiled[key] = (launched.run, launched.function, launched.packed_metadata)
-
-    def _run(self, compiled: tuple, args: tuple, constants: tuple) -> None:
-        run, function, metadata = compiled
+    def _launch(self, kernel, key: tuple, args: tuple, constants: tuple, names: tuple) -> None:
+        compiled = self._compiled.get(key) if self.direct else None
+        if compiled is None:
+            launched = kernel[(1,)](*args, **dict(zip(names, constants, strict=True)), num_warps=4)
+            if self.direct:
+                self._compiled[key] = launched
+            return
         stream = torch._C._cuda_getCurrentRawStream(self._device)
-        run(1, 1, 1, stream, function, metadata, None, None, None, *args, *constants)
+        compiled.run(
+            1, 1, 1, stream, compiled.function, compiled.packed_metadata, None, None, None,
+            *args, *constants,
+        )  # fmt: skip
 
 
 def open_step(
