@@ -427,3 +427,24 @@ def test_metadata_fields_come_in_the_seed_rules_order():
     fields = PlanMetadata._fields
     assert fields[: len(COUNT_FIELDS) + len(ARRAY_FIELDS)] == COUNT_FIELDS + ARRAY_FIELDS
     assert fields[-7:] == tuple(name for name in fields if name not in fields[:-7])[-7:]
+
+
+def test_a_build_makes_no_plan_object_until_one_is_asked_for():
+    """The build packs the plan's bytes from host data; ``md.plan`` compiles the same plan
+    on first access (once), with the placeholders where the device fills in values."""
+    config = CONFIGS[0]
+    builder = PlanMetadataBuilder(config, "cpu", max_num_tokens=2048)
+    compiles = []
+    compile_ = builder.share._planner.compile
+    builder.share._planner.compile = lambda batch: compiles.append(1) or compile_(batch)
+    step = random_step(np.random.default_rng(5), 12, config.query_len_max, (3, 3, 2, 1))
+    m, drafts = step.metadata("cpu"), step.host_drafts()
+    md = builder.build(0, m, num_decode_draft_tokens_cpu=drafts)
+    assert compiles == []
+    plan = md.plan
+    assert md.plan is plan and compiles == [1]
+    assert plan.shape == md.plan_shape
+    host = full_plan(step, config)
+    assert (plan.graph, plan.layout) == (host.graph, host.layout)
+    assert (plan.row_request == host.row_request).all()
+    assert not plan.row_slot.any() and not plan.batch.num_computed_tokens.any()
