@@ -98,21 +98,13 @@ class Planner:
         if found is None:  # a spec row breaks the limits: compile_plan's error, word for word
             check_limits(batch, self.config)
             raise AssertionError("the packer refused a batch compile_plan accepts")
-        num_tiles, longest_prefill, spec_tokens = found
         packed.setflags(write=False)
         # Positional, in ExecutionPlan's field order (a test holds it there): keywords make
         # this call, the dearest line left here, measurably slower (bench/RESULTS.md).
         return ExecutionPlan(
             batch,
             self.config,
-            spec,
-            decode,
-            prefill,
-            spec_tokens,
-            decode,  # decode rows have one token each
-            num_tokens - spec_tokens - decode,
-            longest_prefill,
-            num_tiles,
+            *_plan_counts(spec, decode, prefill, num_tokens, found),
             graph,
             layout,
             packed,
@@ -203,21 +195,13 @@ class Planner:
         )  # fmt: skip
         if found is None:
             return None
-        num_tiles, longest_prefill, spec_tokens = found
         return PlanShape(
             self.config,
             graph,
             layout,
             num_reqs,
             num_padded_tokens,
-            spec,
-            decode,
-            prefill,
-            spec_tokens,
-            decode,
-            num_tokens - spec_tokens - decode,
-            longest_prefill,
-            num_tiles,
+            *_plan_counts(spec, decode, prefill, num_tokens, found),
         )
 
     def _shape(
@@ -301,6 +285,25 @@ def host_step_batch(
         np.ones(num_reqs, np.int32),
         num_padded_tokens=num_padded_tokens,
         allow_null_slots=True,
+    )
+
+
+def _plan_counts(
+    spec: int, decode: int, prefill: int, num_tokens: int, found: tuple[int, int, int]
+) -> tuple[int, ...]:
+    """A plan's counts in ExecutionPlan's (and PlanShape's) field order, from its rows per
+    kind, live tokens and what the packer found (tiles, longest prefill, spec tokens)."""
+    num_tiles, longest_prefill, spec_tokens = found
+    decode_tokens = decode  # decode rows have one token each
+    return (
+        spec,
+        decode,
+        prefill,
+        spec_tokens,
+        decode_tokens,
+        num_tokens - spec_tokens - decode_tokens,
+        longest_prefill,
+        num_tiles,
     )
 
 

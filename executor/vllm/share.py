@@ -156,6 +156,14 @@ class _HostInputs:
             None if self.accepted_host is None else self.accepted_host.tobytes(),
         )
 
+    def kept(self) -> tuple[np.ndarray, np.ndarray | None]:
+        """Read-only ``[R + 1]`` query starts and ``[R]`` drafts (or ``None``) over the key's
+        bytes: the step's host data as a plan record keeps them (the engine's tensors
+        change after the build), without a second copy."""
+        starts = np.frombuffer(self.key[2], self.query_start.dtype)
+        drafts = self.key[3]
+        return starts, None if drafts is None else np.frombuffer(drafts, self.drafts.dtype)
+
 
 _HOST_FIELDS = ("common_attn_metadata.query_start_loc_cpu", "num_decode_draft_tokens_cpu")
 
@@ -376,12 +384,5 @@ class StepShare:
                 f"{self.buffer.regions.rows} (raise max_num_reqs)"
             )
         plan_buffer = self.buffer.plan_buffer(shape.layout.size)
-        # Copies: the engine's host tensors change after the build.
-        kept = (
-            query_start[: rows + 1].copy(),
-            None if drafts is None else drafts[:rows].copy(),
-            rows,
-            tokens,
-            self.num_groups,
-        )
+        kept = (*inputs.kept(), rows, tokens, self.num_groups)
         return _Plan(plan_key, self._planner, kept, shape, keys, plan_buffer)

@@ -148,10 +148,10 @@ class _SourceLists(dict):
         self.buffer, self.group = buffer, group
 
     def __missing__(self, source: str) -> list[torch.Tensor]:
-        key = (source, self.group if source in SLOT_SOURCES else 0)
-        prefixes = self.buffer._prefixes.get(key)
-        if prefixes is None:
-            prefixes = self.buffer._prefixes[key] = self.buffer._every_prefix(*key)
+        if self.group and source not in SLOT_SOURCES:  # group 0's lists serve every group
+            prefixes = self.buffer._source_lists(0)[source]
+        else:
+            prefixes = self.buffer._every_prefix(source, self.group)
         self[source] = prefixes
         return prefixes
 
@@ -187,9 +187,8 @@ class DeviceBuffer:
             self._launcher = door.Launcher(self.words, query_len_max, direct=direct_launches)
         self._entries: dict[int | None, tuple[torch.Tensor, np.ndarray]] = {}
         self._cache: dict[tuple, Any] = {}  # views per shape and group
-        # Every prefix view of each source (and group): bounded by the regions' sizes.
-        self._prefixes: dict[tuple, list[torch.Tensor]] = {}
-        self._lists: dict[int, _SourceLists] = {}  # the same lists, by group and source
+        # Per group, every prefix view of each source: bounded by the regions' sizes.
+        self._lists: dict[int, _SourceLists] = {}
         self._plan_views: dict[int, torch.Tensor] = {}
         self._open_entry: int | None = None
         # Per entry what it holds (plan, gather rows, registered tables, host accepted

@@ -310,6 +310,7 @@ PyObject *pack(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
  * by check.c's rule, placeholder arrays. */
 typedef struct {
     Batch batch;
+    const int32_t *lens; /* the query lengths, engine order */
     Py_ssize_t counts[4];
     void *scratch, *zeros;
 } HostStep;
@@ -343,6 +344,7 @@ static int take_host_step(HostStep *step, const int32_t *query_start, const int3
     const int32_t *zeros = step->zeros;
     int broken = rows_broken(lens, zeros, drafts ? drafts : no_drafts, rows, kinds, starts,
                              step->counts);
+    step->lens = lens;
     step->batch = (Batch){.held = 0, .num_rows = rows, .query_start = starts,
                           .computed = zeros, .accepted = ones, .slots = zeros, .kinds = kinds};
     return broken;
@@ -419,12 +421,7 @@ PyObject *pack_host(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     Fields fields = {.tokens = counts[0], .rows = counts[1], .tiles = counts[2],
                      .groups = counts[3]};
     if (args[0] == Py_None) {
-        int64_t tiles = 0;
-        const int32_t *starts = step.batch.query_start;
-        for (Py_ssize_t r = 0; r < rows; r++) {
-            int32_t q = starts[r + 1] - starts[r];
-            tiles += step.batch.kinds[r] == PREFILL ? (q + counts[5] - 1) / counts[5] : 0;
-        }
+        int64_t tiles = count_prefill_tiles(step.lens, step.batch.kinds, rows, counts[5]);
         result = Py_BuildValue("(nnnLL)", step.counts[SPEC], step.counts[DECODE],
                                step.counts[PREFILL], (long long)num_tokens, (long long)tiles);
         goto done;

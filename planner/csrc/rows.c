@@ -105,6 +105,17 @@ int take_census(const Batch *batch, Py_ssize_t query_len_max, Census *census) {
     return 0;
 }
 
+int64_t count_prefill_tiles(const int32_t *lens, const int8_t *kinds, Py_ssize_t rows,
+                            Py_ssize_t tile) {
+    int64_t tiles = 0;
+    for (Py_ssize_t r = 0; r < rows; r++) {
+        if (kinds[r] == PREFILL && lens[r] > 0) {
+            tiles += (lens[r] + tile - 1) / tile;
+        }
+    }
+    return tiles;
+}
+
 PyObject *prefill_tiles(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
     if (nargs != 3) {
@@ -132,15 +143,7 @@ PyObject *prefill_tiles(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     if (kinds_view.len != n) {
         PyErr_Format(PyExc_ValueError, "kinds: has %zd entries, expected %zd", kinds_view.len, n);
     } else {
-        const int32_t *lens = lens_view.buf;
-        const int8_t *kinds = kinds_view.buf;
-        int64_t tiles = 0;
-        for (Py_ssize_t r = 0; r < n; r++) {
-            if (kinds[r] == PREFILL && lens[r] > 0) {
-                tiles += (lens[r] + tile - 1) / tile;
-            }
-        }
-        result = PyLong_FromLongLong(tiles);
+        result = PyLong_FromLongLong(count_prefill_tiles(lens_view.buf, kinds_view.buf, n, tile));
     }
     PyBuffer_Release(&kinds_view);
     PyBuffer_Release(&lens_view);

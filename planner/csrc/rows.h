@@ -38,6 +38,10 @@ typedef struct {
  * or a negative length. */
 int take_census(const Batch *batch, Py_ssize_t query_len_max, Census *census);
 
+/* Work tiles of ``tile`` tokens that the prefill rows of ``lens`` (engine order) need. */
+int64_t count_prefill_tiles(const int32_t *lens, const int8_t *kinds, Py_ssize_t rows,
+                            Py_ssize_t tile);
+
 /* prefill_tiles(query_lens, kinds, tile) -> int: work tiles of ``tile`` tokens that the
  * prefill rows need (what sizes an eager plan's tile fields). */
 PyObject *prefill_tiles(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
