@@ -24,6 +24,7 @@ _UNSEEN = object()
 _Shape = tuple[GraphKey | None, PlanLayout, int, int, int, int]
 _INT32 = "i"  # numpy's cheapest spelling of int32 (C int)
 _COUNT_TYPES = (int, type(None))
+_NO_LIMIT = 2**62  # no token limit for the packer (no padded token count given)
 _NUMPY_COST = "about 3x the host time per plan of the compiled packer"
 
 
@@ -54,6 +55,13 @@ class Planner:
         self._graph_mode = config.graph_mode
         self._query_len_max = config.query_len_max
         self._tile = config.prefill_tile_tokens
+        # Bit k: a step whose kinds present are k (1 spec, 2 decode, 4 prefill) runs eagerly
+        # whatever the sizes (may_replay's rule, read per combination).
+        self._eager_kinds = sum(
+            1 << kinds
+            for kinds in range(8)
+            if not may_replay(self._graph_mode, kinds & 1, kinds >> 1 & 1, kinds >> 2)
+        )
 
     @property
     def native(self) -> bool:
@@ -170,14 +178,26 @@ class Planner:
         a check fails or the arrays are not int32, so that the caller takes StepBatch's
         path."""
         query_len_max, tile = self._query_len_max, self._tile
-        try:
-            census = packer.pack_host(
-                None, query_start, drafts, num_reqs, 0, 0, 0, groups, query_len_max, tile
-            )
+        try:  # eager steps are packed by this one call; the others get their census
+            census = packer.pack_host_eager(
+                out, query_start, drafts, num_reqs, groups, query_len_max, tile,
+                self._eager_kinds, self.config.max_num_seqs,
+                _NO_LIMIT if num_padded_tokens is None else num_padded_tokens,
+            )  # fmt: skip
         except (TypeError, ValueError):  # other dtypes, lengths: StepBatch's path says
             return None
         if census is None:
             return None
+        if len(census) == 6:
+            spec, decode, prefill, num_tokens, tiles, found = census
+            return PlanShape(
+                self.config,
+                None,
+                PlanLayout(num_tokens, spec + decode + prefill, tiles, groups),
+                num_reqs,
+                num_padded_tokens,
+                *_plan_counts(spec, decode, prefill, num_tokens, found),
+            )
         spec, decode, prefill, num_tokens, live_tiles = census
         live = spec + decode + prefill
         if live > self.config.max_num_seqs or (

@@ -19,6 +19,8 @@ static PyMethodDef methods[] = {
      "prefill_tiles(query_lens, kinds, tile) -> int: work tiles of the prefill rows."},
     {"check_batch", (PyCFunction)(void (*)(void))check_batch, METH_FASTCALL, CHECK_DOC},
     {"pack_host", (PyCFunction)(void (*)(void))pack_host, METH_FASTCALL, PACK_HOST_DOC},
+    {"pack_host_eager", (PyCFunction)(void (*)(void))pack_host_eager, METH_FASTCALL,
+     PACK_HOST_EAGER_DOC},
     {NULL, NULL, 0, NULL},
 };
 

@@ -378,6 +378,88 @@ static int take_host_arrays(PyObject *const *args, Py_buffer views[2], Py_ssize_
     return 0;
 }
 
+/* What the host entry points hold while they work: the arrays' views, the derived step
+ * and its census. */
+typedef struct {
+    Py_buffer views[2];
+    int held;
+    HostStep step;
+    Census census;
+    int64_t num_tokens;
+    Py_ssize_t live;
+} HostCensus;
+
+static void release_host_census(HostCensus *h) {
+    while (h->held > 0) {
+        PyBuffer_Release(&h->views[--h->held]);
+    }
+    release_host_step(&h->step);
+}
+
+/* Takes ``arrays`` (query_start, num_draft_tokens) of ``rows`` rows and the census of the
+ * step they give; 0, 1 when a StepBatch rule or the config's limits break (no exception),
+ * -1 with an exception set. Release ``h`` in every case. */
+static int take_host_census(HostCensus *h, PyObject *const *arrays, Py_ssize_t rows,
+                            Py_ssize_t groups, Py_ssize_t query_len_max) {
+    h->held = 0;
+    h->step = (HostStep){.scratch = NULL, .zeros = NULL};
+    if (take_host_arrays(arrays, h->views, rows, &h->held) < 0) {
+        return -1;
+    }
+    const int32_t *drafts = h->held == 2 ? h->views[1].buf : NULL;
+    int broken = take_host_step(&h->step, h->views[0].buf, drafts, rows, groups);
+    if (broken < 0) {
+        return -1;
+    }
+    Census *c = &h->census;
+    if (broken || take_census(&h->step.batch, query_len_max, c) < 0 || c->breaks_limits) {
+        PyErr_Clear();
+        return 1;
+    }
+    h->num_tokens = c->tokens[SPEC] + c->tokens[DECODE] + c->tokens[PREFILL];
+    h->live = c->rows[SPEC] + c->rows[DECODE] + c->rows[PREFILL];
+    return 0;
+}
+
+/* The census as Python gets it: (spec, decode, prefill rows, tokens, prefill tiles). */
+static PyObject *census_tuple(const HostCensus *h, Py_ssize_t rows, Py_ssize_t tile) {
+    int64_t tiles = count_prefill_tiles(h->step.lens, h->step.batch.kinds, rows, tile);
+    return Py_BuildValue("(nnnLL)", h->step.counts[SPEC], h->step.counts[DECODE],
+                         h->step.counts[PREFILL], (long long)h->num_tokens, (long long)tiles);
+}
+
+/* Packs ``h``'s step into ``out_obj``'s first entries by the layout ``f`` says (all of
+ * them when ``exact``); (tiles, longest prefill, spec tokens), or NULL with ValueError. */
+static PyObject *pack_census(HostCensus *h, PyObject *out_obj, Fields *f, Py_ssize_t tile,
+                             int exact) {
+    Py_buffer out;
+    if (get_array(out_obj, &out, "packed", 'i', 4, 1) < 0) {
+        return NULL;
+    }
+    PyObject *result = NULL;
+    Census *c = &h->census;
+    Py_ssize_t size = plan_size(f->tokens, f->rows, f->tiles, f->groups);
+    if (exact ? out.len != size * 4 : out.len < size * 4) {
+        PyErr_Format(PyExc_ValueError, "packed: has %zd entries, the layout needs %zd",
+                     out.len / 4, size);
+    } else if (shares_memory(&out, &h->views[0]) ||
+               (h->held == 2 && shares_memory(&out, &h->views[1]))) {
+        PyErr_SetString(PyExc_ValueError, "packed: shares memory with the step's arrays");
+    } else if (h->live > f->rows || h->num_tokens > f->tokens) {
+        PyErr_Format(PyExc_ValueError, "packed: %zd rows, %lld tokens exceed the layout's %zd, %zd",
+                     h->live, (long long)h->num_tokens, f->rows, f->tokens);
+    } else if (order_rows(&h->step.batch, out.buf, c, tile, f) > f->tiles) {
+        PyErr_Format(PyExc_ValueError, "packed: %lld tiles exceed the layout's %zd",
+                     (long long)c->tiles, f->tiles);
+    } else {
+        write_plan(&h->step.batch, f, c, tile, c->in_order);
+        result = Py_BuildValue("(LiL)", (long long)c->tiles, (int)c->longest_prefill,
+                               (long long)c->tokens[SPEC]);
+    }
+    PyBuffer_Release(&out);
+    return result;
+}
+
 const char PACK_HOST_DOC[] =
     "pack_host(packed, query_start, num_draft_tokens, num_reqs, num_tokens, num_rows,\n"
     "          num_tiles, num_groups, query_len_max, tile)\n"
@@ -399,61 +481,88 @@ PyObject *pack_host(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (rows < 0 || take_counts(args + 4, counts) < 0) {
         return NULL;
     }
-    Py_buffer views[2], out;
-    int held, out_held = 0;
+    HostCensus h;
     PyObject *result = NULL;
-    HostStep step = {.scratch = NULL, .zeros = NULL};
-    if (take_host_arrays(args + 1, views, rows, &held) < 0) {
-        goto done;
-    }
-    const int32_t *drafts = held == 2 ? views[1].buf : NULL;
-    int broken = take_host_step(&step, views[0].buf, drafts, rows, counts[3]);
-    if (broken < 0) {
-        goto done;
-    }
-    Census census;
-    if (broken || take_census(&step.batch, counts[4], &census) < 0 || census.breaks_limits) {
-        PyErr_Clear();
+    int found = take_host_census(&h, args + 1, rows, counts[3], counts[4]);
+    if (found == 1) {
         result = Py_NewRef(Py_None);
-        goto done;
+    } else if (found == 0 && args[0] == Py_None) {
+        result = census_tuple(&h, rows, counts[5]);
+    } else if (found == 0) {
+        Fields f = {.tokens = counts[0], .rows = counts[1], .tiles = counts[2],
+                    .groups = counts[3]};
+        result = pack_census(&h, args[0], &f, counts[5], 1);
     }
-    int64_t num_tokens = census.tokens[SPEC] + census.tokens[DECODE] + census.tokens[PREFILL];
-    Fields fields = {.tokens = counts[0], .rows = counts[1], .tiles = counts[2],
-                     .groups = counts[3]};
-    if (args[0] == Py_None) {
-        int64_t tiles = count_prefill_tiles(step.lens, step.batch.kinds, rows, counts[5]);
-        result = Py_BuildValue("(nnnLL)", step.counts[SPEC], step.counts[DECODE],
-                               step.counts[PREFILL], (long long)num_tokens, (long long)tiles);
-        goto done;
+    release_host_census(&h);
+    return result;
+}
+
+const char PACK_HOST_EAGER_DOC[] =
+    "pack_host_eager(packed, query_start, num_draft_tokens, num_reqs, num_groups,\n"
+    "                query_len_max, tile, eager_kinds, max_rows, max_tokens)\n"
+    "pack_host's step in one pass where it runs eagerly: bit ``k`` of ``eager_kinds`` set\n"
+    "when a step whose kinds present are ``k`` (1 spec, 2 decode, 4 prefill) does. Then\n"
+    "the plan, in the layout of its own live tokens, rows and prefill tiles, fills the\n"
+    "first entries of ``packed`` and (spec, decode, prefill rows, tokens, tiles, longest\n"
+    "prefill, spec tokens) is returned. Else its census, as pack_host's. None when a\n"
+    "StepBatch rule or the config's limits break, when it has more than ``max_rows`` live\n"
+    "rows or ``max_tokens`` tokens, or when ``packed`` is too short (nothing written).";
+
+PyObject *pack_host_eager(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 10) {
+        PyErr_Format(PyExc_TypeError, "pack_host_eager takes 10 arguments, got %zd", nargs);
+        return NULL;
     }
-    if (get_array(args[0], &out, "packed", 'i', 4, 1) < 0) {
-        goto done;
+    static const char *const names[] = {"num_reqs", "num_groups", "query_len_max", "tile",
+                                        "eager_kinds", "max_rows", "max_tokens"};
+    Py_ssize_t counts[7];
+    for (int i = 0; i < 7; i++) {
+        if ((counts[i] = get_count(args[i + 3], names[i])) < 0) {
+            return NULL;
+        }
     }
-    out_held = 1;
-    Py_ssize_t live = census.rows[SPEC] + census.rows[DECODE] + census.rows[PREFILL];
-    if (out.len != plan_size(counts[0], counts[1], counts[2], counts[3]) * 4) {
-        PyErr_Format(PyExc_ValueError, "packed: has %zd entries, the layout needs %zd",
-                     out.len / 4, plan_size(counts[0], counts[1], counts[2], counts[3]));
-    } else if (shares_memory(&out, &views[0]) || (held == 2 && shares_memory(&out, &views[1]))) {
-        PyErr_SetString(PyExc_ValueError, "packed: shares memory with the step's arrays");
-    } else if (live > counts[1] || num_tokens > counts[0]) {
-        PyErr_Format(PyExc_ValueError, "packed: %zd rows, %lld tokens exceed the layout's %zd, %zd",
-                     live, (long long)num_tokens, counts[1], counts[0]);
-    } else if (order_rows(&step.batch, out.buf, &census, counts[5], &fields) > counts[2]) {
-        PyErr_Format(PyExc_ValueError, "packed: %lld tiles exceed the layout's %zd",
-                     (long long)census.tiles, counts[2]);
-    } else {
-        write_plan(&step.batch, &fields, &census, counts[5], census.in_order);
-        result = Py_BuildValue("(LiL)", (long long)census.tiles, (int)census.longest_prefill,
-                               (long long)census.tokens[SPEC]);
+    Py_ssize_t rows = counts[0], groups = counts[1], tile = counts[3];
+    if (groups < 1 || groups > (1 << 20) || tile < 1 || rows > (PY_SSIZE_T_MAX / 16) / (groups + 8)) {
+        PyErr_SetString(PyExc_ValueError,
+                        "num_groups, tile: must be positive, and the layout's sizes in range");
+        return NULL;
+    }
+    HostCensus h;
+    PyObject *result = NULL;
+    int found = take_host_census(&h, args + 1, rows, groups, counts[2]);
+    const Py_ssize_t *live = h.census.rows;
+    if (found == 1) {
+        result = Py_NewRef(Py_None);
+    } else if (found == 0 &&
+               !(counts[4] >> ((live[SPEC] > 0) | (live[DECODE] > 0) << 1 |
+                               (live[PREFILL] > 0) << 2) & 1)) {
+        result = census_tuple(&h, rows, tile);
+    } else if (found == 0 && (h.live > counts[5] || h.num_tokens > counts[6])) {
+        result = Py_NewRef(Py_None);
+    } else if (found == 0) {
+        int64_t tiles = count_prefill_tiles(h.step.lens, h.step.batch.kinds, rows, tile);
+        Fields f = {.tokens = (Py_ssize_t)h.num_tokens, .rows = h.live,
+                    .tiles = (Py_ssize_t)tiles, .groups = groups};
+        Py_buffer out;
+        if (get_array(args[0], &out, "packed", 'i', 4, 1) < 0) {
+            goto done;
+        }
+        Py_ssize_t room = out.len / 4;
+        PyBuffer_Release(&out);
+        if (room < plan_size(f.tokens, f.rows, f.tiles, groups)) {
+            result = Py_NewRef(Py_None);
+            goto done;
+        }
+        PyObject *packed = pack_census(&h, args[0], &f, tile, 0);
+        if (packed != NULL) {
+            result = Py_BuildValue("(nnnLLO)", h.step.counts[SPEC], h.step.counts[DECODE],
+                                   h.step.counts[PREFILL], (long long)h.num_tokens,
+                                   (long long)tiles, packed);
+            Py_DECREF(packed);
+        }
     }
 done:
-    if (out_held) {
-        PyBuffer_Release(&out);
-    }
-    while (held > 0) {
-        PyBuffer_Release(&views[--held]);
-    }
-    release_host_step(&step);
+    release_host_census(&h);
     return result;
 }
