@@ -22,11 +22,10 @@ Each measurement runs in rounds; each round starts with a host-speed check (p50 
 fixed pure-Python loop, ``runtime_bench.fixed_work``). A round is *quiet* when its
 speed is within 1.25x of the best round's (the lent hosts have phases that slow every
 host cost about 4x); the table gives the p50 over the quiet rounds and lists the slow
-rounds with their speed. Then, per batch: the parts of a first build (host work with
-the launch left out; the launch alone, past Triton's dispatch and through it), the
-synchronizations per build under ``torch.cuda.set_sync_debug_mode("warn")`` (with a
-positive control: reading a device tensor the old way counts), and a check of the
-fields against the host oracle.
+rounds with their speed. Then, per batch: the launch alone (replayed as a graph, past
+Triton's dispatch, and through it), the synchronizations per build under
+``torch.cuda.set_sync_debug_mode("warn")`` (with a positive control: reading a device
+tensor the old way counts), and a check of the fields against the host oracle.
 
 The seed builder is not run: its source (``/work/shared/seed``) lost its indentation in
 transport and builds on vLLM's base builder; its figures are quoted in bench/RESULTS.md.
@@ -248,8 +247,8 @@ def print_rounds(results: dict, slack: float = 1.25) -> None:
 
 
 def launch_parts(share: StepShare, engine: Engine, inputs: dict, builds: int) -> dict[str, float]:
-    """p50 µs of the opening launch alone, past Triton's dispatch and through it (the
-    staged entry of the last build, relaunched with the GPU idle)."""
+    """p50 µs of the opening launch alone, replayed as a graph, past Triton's dispatch
+    and through it (the staged entry of the last build, relaunched with the GPU idle)."""
     buffer = share.buffer
     metadata, kwargs = engine.step(inputs)
     entry = buffer._entries[buffer._open_entry][0]
@@ -257,9 +256,16 @@ def launch_parts(share: StepShare, engine: Engine, inputs: dict, builds: int) ->
     args = (entry, done, metadata[0].block_table_tensor, metadata[0].seq_lens)
     accepted = kwargs["num_accepted_tokens"]
     parts = {}
-    for label, direct in (("launch, direct", True), ("launch, through Triton", False)):
-        launcher = door.Launcher(buffer.words, share.config.query_len_max, direct=direct)
-        launcher.open_step(*args, accepted, 0)  # compiles or finds the variant
+    for label, direct, graphs in (
+        ("launch, graph replay", True, True),
+        ("launch, direct", True, False),
+        ("launch, through Triton", False, False),
+    ):
+        launcher = door.Launcher(
+            buffer.words, share.config.query_len_max, direct=direct, graphs=graphs
+        )
+        for _ in range(3):  # compiles or finds the variant, then (graphs) captures a graph
+            launcher.open_step(*args, accepted, 0)
         samples = []
         for _ in range(builds):
             synchronize(engine.device)

@@ -323,6 +323,39 @@ def test_accepted_counts_may_come_from_the_host():
     np.testing.assert_array_equal(md.plan_buffer.numpy(), full_plan(step, config).packed)
 
 
+@pytest.mark.parametrize(
+    "form",
+    [
+        lambda t: t.to(torch.int64),
+        lambda t: t.numpy().copy(),
+        lambda t: t.tolist(),
+        lambda t: torch.stack([t, t + 100], dim=1)[:, 0],  # a strided view
+        lambda t: torch.cat([t, torch.full((5,), 77, dtype=t.dtype)]),  # entries past the rows
+    ],
+    ids=["int64", "numpy", "list", "strided", "longer"],
+)
+def test_host_data_in_any_form_give_the_int32_tensors_step(form):
+    """Host inputs are read by value: another dtype, container or memory layout (and
+    entries past the rows) give the same fields as the contiguous int32 tensors."""
+    config = CONFIGS[0]
+    step = random_step(np.random.default_rng(12), 24, 4, (7, 6, 4, 3))
+    m, drafts = step.metadata("cpu"), step.host_drafts()
+    accepted = step.device_accepted("cpu")
+    want = PlanMetadataBuilder(config, "cpu", max_num_tokens=2048).build(
+        0, m, num_accepted_tokens=accepted, num_decode_draft_tokens_cpu=drafts
+    )
+    other, other_drafts = (
+        attrs.evolve(m, query_start_loc_cpu=form(m.query_start_loc_cpu)),
+        form(drafts),
+    )
+    got = PlanMetadataBuilder(config, "cpu", max_num_tokens=2048).build(
+        0, other, num_accepted_tokens=accepted, num_decode_draft_tokens_cpu=other_drafts
+    )
+    assert_seed_exact(got, expected(step, config), other, other_drafts, "cpu")
+    np.testing.assert_array_equal(got.plan_buffer.numpy(), want.plan_buffer.numpy())
+    assert got.plan == want.plan
+
+
 def test_bad_input_is_one_clear_error():
     config = PlannerConfig(num_spec_tokens=3, graph_mode="none", max_num_seqs=4, graph_sizes=[4])
     builder = PlanMetadataBuilder(config, "cpu", max_num_tokens=16)

@@ -157,6 +157,74 @@ def test_direct_launches_write_what_triton_launches_write():
         assert torch.equal(direct.buffer.words[64:staged], plain.buffer.words[64:staged])
 
 
+class PersistentInputs:
+    """Device inputs in persistent buffers, sliced per step, as vLLM keeps them: the same
+    addresses every step, so the door's launches recur and replay as graphs."""
+
+    def __init__(self, rows: int) -> None:
+        self.query_start = torch.zeros(rows + 1, dtype=torch.int32, device="cuda")
+        self.seq_lens = torch.zeros(rows, dtype=torch.int32, device="cuda")
+        self.accepted = torch.ones(rows, dtype=torch.int32, device="cuda")
+        self.tables = [
+            torch.zeros(rows, 2, dtype=torch.int32, device="cuda") for _ in range(GROUPS)
+        ]
+
+    def step(self, step: Step, metadata: list) -> tuple[list, torch.Tensor]:
+        """``metadata`` over the persistent buffers (their values copied in, in stream
+        order) and the accepted counts' view."""
+        rows = len(step.q)
+        self.query_start[: rows + 1].copy_(metadata[0].query_start_loc)
+        self.seq_lens[:rows].copy_(metadata[0].seq_lens)
+        self.accepted[:rows].copy_(step.device_accepted("cuda"))
+        for m, table in zip(metadata, self.tables, strict=True):
+            table[:rows].copy_(m.block_table_tensor)
+        views = dict(query_start_loc=self.query_start[: rows + 1], seq_lens=self.seq_lens[:rows])
+        moved = [
+            attrs.evolve(m, block_table_tensor=t[:rows], **views)
+            for m, t in zip(metadata, self.tables, strict=True)
+        ]
+        return moved, self.accepted[:rows]
+
+
+def test_graph_replays_write_what_direct_launches_write_and_never_synchronize():
+    """Recurring launches (persistent inputs, a ring of two entries) replay as graphs,
+    captured without a synchronization; every field stays the seed's, and the buffer
+    equals that of a share that launches every kernel directly."""
+    config = CONFIGS[0]
+    rng = np.random.default_rng(5)
+    steps = prepared_steps(rng, config, 30)
+    inputs = PersistentInputs(64)
+    shares = {}
+    for graphs in (True, False):
+        share = StepShare(
+            config, "cuda", num_groups=GROUPS, max_num_tokens=2048, ring_size=2,
+            graph_launches=graphs,
+        )  # fmt: skip
+        builders = [
+            PlanMetadataBuilder(config, "cuda", share=share, group=g) for g in range(GROUPS)
+        ]
+        shares[graphs] = (share, builders)
+    for step, metadata, _, drafts in steps:
+        moved, accepted = inputs.step(step, metadata)
+        torch.cuda.synchronize()
+        built = {}
+        for graphs, (_, builders) in shares.items():
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                built[graphs] = build_all(builders, moved, accepted, drafts)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+            torch.cuda.synchronize()
+        for group, (md, m) in enumerate(zip(built[True], moved, strict=True)):
+            assert_seed_exact(md, expected(step, config, group), m, drafts, "cuda")
+        replayed, direct = (shares[g][0].buffer.words for g in (True, False))
+        assert torch.equal(replayed[64:], direct[64:])
+    launcher = shares[True][0].buffer._launcher
+    assert launcher.num_captures >= 3  # both entries' openings and the further groups
+    assert launcher.num_replays > len(steps)
+    assert shares[False][0].buffer._launcher.num_replays == 0
+
+
 # --- the kernels over the builder's plan buffer ------------------------------------------
 
 CHANNELS, TAPS, DILATION, SLOTS, LAYERS = 200, 4, 3, 80, 2

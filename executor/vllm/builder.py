@@ -52,7 +52,8 @@ class _Fields(NamedTuple):
     its structure is the step's, but the fields only the device knows (``row_slot``,
     ``row_num_accepted``, ``row_state_offset``, the non-spec rows' ``row_reads_state``)
     hold placeholders (NULL slots, one accepted token, no initial state);
-    ``plan_buffer`` holds the real plan, on the device, for the kernels. ``group`` is
+    ``plan_buffer`` (``[plan.layout.size], int32``, a view made at its first access)
+    holds the real plan, on the device, for the kernels. ``group`` is
     the layer group these slots are of, ``step`` the step's number on its
     :class:`~.share.StepShare` (groups of one step share it). ``plan_record`` is the
     share's record of the plan (not part of the contract).
@@ -87,7 +88,6 @@ class _Fields(NamedTuple):
     seq_lens: Any
     num_decode_draft_tokens_cpu: Any
     plan_record: Any
-    plan_buffer: torch.Tensor  # [plan.layout.size] int32, the packed plan on the device
     group: int
     step: int
     nums_dict: None = None
@@ -112,6 +112,11 @@ class PlanMetadata(_Fields):
     def plan_shape(self) -> PlanShape:
         """The host plan's counts and layout, without its arrays."""
         return self.plan_record.shape
+
+    @property
+    def plan_buffer(self) -> torch.Tensor:
+        """``[plan.layout.size], int32``: the packed plan on the device (see the class)."""
+        return self.plan_record.plan_buffer
 
 
 _UNSET = (None,) * 7  # the fields stepplan leaves unset (PlanMetadata's last seven)
@@ -203,7 +208,6 @@ class PlanMetadataBuilder:
                 m.seq_lens,
                 num_decode_draft_tokens_cpu,
                 record,
-                record.plan_buffer,
                 group,
                 step.index,
                 *_UNSET,

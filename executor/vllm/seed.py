@@ -138,16 +138,16 @@ def seed_pads(plan: PlanShape) -> tuple[int | None, int | None]:
     :func:`seed_graph_limits`: spec rows to the engine's row count (its padding rows
     have no tokens), decode rows to the smallest graph size that holds them.
     """
+    spec, decode, prefill = plan.num_spec_rows, plan.num_decode_rows, plan.num_prefill_rows
     config = plan.config
-    if config.graph_mode == "none":
+    if prefill or (spec and decode) or config.graph_mode == "none":  # not uniform: no pads
         return None, None
     max_rows, max_tokens = seed_graph_limits(config)
-    spec, decode, prefill = plan.num_spec_rows, plan.num_decode_rows, plan.num_prefill_rows
     spec_pad = decode_pad = None
-    if spec and not decode and not prefill:
+    if spec:
         if spec <= max_rows and plan.num_spec_decode_tokens <= max_tokens:
             spec_pad = plan.num_reqs
-    elif decode and not spec and not prefill and decode <= max_rows:
+    elif decode and decode <= max_rows:
         decode_pad = config.smallest_size(decode)
     return spec_pad, decode_pad
 

@@ -52,14 +52,15 @@ class _Plan:
     :attr:`plan`, from the same host data: the same bytes, a pure function of them."""
 
     __slots__ = (
+        "_buffer",
         "_inputs",
         "_plan",
+        "_plan_buffer",
         "_planner",
         "counts",
         "fields",
         "key",
         "keys",
-        "plan_buffer",
         "shape",
     )
 
@@ -70,13 +71,22 @@ class _Plan:
         inputs: tuple,
         shape: PlanShape,
         keys: tuple[PartKey, PartKey, PartKey, int],
-        plan_buffer: torch.Tensor,
+        buffer: DeviceBuffer,
     ) -> None:
         self.key, self._planner, self._inputs = key, planner, inputs
-        self.shape, self.keys, self.plan_buffer = shape, keys, plan_buffer
+        self.shape, self.keys, self._buffer = shape, keys, buffer
         self.counts = seed_counts(shape)
         self.fields: dict[int, tuple] = {}
         self._plan: ExecutionPlan | None = None
+        self._plan_buffer: torch.Tensor | None = None
+
+    @property
+    def plan_buffer(self) -> torch.Tensor:
+        """``[layout.size], int32``: the plan in the buffer, on the device (made at the
+        first access: the seed's fields do not need it)."""
+        if self._plan_buffer is None:
+            self._plan_buffer = self._buffer.plan_buffer(self.shape.layout.size)
+        return self._plan_buffer
 
     def pack(self, out: np.ndarray) -> None:
         """Write the plan's bytes into ``out`` (``[>= size], int32``) again."""
@@ -134,43 +144,46 @@ def _same_inputs(new: tuple, old: tuple) -> bool:
 
 
 class _HostInputs:
-    """A build's host inputs as numpy (refusing device tensors) and the key they make."""
+    """A build's host inputs (refusing device tensors) as the bytes of their entries, and
+    the key they make: what identifies the step, and what its plan is packed from."""
 
-    __slots__ = ("accepted_device", "accepted_host", "drafts", "key", "query_start")
+    __slots__ = ("accepted_device", "accepted_host", "key", "types")
 
     def __init__(self, m: Any, accepted: Any, drafts: Any, share: StepShare) -> None:
         rows = m.num_reqs
-        self.query_start = share.host_view(0, m.query_start_loc_cpu)
-        self.drafts = None if drafts is None else share.host_view(1, drafts)
+        # Too short an array makes too short a key: no step's, so _pack refuses it.
+        starts = share.host_view(0, m.query_start_loc_cpu)
+        drafts_bytes = drafts_type = None
+        if drafts is not None:
+            drafts = share.host_view(1, drafts)
+            drafts_bytes, drafts_type = drafts[:rows].tobytes(), drafts.dtype
+        self.types = (starts.dtype, drafts_type)
         self.accepted_device = self.accepted_host = None
+        accepted_bytes = None
         if isinstance(accepted, torch.Tensor) and (accepted.is_cuda or not share.on_cuda):
             self.accepted_device = accepted  # gathered on the device, never read here
         elif accepted is not None:
             counts = host_only_array("num_accepted_tokens", accepted)[:rows]
             self.accepted_host = np.ascontiguousarray(counts, dtype=np.int32)
-        self.key = (
-            rows,
-            m.num_actual_tokens,
-            self.query_start[: rows + 1].tobytes(),
-            None if self.drafts is None else self.drafts[:rows].tobytes(),
-            None if self.accepted_host is None else self.accepted_host.tobytes(),
-        )
+            accepted_bytes = self.accepted_host.tobytes()
+        starts_bytes = starts[: rows + 1].tobytes()
+        self.key = (rows, m.num_actual_tokens, starts_bytes, drafts_bytes, accepted_bytes)
 
     def kept(self) -> tuple[np.ndarray, np.ndarray | None]:
         """Read-only ``[R + 1]`` query starts and ``[R]`` drafts (or ``None``) over the key's
-        bytes: the step's host data as a plan record keeps them (the engine's tensors
-        change after the build), without a second copy."""
-        starts = np.frombuffer(self.key[2], self.query_start.dtype)
-        drafts = self.key[3]
-        return starts, None if drafts is None else np.frombuffer(drafts, self.drafts.dtype)
+        bytes: the step's host data as its plan is packed from them and its record keeps
+        them (the engine's tensors change after the build), without a copy."""
+        starts_type, drafts_type = self.types
+        starts, drafts = np.frombuffer(self.key[2], starts_type), self.key[3]
+        return starts, None if drafts is None else np.frombuffer(drafts, drafts_type)
 
 
 _HOST_FIELDS = ("common_attn_metadata.query_start_loc_cpu", "num_decode_draft_tokens_cpu")
 
 
-def _check_length(field: str, array: np.ndarray, need: int, what: str) -> None:
+def _check_length(field: int, array: np.ndarray, need: int, what: str) -> None:
     if array.shape[0] < need:
-        raise ValueError(f"{field}: {array.shape[0]} entries, {what} = {need} needed")
+        raise ValueError(f"{_HOST_FIELDS[field]}: {array.shape[0]} entries, {what} = {need} needed")
 
 
 class StepShare:
@@ -190,6 +203,8 @@ class StepShare:
             of the device before a build waits for one to come back.
         direct_launches: launch the kernels past Triton's dispatch where Triton allows
             (:class:`~.door.Launcher`); ``False``: through Triton, every launch.
+        graph_launches: with ``direct_launches``, replay a launch whose arguments recur
+            (the engine's persistent buffers, the ring's entries) as a CUDA graph.
     """
 
     def __init__(
@@ -202,6 +217,7 @@ class StepShare:
         max_num_tokens: int = 8192,
         ring_size: int = 32,
         direct_launches: bool = True,
+        graph_launches: bool = True,
     ) -> None:
         if num_groups < 1:
             raise ValueError(f"num_groups: must be positive, got {num_groups}")
@@ -222,8 +238,10 @@ class StepShare:
             ring_size,
             config.query_len_max,
             direct_launches=direct_launches,
+            graph_launches=graph_launches,
         )
-        # The last host tensor seen per host field and its numpy view (same memory).
+        # The last host tensor seen per host field and its numpy view (same memory): the
+        # further groups of a step pass the first group's tensors.
         self._host_views: list[tuple[Any, np.ndarray | None]] = [(None, None), (None, None)]
         self._last_plan: _Plan | None = None
         self._registered: tuple[tuple[int, int], ...] = ()
@@ -276,13 +294,15 @@ class StepShare:
         )
 
     def host_view(self, field: int, value: Any) -> np.ndarray:
-        """``value`` as numpy (:func:`~.bridge.host_only_array`), the view kept for the
-        same tensor as last time: it shares the tensor's memory, so it shows its values."""
+        """``value`` as numpy (:func:`~.bridge.host_only_array`), the view of the last host
+        tensor seen kept: it shares the tensor's memory, so it shows its values now (the
+        further groups of a step pass the first group's tensors)."""
         last, view = self._host_views[field]
         if last is value:
             return view
         view = host_only_array(_HOST_FIELDS[field], value)
-        self._host_views[field] = (value, view)
+        if isinstance(value, torch.Tensor):  # not a list's: its array is a copy
+            self._host_views[field] = (value, view)
         return view
 
     def new_step(self) -> None:
@@ -358,10 +378,10 @@ class StepShare:
         """A new step's plan, packed into staging entry ``index``, and its record; the
         builder's capacity checked before anything is written."""
         rows, tokens = m.num_reqs, m.num_actual_tokens
-        query_start, drafts = inputs.query_start, inputs.drafts
-        _check_length(_HOST_FIELDS[0], query_start, rows + 1, "num_reqs + 1")
+        query_start, drafts = inputs.kept()
+        _check_length(0, query_start, rows + 1, "num_reqs + 1")
         if drafts is not None:
-            _check_length(_HOST_FIELDS[1], drafts, rows, "num_reqs")
+            _check_length(1, drafts, rows, "num_reqs")
         # Every plan of at most these tokens and rows fits the plan space (layout_capacity).
         live_tokens = int(query_start[rows]) - int(query_start[0])
         if live_tokens > self.buffer.regions.num_tokens:
@@ -383,6 +403,5 @@ class StepShare:
                 f"common_attn_metadata: the step's {keys[3]} rows exceed the builder's "
                 f"{self.buffer.regions.rows} (raise max_num_reqs)"
             )
-        plan_buffer = self.buffer.plan_buffer(shape.layout.size)
-        kept = (*inputs.kept(), rows, tokens, self.num_groups)
-        return _Plan(plan_key, self._planner, kept, shape, keys, plan_buffer)
+        kept = (query_start, drafts, rows, tokens, self.num_groups)
+        return _Plan(plan_key, self._planner, kept, shape, keys, self.buffer)

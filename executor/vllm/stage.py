@@ -165,6 +165,7 @@ class DeviceBuffer:
         ring_size: staging entries (CUDA only), used in turn.
         query_len_max: ``Q`` (the spec rows' state offsets are clamped to ``0..Q-1``).
         direct_launches: launch the kernels past Triton's dispatch (:class:`~.door.Launcher`).
+        graph_launches: replay recurring launches as CUDA graphs (:class:`~.door.Launcher`).
     """
 
     def __init__(
@@ -175,6 +176,7 @@ class DeviceBuffer:
         query_len_max: int,
         *,
         direct_launches: bool = True,
+        graph_launches: bool = True,
     ) -> None:
         self.regions, self.device, self.query_len_max = regions, device, query_len_max
         self.words = torch.zeros(regions.total, dtype=torch.int32, device=device)
@@ -184,7 +186,9 @@ class DeviceBuffer:
         self._ring = self._launcher = None
         if device.type == "cuda":
             self._ring = StagingRing(4 * regions.staged, device, ring_size)
-            self._launcher = door.Launcher(self.words, query_len_max, direct=direct_launches)
+            self._launcher = door.Launcher(
+                self.words, query_len_max, direct=direct_launches, graphs=graph_launches
+            )
         self._entries: dict[int | None, tuple[torch.Tensor, np.ndarray]] = {}
         self._cache: dict[tuple, Any] = {}  # views per shape and group
         # Per group, every prefix view of each source: bounded by the regions' sizes.
@@ -331,21 +335,24 @@ class DeviceBuffer:
         :data:`PASS_THROUGH`, for a step of these part keys (:func:`~.seed.shape_keys`):
         each part's views kept per key (and group), so a step of new token counts makes
         only its two token lists' views."""
-        cache, views = self._cache, ()
-        for number, (part, per_group) in enumerate(_PARTS):
-            key = (number, keys[number], group if per_group else 0)
-            found = cache.get(key)
-            if found is None:
-                lists = self._source_lists(group)
-                found = self._remember(
-                    key,
-                    tuple(
-                        None if place is None else lists[place[0]][place[1]]
-                        for place in part(keys[number])
-                    ),
-                )
-            views += found
-        return views
+        cache = self._cache  # unrolled: a new plan's build makes every lookup
+        plain = cache.get((0, keys[0], group))
+        if plain is None:
+            plain = self._part_views(0, keys[0], group)
+        spec = cache.get((1, keys[1], group))
+        if spec is None:
+            spec = self._part_views(1, keys[1], group)
+        tokens = cache.get((2, keys[2], 0))
+        if tokens is None:
+            tokens = self._part_views(2, keys[2], group)
+        return plain + spec + tokens
+
+    def _part_views(self, number: int, key: PartKey, group: int) -> tuple[Any, ...]:
+        """Part ``number``'s views for ``key`` (and ``group``), made and kept."""
+        part, per_group = _PARTS[number]
+        lists = self._source_lists(group)
+        views = tuple([None if place is None else lists[place[0]][place[1]] for place in part(key)])
+        return self._remember((number, key, group if per_group else 0), views)
 
     def _source_lists(self, group: int) -> dict[str, Any]:
         """Per source, every prefix view of it (``group``'s slots for a slot source; for
