@@ -225,6 +225,35 @@ def test_graph_replays_write_what_direct_launches_write_and_never_synchronize():
     assert shares[False][0].buffer._launcher.num_replays == 0
 
 
+def test_builds_inside_an_engine_capture_launch_into_it():
+    """Once its launches replay as graphs, a step built while the engine captures a graph
+    launches directly into that capture: replaying the engine's graph writes the fields."""
+    config = CONFIGS[0]
+    step, metadata, _, drafts = prepared_steps(np.random.default_rng(6), config, 1)[0]
+    inputs = PersistentInputs(64)
+    moved, accepted = inputs.step(step, metadata)
+    share = StepShare(config, "cuda", num_groups=GROUPS, max_num_tokens=2048, ring_size=1)
+    builders = [PlanMetadataBuilder(config, "cuda", share=share, group=g) for g in range(GROUPS)]
+    for _ in range(4):  # compiled, seen, captured, replayed
+        share.new_step()
+        build_all(builders, moved, accepted, drafts)
+        torch.cuda.synchronize()
+    launcher = share.buffer._launcher
+    assert launcher.num_replays > 0
+    replays = launcher.num_replays
+    engine_graph = torch.cuda.CUDAGraph()
+    share.new_step()
+    with torch.cuda.graph(engine_graph):
+        built = build_all(builders, moved, accepted, drafts)
+    assert launcher.num_replays == replays  # launched into the capture, not replayed
+    regions = share.buffer.regions
+    share.buffer.words[regions.spec_qsl : regions.tables] = -7  # what the kernels write
+    engine_graph.replay()
+    torch.cuda.synchronize()
+    for group, (md, m) in enumerate(zip(built, moved, strict=True)):
+        assert_seed_exact(md, expected(step, config, group), m, drafts, "cuda")
+
+
 # --- the kernels over the builder's plan buffer ------------------------------------------
 
 CHANNELS, TAPS, DILATION, SLOTS, LAYERS = 200, 4, 3, 80, 2

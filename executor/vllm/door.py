@@ -399,12 +399,18 @@ class Launcher:
         self._launch(_group_slots, key, exact, args, (_BLOCK,), ("BLOCK",))
 
     def _replayed(self, exact: tuple) -> bool:
-        """Replay the graph of argument set ``exact`` if there is one (and the current
-        stream is not being captured); whether it did."""
+        """Replay the graph of argument set ``exact`` if there is one; whether it did (not
+        while the current stream is being captured: torch refuses a replay there, before
+        it launches anything)."""
         graph = self._graphs.get(exact)
-        if graph is None or graph.__class__ is int or torch.cuda.is_current_stream_capturing():
+        if graph is None or graph.__class__ is int:
             return False
-        graph.replay()
+        try:
+            graph.replay()
+        except RuntimeError:
+            if torch.cuda.is_current_stream_capturing():
+                return False
+            raise
         self.num_replays += 1
         return True
 
