@@ -390,6 +390,11 @@ def test_bad_host_data_is_refused_naming_the_field():
         builder.build(0, short, num_decode_draft_tokens_cpu=drafts)
     with pytest.raises(ValueError, match=r"num_decode_draft_tokens_cpu: \d+ entries, num_reqs ="):
         builder.build(0, m, num_decode_draft_tokens_cpu=drafts[:-1])
+    paired = attrs.evolve(m, query_start_loc_cpu=torch.stack([m.query_start_loc_cpu] * 2, 1))
+    with pytest.raises(ValueError, match=r"query_start_loc_cpu: must be 1-D, got shape \[\d+, 2\]"):
+        builder.build(0, paired, num_decode_draft_tokens_cpu=drafts)
+    with pytest.raises(ValueError, match=r"num_decode_draft_tokens_cpu: must be 1-D"):
+        builder.build(0, m, num_decode_draft_tokens_cpu=drafts[None])
     backwards = m.query_start_loc_cpu.clone()
     backwards[2] = backwards[1] - 1  # row 1 would have a negative length
     with pytest.raises(PlanError, match=r"^query_lens\[1\]: must be >= 0"):

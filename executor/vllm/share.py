@@ -153,9 +153,13 @@ class _HostInputs:
         rows = m.num_reqs
         # Too short an array makes too short a key: no step's, so _pack refuses it.
         starts = share.host_view(0, m.query_start_loc_cpu)
+        if starts.ndim != 1:
+            _not_flat(0, starts)
         drafts_bytes = drafts_type = None
         if drafts is not None:
             drafts = share.host_view(1, drafts)
+            if drafts.ndim != 1:
+                _not_flat(1, drafts)
             drafts_bytes, drafts_type = drafts[:rows].tobytes(), drafts.dtype
         self.types = (starts.dtype, drafts_type)
         self.accepted_device = self.accepted_host = None
@@ -179,6 +183,10 @@ class _HostInputs:
 
 
 _HOST_FIELDS = ("common_attn_metadata.query_start_loc_cpu", "num_decode_draft_tokens_cpu")
+
+
+def _not_flat(field: int, array: np.ndarray) -> None:
+    raise ValueError(f"{_HOST_FIELDS[field]}: must be 1-D, got shape {list(array.shape)}")
 
 
 def _check_length(field: int, array: np.ndarray, need: int, what: str) -> None:
