@@ -85,12 +85,12 @@ def _live_tokens(plan: PlanShape | ExecutionPlan) -> int:
     return plan.num_spec_decode_tokens + plan.num_decode_tokens + plan.num_prefill_tokens
 
 
-# A NamedTuple, not a frozen attrs class: Planner.pack_into makes one per step, where its
-# 13 fields cost a third of an attrs instance's.
+# A NamedTuple, not a frozen attrs class: Planner.pack_host_step makes one per step, where
+# its 13 fields cost a third of an attrs instance's.
 class PlanShape(NamedTuple):
     """A plan without its arrays: its config, graph, layout and counts.
 
-    What :meth:`~stepplan.planner.Planner.pack_into` returns for the bytes it packs, and
+    What :meth:`~stepplan.planner.Planner.pack_host_step` returns for the bytes it packs, and
     :attr:`ExecutionPlan.shape` of a plan. Fields as :class:`ExecutionPlan`'s, plus its
     batch's ``num_reqs`` (``R``, padding rows included) and ``num_padded_tokens``.
     """

@@ -132,7 +132,8 @@ class Planner:
         starts and drafts alone) into ``out[:size]`` and say its shape, making neither the
         batch nor the plan: the bytes are ``compile(host_step_batch(...)).packed``, the
         shape its ``.shape``. For a caller that ships the bytes and needs only the counts
-        (the vLLM builder); natively two C calls, the census and the pack.
+        (the vLLM builder); natively one C call for a step that runs eagerly, two (the
+        census, then the pack in its graph's layout) for one that may replay a graph.
 
         Args:
             out: ``[>= size], int32``, writable; ``ValueError`` (nothing written) where it
@@ -188,33 +189,22 @@ class Planner:
             return None
         if census is None:
             return None
-        if len(census) == 6:
+        if len(census) == 6:  # packed eagerly, in the layout of its own sizes
             spec, decode, prefill, num_tokens, tiles, found = census
-            return PlanShape(
-                self.config,
-                None,
-                PlanLayout(num_tokens, spec + decode + prefill, tiles, groups),
-                num_reqs,
-                num_padded_tokens,
-                *_plan_counts(spec, decode, prefill, num_tokens, found),
+            graph, layout = None, PlanLayout(num_tokens, spec + decode + prefill, tiles, groups)
+        else:
+            spec, decode, prefill, num_tokens, live_tiles = census
+            counts = (spec, decode, prefill, num_reqs - spec - decode - prefill)
+            graph, layout, size, tokens, rows, tiles = self._shape(
+                counts, num_tokens, num_padded_tokens, groups, live_tiles
             )
-        spec, decode, prefill, num_tokens, live_tiles = census
-        live = spec + decode + prefill
-        if live > self.config.max_num_seqs or (
-            num_padded_tokens is not None and num_padded_tokens < num_tokens
-        ):
-            return None
-        counts = (spec, decode, prefill, num_reqs - live)
-        graph, layout, size, tokens, rows, tiles = self._shape(
-            counts, num_tokens, num_padded_tokens, groups, live_tiles
-        )
-        _check_room(out, size)
-        found = packer.pack_host(
-            out[:size], query_start, drafts, num_reqs, tokens, rows, tiles, groups,
-            query_len_max, tile,
-        )  # fmt: skip
-        if found is None:
-            return None
+            _check_room(out, size)
+            found = packer.pack_host(
+                out[:size], query_start, drafts, num_reqs, tokens, rows, tiles, groups,
+                query_len_max, tile,
+            )  # fmt: skip
+            if found is None:
+                return None
         return PlanShape(
             self.config,
             graph,

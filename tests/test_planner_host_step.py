@@ -94,11 +94,20 @@ def test_bad_steps_get_the_batchs_errors(native, starts, drafts, padded, message
     assert (out == 7).all()
 
 
-def test_too_many_rows_get_compile_plans_error():
-    config = PlannerConfig(num_spec_tokens=0, graph_mode="none", max_num_seqs=2)
+@pytest.mark.parametrize("mode", ["none", "full", "mixed"])
+def test_too_many_rows_get_compile_plans_error(mode):
+    """Whether the step runs eagerly or may replay a graph (pure decode), the limits are
+    checked before anything is written."""
+    config = PlannerConfig(num_spec_tokens=0, graph_mode=mode, max_num_seqs=2)
     starts = np.arange(4, dtype=np.int32)  # three decode rows
+    out = np.full(256, 7, np.int32)
     with pytest.raises(PlanError, match="max_num_seqs"):
-        Planner(config).pack_host_step(np.empty(256, np.int32), starts, None, 3)
+        Planner(config).pack_host_step(out, starts, None, 3)
+    with pytest.raises(PlanError, match="num_padded_tokens: 2 is fewer than the 3 tokens"):
+        Planner(PlannerConfig(num_spec_tokens=0, graph_mode=mode)).pack_host_step(
+            out, starts, None, 3, num_padded_tokens=2
+        )
+    assert (out == 7).all()
 
 
 def test_other_dtypes_take_the_batchs_path_to_the_same_bytes():

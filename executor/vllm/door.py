@@ -423,12 +423,12 @@ class Launcher:
             if self.direct:
                 self._compiled[key] = launched
             return
-        seen = self._graphs.get(exact)
         if not self.graphs or torch.cuda.is_current_stream_capturing():
-            seen = None
-        elif seen is None and len(self._graphs) < _MAX_ARGUMENT_SETS:
-            self._graphs[exact] = 1
-        if seen is None:
+            self._run(compiled, args, constants)
+            return
+        if exact not in self._graphs:  # a first sighting launches directly
+            if len(self._graphs) < _MAX_ARGUMENT_SETS:
+                self._graphs[exact] = 1
             self._run(compiled, args, constants)
             return
         graph = torch.cuda.CUDAGraph()

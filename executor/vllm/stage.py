@@ -335,24 +335,25 @@ class DeviceBuffer:
         :data:`PASS_THROUGH`, for a step of these part keys (:func:`~.seed.shape_keys`):
         each part's views kept per key (and group), so a step of new token counts makes
         only its two token lists' views."""
-        cache = self._cache  # unrolled: a new plan's build makes every lookup
-        plain = cache.get((0, keys[0], group))
-        if plain is None:
-            plain = self._part_views(0, keys[0], group)
-        spec = cache.get((1, keys[1], group))
-        if spec is None:
-            spec = self._part_views(1, keys[1], group)
-        tokens = cache.get((2, keys[2], 0))
-        if tokens is None:
-            tokens = self._part_views(2, keys[2], group)
-        return plain + spec + tokens
+        return (
+            self._part_views(0, keys[0], group)
+            + self._part_views(1, keys[1], group)
+            + self._part_views(2, keys[2], group)
+        )
 
     def _part_views(self, number: int, key: PartKey, group: int) -> tuple[Any, ...]:
-        """Part ``number``'s views for ``key`` (and ``group``), made and kept."""
+        """Part ``number``'s views for ``key`` (and ``group``, if the part holds slots),
+        made at the first use and kept."""
         part, per_group = _PARTS[number]
-        lists = self._source_lists(group)
-        views = tuple([None if place is None else lists[place[0]][place[1]] for place in part(key)])
-        return self._remember((number, key, group if per_group else 0), views)
+        cache_key = (number, key, group if per_group else 0)
+        views = self._cache.get(cache_key)
+        if views is None:
+            lists = self._source_lists(group)
+            views = tuple(
+                [None if place is None else lists[place[0]][place[1]] for place in part(key)]
+            )
+            self._remember(cache_key, views)
+        return views
 
     def _source_lists(self, group: int) -> dict[str, Any]:
         """Per source, every prefix view of it (``group``'s slots for a slot source; for

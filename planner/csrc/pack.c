@@ -428,36 +428,30 @@ static PyObject *census_tuple(const HostCensus *h, Py_ssize_t rows, Py_ssize_t t
                          h->step.counts[PREFILL], (long long)h->num_tokens, (long long)tiles);
 }
 
-/* Packs ``h``'s step into ``out_obj``'s first entries by the layout ``f`` says (all of
- * them when ``exact``); (tiles, longest prefill, spec tokens), or NULL with ValueError. */
-static PyObject *pack_census(HostCensus *h, PyObject *out_obj, Fields *f, Py_ssize_t tile,
+/* Packs ``h``'s step into the first entries of ``out`` (all of them when ``exact``) by the
+ * layout ``f`` says; (tiles, longest prefill, spec tokens), or NULL with ValueError. */
+static PyObject *pack_census(HostCensus *h, Py_buffer *out, Fields *f, Py_ssize_t tile,
                              int exact) {
-    Py_buffer out;
-    if (get_array(out_obj, &out, "packed", 'i', 4, 1) < 0) {
-        return NULL;
-    }
-    PyObject *result = NULL;
     Census *c = &h->census;
     Py_ssize_t size = plan_size(f->tokens, f->rows, f->tiles, f->groups);
-    if (exact ? out.len != size * 4 : out.len < size * 4) {
+    if (exact ? out->len != size * 4 : out->len < size * 4) {
         PyErr_Format(PyExc_ValueError, "packed: has %zd entries, the layout needs %zd",
-                     out.len / 4, size);
-    } else if (shares_memory(&out, &h->views[0]) ||
-               (h->held == 2 && shares_memory(&out, &h->views[1]))) {
+                     out->len / 4, size);
+    } else if (shares_memory(out, &h->views[0]) ||
+               (h->held == 2 && shares_memory(out, &h->views[1]))) {
         PyErr_SetString(PyExc_ValueError, "packed: shares memory with the step's arrays");
     } else if (h->live > f->rows || h->num_tokens > f->tokens) {
         PyErr_Format(PyExc_ValueError, "packed: %zd rows, %lld tokens exceed the layout's %zd, %zd",
                      h->live, (long long)h->num_tokens, f->rows, f->tokens);
-    } else if (order_rows(&h->step.batch, out.buf, c, tile, f) > f->tiles) {
+    } else if (order_rows(&h->step.batch, out->buf, c, tile, f) > f->tiles) {
         PyErr_Format(PyExc_ValueError, "packed: %lld tiles exceed the layout's %zd",
                      (long long)c->tiles, f->tiles);
     } else {
         write_plan(&h->step.batch, f, c, tile, c->in_order);
-        result = Py_BuildValue("(LiL)", (long long)c->tiles, (int)c->longest_prefill,
-                               (long long)c->tokens[SPEC]);
+        return Py_BuildValue("(LiL)", (long long)c->tiles, (int)c->longest_prefill,
+                             (long long)c->tokens[SPEC]);
     }
-    PyBuffer_Release(&out);
-    return result;
+    return NULL;
 }
 
 const char PACK_HOST_DOC[] =
@@ -466,10 +460,10 @@ const char PACK_HOST_DOC[] =
     "The step of ``num_reqs`` rows whose query lengths are the differences of\n"
     "``query_start`` (int32, >= num_reqs + 1 entries) and whose drafts are\n"
     "``num_draft_tokens`` (int32, >= num_reqs; None: no spec row), its computed tokens 0,\n"
-    "accepted counts 1 and slots NULL. With ``packed`` None: its census, (spec, decode,\n"
-    "prefill rows, tokens, prefill tiles). Else ``packed`` is filled as pack() fills it\n"
-    "and (num_tiles, longest prefill, spec tokens) returned. None when a StepBatch rule\n"
-    "or the config's limits break (StepBatch and compile_plan name the error).";
+    "accepted counts 1 and slots NULL, packed into ``packed`` (the layout's size) as\n"
+    "pack() packs it; (num_tiles, longest prefill, spec tokens) returned. None when a\n"
+    "StepBatch rule or the config's limits break (StepBatch and compile_plan name the\n"
+    "error). pack_host_eager gives the census that sizes the layout.";
 
 PyObject *pack_host(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
@@ -484,14 +478,14 @@ PyObject *pack_host(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     HostCensus h;
     PyObject *result = NULL;
     int found = take_host_census(&h, args + 1, rows, counts[3], counts[4]);
+    Py_buffer out;
     if (found == 1) {
         result = Py_NewRef(Py_None);
-    } else if (found == 0 && args[0] == Py_None) {
-        result = census_tuple(&h, rows, counts[5]);
-    } else if (found == 0) {
+    } else if (found == 0 && get_array(args[0], &out, "packed", 'i', 4, 1) == 0) {
         Fields f = {.tokens = counts[0], .rows = counts[1], .tiles = counts[2],
                     .groups = counts[3]};
-        result = pack_census(&h, args[0], &f, counts[5], 1);
+        result = pack_census(&h, &out, &f, counts[5], 1);
+        PyBuffer_Release(&out);
     }
     release_host_census(&h);
     return result;
@@ -504,9 +498,10 @@ const char PACK_HOST_EAGER_DOC[] =
     "when a step whose kinds present are ``k`` (1 spec, 2 decode, 4 prefill) does. Then\n"
     "the plan, in the layout of its own live tokens, rows and prefill tiles, fills the\n"
     "first entries of ``packed`` and (spec, decode, prefill rows, tokens, tiles, longest\n"
-    "prefill, spec tokens) is returned. Else its census, as pack_host's. None when a\n"
-    "StepBatch rule or the config's limits break, when it has more than ``max_rows`` live\n"
-    "rows or ``max_tokens`` tokens, or when ``packed`` is too short (nothing written).";
+    "prefill, spec tokens) is returned. Else its census, (spec, decode, prefill rows,\n"
+    "tokens, prefill tiles), which sizes pack_host's layout. None when a StepBatch rule or\n"
+    "the config's limits break, when it has more than ``max_rows`` live rows or\n"
+    "``max_tokens`` tokens, or when ``packed`` is too short (nothing written).";
 
 PyObject *pack_host_eager(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
@@ -532,14 +527,12 @@ PyObject *pack_host_eager(PyObject *self, PyObject *const *args, Py_ssize_t narg
     PyObject *result = NULL;
     int found = take_host_census(&h, args + 1, rows, groups, counts[2]);
     const Py_ssize_t *live = h.census.rows;
-    if (found == 1) {
+    if (found == 1 || (found == 0 && (h.live > counts[5] || h.num_tokens > counts[6]))) {
         result = Py_NewRef(Py_None);
     } else if (found == 0 &&
                !(counts[4] >> ((live[SPEC] > 0) | (live[DECODE] > 0) << 1 |
                                (live[PREFILL] > 0) << 2) & 1)) {
         result = census_tuple(&h, rows, tile);
-    } else if (found == 0 && (h.live > counts[5] || h.num_tokens > counts[6])) {
-        result = Py_NewRef(Py_None);
     } else if (found == 0) {
         int64_t tiles = count_prefill_tiles(h.step.lens, h.step.batch.kinds, rows, tile);
         Fields f = {.tokens = (Py_ssize_t)h.num_tokens, .rows = h.live,
@@ -548,19 +541,18 @@ PyObject *pack_host_eager(PyObject *self, PyObject *const *args, Py_ssize_t narg
         if (get_array(args[0], &out, "packed", 'i', 4, 1) < 0) {
             goto done;
         }
-        Py_ssize_t room = out.len / 4;
+        if (out.len / 4 < plan_size(f.tokens, f.rows, f.tiles, groups)) {
+            result = Py_NewRef(Py_None); /* nothing written: the caller's check names it */
+        } else {
+            PyObject *packed = pack_census(&h, &out, &f, tile, 0);
+            if (packed != NULL) {
+                result = Py_BuildValue("(nnnLLO)", h.step.counts[SPEC], h.step.counts[DECODE],
+                                       h.step.counts[PREFILL], (long long)h.num_tokens,
+                                       (long long)tiles, packed);
+                Py_DECREF(packed);
+            }
+        }
         PyBuffer_Release(&out);
-        if (room < plan_size(f.tokens, f.rows, f.tiles, groups)) {
-            result = Py_NewRef(Py_None);
-            goto done;
-        }
-        PyObject *packed = pack_census(&h, args[0], &f, tile, 0);
-        if (packed != NULL) {
-            result = Py_BuildValue("(nnnLLO)", h.step.counts[SPEC], h.step.counts[DECODE],
-                                   h.step.counts[PREFILL], (long long)h.num_tokens,
-                                   (long long)tiles, packed);
-            Py_DECREF(packed);
-        }
     }
 done:
     release_host_census(&h);
