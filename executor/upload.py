@@ -110,8 +110,8 @@ class PinnedUpload:
 
 
 class StagingRing:
-    """Pinned host buffers that captured CUDA graphs copy their plan from, used in turn,
-    each freed by a ticket the graph writes back.
+    """Pinned host buffers that captured CUDA graphs copy their plan from, the lowest free
+    one first, each freed by a ticket the graph writes back.
 
     A graph captured over entry ``i`` reads entry ``i``'s host memory when it
     *replays*, which may be long after the host launched it, so the host must
@@ -147,7 +147,7 @@ class StagingRing:
         capacity_bytes: plan bytes per entry, a multiple of 4 (the ticket word
             comes on top).
         device: where the graphs run.
-        ring_size: entries used in turn.
+        ring_size: entries (the lowest free one is used first).
         timeout_s: how long :meth:`claim` polls for a ticket before it
             synchronizes the current stream and looks once more.
         wait_for_tickets: whether :meth:`claim` waits for tickets; default (and
@@ -188,8 +188,8 @@ class StagingRing:
         self._done_words = tuple(done_block[i : i + 1] for i in range(ring_size))
         self._done = done_block.numpy()  # [ring_size] int32, written by the graphs
         self._issued = np.zeros(ring_size, dtype=np.int32)  # last ticket written per entry
-        self._ticket = 0
-        self._next = 0
+        self._written = np.zeros(ring_size, dtype=np.int64)  # per entry, when: a write count
+        self._ticket = self._writes = self._last = 0
         # Plan views by size, made once: slicing costs more than the write itself.
         self._plan_arrays: dict[int, tuple[np.ndarray, ...]] = {}
         if on_cuda:
@@ -205,16 +205,36 @@ class StagingRing:
             ).atexit = False
 
     def claim(self) -> int:
-        """The next entry's index, once no queued replay reads it any more.
+        """A free entry's index: one no queued replay reads any more. Entry 0 if free,
+        else 1, else the entry after the last one handed out, else the lowest free one;
+        where every entry is in use, the one written longest ago, once its ticket is back.
 
-        Raises RuntimeError when its ticket has not come back ``timeout_s`` after
-        the call, even after synchronizing the current stream (a CUDA error there
+        Low entries first rather than turns: a host one or two steps ahead of the device
+        then rewrites the same few entries, whose memory its caches still hold, where
+        turns would cycle through every entry's memory; a host further ahead finds the
+        next entry free at one look. An entry is in use from :meth:`write` or
+        :meth:`stamp` until its ticket is back (a claim reserves nothing); on a ring
+        that does not wait, every entry is free.
+
+        Raises RuntimeError when the ticket waited for has not come back ``timeout_s``
+        after the call, even after synchronizing the current stream (a CUDA error there
         raises that error instead).
         """
-        index = self._next
-        if self._wait and self._done[index] != self._issued[index]:
-            self._wait_for_ticket(index)
-        self._next = (index + 1) % self.ring_size
+        if not self._wait:
+            return 0
+        done, issued = self._done, self._issued
+        if done[0] == issued[0]:
+            index = 0
+        elif self.ring_size > 1 and done[1] == issued[1]:
+            index = 1
+        elif done[index := (self._last + 1) % self.ring_size] != issued[index]:
+            free = np.flatnonzero(done == issued)
+            if free.size:
+                index = int(free[0])
+            else:  # stream order: the oldest comes back first
+                index = int(np.argmin(self._written))
+                self._wait_for_ticket(index)
+        self._last = index
         return index
 
     def write(self, index: int, packed: np.ndarray) -> int:
@@ -241,6 +261,8 @@ class StagingRing:
         self._ticket = ticket
         self._entry_arrays[index][word] = ticket
         self._issued[index] = ticket
+        self._writes += 1
+        self._written[index] = self._writes
         return ticket
 
     def wait_all(self) -> None:

@@ -249,9 +249,10 @@ def test_pinned_upload_round_trips_through_its_ring():
         PinnedUpload(0, torch.device("cpu"))
 
 
-def test_staging_ring_takes_turns_over_separate_memory():
+def test_staging_ring_entries_are_separate_memory():
     ring = StagingRing(40, torch.device("cpu"), ring_size=3)
-    assert [ring.claim() for _ in range(7)] == [0, 1, 2, 0, 1, 2, 0]
+    ring.write(0, np.zeros(3, dtype=np.int32))
+    assert [ring.claim() for _ in range(3)] == [0, 0, 0]  # nothing waits: every entry free
     views = [ring.host_int32(index, 10) for index in range(3)]
     for index, (tensor, array) in enumerate(views):
         array[:] = index + 1  # the numpy view and the tensor are one memory
@@ -288,38 +289,49 @@ def test_staging_ring_writes_the_plan_then_a_fresh_ticket():
     assert ring.graph_source(0, 1).tolist() == [0, 2]  # the last ticket, after the plan
 
 
-def test_staging_ring_hands_an_entry_out_only_once_its_ticket_came_back():
+def test_staging_ring_hands_out_the_lowest_entry_whose_ticket_came_back():
     """A CPU ring that waits, with the test playing the graphs' ticket write into ``done``."""
-    ring = StagingRing(40, "cpu", ring_size=2, timeout_s=0.0, wait_for_tickets=True)
+    ring = StagingRing(40, "cpu", ring_size=3, timeout_s=0.0, wait_for_tickets=True)
 
     def copy_back(index: int, size: int) -> None:  # what a replay's upload kernel does last
         ring.done_word(index).copy_(ring.graph_source(index, size)[size:])
 
-    assert [ring.claim(), ring.claim()] == [0, 1]  # never-used entries are free
-    first = ring.write(ring.claim(), np.arange(4, dtype=np.int32))
-    copy_back(0, 4)
-    second = ring.write(ring.claim(), np.arange(6, dtype=np.int32))
-    assert ring.claim() == 0  # its ticket is back
-    third = ring.write(0, np.arange(10, dtype=np.int32))
-    assert len({first, second, third}) == 3
+    assert [ring.claim(), ring.claim()] == [0, 0]  # a claim reserves nothing; a write does
+    first = ring.write(0, np.arange(4, dtype=np.int32))
+    assert ring.claim() == 1
+    second = ring.write(1, np.arange(6, dtype=np.int32))
+    copy_back(1, 6)
+    assert ring.claim() == 1  # the lowest free entry, not the next in turn
+    third = ring.write(1, np.arange(2, dtype=np.int32))
+    assert ring.claim() == 2
+    fourth = ring.write(2, np.arange(8, dtype=np.int32))
+    assert len({first, second, third, fourth}) == 4
+    # Every entry in use: the claim waits for the one written longest ago (entry 0).
     with pytest.raises(
         RuntimeError,
-        match=rf"staging entry 1: ticket {second} did not come back \(done word "
+        match=rf"staging entry 0: ticket {first} did not come back \(done word "
         r"holds 0\) within 0.0 s",
     ):
         ring.claim()
-    copy_back(1, 6)
-    assert ring.claim() == 1  # the failed claim took no turn
-    # Entry 0 still holds its first ticket: an older copy-back frees nothing.
-    with pytest.raises(RuntimeError, match=f"staging entry 0: ticket {third} .* holds {first}"):
+    copy_back(2, 8)
+    assert ring.claim() == 2  # the failed claim reserved nothing
+    copy_back(0, 4)
+    assert ring.claim() == 0
+    fifth = ring.write(0, np.arange(10, dtype=np.int32))
+    ring.write(2, np.arange(3, dtype=np.int32))
+    ring.done_word(0).fill_(first)  # an older copy-back frees nothing
+    with pytest.raises(RuntimeError, match=f"staging entry 1: ticket {third} .* holds {second}"):
         ring.claim()
     with pytest.raises(RuntimeError, match="staging entry 0"):
         ring.wait_all()
     copy_back(0, 10)
+    copy_back(1, 2)
+    copy_back(2, 3)
     ring.wait_all()
     assert ring.claim() == 0
     issued, done = ring.tickets()
-    assert issued.tolist() == done.tolist() == [third, second]
+    assert issued.tolist() == done.tolist()
+    assert issued[0] == fifth
 
 
 def test_staging_ring_polls_until_a_late_ticket_arrives():
@@ -408,8 +420,11 @@ def test_graph_step_path_equals_reference_over_buckets():
     config = CONFIGS[0]
     graphs, reference = emulated_graph_executor(config), make_executor("reference", config)
     rng = np.random.default_rng(5)
-    # Seven steps a pass: the second pass meets each bucket on the other ring entry.
+    ring = graphs._step_graphs._ring
+    # Seven steps a pass. In the second, entry 0 is held as by a replay still queued, so
+    # each bucket replays from entry 1, the lowest free one.
     for index, rows in enumerate((12, 2, 12, 1, 5, 9, 1) * 2):
+        held = ring.stamp(0, 0) if index >= 7 else None
         batch = random_batch(rng, rows, config.query_len_max, groups=2)
         plan = compile_plan(batch, config)
         tokens = batch.num_tokens
@@ -430,6 +445,8 @@ def test_graph_step_path_equals_reference_over_buckets():
             graphs.step(plan, x, got)
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5, msg=f"step {index}")
         assert_same_state(graphs, reference)
+        if held is not None:
+            ring.done_word(0).fill_(held)  # the queued replay is over
     step_graphs = graphs._step_graphs
     assert step_graphs.captures == len(graphs.captured_graphs) >= 3
     replays = [[graph.replays for graph in c.graphs] for c in step_graphs._graphs.values()]
@@ -480,11 +497,11 @@ def test_graph_step_refuses_a_mismatched_plan_before_touching_anything():
     graphs.step(compile_plan(batch, same), x, torch.zeros_like(x))
     states = [s.clone() for s in graphs.conv_states]
     ring = graphs._step_graphs._ring
-    turn = ring.claim()
+    tickets = ring.tickets()
     residual = torch.zeros_like(x)
     with pytest.raises(ReplayMismatchError, match="tile_tokens: captured 8, plan has 16"):
         graphs.step(compile_plan(batch, other), x, residual)
-    assert ring.claim() == (turn + 1) % ring.ring_size  # the refused step took no turn
+    assert all(map(np.array_equal, ring.tickets(), tickets))  # the refused step wrote nothing
     assert not residual.any()
     for before, after in zip(states, graphs.conv_states, strict=True):
         assert torch.equal(before, after)

@@ -235,39 +235,42 @@ def test_every_ticket_comes_back_after_the_replays():
 
 
 def test_staging_ring_is_pinned_and_lets_go_cleanly():
-    """A graph of a step's upload kernel over ring entry 1: the replay reads plan and
-    ticket as they are at replay time and stores the ticket back; claim() waits for it,
-    polling and past its timeout; a ring dropped with a replay queued waits for it."""
+    """A graph of a step's upload kernel over ring entry 0: the replay reads plan and
+    ticket as they are at replay time and stores the ticket back; claim() hands out the
+    lowest free entry, and with every entry in use waits for the oldest, polling and past
+    its timeout; a ring dropped with a replay queued waits for it."""
     rings = [StagingRing(4000, torch.device("cuda")) for _ in range(3)]
     ring = rings[0]
-    tensor, _ = ring.host_int32(1, 1000)
-    source, done = ring.graph_source(1, 1000), ring.done_word(1)
+    tensor, _ = ring.host_int32(0, 1000)
+    source, done = ring.graph_source(0, 1000), ring.done_word(0)
     assert tensor.is_pinned() and source.is_pinned() and done.is_pinned()
     device = torch.zeros(1001, dtype=torch.int32, device="cuda")
-    warm = torch.zeros_like(device)  # compiles the kernel outside the capture, on entry 0
-    pull_plan(ring.graph_source(0, 1000), warm, ring.done_word(0))
+    warm = torch.zeros_like(device)  # compiles the kernel outside the capture, on entry 1
+    pull_plan(ring.graph_source(1, 1000), warm, ring.done_word(1))
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         pull_plan(source, device, done)
     assert not device.any() and not done.any()  # captured, not run
-    assert [ring.claim(), ring.claim()] == [0, 1]  # never-used entries are free
-    ticket = ring.write(1, np.arange(1000, dtype=np.int32))
+    assert [ring.claim(), ring.claim()] == [0, 0]  # never-used entries are free
+    ticket = ring.write(0, np.arange(1000, dtype=np.int32))
     graph.replay()
     torch.cuda.synchronize()
     assert device.tolist() == [*range(1000), ticket] and done.item() == ticket
     for cycles in (20_000_000, 400_000_000):  # ~10 ms (polled) and ~0.2 s (past 50 ms)
         torch.cuda._sleep(cycles)
-        ticket = ring.write(1, np.full(1000, cycles, dtype=np.int32))
+        ticket = ring.write(0, np.full(1000, cycles, dtype=np.int32))
         graph.replay()
-        assert ring.claim() == 0  # never used
-        assert ring.claim() == 1  # only once the queued replay copied its ticket back
+        assert ring.claim() == 1  # entry 0 is read by the queued replay
+        other = ring.write(1, np.zeros(1000, dtype=np.int32))  # never launched
+        assert ring.claim() == 0  # every entry in use: the oldest, once its ticket is back
         issued, done_words = ring.tickets()
-        assert issued[1] == done_words[1] == ticket
+        assert issued[0] == done_words[0] == ticket
         assert device.tolist() == [cycles] * 1000 + [ticket]
+        ring.done_word(1).fill_(other)  # plays entry 1's copy-back
     torch.cuda.synchronize()
     torch.cuda._sleep(400_000_000)
-    ring.write(1, np.zeros(1000, dtype=np.int32))
+    ring.write(0, np.zeros(1000, dtype=np.int32))
     graph.replay()
     del ring, rings, tensor, source, done  # the finalizer waits for the queued replay
     gc.collect()

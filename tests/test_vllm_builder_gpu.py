@@ -220,7 +220,7 @@ def test_graph_replays_write_what_direct_launches_write_and_never_synchronize():
         replayed, direct = (shares[g][0].buffer.words for g in (True, False))
         assert torch.equal(replayed[64:], direct[64:])
     launcher = shares[True][0].buffer._launcher
-    assert launcher.num_captures >= 3  # both entries' openings and the further groups
+    assert launcher.num_captures >= 3  # the opening and the further groups
     assert launcher.num_replays > len(steps)
     assert shares[False][0].buffer._launcher.num_replays == 0
 
