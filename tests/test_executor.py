@@ -334,6 +334,34 @@ def test_staging_ring_hands_out_the_lowest_entry_whose_ticket_came_back():
     assert issued[0] == fifth
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    size=st.integers(1, 5),
+    moves=st.lists(st.tuples(st.booleans(), st.integers(0, 4)), max_size=40),
+)
+def test_staging_ring_never_hands_out_an_entry_in_use(size, moves):
+    """Writes and copy-backs in any order: a claim gives entry 0 or 1 when free, else some
+    free entry; with every entry in use it waits for the one written longest ago."""
+    ring = StagingRing(8, "cpu", ring_size=size, timeout_s=0.0, wait_for_tickets=True)
+    in_use: list[int] = []  # oldest write first
+    for write, pick in moves:
+        if not write:  # a queued replay copies a ticket back
+            if in_use:
+                index = in_use.pop(pick % len(in_use))
+                ring.done_word(index).copy_(ring.graph_source(index, 1)[1:])
+            continue
+        free = [index for index in range(size) if index not in in_use]
+        if not free:
+            with pytest.raises(RuntimeError, match=f"^staging entry {in_use[0]}: ticket"):
+                ring.claim()
+            continue
+        index = ring.claim()
+        assert index in free
+        assert index == free[0] or free[0] > 1  # entry 0, then 1, when free
+        ring.write(index, np.full(1, index, dtype=np.int32))
+        in_use.append(index)
+
+
 def test_staging_ring_polls_until_a_late_ticket_arrives():
     """The ticket lands while claim() polls: it hands the entry out without an error."""
     ring = StagingRing(8, "cpu", ring_size=1, timeout_s=30.0, wait_for_tickets=True)
