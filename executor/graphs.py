@@ -121,7 +121,7 @@ class StepGraphs:
     Args:
         executor: runs the convs; built with graphs.
         forward: the step on persistent tensors, ``forward(num_tokens)``.
-        ring_size: staging buffers (and graphs per key), the lowest free one first.
+        ring_size: staging buffers (and graphs per key).
     """
 
     def __init__(

@@ -110,8 +110,8 @@ class PinnedUpload:
 
 
 class StagingRing:
-    """Pinned host buffers that captured CUDA graphs copy their plan from, the lowest free
-    one first, each freed by a ticket the graph writes back.
+    """Pinned host buffers that captured CUDA graphs copy their plan from, each freed by a
+    ticket the graph writes back (:meth:`claim` says which one is handed out next).
 
     A graph captured over entry ``i`` reads entry ``i``'s host memory when it
     *replays*, which may be long after the host launched it, so the host must
@@ -147,7 +147,7 @@ class StagingRing:
         capacity_bytes: plan bytes per entry, a multiple of 4 (the ticket word
             comes on top).
         device: where the graphs run.
-        ring_size: entries (the lowest free one is used first).
+        ring_size: entries.
         timeout_s: how long :meth:`claim` polls for a ticket before it
             synchronizes the current stream and looks once more.
         wait_for_tickets: whether :meth:`claim` waits for tickets; default (and

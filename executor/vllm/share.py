@@ -207,8 +207,8 @@ class StepShare:
         max_num_reqs: most request rows a step may pass; defaults to
             ``config.max_num_seqs`` (at least the largest graph size).
         max_num_tokens: most tokens a step may pass (vLLM's ``max_num_batched_tokens``).
-        ring_size: staging entries, the lowest free one used first: how many steps the
-            host may run ahead of the device before a build waits for one to come back.
+        ring_size: staging entries: how many steps the host may run ahead of the device
+            before a build waits for one to come back.
         direct_launches: launch the kernels past Triton's dispatch where Triton allows
             (:class:`~.door.Launcher`); ``False``: through Triton, every launch.
         graph_launches: with ``direct_launches``, replay a launch whose arguments recur

@@ -162,7 +162,7 @@ class DeviceBuffer:
     Args:
         regions: its layout.
         device: where it lives.
-        ring_size: staging entries (CUDA only), the lowest free one first.
+        ring_size: staging entries (CUDA only).
         query_len_max: ``Q`` (the spec rows' state offsets are clamped to ``0..Q-1``).
         direct_launches: launch the kernels past Triton's dispatch (:class:`~.door.Launcher`).
         graph_launches: replay recurring launches as CUDA graphs (:class:`~.door.Launcher`).
