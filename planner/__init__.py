@@ -16,7 +16,7 @@ from .config import GRAPH_MODES, MAX_GRAPH_SIZE, MAX_NUM_SEQS, PlannerConfig, de
 from .errors import PlanError
 from .layout import FIELDS, BufferField, PlanLayout
 from .native import NativeBuildError
-from .plan import ExecutionPlan, GraphKey, Op, PlanShape
+from .plan import SUMMARY, ExecutionPlan, GraphKey, Op, PlanShape, plan_summary
 from .planner import Planner, host_step_batch
 
 __all__ = [
@@ -29,6 +29,7 @@ __all__ = [
     "PADDING",
     "PREFILL",
     "SPEC",
+    "SUMMARY",
     "BufferField",
     "ExecutionPlan",
     "GraphChoices",
@@ -49,4 +50,5 @@ __all__ = [
     "host_step_batch",
     "largest_graph_layout",
     "layout_capacity",
+    "plan_summary",
 ]

@@ -9,7 +9,7 @@ import numpy as np
 
 from .batch import StepBatch
 from .config import PlannerConfig
-from .layout import PlanLayout
+from .layout import FIELDS, PlanLayout
 
 if TYPE_CHECKING:
     import networkx as nx
@@ -123,6 +123,36 @@ class PlanShape(NamedTuple):
     def query_len_max(self) -> int:
         """``Q``: the longest spec query."""
         return self.config.query_len_max
+
+
+#: The words of a plan's summary (:func:`plan_summary`), in order: rows per kind, spec and
+#: live tokens, the layout's row capacity, then where each field of the packed buffer
+#: starts (:data:`~.layout.FIELDS` order) and the buffer's size. A consumer that ships the
+#: bytes reads the plan's counts and fields from these words, which the packer writes.
+SUMMARY: tuple[str, ...] = (
+    "num_spec_rows",
+    "num_decode_rows",
+    "num_prefill_rows",
+    "num_spec_decode_tokens",
+    "num_tokens",
+    "layout.num_rows",
+    *[f"start:{name}" for name, _, _ in FIELDS],
+    "layout.size",
+)
+
+
+def plan_summary(shape: PlanShape) -> tuple[int, ...]:
+    """The :data:`SUMMARY` words of a plan of this shape (what
+    :meth:`~.planner.Planner.pack_host_step` writes into its ``summary``)."""
+    return (
+        shape.num_spec_rows,
+        shape.num_decode_rows,
+        shape.num_prefill_rows,
+        shape.num_spec_decode_tokens,
+        shape.num_tokens,
+        shape.layout.num_rows,
+        *shape.layout.starts(),
+    )
 
 
 @attrs.frozen(eq=False)

@@ -15,7 +15,7 @@ from .config import PlannerConfig
 from .errors import PlanError
 from .layout import PlanLayout
 from .native import NativeBuildError, load_packer
-from .plan import ExecutionPlan, GraphKey, PlanShape
+from .plan import SUMMARY, ExecutionPlan, GraphKey, PlanShape, plan_summary
 
 #: Graph choices kept (a few small objects each); all are let go when this many are kept.
 _MAX_GRAPHS = 4096
@@ -127,6 +127,7 @@ class Planner:
         *,
         num_padded_tokens: int | None = None,
         num_groups: int = 1,
+        summary: np.ndarray | None = None,
     ) -> PlanShape:
         """Pack the plan of :func:`host_step_batch`'s step (known on the host by its query
         starts and drafts alone) into ``out[:size]`` and say its shape, making neither the
@@ -140,6 +141,9 @@ class Planner:
                 is shorter than the plan.
             query_start, num_draft_tokens, num_reqs, num_padded_tokens, num_groups: as
                 :func:`host_step_batch` takes them (int32 arrays take the native path).
+            summary: ``[>= len(SUMMARY)], int32``, writable, sharing no memory with
+                ``out``: receives the plan's :data:`~.plan.SUMMARY` words (its counts and
+                where each field lies), written by the packer itself; ``None``: none.
 
         Raises :class:`~.errors.PlanError` as ``compile(host_step_batch(...))`` does.
         """
@@ -147,7 +151,7 @@ class Planner:
         if packer is not None and type(num_padded_tokens) in _COUNT_TYPES:
             shape = self._pack_host(
                 packer, out, query_start, num_draft_tokens, num_reqs, num_padded_tokens,
-                num_groups,
+                num_groups, summary,
             )  # fmt: skip
             if shape is not None:
                 return shape
@@ -162,6 +166,10 @@ class Planner:
             )
         )
         _check_room(out, plan.layout.size)
+        words = plan_summary(plan.shape)
+        if summary is not None:
+            _check_summary(summary, out)
+            summary[: len(words)] = words
         out[: plan.layout.size] = plan.packed
         return plan.shape
 
@@ -174,6 +182,7 @@ class Planner:
         num_reqs: int,
         num_padded_tokens: int | None,
         groups: int,
+        summary: np.ndarray | None,
     ) -> PlanShape | None:
         """:meth:`pack_host_step` by the compiled packer; ``None`` (nothing written) where
         a check fails or the arrays are not int32, so that the caller takes StepBatch's
@@ -183,7 +192,7 @@ class Planner:
             census = packer.pack_host_eager(
                 out, query_start, drafts, num_reqs, groups, query_len_max, tile,
                 self._eager_kinds, self.config.max_num_seqs,
-                _NO_LIMIT if num_padded_tokens is None else num_padded_tokens,
+                _NO_LIMIT if num_padded_tokens is None else num_padded_tokens, summary,
             )  # fmt: skip
         except (TypeError, ValueError):  # other dtypes, lengths: StepBatch's path says
             return None
@@ -201,7 +210,7 @@ class Planner:
             _check_room(out, size)
             found = packer.pack_host(
                 out[:size], query_start, drafts, num_reqs, tokens, rows, tiles, groups,
-                query_len_max, tile,
+                query_len_max, tile, summary,
             )  # fmt: skip
             if found is None:
                 return None
@@ -320,6 +329,14 @@ def _plan_counts(
 def _check_room(out: np.ndarray, size: int) -> None:
     if out.shape[0] < size:
         raise ValueError(f"out: {out.shape[0]} entries, the plan needs {size}")
+
+
+def _check_summary(summary: np.ndarray, out: np.ndarray) -> None:
+    """The packer's checks of ``summary``, for the numpy path (before anything is written)."""
+    if summary.shape[0] < len(SUMMARY):
+        raise ValueError("summary: too short")
+    if np.shares_memory(summary, out):
+        raise ValueError("summary: shares memory with the plan or the step's arrays")
 
 
 def _packer(native: bool | None) -> ModuleType | None:

@@ -8,7 +8,15 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from planner_strategies import step_batches
 
-from stepplan.planner import PlanError, Planner, PlannerConfig, host_step_batch
+from stepplan.planner import (
+    FIELDS,
+    SUMMARY,
+    PlanError,
+    Planner,
+    PlannerConfig,
+    host_step_batch,
+    plan_summary,
+)
 
 NATIVE = pytest.mark.parametrize("native", [True, False], ids=["native", "numpy"])
 
@@ -47,10 +55,22 @@ def test_the_bytes_and_shape_are_the_compiled_plans(
         host_step_batch(starts, drafts, rows, num_padded_tokens=padded, num_groups=groups)
     )
     out = np.full(want.layout.size + slack, 7, np.int32)
+    summary = np.full(len(SUMMARY) + 2, 7, np.int32)
     shape = planner.pack_host_step(
-        out, starts, drafts, rows, num_padded_tokens=padded, num_groups=groups
+        out, starts, drafts, rows, num_padded_tokens=padded, num_groups=groups, summary=summary
     )
     assert shape == want.shape
+    # The summary: the plan's counts, and where each of its fields lies in the bytes.
+    assert summary[: len(SUMMARY)].tolist() == list(plan_summary(want.shape))
+    assert (summary[len(SUMMARY) :] == 7).all()
+    words = dict(zip(SUMMARY, summary.tolist(), strict=False))
+    assert words["num_tokens"] == want.num_tokens and words["layout.size"] == want.layout.size
+    assert words["num_spec_rows"] == want.num_spec_rows
+    assert words["layout.num_rows"] == want.layout.num_rows
+    for name, _, _ in FIELDS:  # each start, and the next field's (or the size) after it
+        at = SUMMARY.index(f"start:{name}")
+        begin, end = summary[at], summary[at + 1]
+        np.testing.assert_array_equal(out[begin:end].reshape(-1), want.array(name).reshape(-1))
     np.testing.assert_array_equal(out[: want.layout.size], want.packed)
     assert (out[want.layout.size :] == 7).all()  # nothing past the plan
     # The placeholders: no computed tokens, one accepted token, NULL slots.
@@ -68,6 +88,23 @@ def test_a_short_buffer_is_refused_before_anything_is_written(native):
     with pytest.raises(ValueError, match=rf"out: {size - 1} entries, the plan needs {size}"):
         planner.pack_host_step(out, starts, drafts, 3)
     assert (out == 7).all()
+
+
+@NATIVE
+@pytest.mark.parametrize("mode", ["none", "full"])
+def test_a_bad_summary_is_refused_before_anything_is_written(native, mode):
+    """Too short, or inside the plan's own bytes: refused, the plan not written."""
+    config = PlannerConfig(num_spec_tokens=3, graph_mode=mode)
+    starts, drafts = np.array([0, 4, 8, 12], np.int32), np.array([3, 3, 3], np.int32)
+    planner = Planner(config, native=native)
+    out = np.full(4096, 7, np.int32)
+    for summary, message in (
+        (np.zeros(len(SUMMARY) - 1, np.int32), "summary: too short"),
+        (out[10 : 10 + len(SUMMARY)], "summary: shares memory"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            planner.pack_host_step(out, starts, drafts, 3, summary=summary)
+        assert (out == 7).all()
 
 
 @NATIVE

@@ -4,7 +4,8 @@
 everything for the offline oracle); :mod:`.seed` says which of the seed builder's fields
 a plan sets and where each lies; :mod:`.builder` is the drop-in metadata builder, whose
 layer groups share one plan per step through :mod:`.share`, laid out in one persistent
-device buffer (:mod:`.stage`) and completed on the device by :mod:`.door`'s kernels.
+device buffer (:mod:`.stage`) and completed on the device by :mod:`.door`'s kernels
+(launched by :mod:`.launcher`).
 """
 
 from .bridge import (

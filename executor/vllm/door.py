@@ -4,7 +4,8 @@ The host writes a step into a staging entry (pinned memory on a CUDA device): a 
 that says where everything lies, and the plan. :func:`_open_step` is one kernel, one
 program, that
 
-1. copies the entry's ranges into the builder's persistent device buffer;
+1. copies the entry's header, plan and accepted counts (where the host gave them) into
+   the builder's persistent device buffer;
 2. gathers, through the plan's index maps, what only the device knows: every row's slot
    from the block table (the building group's, and those of the groups the engine
    registered, :class:`~.share.StepShare`), a spec row's accepted count, a decode or
@@ -27,71 +28,103 @@ half, and the specification the kernels are tested against.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
 
-# Header words (int32). Per step: counts, the copy's ranges, the plan's fields (int32 word
-# offsets of the buffer; the entry has the same layout). Fixed for the buffer's life:
-# where the sources lie (int32 words, except where a comment says bytes or int64).
-_ROWS = tl.constexpr(0)  # R: the plan's row capacity
-_GATHER = tl.constexpr(1)  # N >= R: group-ordered rows the row sources cover
-_SPEC_ROWS = tl.constexpr(2)  # spec rows (group order: the first ones)
-_FIRST_PREFILL = tl.constexpr(3)  # the first prefill row
-_LIVE_ROWS = tl.constexpr(4)  # rows before the padding rows
-_ENGINE_ROWS = tl.constexpr(5)  # the engine's rows (the spec mask's length)
-_SPEC_TOKENS = tl.constexpr(6)  # tokens of the spec rows
-_TOKENS = tl.constexpr(7)  # live tokens
-_REGISTERED = tl.constexpr(8)  # block tables the engine registered (0: none)
-_CHUNKS = tl.constexpr(9)  # (start, length) word ranges the entry copies
-_CHUNK_TABLE = tl.constexpr(10)  # the ranges: MAX_CHUNKS pairs
-_TOKEN_MAP = tl.constexpr(16)  # the plan's token_map
-_QUERY_START = tl.constexpr(17)  # row_query_start
-_KIND = tl.constexpr(18)  # row_kind
-_STATE_OFFSET = tl.constexpr(19)  # row_state_offset
-_READS_STATE = tl.constexpr(20)  # row_reads_state
-_ACCEPTED = tl.constexpr(21)  # row_num_accepted
-_REQUEST = tl.constexpr(22)  # row_request
-_SLOT = tl.constexpr(23)  # row_slot of group 0 (group g: + g * R)
-_STRIDE = tl.constexpr(24)  # the row sources' capacity: words between two slot sources
-_SLOTS_AT = tl.constexpr(25)  # group g's spec, plain, prefill slots: + (3 g + 0, 1, 2) stride
-_ACCEPTED_AT = tl.constexpr(26)
-_HAS_PLAIN_AT = tl.constexpr(27)  # bytes
-_HAS_PREFILL_AT = tl.constexpr(28)  # bytes
-_COMPUTED_PREFILL_AT = tl.constexpr(29)
-_SPEC_QSL_AT = tl.constexpr(30)
-_NON_SPEC_QSL_AT = tl.constexpr(31)
-_QSL_P_AT = tl.constexpr(32)
-_MASKS_AT = tl.constexpr(33)  # bytes
-_SPEC_TOKENS_AT = tl.constexpr(34)  # int64 elements
-_PLAIN_TOKENS_AT = tl.constexpr(35)  # int64 elements
-_TABLES = tl.constexpr(36)  # int64 elements: registered tables' addresses, then row strides
+from stepplan.planner import SUMMARY
+
+# Header words (int32). Per step: the plan's summary, which the planner's packer writes
+# (stepplan.planner.SUMMARY: its counts, and where each plan field starts relative to the
+# plan), then what the builder writes. Fixed for the buffer's life: where the plan and the
+# sources lie (int32 words, except where a comment says bytes or int64).
+_SPEC_ROWS = tl.constexpr(SUMMARY.index("num_spec_rows"))  # group order: the first rows
+_DECODE_ROWS = tl.constexpr(SUMMARY.index("num_decode_rows"))
+_PREFILL_ROWS = tl.constexpr(SUMMARY.index("num_prefill_rows"))
+_SPEC_TOKENS = tl.constexpr(SUMMARY.index("num_spec_decode_tokens"))
+_TOKENS = tl.constexpr(SUMMARY.index("num_tokens"))  # live tokens
+_ROWS = tl.constexpr(SUMMARY.index("layout.num_rows"))  # R: the plan's row capacity
+_SIZE = tl.constexpr(SUMMARY.index("layout.size"))  # the plan's words
+
+
+def _start(field: str) -> tl.constexpr:
+    return tl.constexpr(SUMMARY.index(f"start:{field}"))
+
+
+_TOKEN_MAP = _start("token_map")
+_QUERY_START = _start("row_query_start")
+_KIND = _start("row_kind")
+_STATE_OFFSET = _start("row_state_offset")
+_READS_STATE = _start("row_reads_state")
+_ACCEPTED = _start("row_num_accepted")
+_REQUEST = _start("row_request")
+_SLOT = _start("row_slot")  # group 0's (group g: + g * R)
+_GATHER = tl.constexpr(len(SUMMARY))  # N >= R: group-ordered rows the row sources cover
+_ENGINE_ROWS = tl.constexpr(_GATHER.value + 1)  # the engine's rows (the spec mask's length)
+_REGISTERED = tl.constexpr(_GATHER.value + 2)  # block tables the engine registered (0: none)
+_ACCEPTED_ROWS = tl.constexpr(_GATHER.value + 3)  # accepted counts given on the host (0: none)
+_PLAN_AT = tl.constexpr(_GATHER.value + 4)  # where the plan lies (entry and buffer alike)
+_ACCEPTED_HOST_AT = tl.constexpr(_GATHER.value + 5)  # where the host's accepted counts lie
+# The row sources' capacity: words between two slot sources.
+_STRIDE = tl.constexpr(_GATHER.value + 6)
+# Group g's spec, plain, prefill slots: + (3 g + 0, 1, 2) stride.
+_SLOTS_AT = tl.constexpr(_STRIDE.value + 1)
+_ACCEPTED_AT = tl.constexpr(_STRIDE.value + 2)
+_HAS_PLAIN_AT = tl.constexpr(_STRIDE.value + 3)  # bytes
+_HAS_PREFILL_AT = tl.constexpr(_STRIDE.value + 4)  # bytes
+_COMPUTED_PREFILL_AT = tl.constexpr(_STRIDE.value + 5)
+_SPEC_QSL_AT = tl.constexpr(_STRIDE.value + 6)
+_NON_SPEC_QSL_AT = tl.constexpr(_STRIDE.value + 7)
+_QSL_P_AT = tl.constexpr(_STRIDE.value + 8)
+_MASKS_AT = tl.constexpr(_STRIDE.value + 9)  # bytes
+_SPEC_TOKENS_AT = tl.constexpr(_STRIDE.value + 10)  # int64 elements
+_PLAIN_TOKENS_AT = tl.constexpr(_STRIDE.value + 11)  # int64 elements
+# int64 elements: the registered tables' addresses, then their row strides.
+_TABLES = tl.constexpr(_STRIDE.value + 12)
 _TICKET = tl.constexpr(48)  # the entry's ticket (StagingRing.stamp)
 
 #: Header word positions by name, for the host (and the reference).
 HEADER = {
     name.lower(): value.value
     for name, value in dict(
-        ROWS=_ROWS, GATHER=_GATHER, SPEC_ROWS=_SPEC_ROWS, FIRST_PREFILL=_FIRST_PREFILL,
-        LIVE_ROWS=_LIVE_ROWS, ENGINE_ROWS=_ENGINE_ROWS, SPEC_TOKENS=_SPEC_TOKENS,
-        TOKENS=_TOKENS, REGISTERED=_REGISTERED, CHUNKS=_CHUNKS, CHUNK_TABLE=_CHUNK_TABLE,
+        SPEC_ROWS=_SPEC_ROWS, DECODE_ROWS=_DECODE_ROWS, PREFILL_ROWS=_PREFILL_ROWS,
+        SPEC_TOKENS=_SPEC_TOKENS, TOKENS=_TOKENS, ROWS=_ROWS, SIZE=_SIZE,
         TOKEN_MAP=_TOKEN_MAP, QUERY_START=_QUERY_START, KIND=_KIND,
         STATE_OFFSET=_STATE_OFFSET, READS_STATE=_READS_STATE, ACCEPTED=_ACCEPTED,
-        REQUEST=_REQUEST, SLOT=_SLOT, STRIDE=_STRIDE, SLOTS_AT=_SLOTS_AT,
+        REQUEST=_REQUEST, SLOT=_SLOT, GATHER=_GATHER, ENGINE_ROWS=_ENGINE_ROWS,
+        REGISTERED=_REGISTERED, ACCEPTED_ROWS=_ACCEPTED_ROWS, PLAN_AT=_PLAN_AT,
+        ACCEPTED_HOST_AT=_ACCEPTED_HOST_AT, STRIDE=_STRIDE, SLOTS_AT=_SLOTS_AT,
         ACCEPTED_AT=_ACCEPTED_AT, HAS_PLAIN_AT=_HAS_PLAIN_AT, HAS_PREFILL_AT=_HAS_PREFILL_AT,
         COMPUTED_PREFILL_AT=_COMPUTED_PREFILL_AT, SPEC_QSL_AT=_SPEC_QSL_AT,
         NON_SPEC_QSL_AT=_NON_SPEC_QSL_AT, QSL_P_AT=_QSL_P_AT, MASKS_AT=_MASKS_AT,
         SPEC_TOKENS_AT=_SPEC_TOKENS_AT, PLAIN_TOKENS_AT=_PLAIN_TOKENS_AT, TABLES=_TABLES,
     ).items()
 }  # fmt: skip
-#: Header words written every step (the rest stay as the buffer was set up).
-STEP_WORDS = _STRIDE.value
-MAX_CHUNKS = 3  # the header with its ticket, the plan, accepted counts given on the host
+#: The summary's words (the packer writes them), then the builder's per step words.
+SUMMARY_WORDS = len(SUMMARY)
+STEP_WORDS = _PLAN_AT.value - _GATHER.value
 TICKET_WORD = _TICKET.value
 #: Words before the first region: the header, the ticket, room to grow.
 HEADER_WORDS = 64
 #: Words (or rows) one pass of a kernel covers.
 _BLOCK = 1024
+
+
+_PLAN_FIELDS = ("token_map", "query_start", "kind", "state_offset", "reads_state", "accepted")
+_PLAN_FIELDS += ("request", "slot")
+
+
+def header_values(words: np.ndarray) -> dict[str, int]:
+    """What the kernels read from a header (``words``, the buffer's first words), by
+    name: the header's words, and what they derive (``first_prefill``, ``live_rows``, the
+    plan fields as buffer offsets)."""
+    at = {name: int(words[word]) for name, word in HEADER.items()}
+    first_prefill = at["spec_rows"] + at["decode_rows"]
+    at["first_prefill"], at["live_rows"] = first_prefill, first_prefill + at["prefill_rows"]
+    for field in _PLAN_FIELDS:
+        at[field] += at["plan_at"]
+    return at
 
 
 @triton.jit
@@ -100,15 +133,34 @@ def _load(words_ptr, word):
 
 
 @triton.jit
+def _field(words_ptr, start_word):
+    """Where a plan field lies in the buffer: the plan's place plus the field's start."""
+    return tl.load(words_ptr + _PLAN_AT) + tl.load(words_ptr + start_word)
+
+
+@triton.jit
+def _first_prefill(words_ptr):
+    return tl.load(words_ptr + _SPEC_ROWS) + tl.load(words_ptr + _DECODE_ROWS)
+
+
+@triton.jit
+def _copy(entry_ptr, words_ptr, start, stop, BLOCK: tl.constexpr):
+    """``words[start:stop] = entry[start:stop]``."""
+    for first in range(start, stop, BLOCK):
+        at = first + tl.arange(0, BLOCK)
+        tl.store(words_ptr + at, tl.load(entry_ptr + at, mask=at < stop), mask=at < stop)
+
+
+@triton.jit
 def _gather_slots(words_ptr, table_ptr, table_stride, group, BLOCK: tl.constexpr):
     """Rows ``0 .. N`` in group order: slot = block table column 0 of the row's request
     (NULL on padding rows), into the plan's row_slot and group ``group``'s slot sources."""
     rows, gather = _load(words_ptr, _ROWS), _load(words_ptr, _GATHER)
-    spec_rows, first_prefill = _load(words_ptr, _SPEC_ROWS), _load(words_ptr, _FIRST_PREFILL)
+    spec_rows, first_prefill = _load(words_ptr, _SPEC_ROWS), _first_prefill(words_ptr)
     stride = _load(words_ptr, _STRIDE)
     spec_at = _load(words_ptr, _SLOTS_AT) + 3 * group * stride
-    plan_at = _load(words_ptr, _SLOT) + group * rows
-    request_at = _load(words_ptr, _REQUEST)
+    plan_at = _field(words_ptr, _SLOT) + group * rows
+    request_at = _field(words_ptr, _REQUEST)
     for first in range(0, gather, BLOCK):
         r = first + tl.arange(0, BLOCK)
         request = tl.load(words_ptr + request_at + r, mask=r < rows, other=-1)
@@ -135,14 +187,14 @@ def _gather_rows(
     """Rows ``0 .. N``: accepted counts of spec rows, computed tokens of the others, and the
     plan fields that follow (state offsets clamped to ``0 .. Q - 1``)."""
     rows, gather = _load(words_ptr, _ROWS), _load(words_ptr, _GATHER)
-    spec_rows, first_prefill = _load(words_ptr, _SPEC_ROWS), _load(words_ptr, _FIRST_PREFILL)
+    spec_rows, first_prefill = _load(words_ptr, _SPEC_ROWS), _first_prefill(words_ptr)
     for first in range(0, gather, BLOCK):
         r = first + tl.arange(0, BLOCK)
         in_plan = r < rows
-        request = tl.load(words_ptr + _load(words_ptr, _REQUEST) + r, mask=in_plan, other=-1)
+        request = tl.load(words_ptr + _field(words_ptr, _REQUEST) + r, mask=in_plan, other=-1)
         row = request.to(tl.int64)
-        kind = tl.load(words_ptr + _load(words_ptr, _KIND) + r, mask=in_plan, other=3)
-        starts = words_ptr + _load(words_ptr, _QUERY_START) + r
+        kind = tl.load(words_ptr + _field(words_ptr, _KIND) + r, mask=in_plan, other=3)
+        starts = words_ptr + _field(words_ptr, _QUERY_START) + r
         query_len = tl.load(starts + 1, mask=in_plan, other=0) - tl.load(
             starts, mask=in_plan, other=0
         )
@@ -156,9 +208,9 @@ def _gather_rows(
         has_initial = computed > 0
         offset = tl.where(spec, tl.minimum(tl.maximum(accepted - 1, 0), QUERY_LEN_MAX - 1), 0)
         reads = tl.where(spec, 1, has_initial.to(tl.int32))
-        tl.store(words_ptr + _load(words_ptr, _STATE_OFFSET) + r, offset, mask=in_plan)
-        tl.store(words_ptr + _load(words_ptr, _READS_STATE) + r, reads, mask=in_plan)
-        tl.store(words_ptr + _load(words_ptr, _ACCEPTED) + r, accepted, mask=in_plan)
+        tl.store(words_ptr + _field(words_ptr, _STATE_OFFSET) + r, offset, mask=in_plan)
+        tl.store(words_ptr + _field(words_ptr, _READS_STATE) + r, reads, mask=in_plan)
+        tl.store(words_ptr + _field(words_ptr, _ACCEPTED) + r, accepted, mask=in_plan)
         inside = r < gather
         tl.store(words_ptr + _load(words_ptr, _ACCEPTED_AT) + r, accepted, mask=inside)
         flags = has_initial.to(tl.uint8)
@@ -185,7 +237,7 @@ def _shifted_starts(words_ptr, starts_ptr, first, count, target_at, BLOCK: tl.co
 @triton.jit
 def _copy_tokens(words_ptr, longs_ptr, first, count, target_at, BLOCK: tl.constexpr):
     """``target[i] = token_map[first + i]`` as int64, for ``i < count``."""
-    token_map = words_ptr + _load(words_ptr, _TOKEN_MAP) + first
+    token_map = words_ptr + _field(words_ptr, _TOKEN_MAP) + first
     for done in range(0, count, BLOCK):
         i = done + tl.arange(0, BLOCK)
         tokens = tl.load(token_map + i, mask=i < count, other=0).to(tl.int64)
@@ -196,9 +248,9 @@ def _copy_tokens(words_ptr, longs_ptr, first, count, target_at, BLOCK: tl.conste
 def _derive_plan_sources(words_ptr, bytes_ptr, longs_ptr, BLOCK: tl.constexpr):
     """The plan sources from the plan in the buffer; the spec mask cleared (its spec rows
     are marked after the next barrier)."""
-    starts_ptr = words_ptr + _load(words_ptr, _QUERY_START)
-    spec_rows, first_prefill = _load(words_ptr, _SPEC_ROWS), _load(words_ptr, _FIRST_PREFILL)
-    live = _load(words_ptr, _LIVE_ROWS)
+    starts_ptr = words_ptr + _field(words_ptr, _QUERY_START)
+    spec_rows, first_prefill = _load(words_ptr, _SPEC_ROWS), _first_prefill(words_ptr)
+    live = first_prefill + _load(words_ptr, _PREFILL_ROWS)
     count = _load(words_ptr, _GATHER) + 1
     spec_at = _load(words_ptr, _SPEC_QSL_AT)
     for done in range(0, count, BLOCK):  # padding rows repeat the spec tokens' total
@@ -228,7 +280,7 @@ def _mark_spec_rows(words_ptr, bytes_ptr, BLOCK: tl.constexpr):
     """``masks[request] = True`` for every spec row (the first ones in group order)."""
     count = _load(words_ptr, _SPEC_ROWS)
     masks_at = _load(words_ptr, _MASKS_AT)
-    request_at = _load(words_ptr, _REQUEST)
+    request_at = _field(words_ptr, _REQUEST)
     for done in range(0, count, BLOCK):
         i = done + tl.arange(0, BLOCK)
         request = tl.load(words_ptr + request_at + i, mask=i < count, other=0)
@@ -255,12 +307,12 @@ def _open_step(
     before every read of them, the mask's clearing before its marks, and every read of
     the entry before the ticket goes back (the host may then rewrite the entry)."""
     ticket = tl.load(entry_ptr + _TICKET)
-    for chunk in range(0, tl.load(entry_ptr + _CHUNKS)):
-        start = tl.load(entry_ptr + _CHUNK_TABLE + 2 * chunk)
-        stop = start + tl.load(entry_ptr + _CHUNK_TABLE + 2 * chunk + 1)
-        for first in range(start, stop, BLOCK):
-            at = first + tl.arange(0, BLOCK)
-            tl.store(words_ptr + at, tl.load(entry_ptr + at, mask=at < stop), mask=at < stop)
+    _copy(entry_ptr, words_ptr, 0, _TICKET + 1, BLOCK)  # the header, its ticket included
+    plan_at = tl.load(entry_ptr + _PLAN_AT)
+    _copy(entry_ptr, words_ptr, plan_at, plan_at + tl.load(entry_ptr + _SIZE), BLOCK)
+    accepted_at = tl.load(entry_ptr + _ACCEPTED_HOST_AT)
+    stop = accepted_at + tl.load(entry_ptr + _ACCEPTED_ROWS)
+    _copy(entry_ptr, words_ptr, accepted_at, stop, BLOCK)
     tl.debug_barrier()
     registered = _load(words_ptr, _REGISTERED)
     tables = _load(words_ptr, _TABLES)
@@ -284,174 +336,6 @@ def _group_slots(words_ptr, table_ptr, table_stride, group, BLOCK: tl.constexpr)
     _gather_slots(words_ptr, table_ptr, table_stride, group, BLOCK)
 
 
-#: Triton from 3.3 on hands a compiled kernel's launcher every argument, constexprs too.
-_DIRECT_LAUNCHES = tuple(int(part) for part in triton.__version__.split(".")[:2]) >= (3, 3)
-
-
-def _specialization(tensors: tuple[torch.Tensor, ...], stride: int) -> tuple:
-    """What Triton compiles a variant per: each pointer's dtype and 16-byte alignment, and
-    whether the stride is 1 or a multiple of 16."""
-    return (
-        *[(t.dtype, t.data_ptr() % 16 == 0) for t in tensors],
-        stride == 1,
-        stride % 16 == 0,
-    )
-
-
-#: Argument sets a launcher keeps (graphs and first sightings); past it, new argument
-#: sets launch directly.
-_MAX_ARGUMENT_SETS = 512
-
-
-class Launcher:
-    """The door's two kernels on one buffer, launched past Triton's per-launch dispatch,
-    and replayed as CUDA graphs where their arguments recur.
-
-    A variant's first launch (:func:`_specialization`) goes through Triton, which
-    compiles it; later ones call the compiled kernel's launcher on the current stream
-    (Triton >= 3.3; before, every launch goes through Triton), which skips Triton's
-    argument binding, cache lookup and global checks: microseconds per launch. Launch
-    hooks that Triton's profilers install are not called on that path.
-
-    With ``graphs``, the second launch of one exact argument set (every address, stride,
-    dtype and group: an engine's persistent buffers and the staging ring's entries make
-    them recur) captures that launch into a CUDA graph on a side stream, which records
-    and runs nothing and waits for nothing, and every later launch of that set replays
-    the graph on the current stream: a graph launch costs the host about half a kernel
-    launch with its arguments, and a capture 0.05-0.7 ms once per argument set. While
-    the current stream is being captured (an engine capturing its own graph), launches
-    go directly, into that capture.
-
-    Args:
-        words: the buffer, ``[W], int32`` on a CUDA device (``W`` even).
-        query_len_max: ``Q``.
-        direct: launch past Triton's dispatch where Triton allows it.
-        graphs: replay recurring argument sets as CUDA graphs (only with ``direct``).
-    """
-
-    def __init__(
-        self, words: torch.Tensor, query_len_max: int, *, direct: bool = True, graphs: bool = True
-    ) -> None:
-        self.words, self.query_len_max = words, query_len_max
-        self._views = (words, words.view(torch.uint8), words.view(torch.int64))
-        index = words.device.index
-        self._device = torch.cuda.current_device() if index is None else index
-        self.direct = direct and _DIRECT_LAUNCHES
-        self.graphs = graphs and self.direct
-        self._compiled: dict[tuple, object] = {}
-        # Per exact argument set: its graph, or 1 once launched directly.
-        self._graphs: dict[tuple, torch.cuda.CUDAGraph | int] = {}
-        self._side = torch.cuda.Stream(self._device) if self.graphs else None
-        self._pool = torch.cuda.graph_pool_handle() if self.graphs else None
-        #: Launches replayed as graphs, and graphs captured, so far.
-        self.num_replays = self.num_captures = 0
-
-    def open_step(
-        self,
-        entry: torch.Tensor,
-        done: torch.Tensor,
-        table: torch.Tensor,
-        seq_lens: torch.Tensor,
-        accepted: torch.Tensor | None,
-        group: int,
-    ) -> None:
-        """Launch :func:`_open_step`: ``entry`` (``[E], int32`` pinned) and its ``done``
-        word (``[1], int32`` pinned); ``table`` ``[>= num_reqs, B]`` the building group's
-        block table (slot: column 0), ``seq_lens`` and ``accepted`` ``[>= num_reqs]``
-        (``None``: every count 1), int32 or int64."""
-        stride = table.stride(0)
-        has_accepted = accepted is not None
-        counts = accepted if has_accepted else self.words
-        exact = (
-            entry.data_ptr(),
-            done.data_ptr(),
-            table.data_ptr(),
-            table.dtype,
-            stride,
-            seq_lens.data_ptr(),
-            seq_lens.dtype,
-            counts.data_ptr(),
-            counts.dtype,
-            has_accepted,
-            group,
-        )
-        if self._replayed(exact):
-            return
-        args = (entry, done, *self._views, table, stride, seq_lens, counts, group)
-        constants = (has_accepted, self.query_len_max, _BLOCK)
-        key = (
-            "open",
-            has_accepted,
-            *_specialization((entry, done, table, seq_lens, counts), stride),
-        )
-        self._launch(
-            _open_step, key, exact, args, constants, ("HAS_ACCEPTED", "QUERY_LEN_MAX", "BLOCK")
-        )
-
-    def group_slots(self, table: torch.Tensor, group: int) -> None:
-        """Launch :func:`_group_slots`: group ``group``'s slots from ``table``."""
-        stride = table.stride(0)
-        exact = (table.data_ptr(), table.dtype, stride, group)
-        if self._replayed(exact):
-            return
-        args = (self.words, table, stride, group)
-        key = ("slots", *_specialization((table,), stride))
-        self._launch(_group_slots, key, exact, args, (_BLOCK,), ("BLOCK",))
-
-    def _replayed(self, exact: tuple) -> bool:
-        """Replay the graph of argument set ``exact`` if there is one; whether it did (not
-        while the current stream is being captured: torch refuses a replay there, before
-        it launches anything)."""
-        graph = self._graphs.get(exact)
-        if graph is None or graph.__class__ is int:
-            return False
-        try:
-            graph.replay()
-        except RuntimeError:
-            if torch.cuda.is_current_stream_capturing():
-                return False
-            raise
-        self.num_replays += 1
-        return True
-
-    def _launch(
-        self, kernel, key: tuple, exact: tuple, args: tuple, constants: tuple, names: tuple
-    ) -> None:
-        compiled = self._compiled.get(key) if self.direct else None
-        if compiled is None:
-            launched = kernel[(1,)](*args, **dict(zip(names, constants, strict=True)), num_warps=4)
-            if self.direct:
-                self._compiled[key] = launched
-            return
-        if not self.graphs or torch.cuda.is_current_stream_capturing():
-            self._run(compiled, args, constants)
-            return
-        if exact not in self._graphs:  # a first sighting launches directly
-            if len(self._graphs) < _MAX_ARGUMENT_SETS:
-                self._graphs[exact] = 1
-            self._run(compiled, args, constants)
-            return
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.stream(self._side):
-            graph.capture_begin(pool=self._pool, capture_error_mode="thread_local")
-            try:
-                self._run(compiled, args, constants)
-            finally:
-                graph.capture_end()
-        self._graphs[exact] = graph
-        self.num_captures += 1
-        graph.replay()
-        self.num_replays += 1
-
-    def _run(self, compiled, args: tuple, constants: tuple) -> None:
-        """The compiled kernel's launcher, straight, on the current stream."""
-        stream = torch._C._cuda_getCurrentRawStream(self._device)
-        compiled.run(
-            1, 1, 1, stream, compiled.function, compiled.packed_metadata, None, None, None,
-            *args, *constants,
-        )  # fmt: skip
-
-
 def open_step(
     entry: torch.Tensor,
     done: torch.Tensor,
@@ -462,8 +346,8 @@ def open_step(
     group: int,
     query_len_max: int,
 ) -> None:
-    """:meth:`Launcher.open_step` through Triton on buffer ``words`` (any device Triton
-    runs on, its interpreter included)."""
+    """:meth:`.launcher.Launcher.open_step` through Triton on buffer ``words`` (any device
+    Triton runs on, its interpreter included)."""
     _open_step[(1,)](
         entry,
         done,
@@ -483,5 +367,5 @@ def open_step(
 
 
 def group_slots(words: torch.Tensor, table: torch.Tensor, group: int) -> None:
-    """:meth:`Launcher.group_slots` through Triton on buffer ``words``."""
+    """:meth:`.launcher.Launcher.group_slots` through Triton on buffer ``words``."""
     _group_slots[(1,)](words, table, table.stride(0), group, BLOCK=_BLOCK, num_warps=4)

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from .door import HEADER
+from .door import HEADER, TICKET_WORD, header_values
 
 
 class _Step:
@@ -22,7 +22,7 @@ class _Step:
     def __init__(self, words: torch.Tensor) -> None:
         self.words = words
         self.host = host = words.numpy()
-        self.at = at = {name: int(host[word]) for name, word in HEADER.items()}
+        self.at = at = header_values(host)
         self.request = np.full(at["gather"], -1, np.int64)
         self.request[: at["rows"]] = host[at["request"] : at["request"] + at["rows"]]
 
@@ -56,12 +56,16 @@ def open_step_reference(
 
 
 def copy_entry_reference(entry: torch.Tensor, words: torch.Tensor) -> None:
-    """The opening kernel's copy: each of the entry's (start, length) word ranges, as its
-    header lists them, into the same range of ``words``."""
+    """The opening kernel's copy, into the same words of ``words``: the entry's header
+    with its ticket, its plan (as long as the header's summary says) and the accepted
+    counts the host gave (as many as the header says)."""
     host = entry.numpy()
-    table = HEADER["chunk_table"]
-    for chunk in range(int(host[HEADER["chunks"]])):
-        start, length = (int(v) for v in host[table + 2 * chunk : table + 2 * chunk + 2])
+    plan_at, accepted_at = int(host[HEADER["plan_at"]]), int(host[HEADER["accepted_host_at"]])
+    for start, length in (
+        (0, TICKET_WORD + 1),
+        (plan_at, int(host[HEADER["size"]])),
+        (accepted_at, int(host[HEADER["accepted_rows"]])),
+    ):
         words[start : start + length] = entry[start : start + length]
 
 

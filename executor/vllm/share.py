@@ -210,7 +210,7 @@ class StepShare:
         ring_size: staging entries: how many steps the host may run ahead of the device
             before a build waits for one to come back.
         direct_launches: launch the kernels past Triton's dispatch where Triton allows
-            (:class:`~.door.Launcher`); ``False``: through Triton, every launch.
+            (:class:`~.launcher.Launcher`); ``False``: through Triton, every launch.
         graph_launches: with ``direct_launches``, replay a launch whose arguments recur
             (the engine's persistent buffers, the ring's entries) as a CUDA graph.
     """
@@ -404,6 +404,7 @@ class StepShare:
             rows,
             num_padded_tokens=tokens,
             num_groups=self.num_groups,
+            summary=self.buffer.summary_space(index),
         )
         keys = shape_keys(shape)
         if keys[3] > self.buffer.regions.rows:

@@ -20,36 +20,26 @@ import attrs
 import numpy as np
 import torch
 
-from stepplan.planner import PlanShape
-from stepplan.planner.layout import FIELD_INDEX
+from stepplan.planner import plan_summary
 
 from ..upload import StagingRing
-from . import door, gather
+from . import door, gather, launcher
 from .seed import SLOT_SOURCES, SOURCE_DTYPES, PartKey, plain_part, spec_part, token_part
 
 _CACHE_LIMIT = 4096  # entries of a shape-keyed cache; all are let go past it
 #: Marks a field that is the engine's own ``query_start_loc`` (filled in per build).
 PASS_THROUGH = "query_start_loc"
-#: The plan fields the kernels find through the header: (header word, plan field).
-_PLAN_FIELDS = (
-    ("token_map", "token_map"),
-    ("query_start", "row_query_start"),
-    ("kind", "row_kind"),
-    ("state_offset", "row_state_offset"),
-    ("reads_state", "row_reads_state"),
-    ("accepted", "row_num_accepted"),
-    ("request", "row_request"),
-    ("slot", "row_slot"),
-)
-#: Where the kernels find each source (header word, region, unit: 4 bytes per word,
-#: 1 int32 per word, 1/2 int64 per word).
-_PLAN_FIELD_INDEX = tuple(FIELD_INDEX[field] for _, field in _PLAN_FIELDS)
 #: The seed's three parts of fields: how each is made from its key, and whether it holds
 #: a layer group's slots (if not, every group shares its views).
 _PARTS = ((plain_part, True), (spec_part, True), (token_part, False))
-#: A step's header words, packed straight into the entry (a third of numpy's time).
-_STEP_HEADER = struct.Struct(f"<{door.STEP_WORDS}i")
+#: The builder's header words of a step, packed straight into the entry after the plan's
+#: summary (which the packer writes).
+_STEP_WORDS = struct.Struct(f"<{door.STEP_WORDS}i")
+#: Where the kernels find the plan and each source (header word, region, unit: 4 bytes per
+#: word, 1 int32 per word, 1/2 int64 per word).
 _SOURCE_WORDS = (
+    ("plan_at", "plan", 1),
+    ("accepted_host_at", "accepted_host", 1),
     ("slots_at", "slots", 1),
     ("accepted_at", "accepted", 1),
     ("has_plain_at", "has_plain", 4),
@@ -164,8 +154,8 @@ class DeviceBuffer:
         device: where it lives.
         ring_size: staging entries (CUDA only).
         query_len_max: ``Q`` (the spec rows' state offsets are clamped to ``0..Q-1``).
-        direct_launches: launch the kernels past Triton's dispatch (:class:`~.door.Launcher`).
-        graph_launches: replay recurring launches as CUDA graphs (:class:`~.door.Launcher`).
+        direct_launches: launch the kernels past Triton's dispatch (:class:`~.launcher.Launcher`).
+        graph_launches: replay recurring launches as CUDA graphs (:class:`~.launcher.Launcher`).
     """
 
     def __init__(
@@ -186,7 +176,7 @@ class DeviceBuffer:
         self._ring = self._launcher = None
         if device.type == "cuda":
             self._ring = StagingRing(4 * regions.staged, device, ring_size)
-            self._launcher = door.Launcher(
+            self._launcher = launcher.Launcher(
                 self.words, query_len_max, direct=direct_launches, graphs=graph_launches
             )
         self._entries: dict[int | None, tuple[torch.Tensor, np.ndarray]] = {}
@@ -222,6 +212,11 @@ class DeviceBuffer:
         at = self.regions.plan
         return self._entry(index)[at : at + size]
 
+    def summary_space(self, index: int | None) -> np.ndarray:
+        """``[len(SUMMARY)], int32``: where entry ``index``'s header holds its plan's
+        summary (:data:`~stepplan.planner.SUMMARY`), for the packer to write with the plan."""
+        return self._entry(index)[: door.SUMMARY_WORDS]
+
     def stage(
         self,
         index: int | None,
@@ -235,9 +230,9 @@ class DeviceBuffer:
         accepted counts given on the host (``[num_reqs]``; their device view is
         :meth:`accepted_view`). ``record`` is the step's plan record (its ``shape``, and
         ``pack(out)`` writing its bytes); ``packed``: its plan was just packed into
-        :meth:`plan_space`. An entry that already holds this plan with this header (only
-        this buffer writes an entry, and plans are immutable) keeps them: a repeated
-        step writes no plan."""
+        :meth:`plan_space`, its summary into :meth:`summary_space`. An entry that already
+        holds this plan with these header words (only this buffer writes an entry, and
+        plans are immutable) keeps them: a repeated step writes no plan."""
         entry = self._entry(index)
         shape = record.shape
         rows = 0 if accepted_host is None else shape.num_reqs
@@ -245,10 +240,7 @@ class DeviceBuffer:
         found = self._held.get(index)
         # The plan by identity: an equal plan packed anew is rewritten.
         if found is None or found[0] is not record or found[1:] != held[1:]:
-            if not packed:
-                record.pack(self.plan_space(index, shape.layout.size))
-            self._pack_header(entry, shape, *held[1:])
-            self._held[index] = held
+            self._write_header(index, entry, held, packed=packed)
         if rows:
             entry[self.regions.accepted_host : self.regions.accepted_host + rows] = accepted_host[
                 :rows
@@ -257,35 +249,20 @@ class DeviceBuffer:
             self._ring.stamp(index, door.TICKET_WORD)
         self._open_entry = index
 
-    def _pack_header(
-        self, entry: np.ndarray, plan: PlanShape, gather_rows: int, registered: int, rows: int
+    def _write_header(
+        self, index: int | None, entry: np.ndarray, held: tuple, *, packed: bool
     ) -> None:
-        """A step's header words, packed straight into ``entry`` (no array in between: a
-        fresh plan's build makes no more objects than it must)."""
-        regions, layout = self.regions, plan.layout
-        ns, nd = plan.num_spec_rows, plan.num_decode_rows
-        starts = layout.starts()  # ends with the plan's size
-        _STEP_HEADER.pack_into(
-            entry,
-            0,
-            layout.num_rows,
-            gather_rows,
-            ns,
-            ns + nd,
-            plan.num_rows,
-            plan.num_reqs,
-            plan.num_spec_decode_tokens,
-            plan.num_tokens,
-            registered,
-            3 if rows else 2,
-            0,
-            door.TICKET_WORD + 1,
-            regions.plan,
-            starts[-1],
-            regions.accepted_host,
-            rows,
-            *[regions.plan + starts[field] for field in _PLAN_FIELD_INDEX],
+        """A step's header in ``entry``: the plan (and its summary) unless just ``packed``
+        there, then the builder's step words; ``held`` is what the entry then holds."""
+        record, gather_rows, registered, rows = held
+        shape = record.shape
+        if not packed:
+            record.pack(self.plan_space(index, shape.layout.size))
+            entry[: door.SUMMARY_WORDS] = plan_summary(shape)
+        _STEP_WORDS.pack_into(
+            entry, 4 * door.SUMMARY_WORDS, gather_rows, shape.num_reqs, registered, rows
         )
+        self._held[index] = held
 
     def open(self, table: Any, seq_lens: Any, accepted: Any, group: int) -> None:
         """Launch the staged step's opening kernel (``group``'s slots from ``table``)."""

@@ -428,10 +428,61 @@ static PyObject *census_tuple(const HostCensus *h, Py_ssize_t rows, Py_ssize_t t
                          h->step.counts[PREFILL], (long long)h->num_tokens, (long long)tiles);
 }
 
+/* plan.py's SUMMARY: rows per kind, spec and live tokens, the layout's row capacity, then
+ * every field's offset (FIELDS order) and the size, of the plan ``f`` placed at ``buffer``. */
+enum { SUMMARY_COUNTS = 6, SUMMARY_WORDS = SUMMARY_COUNTS + 12 };
+
+static void write_summary(int32_t *s, const int32_t *buffer, const Fields *f,
+                          const HostCensus *h) {
+    s[0] = (int32_t)h->step.counts[SPEC];
+    s[1] = (int32_t)h->step.counts[DECODE];
+    s[2] = (int32_t)h->step.counts[PREFILL];
+    s[3] = (int32_t)h->census.tokens[SPEC];
+    s[4] = (int32_t)h->num_tokens;
+    s[5] = (int32_t)f->rows;
+    const int32_t *const starts[11] = {f->token_map,    f->query_start, f->token_start,
+                                       f->kind,         f->state_offset, f->reads_state,
+                                       f->num_accepted, f->request,     f->slot,
+                                       f->tile_row,     f->tile_start};
+    for (int i = 0; i < 11; i++) {
+        s[SUMMARY_COUNTS + i] = (int32_t)(starts[i] - buffer);
+    }
+    s[SUMMARY_WORDS - 1] = (int32_t)plan_size(f->tokens, f->rows, f->tiles, f->groups);
+}
+
+/* The optional ``summary`` argument: 0 with ``*held`` 0 for None, 0 with ``*held`` 1 and
+ * ``view`` a writable int32 view of >= SUMMARY_WORDS entries sharing no byte with ``out``
+ * or the step's arrays; -1 with an exception set (nothing held). */
+static int take_summary(PyObject *arg, Py_buffer *view, int *held, const Py_buffer *out,
+                        const HostCensus *h) {
+    *held = 0;
+    if (arg == Py_None) {
+        return 0;
+    }
+    if (get_array(arg, view, "summary", 'i', 4, 1) < 0) {
+        return -1;
+    }
+    const char *why = NULL;
+    if (view->len / 4 < SUMMARY_WORDS) {
+        why = "summary: too short";
+    } else if (shares_memory(view, out) || shares_memory(view, &h->views[0]) ||
+               (h->held == 2 && shares_memory(view, &h->views[1]))) {
+        why = "summary: shares memory with the plan or the step's arrays";
+    }
+    if (why != NULL) {
+        PyErr_SetString(PyExc_ValueError, why);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    *held = 1;
+    return 0;
+}
+
 /* Packs ``h``'s step into the first entries of ``out`` (all of them when ``exact``) by the
- * layout ``f`` says; (tiles, longest prefill, spec tokens), or NULL with ValueError. */
+ * layout ``f`` says, and its summary into ``summary`` unless NULL; (tiles, longest
+ * prefill, spec tokens), or NULL with ValueError. */
 static PyObject *pack_census(HostCensus *h, Py_buffer *out, Fields *f, Py_ssize_t tile,
-                             int exact) {
+                             int exact, int32_t *summary) {
     Census *c = &h->census;
     Py_ssize_t size = plan_size(f->tokens, f->rows, f->tiles, f->groups);
     if (exact ? out->len != size * 4 : out->len < size * 4) {
@@ -448,6 +499,9 @@ static PyObject *pack_census(HostCensus *h, Py_buffer *out, Fields *f, Py_ssize_
                      (long long)c->tiles, f->tiles);
     } else {
         write_plan(&h->step.batch, f, c, tile, c->in_order);
+        if (summary != NULL) {
+            write_summary(summary, out->buf, f, h);
+        }
         return Py_BuildValue("(LiL)", (long long)c->tiles, (int)c->longest_prefill,
                              (long long)c->tokens[SPEC]);
     }
@@ -456,19 +510,20 @@ static PyObject *pack_census(HostCensus *h, Py_buffer *out, Fields *f, Py_ssize_
 
 const char PACK_HOST_DOC[] =
     "pack_host(packed, query_start, num_draft_tokens, num_reqs, num_tokens, num_rows,\n"
-    "          num_tiles, num_groups, query_len_max, tile)\n"
+    "          num_tiles, num_groups, query_len_max, tile, summary)\n"
     "The step of ``num_reqs`` rows whose query lengths are the differences of\n"
     "``query_start`` (int32, >= num_reqs + 1 entries) and whose drafts are\n"
     "``num_draft_tokens`` (int32, >= num_reqs; None: no spec row), its computed tokens 0,\n"
     "accepted counts 1 and slots NULL, packed into ``packed`` (the layout's size) as\n"
-    "pack() packs it; (num_tiles, longest prefill, spec tokens) returned. None when a\n"
-    "StepBatch rule or the config's limits break (StepBatch and compile_plan name the\n"
-    "error). pack_host_eager gives the census that sizes the layout.";
+    "pack() packs it, and its summary (plan.py's SUMMARY) into ``summary`` (int32, >= the\n"
+    "summary's words; None: none); (num_tiles, longest prefill, spec tokens) returned.\n"
+    "None when a StepBatch rule or the config's limits break (StepBatch and compile_plan\n"
+    "name the error). pack_host_eager gives the census that sizes the layout.";
 
 PyObject *pack_host(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 10) {
-        PyErr_Format(PyExc_TypeError, "pack_host takes 10 arguments, got %zd", nargs);
+    if (nargs != 11) {
+        PyErr_Format(PyExc_TypeError, "pack_host takes 11 arguments, got %zd", nargs);
         return NULL;
     }
     Py_ssize_t rows = get_count(args[3], "num_reqs"), counts[6];
@@ -478,13 +533,20 @@ PyObject *pack_host(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     HostCensus h;
     PyObject *result = NULL;
     int found = take_host_census(&h, args + 1, rows, counts[3], counts[4]);
-    Py_buffer out;
+    Py_buffer out, summary;
+    int with_summary = 0;
     if (found == 1) {
         result = Py_NewRef(Py_None);
     } else if (found == 0 && get_array(args[0], &out, "packed", 'i', 4, 1) == 0) {
-        Fields f = {.tokens = counts[0], .rows = counts[1], .tiles = counts[2],
-                    .groups = counts[3]};
-        result = pack_census(&h, &out, &f, counts[5], 1);
+        if (take_summary(args[10], &summary, &with_summary, &out, &h) == 0) {
+            Fields f = {.tokens = counts[0], .rows = counts[1], .tiles = counts[2],
+                        .groups = counts[3]};
+            result = pack_census(&h, &out, &f, counts[5], 1,
+                                 with_summary ? summary.buf : NULL);
+            if (with_summary) {
+                PyBuffer_Release(&summary);
+            }
+        }
         PyBuffer_Release(&out);
     }
     release_host_census(&h);
@@ -493,20 +555,20 @@ PyObject *pack_host(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
 
 const char PACK_HOST_EAGER_DOC[] =
     "pack_host_eager(packed, query_start, num_draft_tokens, num_reqs, num_groups,\n"
-    "                query_len_max, tile, eager_kinds, max_rows, max_tokens)\n"
+    "                query_len_max, tile, eager_kinds, max_rows, max_tokens, summary)\n"
     "pack_host's step in one pass where it runs eagerly: bit ``k`` of ``eager_kinds`` set\n"
     "when a step whose kinds present are ``k`` (1 spec, 2 decode, 4 prefill) does. Then\n"
     "the plan, in the layout of its own live tokens, rows and prefill tiles, fills the\n"
-    "first entries of ``packed`` and (spec, decode, prefill rows, tokens, tiles, longest\n"
-    "prefill, spec tokens) is returned. Else its census, (spec, decode, prefill rows,\n"
+    "first entries of ``packed``, its summary ``summary`` as pack_host writes it, and\n"
+    "(spec, decode, prefill rows, tokens, tiles, longest prefill, spec tokens) is returned. Else its census, (spec, decode, prefill rows,\n"
     "tokens, prefill tiles), which sizes pack_host's layout. None when a StepBatch rule or\n"
     "the config's limits break, when it has more than ``max_rows`` live rows or\n"
     "``max_tokens`` tokens, or when ``packed`` is too short (nothing written).";
 
 PyObject *pack_host_eager(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 10) {
-        PyErr_Format(PyExc_TypeError, "pack_host_eager takes 10 arguments, got %zd", nargs);
+    if (nargs != 11) {
+        PyErr_Format(PyExc_TypeError, "pack_host_eager takes 11 arguments, got %zd", nargs);
         return NULL;
     }
     static const char *const names[] = {"num_reqs", "num_groups", "query_len_max", "tile",
@@ -537,20 +599,29 @@ PyObject *pack_host_eager(PyObject *self, PyObject *const *args, Py_ssize_t narg
         int64_t tiles = count_prefill_tiles(h.step.lens, h.step.batch.kinds, rows, tile);
         Fields f = {.tokens = (Py_ssize_t)h.num_tokens, .rows = h.live,
                     .tiles = (Py_ssize_t)tiles, .groups = groups};
-        Py_buffer out;
+        Py_buffer out, summary;
+        int with_summary = 0;
         if (get_array(args[0], &out, "packed", 'i', 4, 1) < 0) {
+            goto done;
+        }
+        if (take_summary(args[10], &summary, &with_summary, &out, &h) < 0) {
+            PyBuffer_Release(&out);
             goto done;
         }
         if (out.len / 4 < plan_size(f.tokens, f.rows, f.tiles, groups)) {
             result = Py_NewRef(Py_None); /* nothing written: the caller's check names it */
         } else {
-            PyObject *packed = pack_census(&h, &out, &f, tile, 0);
+            PyObject *packed = pack_census(&h, &out, &f, tile, 0,
+                                           with_summary ? summary.buf : NULL);
             if (packed != NULL) {
                 result = Py_BuildValue("(nnnLLO)", h.step.counts[SPEC], h.step.counts[DECODE],
                                        h.step.counts[PREFILL], (long long)h.num_tokens,
                                        (long long)tiles, packed);
                 Py_DECREF(packed);
             }
+        }
+        if (with_summary) {
+            PyBuffer_Release(&summary);
         }
         PyBuffer_Release(&out);
     }

@@ -14,13 +14,13 @@ PyObject *pack(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 extern const char PACK_HOST_DOC[];
 
 /* pack_host(packed, query_start, num_draft_tokens, num_reqs, num_tokens, num_rows,
- *           num_tiles, num_groups, query_len_max, tile): PACK_HOST_DOC. */
+ *           num_tiles, num_groups, query_len_max, tile, summary): PACK_HOST_DOC. */
 PyObject *pack_host(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 
 extern const char PACK_HOST_EAGER_DOC[];
 
 /* pack_host_eager(packed, query_start, num_draft_tokens, num_reqs, num_groups,
- *                 query_len_max, tile, eager_kinds, max_rows, max_tokens):
+ *                 query_len_max, tile, eager_kinds, max_rows, max_tokens, summary):
  * PACK_HOST_EAGER_DOC. */
 PyObject *pack_host_eager(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 
