@@ -90,7 +90,7 @@ class _Plan:
 
     def pack(self, out: np.ndarray) -> None:
         """Write the plan's bytes into ``out`` (``[>= size], int32``) again."""
-        query_start, drafts, rows, tokens, groups = self._inputs
+        query_start, drafts, rows, tokens, groups = self._host_data()
         self._planner.pack_host_step(
             out, query_start, drafts, rows, num_padded_tokens=tokens, num_groups=groups
         )
@@ -99,12 +99,22 @@ class _Plan:
     def plan(self) -> ExecutionPlan:
         """The host plan (compiled at the first access, then kept)."""
         if self._plan is None:
-            query_start, drafts, rows, tokens, groups = self._inputs
+            query_start, drafts, rows, tokens, groups = self._host_data()
             batch = host_step_batch(
                 query_start, drafts, rows, num_padded_tokens=tokens, num_groups=groups
             )
             self._plan = self._planner.compile(batch)
         return self._plan
+
+    def _host_data(self) -> tuple:
+        """The step's host data, as its plan was packed from them: read-only query starts
+        ``[R + 1]`` and drafts ``[R]`` (or ``None``) over the key's bytes (the engine's
+        tensors change after the build), rows, tokens and layer groups."""
+        (starts_type, drafts_type), groups = self._inputs
+        rows, tokens, starts, drafts = self.key
+        if drafts is not None:
+            drafts = np.frombuffer(drafts, drafts_type)
+        return np.frombuffer(starts, starts_type), drafts, rows, tokens, groups
 
 
 class _Step:
@@ -147,12 +157,12 @@ class _HostInputs:
     """A build's host inputs (refusing device tensors) as the bytes of their entries, and
     the key they make: what identifies the step, and what its plan is packed from."""
 
-    __slots__ = ("accepted_device", "accepted_host", "key", "types")
+    __slots__ = ("accepted_device", "accepted_host", "drafts", "key", "starts", "types")
 
     def __init__(self, m: Any, accepted: Any, drafts: Any, share: StepShare) -> None:
         rows = m.num_reqs
         # Too short an array makes too short a key: no step's, so _pack refuses it.
-        starts = share.host_view(0, m.query_start_loc_cpu)
+        self.starts = starts = share.host_view(0, m.query_start_loc_cpu)
         if starts.ndim != 1:
             _not_flat(0, starts)
         drafts_bytes = drafts_type = None
@@ -161,6 +171,7 @@ class _HostInputs:
             if drafts.ndim != 1:
                 _not_flat(1, drafts)
             drafts_bytes, drafts_type = drafts[:rows].tobytes(), drafts.dtype
+        self.drafts = drafts
         self.types = (starts.dtype, drafts_type)
         self.accepted_device = self.accepted_host = None
         accepted_bytes = None
@@ -172,14 +183,6 @@ class _HostInputs:
             accepted_bytes = self.accepted_host.tobytes()
         starts_bytes = starts[: rows + 1].tobytes()
         self.key = (rows, m.num_actual_tokens, starts_bytes, drafts_bytes, accepted_bytes)
-
-    def kept(self) -> tuple[np.ndarray, np.ndarray | None]:
-        """Read-only ``[R + 1]`` query starts and ``[R]`` drafts (or ``None``) over the key's
-        bytes: the step's host data as its plan is packed from them and its record keeps
-        them (the engine's tensors change after the build), without a copy."""
-        starts_type, drafts_type = self.types
-        starts, drafts = np.frombuffer(self.key[2], starts_type), self.key[3]
-        return starts, None if drafts is None else np.frombuffer(drafts, drafts_type)
 
 
 _HOST_FIELDS = ("common_attn_metadata.query_start_loc_cpu", "num_decode_draft_tokens_cpu")
@@ -386,7 +389,8 @@ class StepShare:
         """A new step's plan, packed into staging entry ``index``, and its record; the
         builder's capacity checked before anything is written."""
         rows, tokens = m.num_reqs, m.num_actual_tokens
-        query_start, drafts = inputs.kept()
+        # The engine's arrays as they are now: the bytes the key holds.
+        query_start, drafts = inputs.starts, inputs.drafts
         _check_length(0, query_start, rows + 1, "num_reqs + 1")
         if drafts is not None:
             _check_length(1, drafts, rows, "num_reqs")
@@ -412,5 +416,5 @@ class StepShare:
                 f"common_attn_metadata: the step's {keys[3]} rows exceed the builder's "
                 f"{self.buffer.regions.rows} (raise max_num_reqs)"
             )
-        kept = (query_start, drafts, rows, tokens, self.num_groups)
+        kept = (inputs.types, self.num_groups)
         return _Plan(plan_key, self._planner, kept, shape, keys, self.buffer)

@@ -29,9 +29,6 @@ from .seed import SLOT_SOURCES, SOURCE_DTYPES, PartKey, plain_part, spec_part, t
 _CACHE_LIMIT = 4096  # entries of a shape-keyed cache; all are let go past it
 #: Marks a field that is the engine's own ``query_start_loc`` (filled in per build).
 PASS_THROUGH = "query_start_loc"
-#: The seed's three parts of fields: how each is made from its key, and whether it holds
-#: a layer group's slots (if not, every group shares its views).
-_PARTS = ((plain_part, True), (spec_part, True), (token_part, False))
 #: The builder's header words of a step, packed straight into the entry after the plan's
 #: summary (which the packer writes).
 _STEP_WORDS = struct.Struct(f"<{door.STEP_WORDS}i")
@@ -180,7 +177,9 @@ class DeviceBuffer:
                 self.words, query_len_max, direct=direct_launches, graphs=graph_launches
             )
         self._entries: dict[int | None, tuple[torch.Tensor, np.ndarray]] = {}
-        self._cache: dict[tuple, Any] = {}  # views per shape and group
+        # Views per part keys (and group): the row parts', the token lists'.
+        self._row_views: dict[tuple, tuple[Any, ...]] = {}
+        self._token_views: dict[PartKey, tuple[Any, ...]] = {}
         # Per group, every prefix view of each source: bounded by the regions' sizes.
         self._lists: dict[int, _SourceLists] = {}
         self._plan_views: dict[int, torch.Tensor] = {}
@@ -197,7 +196,6 @@ class DeviceBuffer:
         at = self.regions.tables // 2
         self._longs[at : at + len(values)] = torch.tensor(values, dtype=torch.int64)
         self.registered = tuple(tables)
-        self._cache.clear()  # the headers say how many tables there are
 
     # --- a step ----------------------------------------------------------------------
 
@@ -310,27 +308,23 @@ class DeviceBuffer:
     def views(self, keys: tuple[PartKey, PartKey, PartKey, int], group: int) -> tuple[Any, ...]:
         """Per :data:`~.seed.ARRAY_FIELDS` entry, its device view for ``group``, ``None``, or
         :data:`PASS_THROUGH`, for a step of these part keys (:func:`~.seed.shape_keys`):
-        each part's views kept per key (and group), so a step of new token counts makes
-        only its two token lists' views."""
-        return (
-            self._part_views(0, keys[0], group)
-            + self._part_views(1, keys[1], group)
-            + self._part_views(2, keys[2], group)
-        )
+        the row parts' views kept per their keys and group, the token lists' per their key
+        (every group shares them), so a step of new token counts makes only those two."""
+        rows_key = (keys[0], keys[1], group)
+        rows = self._row_views.get(rows_key)
+        if rows is None:
+            places = plain_part(keys[0]) + spec_part(keys[1])
+            rows = _remember(self._row_views, rows_key, self._prefixes(places, group))
+        tokens = self._token_views.get(keys[2])
+        if tokens is None:
+            places = token_part(keys[2])
+            tokens = _remember(self._token_views, keys[2], self._prefixes(places, 0))
+        return rows + tokens
 
-    def _part_views(self, number: int, key: PartKey, group: int) -> tuple[Any, ...]:
-        """Part ``number``'s views for ``key`` (and ``group``, if the part holds slots),
-        made at the first use and kept."""
-        part, per_group = _PARTS[number]
-        cache_key = (number, key, group if per_group else 0)
-        views = self._cache.get(cache_key)
-        if views is None:
-            lists = self._source_lists(group)
-            views = tuple(
-                [None if place is None else lists[place[0]][place[1]] for place in part(key)]
-            )
-            self._remember(cache_key, views)
-        return views
+    def _prefixes(self, places: tuple[Any, ...], group: int) -> tuple[Any, ...]:
+        """The view of each place (:data:`~.seed.Prefix`, or ``None``) for ``group``."""
+        lists = self._source_lists(group)
+        return tuple([None if place is None else lists[place[0]][place[1]] for place in places])
 
     def _source_lists(self, group: int) -> dict[str, Any]:
         """Per source, every prefix view of it (``group``'s slots for a slot source; for
@@ -372,8 +366,10 @@ class DeviceBuffer:
             view = self._plan_views[size] = self.words[at : at + size]
         return view
 
-    def _remember(self, key: tuple, value: Any) -> Any:
-        if len(self._cache) >= _CACHE_LIMIT:
-            self._cache.clear()
-        self._cache[key] = value
-        return value
+
+def _remember(cache: dict, key: Any, value: Any) -> Any:
+    """``cache[key] = value``, the cache emptied first when it is full."""
+    if len(cache) >= _CACHE_LIMIT:
+        cache.clear()
+    cache[key] = value
+    return value
