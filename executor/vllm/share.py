@@ -73,6 +73,8 @@ class _Plan:
         keys: tuple[PartKey, PartKey, PartKey, int],
         buffer: DeviceBuffer,
     ) -> None:
+        # key: (rows, tokens, query starts' bytes, drafts' bytes); inputs: (the two
+        # arrays' dtypes, layer groups): the host data the plan is a function of.
         self.key, self._planner, self._inputs = key, planner, inputs
         self.shape, self.keys, self._buffer = shape, keys, buffer
         self.counts = seed_counts(shape)
