@@ -243,7 +243,6 @@ class StepShare:
         rows = self.max_num_reqs
         tokens = max(max_num_tokens, config.sizes[-1], rows * config.query_len_max)
         self.max_plan_layout = layout_capacity(config, tokens, rows, num_groups)
-        self._plan_words = self.max_plan_layout.size
         regions = plan_regions(
             self.max_plan_layout.size, max(rows, self.max_plan_layout.num_rows), tokens, num_groups
         )
@@ -405,7 +404,7 @@ class StepShare:
                 f"capacity ({self.max_plan_layout}); raise max_num_tokens"
             )
         shape = self._planner.pack_host_step(
-            self.buffer.plan_space(index, self._plan_words),
+            self.buffer.plan_space(index),
             query_start,
             drafts,
             rows,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import attrs
 import numpy as np
@@ -143,6 +143,16 @@ class _SourceLists(dict):
         return prefixes
 
 
+class _Entry(NamedTuple):
+    """A staging entry and the views of it that a step writes."""
+
+    tensor: torch.Tensor  # [staged], int32: pinned on a CUDA device, else a host tensor
+    words: np.ndarray  # the same memory
+    plan: np.ndarray  # the plan's region
+    summary: np.ndarray  # the header's first words: the plan's summary
+    done: torch.Tensor | None  # the ring's done word (None on the CPU: no ring)
+
+
 class DeviceBuffer:
     """The persistent buffer of one :class:`~.share.StepShare`, with its staging ring.
 
@@ -176,7 +186,7 @@ class DeviceBuffer:
             self._launcher = launcher.Launcher(
                 self.words, query_len_max, direct=direct_launches, graphs=graph_launches
             )
-        self._entries: dict[int | None, tuple[torch.Tensor, np.ndarray]] = {}
+        self._entries: dict[int | None, _Entry] = {}
         # Views per part keys (and group): the row parts', the token lists'.
         self._row_views: dict[tuple, tuple[Any, ...]] = {}
         self._token_views: dict[PartKey, tuple[Any, ...]] = {}
@@ -203,17 +213,17 @@ class DeviceBuffer:
         """The next staging entry's index (``None`` on the CPU: the one host entry)."""
         return None if self._ring is None else self._ring.claim()
 
-    def plan_space(self, index: int | None, size: int) -> np.ndarray:
-        """``[size], int32``: where entry ``index`` (claimed) holds a step's plan, for a new
-        plan to be packed into; the entry no longer counts as holding its old one."""
+    def plan_space(self, index: int | None) -> np.ndarray:
+        """``[>= plan capacity], int32``: where entry ``index`` (claimed) holds a step's
+        plan, for a new plan to be packed into (from its start); the entry no longer counts
+        as holding its old one."""
         self._held.pop(index, None)
-        at = self.regions.plan
-        return self._entry(index)[at : at + size]
+        return self._entry(index).plan
 
     def summary_space(self, index: int | None) -> np.ndarray:
         """``[len(SUMMARY)], int32``: where entry ``index``'s header holds its plan's
         summary (:data:`~stepplan.planner.SUMMARY`), for the packer to write with the plan."""
-        return self._entry(index)[: door.SUMMARY_WORDS]
+        return self._entry(index).summary
 
     def stage(
         self,
@@ -231,7 +241,7 @@ class DeviceBuffer:
         :meth:`plan_space`, its summary into :meth:`summary_space`. An entry that already
         holds this plan with these header words (only this buffer writes an entry, and
         plans are immutable) keeps them: a repeated step writes no plan."""
-        entry = self._entry(index)
+        entry = self._entry(index).words
         shape = record.shape
         rows = 0 if accepted_host is None else shape.num_reqs
         held = (record, gather_rows, len(self.registered), rows)
@@ -255,7 +265,7 @@ class DeviceBuffer:
         record, gather_rows, registered, rows = held
         shape = record.shape
         if not packed:
-            record.pack(self.plan_space(index, shape.layout.size))
+            record.pack(self.plan_space(index))
             entry[: door.SUMMARY_WORDS] = plan_summary(shape)
         _STEP_WORDS.pack_into(
             entry, 4 * door.SUMMARY_WORDS, gather_rows, shape.num_reqs, registered, rows
@@ -264,15 +274,14 @@ class DeviceBuffer:
 
     def open(self, table: Any, seq_lens: Any, accepted: Any, group: int) -> None:
         """Launch the staged step's opening kernel (``group``'s slots from ``table``)."""
-        entry, _ = self._entries[self._open_entry]
-        if self._ring is None:
+        entry = self._entries[self._open_entry]
+        if entry.done is None:
             gather.open_step_reference(
-                entry, self.words, table, seq_lens, accepted, group, self.query_len_max,
-                self.registered,
+                entry.tensor, self.words, table, seq_lens, accepted, group,
+                self.query_len_max, self.registered,
             )  # fmt: skip
             return
-        done = self._ring.done_word(self._open_entry)
-        self._launcher.open_step(entry, done, table, seq_lens, accepted, group)
+        self._launcher.open_step(entry.tensor, entry.done, table, seq_lens, accepted, group)
 
     def slots(self, table: Any, group: int) -> None:
         """Gather a further group's slots into the open step."""
@@ -285,23 +294,27 @@ class DeviceBuffer:
         """``[rows], int32``: where :meth:`stage` put accepted counts given on the host."""
         return self.words[self.regions.accepted_host : self.regions.accepted_host + rows]
 
-    def _entry(self, index: int | None) -> np.ndarray:
-        """The staging entry ``index`` as numpy (on the CPU: one host entry, copied into
-        the buffer by the reference as the kernel copies it), its fixed header words
-        written when it is first used."""
+    def _entry(self, index: int | None) -> _Entry:
+        """The staging entry ``index`` (on the CPU: one host entry, copied into the buffer
+        by the reference as the kernel copies it), its fixed header words written when it
+        is first used."""
         found = self._entries.get(index)
         if found is None:
+            done = None
             if self._ring is None:  # a host entry as on CUDA: the reference copies it
                 tensor = torch.zeros(self.regions.staged, dtype=torch.int32)
-                found = (tensor, tensor.numpy())
+                words = tensor.numpy()
             else:
-                found = self._ring.host_int32(index, self.regions.staged)
-            entry = found[1]
-            entry[door.HEADER["stride"]] = self.regions.rows
+                tensor, words = self._ring.host_int32(index, self.regions.staged)
+                done = self._ring.done_word(index)
+            words[door.HEADER["stride"]] = self.regions.rows
             for word, region, unit in _SOURCE_WORDS:
-                entry[door.HEADER[word]] = int(getattr(self.regions, region) * unit)
+                words[door.HEADER[word]] = int(getattr(self.regions, region) * unit)
+            regions = self.regions
+            plan = words[regions.plan : regions.accepted_host]
+            found = _Entry(tensor, words, plan, words[: door.SUMMARY_WORDS], done)
             self._entries[index] = found
-        return found[1]
+        return found
 
     # --- views -----------------------------------------------------------------------
 
