@@ -19,8 +19,8 @@ program, that
 
 A further layer group whose slots were not gathered so runs :func:`_group_slots`. The
 kernels take no per-step integers (the header has them), so each compiles once.
-:func:`gather_reference` does the same in torch operations: the CPU builder's device
-half, and the specification the kernels are tested against.
+:mod:`.gather` does the same in torch operations: the CPU builder's device half, and
+the specification the kernels are tested against. :mod:`.launcher` launches the kernels.
 """
 
 # Triton types kernel arguments at launch, not through annotations.
@@ -111,8 +111,11 @@ HEADER_WORDS = 64
 _BLOCK = 1024
 
 
-_PLAN_FIELDS = ("token_map", "query_start", "kind", "state_offset", "reads_state", "accepted")
-_PLAN_FIELDS += ("request", "slot")
+#: The header words that hold a plan field's start (relative to the plan).
+_PLAN_FIELDS = (
+    "token_map", "query_start", "kind", "state_offset", "reads_state", "accepted", "request",
+    "slot",
+)  # fmt: skip
 
 
 def header_values(words: np.ndarray) -> dict[str, int]:
