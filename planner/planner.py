@@ -156,6 +156,8 @@ class Planner:
             if shape is not None:
                 return shape
         # Anything else, or a step the checks refuse: StepBatch's errors, word for word.
+        if summary is not None:
+            _check_summary(summary, out, query_start, num_draft_tokens)
         plan = self.compile(
             host_step_batch(
                 query_start,
@@ -166,10 +168,8 @@ class Planner:
             )
         )
         _check_room(out, plan.layout.size)
-        words = plan_summary(plan.shape)
         if summary is not None:
-            _check_summary(summary, out)
-            summary[: len(words)] = words
+            summary[: len(SUMMARY)] = plan_summary(plan.shape)
         out[: plan.layout.size] = plan.packed
         return plan.shape
 
@@ -331,11 +331,12 @@ def _check_room(out: np.ndarray, size: int) -> None:
         raise ValueError(f"out: {out.shape[0]} entries, the plan needs {size}")
 
 
-def _check_summary(summary: np.ndarray, out: np.ndarray) -> None:
-    """The packer's checks of ``summary``, for the numpy path (before anything is written)."""
+def _check_summary(summary: np.ndarray, *others: np.ndarray | None) -> None:
+    """The packer's checks of ``summary`` (long enough; no byte within the extent of the
+    plan's buffer or the step's arrays), for the numpy path, before any work."""
     if summary.shape[0] < len(SUMMARY):
         raise ValueError("summary: too short")
-    if np.shares_memory(summary, out):
+    if any(other is not None and np.may_share_memory(summary, other) for other in others):
         raise ValueError("summary: shares memory with the plan or the step's arrays")
 
 

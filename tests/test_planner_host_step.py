@@ -93,18 +93,25 @@ def test_a_short_buffer_is_refused_before_anything_is_written(native):
 @NATIVE
 @pytest.mark.parametrize("mode", ["none", "full"])
 def test_a_bad_summary_is_refused_before_anything_is_written(native, mode):
-    """Too short, or inside the plan's own bytes: refused, the plan not written."""
+    """Too short, inside the plan's own bytes or over the step's arrays: refused, neither
+    the plan nor the summary written."""
     config = PlannerConfig(num_spec_tokens=3, graph_mode=mode)
-    starts, drafts = np.array([0, 4, 8, 12], np.int32), np.array([3, 3, 3], np.int32)
+    host = np.zeros(2 * len(SUMMARY), np.int32)
+    starts, drafts = host[:4], host[4:7]
+    starts[:], drafts[:] = [0, 4, 8, 12], [3, 3, 3]
     planner = Planner(config, native=native)
     out = np.full(4096, 7, np.int32)
     for summary, message in (
         (np.zeros(len(SUMMARY) - 1, np.int32), "summary: too short"),
         (out[10 : 10 + len(SUMMARY)], "summary: shares memory"),
+        (host[: len(SUMMARY)], "summary: shares memory"),
+        (host[6 : 6 + len(SUMMARY)], "summary: shares memory"),
     ):
+        before = host.copy()
         with pytest.raises(ValueError, match=message):
             planner.pack_host_step(out, starts, drafts, 3, summary=summary)
         assert (out == 7).all()
+        np.testing.assert_array_equal(host, before)
 
 
 @NATIVE

@@ -8,10 +8,9 @@ import numpy as np
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from vllm_cases import CONFIGS, WEIGHTS, random_step
+from vllm_cases import STEP_DRAWS, random_step
 
 from stepplan.executor.vllm import StepShare, door
-from stepplan.planner import SUMMARY
 
 
 def fresh_words(share: StepShare) -> torch.Tensor:
@@ -34,14 +33,7 @@ def plain_inputs(step, group):
 
 
 @settings(max_examples=60, deadline=None)
-@given(
-    seed=st.integers(0, 2**32 - 1),
-    rows=st.integers(1, 40),
-    config=st.sampled_from(CONFIGS),
-    weights=WEIGHTS,
-    host_accepted=st.booleans(),
-    registered=st.booleans(),
-)
+@given(**STEP_DRAWS, host_accepted=st.booleans(), registered=st.booleans())
 def test_kernels_write_what_the_reference_writes(
     seed, rows, config, weights, host_accepted, registered
 ):
@@ -89,10 +81,59 @@ def test_kernels_write_what_the_reference_writes(
 
 
 def test_the_header_words_are_distinct_and_fit():
-    """One meaning per word; the packer's summary first, then the builder's step words,
-    then the fixed ones, all before the ticket."""
     words = list(door.HEADER.values())
     assert len(set(words)) == len(words)
     assert max(words) < door.TICKET_WORD < door.HEADER_WORDS
-    assert door.HEADER["gather"] == door.SUMMARY_WORDS == len(SUMMARY)
-    assert door.HEADER["plan_at"] == door.SUMMARY_WORDS + door.STEP_WORDS
+
+
+#: The header's plan words and the plan fields they point at (this test's reading).
+PLAN_WORDS = {
+    "token_map": "token_map",
+    "query_start": "row_query_start",
+    "kind": "row_kind",
+    "state_offset": "row_state_offset",
+    "reads_state": "row_reads_state",
+    "accepted": "row_num_accepted",
+    "request": "row_request",
+    "slot": "row_slot",
+}
+
+
+@settings(max_examples=40, deadline=None)
+@given(**STEP_DRAWS, registered=st.booleans())
+def test_the_header_says_what_the_step_is(seed, rows, config, weights, registered):
+    """What the kernels read from a staged step's header (the packer's summary, the
+    builder's words, the fixed ones) is the step's plan: its counts, where each of its
+    fields lies in the buffer (the plan's place plus the field's offset in the layout)."""
+    step = random_step(np.random.default_rng(seed), rows, config.query_len_max, weights, groups=2)
+    share = StepShare(config, "cpu", num_groups=2, max_num_tokens=2048)
+    if registered:
+        share.register_block_tables([plain_inputs(step, g)[0] for g in range(2)])
+    accepted = drafts = None
+    if config.num_spec_tokens:
+        accepted, drafts = step.device_accepted("cpu"), step.host_drafts()
+    opened = share.open(0, step.metadata("cpu"), accepted, drafts, None)
+    plan, regions = opened.record.plan, share.buffer.regions
+    at = door.header_values(share.buffer.words.numpy())
+    first_prefill = plan.num_spec_rows + plan.num_decode_rows
+    assert (at["spec_rows"], at["first_prefill"], at["live_rows"]) == (
+        plan.num_spec_rows,
+        first_prefill,
+        first_prefill + plan.num_prefill_rows,
+    )
+    assert (at["spec_tokens"], at["tokens"]) == (plan.num_spec_decode_tokens, plan.num_tokens)
+    assert (at["rows"], at["size"]) == (plan.layout.num_rows, plan.layout.size)
+    assert (at["gather"], at["engine_rows"]) == (opened.record.keys[3], len(step.q))
+    assert (at["registered"], at["accepted_rows"]) == (2 * registered, 0)
+    assert (at["plan_at"], at["accepted_host_at"]) == (regions.plan, regions.accepted_host)
+    for word, field in PLAN_WORDS.items():
+        assert at[word] == regions.plan + plan.layout.span(field)[0]
+    token_map = share.buffer.words.numpy()[at["token_map"] :][: plan.num_tokens]
+    np.testing.assert_array_equal(token_map, plan.token_map[: plan.num_tokens])
+    # The record repacks the same bytes and summary (a repeated step in another entry).
+    buffer = share.buffer
+    staged = buffer.summary_space(None).copy()
+    buffer.summary_space(None)[:] = -1
+    opened.record.pack(buffer.plan_space(None), buffer.summary_space(None))
+    np.testing.assert_array_equal(buffer.summary_space(None), staged)
+    np.testing.assert_array_equal(buffer.plan_space(None)[: plan.layout.size], plan.packed)

@@ -145,6 +145,15 @@ CONFIGS = [
 ]
 
 
+#: ``@given(**STEP_DRAWS)``: what ``random_step`` and a config are drawn from.
+STEP_DRAWS = dict(
+    seed=st.integers(0, 2**32 - 1),
+    rows=st.integers(1, 40),
+    config=st.sampled_from(CONFIGS),
+    weights=WEIGHTS,
+)
+
+
 def expected(step: Step, config: PlannerConfig, group: int = 0, *, capture: bool = False) -> dict:
     """``seed_rules.seed_fields`` of ``step`` for ``group`` (a capture build: every row with
     tokens a spec row with all of them accepted, when the config speculates)."""

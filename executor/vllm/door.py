@@ -112,10 +112,11 @@ _BLOCK = 1024
 
 
 #: The header words that hold a plan field's start (relative to the plan).
-_PLAN_FIELDS = (
-    "token_map", "query_start", "kind", "state_offset", "reads_state", "accepted", "request",
-    "slot",
-)  # fmt: skip
+_PLAN_FIELDS = tuple(
+    name
+    for name, word in HEADER.items()
+    if word < SUMMARY_WORDS and SUMMARY[word].startswith("start:")
+)
 
 
 def header_values(words: np.ndarray) -> dict[str, int]:

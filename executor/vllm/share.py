@@ -53,10 +53,10 @@ class _Plan:
 
     __slots__ = (
         "_buffer",
-        "_inputs",
         "_plan",
         "_plan_buffer",
         "_planner",
+        "_types",
         "counts",
         "fields",
         "key",
@@ -68,14 +68,14 @@ class _Plan:
         self,
         key: tuple,
         planner: Planner,
-        inputs: tuple,
+        types: tuple[np.dtype, np.dtype | None],
         shape: PlanShape,
         keys: tuple[PartKey, PartKey, PartKey, int],
         buffer: DeviceBuffer,
     ) -> None:
-        # key: (rows, tokens, query starts' bytes, drafts' bytes); inputs: (the two
-        # arrays' dtypes, layer groups): the host data the plan is a function of.
-        self.key, self._planner, self._inputs = key, planner, inputs
+        # key (rows, tokens, query starts' bytes, drafts' bytes) and the two arrays'
+        # dtypes: the host data the plan is a function of.
+        self.key, self._planner, self._types = key, planner, types
         self.shape, self.keys, self._buffer = shape, keys, buffer
         self.counts = seed_counts(shape)
         self.fields: dict[int, tuple] = {}
@@ -90,11 +90,18 @@ class _Plan:
             self._plan_buffer = self._buffer.plan_buffer(self.shape.layout.size)
         return self._plan_buffer
 
-    def pack(self, out: np.ndarray) -> None:
-        """Write the plan's bytes into ``out`` (``[>= size], int32``) again."""
+    def pack(self, out: np.ndarray, summary: np.ndarray) -> None:
+        """Write the plan's bytes into ``out`` (``[>= size], int32``) again, and its
+        summary into ``summary`` (:meth:`~stepplan.planner.Planner.pack_host_step`)."""
         query_start, drafts, rows, tokens, groups = self._host_data()
         self._planner.pack_host_step(
-            out, query_start, drafts, rows, num_padded_tokens=tokens, num_groups=groups
+            out,
+            query_start,
+            drafts,
+            rows,
+            num_padded_tokens=tokens,
+            num_groups=groups,
+            summary=summary,
         )
 
     @property
@@ -112,10 +119,11 @@ class _Plan:
         """The step's host data, as its plan was packed from them: read-only query starts
         ``[R + 1]`` and drafts ``[R]`` (or ``None``) over the key's bytes (the engine's
         tensors change after the build), rows, tokens and layer groups."""
-        (starts_type, drafts_type), groups = self._inputs
+        starts_type, drafts_type = self._types
         rows, tokens, starts, drafts = self.key
         if drafts is not None:
             drafts = np.frombuffer(drafts, drafts_type)
+        groups = self.shape.layout.num_groups
         return np.frombuffer(starts, starts_type), drafts, rows, tokens, groups
 
 
@@ -418,5 +426,4 @@ class StepShare:
                 f"common_attn_metadata: the step's {keys[3]} rows exceed the builder's "
                 f"{self.buffer.regions.rows} (raise max_num_reqs)"
             )
-        kept = (inputs.types, self.num_groups)
-        return _Plan(plan_key, self._planner, kept, shape, keys, self.buffer)
+        return _Plan(plan_key, self._planner, inputs.types, shape, keys, self.buffer)

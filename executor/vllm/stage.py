@@ -20,8 +20,6 @@ import attrs
 import numpy as np
 import torch
 
-from stepplan.planner import plan_summary
-
 from ..upload import StagingRing
 from . import door, gather, launcher
 from .seed import SLOT_SOURCES, SOURCE_DTYPES, PartKey, plain_part, spec_part, token_part
@@ -237,10 +235,11 @@ class DeviceBuffer:
         """Write a step into entry ``index`` (claimed): its header words, the plan, and
         accepted counts given on the host (``[num_reqs]``; their device view is
         :meth:`accepted_view`). ``record`` is the step's plan record (its ``shape``, and
-        ``pack(out)`` writing its bytes); ``packed``: its plan was just packed into
-        :meth:`plan_space`, its summary into :meth:`summary_space`. An entry that already
-        holds this plan with these header words (only this buffer writes an entry, and
-        plans are immutable) keeps them: a repeated step writes no plan."""
+        ``pack(out, summary)`` writing its bytes and summary); ``packed``: its plan was
+        just packed into :meth:`plan_space`, its summary into :meth:`summary_space`. An
+        entry that already holds this plan with these header words (only this buffer
+        writes an entry, and plans are immutable) keeps them: a repeated step writes no
+        plan."""
         entry = self._entry(index).words
         shape = record.shape
         rows = 0 if accepted_host is None else shape.num_reqs
@@ -265,8 +264,7 @@ class DeviceBuffer:
         record, gather_rows, registered, rows = held
         shape = record.shape
         if not packed:
-            record.pack(self.plan_space(index))
-            entry[: door.SUMMARY_WORDS] = plan_summary(shape)
+            record.pack(self.plan_space(index), self.summary_space(index))
         _STEP_WORDS.pack_into(
             entry, 4 * door.SUMMARY_WORDS, gather_rows, shape.num_reqs, registered, rows
         )

@@ -429,8 +429,13 @@ static PyObject *census_tuple(const HostCensus *h, Py_ssize_t rows, Py_ssize_t t
 }
 
 /* plan.py's SUMMARY: rows per kind, spec and live tokens, the layout's row capacity, then
- * every field's offset (FIELDS order) and the size, of the plan ``f`` placed at ``buffer``. */
-enum { SUMMARY_COUNTS = 6, SUMMARY_WORDS = SUMMARY_COUNTS + 12 };
+ * every field's offset (FIELDS order: layout.h's eleven) and the size, of the plan ``f``
+ * placed at ``buffer``. */
+enum {
+    SUMMARY_COUNTS = 6,
+    SUMMARY_FIELDS = 11,
+    SUMMARY_WORDS = SUMMARY_COUNTS + SUMMARY_FIELDS + 1,
+};
 
 static void write_summary(int32_t *s, const int32_t *buffer, const Fields *f,
                           const HostCensus *h) {
@@ -440,11 +445,11 @@ static void write_summary(int32_t *s, const int32_t *buffer, const Fields *f,
     s[3] = (int32_t)h->census.tokens[SPEC];
     s[4] = (int32_t)h->num_tokens;
     s[5] = (int32_t)f->rows;
-    const int32_t *const starts[11] = {f->token_map,    f->query_start, f->token_start,
-                                       f->kind,         f->state_offset, f->reads_state,
-                                       f->num_accepted, f->request,     f->slot,
-                                       f->tile_row,     f->tile_start};
-    for (int i = 0; i < 11; i++) {
+    const int32_t *const starts[SUMMARY_FIELDS] = {
+        f->token_map,    f->query_start, f->token_start, f->kind,     f->state_offset,
+        f->reads_state,  f->num_accepted, f->request,    f->slot,     f->tile_row,
+        f->tile_start};
+    for (int i = 0; i < SUMMARY_FIELDS; i++) {
         s[SUMMARY_COUNTS + i] = (int32_t)(starts[i] - buffer);
     }
     s[SUMMARY_WORDS - 1] = (int32_t)plan_size(f->tokens, f->rows, f->tiles, f->groups);
@@ -560,8 +565,9 @@ const char PACK_HOST_EAGER_DOC[] =
     "when a step whose kinds present are ``k`` (1 spec, 2 decode, 4 prefill) does. Then\n"
     "the plan, in the layout of its own live tokens, rows and prefill tiles, fills the\n"
     "first entries of ``packed``, its summary ``summary`` as pack_host writes it, and\n"
-    "(spec, decode, prefill rows, tokens, tiles, longest prefill, spec tokens) is returned. Else its census, (spec, decode, prefill rows,\n"
-    "tokens, prefill tiles), which sizes pack_host's layout. None when a StepBatch rule or\n"
+    "(spec, decode, prefill rows, tokens, tiles, longest prefill, spec tokens) is\n"
+    "returned. Else its census, (spec, decode, prefill rows, tokens, prefill tiles),\n"
+    "which sizes pack_host's layout. None when a StepBatch rule or\n"
     "the config's limits break, when it has more than ``max_rows`` live rows or\n"
     "``max_tokens`` tokens, or when ``packed`` is too short (nothing written).";
 
