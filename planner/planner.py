@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Callable
 from types import ModuleType
+from typing import Any
 
 import numpy as np
 
@@ -24,6 +26,8 @@ _UNSEEN = object()
 _Shape = tuple[GraphKey | None, PlanLayout, int, int, int, int]
 _INT32 = "i"  # numpy's cheapest spelling of int32 (C int)
 _COUNT_TYPES = (int, type(None))
+# PlanShape from one tuple by tuple.__new__ straight (a third of what its __new__ costs).
+_new_shape = functools.partial(tuple.__new__, PlanShape)
 _NO_LIMIT = 2**62  # no token limit for the packer (no padded token count given)
 _NUMPY_COST = "about 3x the host time per plan of the compiled packer"
 
@@ -50,6 +54,7 @@ class Planner:
         self.config = config
         # A plan's shape, or None where the shape runs eagerly.
         self._graphs: dict[tuple[object, ...], _Shape | None] = {}
+        self._layouts: dict[tuple[int, int, int, int], PlanLayout] = {}
         self._packer = _packer(native)
         # What the native path reads every step, kept out of the config's properties.
         self._graph_mode = config.graph_mode
@@ -67,6 +72,19 @@ class Planner:
     def native(self) -> bool:
         """Whether plans are packed by the compiled packer (else by numpy)."""
         return self._packer is not None
+
+    @property
+    def host_bytes(self) -> Callable[..., tuple[bytes, bytes | None, int] | None]:
+        """The compiled packer's ``host_bytes(query_start, num_draft_tokens, num_reqs,
+        last)``: what a host step's plan is a pure function of besides its counts, in one
+        call, ``(query_start[:num_reqs + 1] as bytes, num_draft_tokens[:num_reqs] as bytes
+        or None without drafts, query_start[num_reqs] - query_start[0])``, and ``last`` (an
+        earlier answer, or None) itself where that is its value: no copy then. ``None``
+        for anything but 1-D C-contiguous int32 or int64 arrays long enough (the caller
+        reads those itself). Without the compiled packer, a function that always says
+        ``None``."""
+        packer = self._packer
+        return _no_host_bytes if packer is None else packer.host_bytes
 
     def compile(self, batch: StepBatch) -> ExecutionPlan:
         """The plan of ``batch``: the same value as ``compile_plan(batch, self.config)``.
@@ -200,7 +218,7 @@ class Planner:
             return None
         if len(census) == 6:  # packed eagerly, in the layout of its own sizes
             spec, decode, prefill, num_tokens, tiles, found = census
-            graph, layout = None, PlanLayout(num_tokens, spec + decode + prefill, tiles, groups)
+            graph, layout = None, self._layout(num_tokens, spec + decode + prefill, tiles, groups)
         else:
             spec, decode, prefill, num_tokens, live_tiles = census
             counts = (spec, decode, prefill, num_reqs - spec - decode - prefill)
@@ -214,14 +232,27 @@ class Planner:
             )  # fmt: skip
             if found is None:
                 return None
-        return PlanShape(
-            self.config,
-            graph,
-            layout,
-            num_reqs,
-            num_padded_tokens,
-            *_plan_counts(spec, decode, prefill, num_tokens, found),
+        return _new_shape(
+            (
+                self.config,
+                graph,
+                layout,
+                num_reqs,
+                num_padded_tokens,
+                *_plan_counts(spec, decode, prefill, num_tokens, found),
+            )
         )
+
+    def _layout(self, num_tokens: int, rows: int, tiles: int, groups: int) -> PlanLayout:
+        """``PlanLayout(num_tokens, rows, tiles, groups)``, one instance per sizes kept (an
+        attrs instance costs a host step more than a dict lookup)."""
+        key = (num_tokens, rows, tiles, groups)
+        layout = self._layouts.get(key)
+        if layout is None:
+            if len(self._layouts) >= _MAX_GRAPHS:
+                self._layouts.clear()
+            layout = self._layouts[key] = PlanLayout(num_tokens, rows, tiles, groups)
+        return layout
 
     def _shape(
         self,
@@ -324,6 +355,11 @@ def _plan_counts(
         longest_prefill,
         num_tiles,
     )
+
+
+def _no_host_bytes(query_start: Any, num_draft_tokens: Any, num_reqs: int, last: Any) -> None:
+    """:attr:`Planner.host_bytes` without the compiled packer: the caller reads the arrays."""
+    del query_start, num_draft_tokens, num_reqs, last
 
 
 def _check_room(out: np.ndarray, size: int) -> None:

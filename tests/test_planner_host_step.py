@@ -166,3 +166,60 @@ def test_other_dtypes_take_the_batchs_path_to_the_same_bytes():
     )
     assert shape == again and shape.graph is not None
     np.testing.assert_array_equal(one, other)
+
+
+def _expected_host_bytes(starts, drafts, rows):
+    """What ``host_bytes`` must give, read with numpy."""
+    drafts_bytes = None if drafts is None else drafts[:rows].tobytes()
+    return starts[: rows + 1].tobytes(), drafts_bytes, int(starts[rows]) - int(starts[0])
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    rows=st.integers(0, 40),
+    extra=st.integers(0, 3),
+    dtypes=st.sampled_from([(np.int32, np.int32), (np.int64, np.int32), (np.int64, np.int64)]),
+    drafts_given=st.booleans(),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_host_bytes_are_the_arrays_bytes_and_keep_an_equal_answer(
+    rows, extra, dtypes, drafts_given, seed
+):
+    rng = np.random.default_rng(seed)
+    starts = np.cumsum(rng.integers(-3, 9, rows + 1 + extra)).astype(dtypes[0])
+    drafts = rng.integers(-1, 4, rows + extra).astype(dtypes[1]) if drafts_given else None
+    host_bytes = Planner(PlannerConfig(num_spec_tokens=3), native=True).host_bytes
+    want = _expected_host_bytes(starts, drafts, rows)
+    got = host_bytes(starts, drafts, rows, None)
+    assert got == want
+    # An earlier equal answer comes back itself; any other value gives a new answer.
+    assert host_bytes(starts.copy(), None if drafts is None else drafts.copy(), rows, got) is got
+    changed = starts.copy()
+    changed[rng.integers(0, rows + 1)] += 1
+    other = host_bytes(changed, drafts, rows, got)
+    assert other is not got and other == _expected_host_bytes(changed, drafts, rows)
+    if drafts is not None and rows:
+        changed = drafts.copy()
+        changed[rng.integers(0, rows)] += 1
+        other = host_bytes(starts, changed, rows, got)
+        assert other is not got and other == _expected_host_bytes(starts, changed, rows)
+
+
+def test_host_bytes_leave_other_arrays_to_the_caller():
+    host_bytes = Planner(PlannerConfig(num_spec_tokens=3), native=True).host_bytes
+    starts, drafts = np.arange(9, dtype=np.int32), np.zeros(8, np.int32)
+    for args in (
+        (starts[::2], None, 2),  # not contiguous
+        (starts.reshape(3, 3), None, 2),  # not 1-D
+        (starts.astype(np.float32), None, 2),  # not integers
+        (starts.astype(np.int16), None, 2),  # other widths
+        (starts, drafts, 9),  # too short for the rows
+        (starts, drafts[:3], 4),
+        (starts.tolist(), None, 2),  # not an array
+        (starts, None, -1),
+    ):
+        assert host_bytes(*args, None) is None
+    assert (
+        Planner(PlannerConfig(num_spec_tokens=3), native=False).host_bytes(starts, drafts, 2, None)
+        is None
+    )

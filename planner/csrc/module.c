@@ -1,10 +1,12 @@
-/* The extension module stepplan.planner._packer: the plan packer (pack.c, rows.c) and
- * StepBatch's compiled check (check.c). Built by pip install (setup.py); loaded by
- * planner/native.py, which checks SOURCE_DIGEST against the sources beside it. */
+/* The extension module stepplan.planner._packer: the plan packer (pack.c, rows.c), a host
+ * step's key (host.c) and StepBatch's compiled check (check.c). Built by pip install
+ * (setup.py); loaded by planner/native.py, which checks SOURCE_DIGEST against the sources
+ * beside it. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
 #include "check.h"
+#include "host.h"
 #include "pack.h"
 #include "rows.h"
 
@@ -21,6 +23,7 @@ static PyMethodDef methods[] = {
     {"pack_host", (PyCFunction)(void (*)(void))pack_host, METH_FASTCALL, PACK_HOST_DOC},
     {"pack_host_eager", (PyCFunction)(void (*)(void))pack_host_eager, METH_FASTCALL,
      PACK_HOST_EAGER_DOC},
+    {"host_bytes", (PyCFunction)(void (*)(void))host_bytes, METH_FASTCALL, HOST_BYTES_DOC},
     {NULL, NULL, 0, NULL},
 };
 
