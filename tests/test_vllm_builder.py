@@ -261,6 +261,12 @@ def test_a_step_is_recognized_by_its_inputs():
     share.new_step()
     builders[1].build(0, first, **kwargs)
     assert share.num_steps == 7
+    share.new_step()
+    builders[0].build(0, first, **kwargs)
+    first.query_start_loc_cpu.add_(1)  # other contents in place (the same tensor): a new step
+    builders[1].build(0, first, **kwargs)
+    assert share.num_steps == 9
+    first.query_start_loc_cpu.sub_(1)
 
 
 def test_step_ids_make_steps_explicit():

@@ -132,8 +132,9 @@ def test_the_header_says_what_the_step_is(seed, rows, config, weights, registere
     np.testing.assert_array_equal(token_map, plan.token_map[: plan.num_tokens])
     # The record repacks the same bytes and summary (a repeated step in another entry).
     buffer = share.buffer
-    staged = buffer.summary_space(None).copy()
-    buffer.summary_space(None)[:] = -1
-    opened.record.pack(buffer.plan_space(None), buffer.summary_space(None))
-    np.testing.assert_array_equal(buffer.summary_space(None), staged)
-    np.testing.assert_array_equal(buffer.plan_space(None)[: plan.layout.size], plan.packed)
+    plan_space, summary = buffer.spaces(None)
+    staged = summary.copy()
+    summary[:] = -1
+    opened.record.pack(plan_space, summary)
+    np.testing.assert_array_equal(summary, staged)
+    np.testing.assert_array_equal(plan_space[: plan.layout.size], plan.packed)

@@ -18,6 +18,7 @@ which vLLM's own kernels read: they stay ``None``.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -26,12 +27,12 @@ import torch
 from stepplan.planner import ExecutionPlan, PlannerConfig, PlanShape
 
 from .bridge import host_only_array
-from .seed import ARRAY_FIELDS, COUNT_FIELDS, seed_graph_limits
+from .seed import ARRAY_FIELDS, seed_graph_limits
 from .share import StepShare
 
 # Where the engine's own non_spec_query_start_loc goes (without spec rows), in a build's
-# counts and fields.
-_PASS_AT = len(COUNT_FIELDS) + ARRAY_FIELDS.index("non_spec_query_start_loc")
+# row views.
+_PASS_AT = ARRAY_FIELDS.index("non_spec_query_start_loc")
 
 
 # A NamedTuple, not a frozen attrs class: made on every build, it costs 0.8 µs against
@@ -120,8 +121,9 @@ class PlanMetadata(_Fields):
 
 
 _UNSET = (None,) * 7  # the fields stepplan leaves unset (PlanMetadata's last seven)
-# tuple.__new__ straight: a third of what PlanMetadata(...) costs with 39 fields.
-_new_metadata = PlanMetadata._make
+# tuple.__new__ straight: a third of what PlanMetadata(...) costs with 39 fields (and
+# less than _make, a Python function).
+_new_metadata = functools.partial(tuple.__new__, PlanMetadata)
 
 
 class PlanMetadataBuilder:
@@ -195,15 +197,16 @@ class PlanMetadataBuilder:
             accepted = drafts = None
         step = self.share.open(self.group, m, accepted, drafts, step_id)
         record, group = step.record, self.group
-        fields = record.fields.get(group)
-        if fields is None:  # the plan's counts and views: made once per plan and group
-            views = self.share.buffer.views(record.keys, group)
-            fields = record.fields[group] = (*record.counts, *views)
-        if not record.shape.num_spec_rows:
-            fields = (*fields[:_PASS_AT], m.query_start_loc, *fields[_PASS_AT + 1 :])
+        rows = record.rows.get(group)
+        if rows is None:  # made once per row-part keys and group
+            rows = self.share.buffer.row_views(record.keys, group)
+        if record.keys[1] is None:  # no spec rows: the engine's own non-spec starts
+            rows = (*rows[:_PASS_AT], m.query_start_loc, *rows[_PASS_AT + 1 :])
         return _new_metadata(
             (
-                *fields,
+                *record.counts,
+                *rows,
+                *record.tokens,
                 m.query_start_loc,
                 m.seq_lens,
                 num_decode_draft_tokens_cpu,

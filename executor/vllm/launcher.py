@@ -41,13 +41,13 @@ class Launcher:
     hooks that Triton's profilers install are not called on that path.
 
     With ``graphs``, the second launch of one exact argument set (every address, stride,
-    dtype and group: an engine's persistent buffers and the staging ring's entries make
-    them recur) captures that launch into a CUDA graph on a side stream, which records
-    and runs nothing and waits for nothing, and every later launch of that set replays
-    the graph on the current stream: a graph launch costs the host about half a kernel
-    launch with its arguments, and a capture 0.05-0.7 ms once per argument set. While
-    the current stream is being captured (an engine capturing its own graph), launches
-    go directly, into that capture.
+    dtype and group, the staging entry and its done word by identity: an engine's
+    persistent buffers and the staging ring's entries make them recur) captures that
+    launch into a CUDA graph on a side stream, which records and runs nothing and waits
+    for nothing, and every later launch of that set replays the graph on the current
+    stream: a graph launch costs the host about half a kernel launch with its arguments,
+    and a capture 0.05-0.7 ms once per argument set. While the current stream is being
+    captured (an engine capturing its own graph), launches go directly, into that capture.
 
     Args:
         words: the buffer, ``[W], int32`` on a CUDA device (``W`` even).
@@ -66,8 +66,10 @@ class Launcher:
         self.direct = direct and _DIRECT_LAUNCHES
         self.graphs = graphs and self.direct
         self._compiled: dict[tuple, object] = {}
-        # Per exact argument set: its graph, or 1 once launched directly.
+        # Per exact argument set: its graph, or 1 once launched directly; and the tensors
+        # its key holds by id, kept alive so that no other tensor takes their ids.
         self._graphs: dict[tuple, torch.cuda.CUDAGraph | int] = {}
+        self._kept: list[torch.Tensor] = []
         self._side = torch.cuda.Stream(self._device) if self.graphs else None
         self._pool = torch.cuda.graph_pool_handle() if self.graphs else None
         #: Launches replayed as graphs, and graphs captured, so far.
@@ -86,12 +88,14 @@ class Launcher:
         word (``[1], int32`` pinned); ``table`` ``[>= num_reqs, B]`` the building group's
         block table (slot: column 0), ``seq_lens`` and ``accepted`` ``[>= num_reqs]``
         (``None``: every count 1), int32 or int64."""
-        stride = table.stride(0)
+        stride = table.stride()[0]
         has_accepted = accepted is not None
         counts = accepted if has_accepted else self.words
+        # The staging entry and its done word by identity: the ring's tensors, made once
+        # (and kept here from their first sighting on, so an id is never another's).
         exact = (
-            entry.data_ptr(),
-            done.data_ptr(),
+            id(entry),
+            id(done),
             table.data_ptr(),
             table.dtype,
             stride,
@@ -111,19 +115,18 @@ class Launcher:
             has_accepted,
             *_specialization((entry, done, table, seq_lens, counts), stride),
         )
-        self._launch(
-            _open_step, key, exact, args, constants, ("HAS_ACCEPTED", "QUERY_LEN_MAX", "BLOCK")
-        )
+        names = ("HAS_ACCEPTED", "QUERY_LEN_MAX", "BLOCK")
+        self._launch(_open_step, key, exact, args, constants, names, (entry, done))
 
     def group_slots(self, table: torch.Tensor, group: int) -> None:
         """Launch :func:`_group_slots`: group ``group``'s slots from ``table``."""
-        stride = table.stride(0)
+        stride = table.stride()[0]
         exact = (table.data_ptr(), table.dtype, stride, group)
         if self._replayed(exact):
             return
         args = (self.words, table, stride, group)
         key = ("slots", *_specialization((table,), stride))
-        self._launch(_group_slots, key, exact, args, (_BLOCK,), ("BLOCK",))
+        self._launch(_group_slots, key, exact, args, (_BLOCK,), ("BLOCK",), ())
 
     def _replayed(self, exact: tuple) -> bool:
         """Replay the graph of argument set ``exact`` if there is one; whether it did (not
@@ -142,7 +145,14 @@ class Launcher:
         return True
 
     def _launch(
-        self, kernel, key: tuple, exact: tuple, args: tuple, constants: tuple, names: tuple
+        self,
+        kernel,
+        key: tuple,
+        exact: tuple,
+        args: tuple,
+        constants: tuple,
+        names: tuple,
+        keep: tuple[torch.Tensor, ...],
     ) -> None:
         compiled = self._compiled.get(key) if self.direct else None
         if compiled is None:
@@ -156,6 +166,7 @@ class Launcher:
         if exact not in self._graphs:  # a first sighting launches directly
             if len(self._graphs) < _MAX_ARGUMENT_SETS:
                 self._graphs[exact] = 1
+                self._kept.extend(keep)
             self._run(compiled, args, constants)
             return
         graph = torch.cuda.CUDAGraph()

@@ -46,8 +46,8 @@ from .stage import DeviceBuffer, plan_regions
 
 class _Plan:
     """A step's plan as the builder keeps it: packed from host data alone (no StepBatch,
-    no ExecutionPlan made), its shape, seed shape keys and counts, and per layer group
-    the counts and views a build returns (views of the buffer's fixed addresses). The
+    no ExecutionPlan made), its shape, seed shape keys and counts, and the views a build
+    returns (of the buffer's fixed addresses; the row parts' per layer group). The
     :class:`~stepplan.planner.ExecutionPlan` itself is compiled on first access of
     :attr:`plan`, from the same host data: the same bytes, a pure function of them."""
 
@@ -58,10 +58,11 @@ class _Plan:
         "_planner",
         "_types",
         "counts",
-        "fields",
         "key",
         "keys",
+        "rows",
         "shape",
+        "tokens",
     )
 
     def __init__(
@@ -73,12 +74,14 @@ class _Plan:
         keys: tuple[PartKey, PartKey, PartKey, int],
         buffer: DeviceBuffer,
     ) -> None:
-        # key (rows, tokens, query starts' bytes, drafts' bytes) and the two arrays'
-        # dtypes: the host data the plan is a function of.
+        # key (rows, tokens, (query starts' bytes, drafts' bytes, live tokens)) and the two
+        # arrays' dtypes: the host data the plan is a function of.
         self.key, self._planner, self._types = key, planner, types
         self.shape, self.keys, self._buffer = shape, keys, buffer
         self.counts = seed_counts(shape)
-        self.fields: dict[int, tuple] = {}
+        # The seed views: the row parts' per group (shared with every plan of these row
+        # parts, filled by the group's first build), the token lists'.
+        self.rows, self.tokens = buffer.part_views(keys)
         self._plan: ExecutionPlan | None = None
         self._plan_buffer: torch.Tensor | None = None
 
@@ -120,7 +123,7 @@ class _Plan:
         ``[R + 1]`` and drafts ``[R]`` (or ``None``) over the key's bytes (the engine's
         tensors change after the build), rows, tokens and layer groups."""
         starts_type, drafts_type = self._types
-        rows, tokens, starts, drafts = self.key
+        rows, tokens, (starts, drafts, _) = self.key
         if drafts is not None:
             drafts = np.frombuffer(drafts, drafts_type)
         groups = self.shape.layout.num_groups
@@ -168,22 +171,27 @@ class _HostInputs:
     """A build's host inputs (refusing device tensors) as the bytes of their entries, and
     the key they make: what identifies the step, and what its plan is packed from."""
 
-    __slots__ = ("accepted_device", "accepted_host", "drafts", "key", "starts", "types")
+    __slots__ = (
+        "accepted_device",
+        "accepted_host",
+        "drafts",
+        "host",
+        "key",
+        "starts",
+    )
 
     def __init__(self, m: Any, accepted: Any, drafts: Any, share: StepShare) -> None:
         rows = m.num_reqs
-        # Too short an array makes too short a key: no step's, so _pack refuses it.
         self.starts = starts = share.host_view(0, m.query_start_loc_cpu)
-        if starts.ndim != 1:
-            _not_flat(0, starts)
-        drafts_bytes = drafts_type = None
         if drafts is not None:
             drafts = share.host_view(1, drafts)
-            if drafts.ndim != 1:
-                _not_flat(1, drafts)
-            drafts_bytes, drafts_type = drafts[:rows].tobytes(), drafts.dtype
         self.drafts = drafts
-        self.types = (starts.dtype, drafts_type)
+        # (bytes of starts, of drafts, live tokens): one native call where it can (int32 or
+        # int64, contiguous), the step's own tuple where its bytes are the step's; else read.
+        last = share.last_host()
+        self.host = host = share.host_bytes(starts, drafts, rows, last) or _read_host_arrays(
+            starts, drafts, rows
+        )
         self.accepted_device = self.accepted_host = None
         accepted_bytes = None
         if isinstance(accepted, torch.Tensor) and (accepted.is_cuda or not share.on_cuda):
@@ -192,12 +200,29 @@ class _HostInputs:
             counts = host_only_array("num_accepted_tokens", accepted)[:rows]
             self.accepted_host = np.ascontiguousarray(counts, dtype=np.int32)
             accepted_bytes = self.accepted_host.tobytes()
-        starts_bytes = starts[: rows + 1].tobytes()
-        self.key = (rows, m.num_actual_tokens, starts_bytes, drafts_bytes, accepted_bytes)
+        self.key = (rows, m.num_actual_tokens, host, accepted_bytes)
+
+
+def _read_host_arrays(
+    starts: np.ndarray, drafts: np.ndarray | None, rows: int
+) -> tuple[bytes, bytes | None, int]:
+    """:attr:`~stepplan.planner.Planner.host_bytes` for any host arrays, each checked
+    (1-D, long enough for ``rows``), the error naming its field."""
+    if starts.ndim != 1:
+        _not_flat(0, starts)
+    _check_length(0, starts, rows + 1, "num_reqs + 1")
+    drafts_bytes = None
+    if drafts is not None:
+        if drafts.ndim != 1:
+            _not_flat(1, drafts)
+        _check_length(1, drafts, rows, "num_reqs")
+        drafts_bytes = drafts[:rows].tobytes()
+    return starts[: rows + 1].tobytes(), drafts_bytes, int(starts[rows]) - int(starts[0])
 
 
 _HOST_FIELDS = ("common_attn_metadata.query_start_loc_cpu", "num_decode_draft_tokens_cpu")
 _INT32 = torch.int32
+_TENSOR = torch.Tensor
 
 
 def _not_flat(field: int, array: np.ndarray) -> None:
@@ -246,6 +271,7 @@ class StepShare:
             raise ValueError(f"num_groups: must be positive, got {num_groups}")
         self.config, self.device, self.num_groups = config, torch.device(device), num_groups
         self._planner = Planner(config)
+        self.host_bytes = self._planner.host_bytes
         self.on_cuda = self.device.type == "cuda"
         self.max_num_reqs = max(max_num_reqs or config.max_num_seqs, config.sizes[-1])
         rows = self.max_num_reqs
@@ -312,7 +338,8 @@ class StepShare:
         if group >= len(registered):
             return False
         address, stride = registered[group]
-        return table.data_ptr() == address and table.stride(0) == stride and table.dtype is _INT32
+        # stride()[0]: half of what stride(0) costs (torch parses the argument).
+        return table.data_ptr() == address and table.stride()[0] == stride and table.dtype is _INT32
 
     def host_view(self, field: int, value: Any) -> np.ndarray:
         """``value`` as numpy (:func:`~.bridge.host_only_array`), the view of the last host
@@ -321,10 +348,25 @@ class StepShare:
         last, view = self._host_views[field]
         if last is value:
             return view
-        view = host_only_array(_HOST_FIELDS[field], value)
+        if value.__class__ is _TENSOR:  # the engine's host tensor: a view, straight
+            try:
+                view = value.numpy()
+            except (TypeError, RuntimeError):  # on a device, or one that needs grad
+                view = host_only_array(_HOST_FIELDS[field], value)
+        else:
+            view = host_only_array(_HOST_FIELDS[field], value)
         if isinstance(value, torch.Tensor):  # not a list's: its array is a copy
             self._host_views[field] = (value, view)
         return view
+
+    def last_host(self) -> tuple | None:
+        """The current step's host part of its key (what :attr:`host_bytes` gives), or the
+        last plan's: a build whose host data equal it shares the tuple (no copies)."""
+        step = self._step
+        if step is not None:
+            return step.host_key[2]
+        record = self._last_plan
+        return None if record is None else record.key[2]
 
     def new_step(self) -> None:
         """Make the next build open a new step, whatever its inputs."""
@@ -378,7 +420,7 @@ class StepShare:
         """Open a new step: pack from host data into a staging entry, launch the gather."""
         self._step = None  # a build that fails opens no step
         rows, buffer = m.num_reqs, self.buffer
-        plan_key = inputs.key[:4]  # the plan does not depend on the accepted counts
+        plan_key = inputs.key[:3]  # the plan does not depend on the accepted counts
         record = self._last_plan
         index = buffer.claim()
         packed = record is None or record.key != plan_key
@@ -400,25 +442,22 @@ class StepShare:
         builder's capacity checked before anything is written."""
         rows, tokens = m.num_reqs, m.num_actual_tokens
         # The engine's arrays as they are now: the bytes the key holds.
-        query_start, drafts = inputs.starts, inputs.drafts
-        _check_length(0, query_start, rows + 1, "num_reqs + 1")
-        if drafts is not None:
-            _check_length(1, drafts, rows, "num_reqs")
+        query_start, drafts, live_tokens = inputs.starts, inputs.drafts, inputs.host[2]
         # Every plan of at most these tokens and rows fits the plan space (layout_capacity).
-        live_tokens = int(query_start[rows]) - int(query_start[0])
         if live_tokens > self.buffer.regions.num_tokens:
             raise ValueError(
                 f"common_attn_metadata: the step's {live_tokens} tokens exceed the builder's "
                 f"capacity ({self.max_plan_layout}); raise max_num_tokens"
             )
+        plan, summary = self.buffer.spaces(index)
         shape = self._planner.pack_host_step(
-            self.buffer.plan_space(index),
+            plan,
             query_start,
             drafts,
             rows,
             num_padded_tokens=tokens,
             num_groups=self.num_groups,
-            summary=self.buffer.summary_space(index),
+            summary=summary,
         )
         keys = shape_keys(shape)
         if keys[3] > self.buffer.regions.rows:
@@ -426,4 +465,5 @@ class StepShare:
                 f"common_attn_metadata: the step's {keys[3]} rows exceed the builder's "
                 f"{self.buffer.regions.rows} (raise max_num_reqs)"
             )
-        return _Plan(plan_key, self._planner, inputs.types, shape, keys, self.buffer)
+        types = (query_start.dtype, None if drafts is None else drafts.dtype)
+        return _Plan(plan_key, self._planner, types, shape, keys, self.buffer)

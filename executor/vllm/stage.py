@@ -185,8 +185,8 @@ class DeviceBuffer:
                 self.words, query_len_max, direct=direct_launches, graphs=graph_launches
             )
         self._entries: dict[int | None, _Entry] = {}
-        # Views per part keys (and group): the row parts', the token lists'.
-        self._row_views: dict[tuple, tuple[Any, ...]] = {}
+        # Views per part keys: the row parts' (per group), the token lists'.
+        self._row_views: dict[tuple, dict[int, tuple[Any, ...]]] = {}
         self._token_views: dict[PartKey, tuple[Any, ...]] = {}
         # Per group, every prefix view of each source: bounded by the regions' sizes.
         self._lists: dict[int, _SourceLists] = {}
@@ -211,17 +211,14 @@ class DeviceBuffer:
         """The next staging entry's index (``None`` on the CPU: the one host entry)."""
         return None if self._ring is None else self._ring.claim()
 
-    def plan_space(self, index: int | None) -> np.ndarray:
-        """``[>= plan capacity], int32``: where entry ``index`` (claimed) holds a step's
-        plan, for a new plan to be packed into (from its start); the entry no longer counts
-        as holding its old one."""
+    def spaces(self, index: int | None) -> tuple[np.ndarray, np.ndarray]:
+        """Where entry ``index`` (claimed) holds a step's plan, ``[>= plan capacity],
+        int32``, and where its header holds the plan's summary (:data:`~stepplan.planner.SUMMARY`),
+        ``[len(SUMMARY)], int32``: for a new plan to be packed into (from its start) and its
+        summary with it, by the packer. The entry no longer counts as holding its old plan."""
         self._held.pop(index, None)
-        return self._entry(index).plan
-
-    def summary_space(self, index: int | None) -> np.ndarray:
-        """``[len(SUMMARY)], int32``: where entry ``index``'s header holds its plan's
-        summary (:data:`~stepplan.planner.SUMMARY`), for the packer to write with the plan."""
-        return self._entry(index).summary
+        entry = self._entry(index)
+        return entry.plan, entry.summary
 
     def stage(
         self,
@@ -235,11 +232,10 @@ class DeviceBuffer:
         """Write a step into entry ``index`` (claimed): its header words, the plan, and
         accepted counts given on the host (``[num_reqs]``; their device view is
         :meth:`accepted_view`). ``record`` is the step's plan record (its ``shape``, and
-        ``pack(out, summary)`` writing its bytes and summary); ``packed``: its plan was
-        just packed into :meth:`plan_space`, its summary into :meth:`summary_space`. An
-        entry that already holds this plan with these header words (only this buffer
-        writes an entry, and plans are immutable) keeps them: a repeated step writes no
-        plan."""
+        ``pack(out, summary)`` writing its bytes and summary); ``packed``: its plan and
+        summary were just packed into :meth:`spaces`. An entry that already holds this plan
+        with these header words (only this buffer writes an entry, and plans are immutable)
+        keeps them: a repeated step writes no plan."""
         entry = self._entry(index).words
         shape = record.shape
         rows = 0 if accepted_host is None else shape.num_reqs
@@ -264,7 +260,7 @@ class DeviceBuffer:
         record, gather_rows, registered, rows = held
         shape = record.shape
         if not packed:
-            record.pack(self.plan_space(index), self.summary_space(index))
+            record.pack(*self.spaces(index))
         _STEP_WORDS.pack_into(
             entry, 4 * door.SUMMARY_WORDS, gather_rows, shape.num_reqs, registered, rows
         )
@@ -316,21 +312,31 @@ class DeviceBuffer:
 
     # --- views -----------------------------------------------------------------------
 
-    def views(self, keys: tuple[PartKey, PartKey, PartKey, int], group: int) -> tuple[Any, ...]:
-        """Per :data:`~.seed.ARRAY_FIELDS` entry, its device view for ``group``, ``None``, or
-        :data:`PASS_THROUGH`, for a step of these part keys (:func:`~.seed.shape_keys`):
-        the row parts' views kept per their keys and group, the token lists' per their key
-        (every group shares them), so a step of new token counts makes only those two."""
-        rows_key = (keys[0], keys[1], group)
+    def part_views(self, keys: tuple[PartKey, PartKey, PartKey, int]) -> tuple[dict, tuple]:
+        """For a step of these part keys (:func:`~.seed.shape_keys`): the row parts' views
+        per layer group, a dict shared by every step of these row-part keys and filled by
+        :meth:`row_views`, and the token lists' views (every group shares them). Per
+        :data:`~.seed.ARRAY_FIELDS` entry a view is a device view, ``None``, or
+        :data:`PASS_THROUGH`; a step of new token counts makes only the token lists'."""
+        rows_key = (keys[0], keys[1])
         rows = self._row_views.get(rows_key)
         if rows is None:
-            places = plain_part(keys[0]) + spec_part(keys[1])
-            rows = _remember(self._row_views, rows_key, self._prefixes(places, group))
+            rows = _remember(self._row_views, rows_key, {})
         tokens = self._token_views.get(keys[2])
         if tokens is None:
             places = token_part(keys[2])
             tokens = _remember(self._token_views, keys[2], self._prefixes(places, 0))
-        return rows + tokens
+        return rows, tokens
+
+    def row_views(self, keys: tuple[PartKey, PartKey, PartKey, int], group: int) -> tuple:
+        """The row parts' views of ``group`` (the :data:`~.seed.PLAIN_FIELDS` and the first
+        four :data:`~.seed.SPEC_FIELDS`), kept in :meth:`part_views`'s dict of ``keys``."""
+        rows, _ = self.part_views(keys)
+        found = rows.get(group)
+        if found is None:
+            places = plain_part(keys[0]) + spec_part(keys[1])
+            found = rows[group] = self._prefixes(places, group)
+        return found
 
     def _prefixes(self, places: tuple[Any, ...], group: int) -> tuple[Any, ...]:
         """The view of each place (:data:`~.seed.Prefix`, or ``None``) for ``group``."""
