@@ -267,6 +267,28 @@ def test_a_step_is_recognized_by_its_inputs():
     builders[1].build(0, first, **kwargs)
     assert share.num_steps == 9
     first.query_start_loc_cpu.sub_(1)
+    # Other accepted counts (other device memory, or other host values): a new step.
+    builders[0].build(0, first, **kwargs)
+    builders[1].build(
+        0, first, num_accepted_tokens=accepted.clone(), num_decode_draft_tokens_cpu=drafts
+    )
+    assert share.num_steps == 11
+    on_host = step.accepted.astype(np.int32)
+    builders[0].build(0, first, num_accepted_tokens=on_host, num_decode_draft_tokens_cpu=drafts)
+    builders[1].build(
+        0, first, num_accepted_tokens=on_host.copy(), num_decode_draft_tokens_cpu=drafts
+    )
+    assert share.num_steps == 12  # equal host values: the step
+    builders[0].build(0, first, num_accepted_tokens=on_host, num_decode_draft_tokens_cpu=drafts)
+    builders[1].build(
+        0, first, num_accepted_tokens=on_host % 2 + 1, num_decode_draft_tokens_cpu=drafts
+    )
+    assert share.num_steps == 14
+    builders[0].build(0, first, **kwargs)  # the same tensors, other padded tokens: a new step
+    builders[1].build(
+        0, attrs.evolve(first, num_actual_tokens=first.num_actual_tokens + 8), **kwargs
+    )
+    assert share.num_steps == 16
 
 
 def test_step_ids_make_steps_explicit():
