@@ -167,12 +167,38 @@ class Planner:
         """
         packer = self._packer
         if packer is not None and type(num_padded_tokens) in _COUNT_TYPES:
-            shape = self._pack_host(
-                packer, out, query_start, num_draft_tokens, num_reqs, num_padded_tokens,
-                num_groups, summary,
-            )  # fmt: skip
-            if shape is not None:
-                return shape
+            # The compiled packer (in this frame: a host step's build counts microseconds);
+            # None where a check fails or the arrays are not int32: StepBatch's path says.
+            groups, query_len_max, tile = num_groups, self._query_len_max, self._tile
+            try:  # eager steps are packed by this one call; the others get their census
+                census = packer.pack_host_eager(
+                    out, query_start, num_draft_tokens, num_reqs, groups, query_len_max, tile,
+                    self._eager_kinds, self.config.max_num_seqs,
+                    _NO_LIMIT if num_padded_tokens is None else num_padded_tokens, summary,
+                )  # fmt: skip
+            except (TypeError, ValueError):
+                census = None
+            found = graph = None
+            if census is not None and len(census) == 6:  # packed eagerly, in its own layout
+                spec, decode, prefill, num_tokens, tiles, found = census
+                key = (num_tokens, spec + decode + prefill, tiles, groups)
+                layout = self._layouts.get(key) or self._layout(*key)
+            elif census is not None:
+                spec, decode, prefill, num_tokens, live_tiles = census
+                counts = (spec, decode, prefill, num_reqs - spec - decode - prefill)
+                graph, layout, size, tokens, rows, tiles = self._shape(
+                    counts, num_tokens, num_padded_tokens, groups, live_tiles
+                )
+                _check_room(out, size)
+                found = packer.pack_host(
+                    out[:size], query_start, num_draft_tokens, num_reqs, tokens, rows, tiles,
+                    groups, query_len_max, tile, summary,
+                )  # fmt: skip
+            if found is not None:
+                counts = _plan_counts(spec, decode, prefill, num_tokens, found)
+                return _new_shape(
+                    (self.config, graph, layout, num_reqs, num_padded_tokens, *counts)
+                )
         # Anything else, or a step the checks refuse: StepBatch's errors, word for word.
         if summary is not None:
             _check_summary(summary, out, query_start, num_draft_tokens)
@@ -190,58 +216,6 @@ class Planner:
             summary[: len(SUMMARY)] = plan_summary(plan.shape)
         out[: plan.layout.size] = plan.packed
         return plan.shape
-
-    def _pack_host(
-        self,
-        packer: ModuleType,
-        out: np.ndarray,
-        query_start: np.ndarray,
-        drafts: np.ndarray | None,
-        num_reqs: int,
-        num_padded_tokens: int | None,
-        groups: int,
-        summary: np.ndarray | None,
-    ) -> PlanShape | None:
-        """:meth:`pack_host_step` by the compiled packer; ``None`` (nothing written) where
-        a check fails or the arrays are not int32, so that the caller takes StepBatch's
-        path."""
-        query_len_max, tile = self._query_len_max, self._tile
-        try:  # eager steps are packed by this one call; the others get their census
-            census = packer.pack_host_eager(
-                out, query_start, drafts, num_reqs, groups, query_len_max, tile,
-                self._eager_kinds, self.config.max_num_seqs,
-                _NO_LIMIT if num_padded_tokens is None else num_padded_tokens, summary,
-            )  # fmt: skip
-        except (TypeError, ValueError):  # other dtypes, lengths: StepBatch's path says
-            return None
-        if census is None:
-            return None
-        if len(census) == 6:  # packed eagerly, in the layout of its own sizes
-            spec, decode, prefill, num_tokens, tiles, found = census
-            graph, layout = None, self._layout(num_tokens, spec + decode + prefill, tiles, groups)
-        else:
-            spec, decode, prefill, num_tokens, live_tiles = census
-            counts = (spec, decode, prefill, num_reqs - spec - decode - prefill)
-            graph, layout, size, tokens, rows, tiles = self._shape(
-                counts, num_tokens, num_padded_tokens, groups, live_tiles
-            )
-            _check_room(out, size)
-            found = packer.pack_host(
-                out[:size], query_start, drafts, num_reqs, tokens, rows, tiles, groups,
-                query_len_max, tile, summary,
-            )  # fmt: skip
-            if found is None:
-                return None
-        return _new_shape(
-            (
-                self.config,
-                graph,
-                layout,
-                num_reqs,
-                num_padded_tokens,
-                *_plan_counts(spec, decode, prefill, num_tokens, found),
-            )
-        )
 
     def _layout(self, num_tokens: int, rows: int, tiles: int, groups: int) -> PlanLayout:
         """``PlanLayout(num_tokens, rows, tiles, groups)``, one instance per sizes kept (an

@@ -26,6 +26,7 @@ from stepplan.executor.vllm import (
     host_array,
     plan_from_common_metadata,
 )
+from stepplan.executor.vllm import stage as stage_module
 from stepplan.planner import PlanError, PlannerConfig, StepBatch, compile_plan
 
 
@@ -195,9 +196,27 @@ def test_a_repeated_plan_serves_steps_of_new_device_values(seed, config):
     first = random_step(rng, int(rng.integers(1, 30)), config.query_len_max, (7, 6, 4, 3), 2)
     other = random_step(rng, int(rng.integers(1, 30)), config.query_len_max, (7, 6, 4, 3), 2)
     assume((first.q > 0).any() and (other.q > 0).any())
-    buffer, headers = share.buffer, []
-    write = buffer._write_header
-    buffer._write_header = lambda *args, **kwargs: headers.append(1) or write(*args, **kwargs)
+    headers = []
+
+    class CountingWords:  # the builder's header words, counted as they are written
+        def pack_into(self, *args):
+            headers.append(1)
+            words.pack_into(*args)
+
+    words, stage_module._STEP_WORDS = stage_module._STEP_WORDS, CountingWords()
+    try:
+        compiles, written = _repeat_plans(rng, config, share, builders, first, other, headers)
+    finally:
+        stage_module._STEP_WORDS = words
+    same = np.array_equal(first.q, other.q) and np.array_equal(first.drafts, other.drafts)
+    assert compiles[2:] == [compiles[2]] * 3 and (same or compiles[:3] == [1, 2, 3])
+    # The CPU buffer has one entry: A's third and later steps find it holding A's plan.
+    assert written[2:] == [written[2]] * 3 and (same or written[:3] == [1, 2, 3])
+
+
+def _repeat_plans(rng, config, share, builders, first, other, headers):
+    """Steps A, B, A, A, A with new device values each; compiles and header writes after
+    each step."""
     compiles, written = [], []
     for step in (first, other, first, first, first):
         rows = len(step.q)
@@ -212,10 +231,7 @@ def test_a_repeated_plan_serves_steps_of_new_device_values(seed, config):
         compiles.append(share.num_compiles)
         written.append(len(headers))
         np.testing.assert_array_equal(md.plan_buffer.numpy(), full_plan(step, config).packed)
-    same = np.array_equal(first.q, other.q) and np.array_equal(first.drafts, other.drafts)
-    assert compiles[2:] == [compiles[2]] * 3 and (same or compiles[:3] == [1, 2, 3])
-    # The CPU buffer has one entry: A's third and later steps find it holding A's plan.
-    assert written[2:] == [written[2]] * 3 and (same or written[:3] == [1, 2, 3])
+    return compiles, written
 
 
 def test_a_step_is_recognized_by_its_inputs():

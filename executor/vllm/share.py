@@ -187,8 +187,10 @@ class _HostInputs:
             drafts = share.host_view(1, drafts)
         self.drafts = drafts
         # (bytes of starts, of drafts, live tokens): one native call where it can (int32 or
-        # int64, contiguous), the step's own tuple where its bytes are the step's; else read.
-        last = share.last_host()
+        # int64, contiguous), the current step's own tuple where its bytes are the step's;
+        # else read here.
+        step = share._step
+        last = None if step is None else step.host_key[2]
         self.host = host = share.host_bytes(starts, drafts, rows, last) or _read_host_arrays(
             starts, drafts, rows
         )
@@ -359,15 +361,6 @@ class StepShare:
             self._host_views[field] = (value, view)
         return view
 
-    def last_host(self) -> tuple | None:
-        """The current step's host part of its key (what :attr:`host_bytes` gives), or the
-        last plan's: a build whose host data equal it shares the tuple (no copies)."""
-        step = self._step
-        if step is not None:
-            return step.host_key[2]
-        record = self._last_plan
-        return None if record is None else record.key[2]
-
     def new_step(self) -> None:
         """Make the next build open a new step, whatever its inputs."""
         self._step = None
@@ -439,7 +432,9 @@ class StepShare:
     def _compile(
         self, group: int, m: Any, inputs: _HostInputs, device_inputs: tuple, step_id: Any
     ) -> _Step:
-        """Open a new step: pack from host data into a staging entry, launch the gather."""
+        """Open a new step: its plan packed from host data into a staging entry (or the
+        last plan, where its host data are the last plan's), the builder's capacity checked
+        before anything is written; the entry staged, the gather launched."""
         self._step = None  # a build that fails opens no step
         rows, buffer = m.num_reqs, self.buffer
         plan_key = inputs.key[:3]  # the plan does not depend on the accepted counts
@@ -447,7 +442,34 @@ class StepShare:
         index = buffer.claim()
         packed = record is None or record.key != plan_key
         if packed:  # the plan: a pure function of these
-            record = self._last_plan = self._pack(index, m, inputs, plan_key)
+            # Every plan of at most these tokens and rows fits the plan space.
+            live_tokens = inputs.host[2]
+            if live_tokens > buffer.regions.num_tokens:
+                raise ValueError(
+                    f"common_attn_metadata: the step's {live_tokens} tokens exceed the "
+                    f"builder's capacity ({self.max_plan_layout}); raise max_num_tokens"
+                )
+            # The engine's arrays as they are now: the bytes the key holds.
+            query_start, drafts = inputs.starts, inputs.drafts
+            plan, summary = buffer.spaces(index)
+            shape = self._planner.pack_host_step(
+                plan,
+                query_start,
+                drafts,
+                rows,
+                num_padded_tokens=m.num_actual_tokens,
+                num_groups=self.num_groups,
+                summary=summary,
+            )
+            keys = shape_keys(shape)
+            if keys[3] > buffer.regions.rows:
+                raise ValueError(
+                    f"common_attn_metadata: the step's {keys[3]} rows exceed the builder's "
+                    f"{buffer.regions.rows} (raise max_num_reqs)"
+                )
+            types = (query_start.dtype, None if drafts is None else drafts.dtype)
+            record = _Plan(plan_key, self._planner, types, shape, keys, buffer)
+            self._last_plan = record
             self.num_compiles += 1
         buffer.stage(index, record, record.keys[3], inputs.accepted_host, packed=packed)
         accepted = inputs.accepted_device
@@ -458,34 +480,3 @@ class StepShare:
         step = _Step(self.num_steps, record, inputs.key, device_inputs, step_id, group)
         self._step = step
         return step
-
-    def _pack(self, index: int | None, m: Any, inputs: _HostInputs, plan_key: tuple) -> _Plan:
-        """A new step's plan, packed into staging entry ``index``, and its record; the
-        builder's capacity checked before anything is written."""
-        rows, tokens = m.num_reqs, m.num_actual_tokens
-        # The engine's arrays as they are now: the bytes the key holds.
-        query_start, drafts, live_tokens = inputs.starts, inputs.drafts, inputs.host[2]
-        # Every plan of at most these tokens and rows fits the plan space (layout_capacity).
-        if live_tokens > self.buffer.regions.num_tokens:
-            raise ValueError(
-                f"common_attn_metadata: the step's {live_tokens} tokens exceed the builder's "
-                f"capacity ({self.max_plan_layout}); raise max_num_tokens"
-            )
-        plan, summary = self.buffer.spaces(index)
-        shape = self._planner.pack_host_step(
-            plan,
-            query_start,
-            drafts,
-            rows,
-            num_padded_tokens=tokens,
-            num_groups=self.num_groups,
-            summary=summary,
-        )
-        keys = shape_keys(shape)
-        if keys[3] > self.buffer.regions.rows:
-            raise ValueError(
-                f"common_attn_metadata: the step's {keys[3]} rows exceed the builder's "
-                f"{self.buffer.regions.rows} (raise max_num_reqs)"
-            )
-        types = (query_start.dtype, None if drafts is None else drafts.dtype)
-        return _Plan(plan_key, self._planner, types, shape, keys, self.buffer)

@@ -184,7 +184,10 @@ class DeviceBuffer:
             self._launcher = launcher.Launcher(
                 self.words, query_len_max, direct=direct_launches, graphs=graph_launches
             )
-        self._entries: dict[int | None, _Entry] = {}
+        # Every staging entry, its fixed header words written: one per ring entry on a
+        # CUDA device, else one host entry (index None).
+        indices = [None] if self._ring is None else range(ring_size)
+        self._entries: dict[int | None, _Entry] = {i: self._new_entry(i) for i in indices}
         # Views per part keys: the row parts' (per group), the token lists'.
         self._row_views: dict[tuple, dict[int, tuple[Any, ...]]] = {}
         self._token_views: dict[PartKey, tuple[Any, ...]] = {}
@@ -217,7 +220,7 @@ class DeviceBuffer:
         ``[len(SUMMARY)], int32``: for a new plan to be packed into (from its start) and its
         summary with it, by the packer. The entry no longer counts as holding its old plan."""
         self._held.pop(index, None)
-        entry = self._entry(index)
+        entry = self._entries[index]
         return entry.plan, entry.summary
 
     def stage(
@@ -236,14 +239,18 @@ class DeviceBuffer:
         summary were just packed into :meth:`spaces`. An entry that already holds this plan
         with these header words (only this buffer writes an entry, and plans are immutable)
         keeps them: a repeated step writes no plan."""
-        entry = self._entry(index).words
-        shape = record.shape
-        rows = 0 if accepted_host is None else shape.num_reqs
+        entry = self._entries[index].words
+        rows = 0 if accepted_host is None else record.shape.num_reqs
         held = (record, gather_rows, len(self.registered), rows)
         found = self._held.get(index)
         # The plan by identity: an equal plan packed anew is rewritten.
         if found is None or found[0] is not record or found[1:] != held[1:]:
-            self._write_header(index, entry, held, packed=packed)
+            if not packed:
+                record.pack(*self.spaces(index))
+            _STEP_WORDS.pack_into(
+                entry, 4 * door.SUMMARY_WORDS, gather_rows, record.shape.num_reqs, *held[2:]
+            )
+            self._held[index] = held
         if rows:
             entry[self.regions.accepted_host : self.regions.accepted_host + rows] = accepted_host[
                 :rows
@@ -251,20 +258,6 @@ class DeviceBuffer:
         if self._ring is not None:
             self._ring.stamp(index, door.TICKET_WORD)
         self._open_entry = index
-
-    def _write_header(
-        self, index: int | None, entry: np.ndarray, held: tuple, *, packed: bool
-    ) -> None:
-        """A step's header in ``entry``: the plan (and its summary) unless just ``packed``
-        there, then the builder's step words; ``held`` is what the entry then holds."""
-        record, gather_rows, registered, rows = held
-        shape = record.shape
-        if not packed:
-            record.pack(*self.spaces(index))
-        _STEP_WORDS.pack_into(
-            entry, 4 * door.SUMMARY_WORDS, gather_rows, shape.num_reqs, registered, rows
-        )
-        self._held[index] = held
 
     def open(self, table: Any, seq_lens: Any, accepted: Any, group: int) -> None:
         """Launch the staged step's opening kernel (``group``'s slots from ``table``)."""
@@ -288,27 +281,22 @@ class DeviceBuffer:
         """``[rows], int32``: where :meth:`stage` put accepted counts given on the host."""
         return self.words[self.regions.accepted_host : self.regions.accepted_host + rows]
 
-    def _entry(self, index: int | None) -> _Entry:
-        """The staging entry ``index`` (on the CPU: one host entry, copied into the buffer
-        by the reference as the kernel copies it), its fixed header words written when it
-        is first used."""
-        found = self._entries.get(index)
-        if found is None:
-            done = None
-            if self._ring is None:  # a host entry as on CUDA: the reference copies it
-                tensor = torch.zeros(self.regions.staged, dtype=torch.int32)
-                words = tensor.numpy()
-            else:
-                tensor, words = self._ring.host_int32(index, self.regions.staged)
-                done = self._ring.done_word(index)
-            words[door.HEADER["stride"]] = self.regions.rows
-            for word, region, unit in _SOURCE_WORDS:
-                words[door.HEADER[word]] = int(getattr(self.regions, region) * unit)
-            regions = self.regions
-            plan = words[regions.plan : regions.accepted_host]
-            found = _Entry(tensor, words, plan, words[: door.SUMMARY_WORDS], done)
-            self._entries[index] = found
-        return found
+    def _new_entry(self, index: int | None) -> _Entry:
+        """Staging entry ``index`` (on the CPU: one host entry, copied into the buffer by
+        the reference as the kernel copies it), its fixed header words written."""
+        done = None
+        if self._ring is None:  # a host entry as on CUDA: the reference copies it
+            tensor = torch.zeros(self.regions.staged, dtype=torch.int32)
+            words = tensor.numpy()
+        else:
+            tensor, words = self._ring.host_int32(index, self.regions.staged)
+            done = self._ring.done_word(index)
+        words[door.HEADER["stride"]] = self.regions.rows
+        for word, region, unit in _SOURCE_WORDS:
+            words[door.HEADER[word]] = int(getattr(self.regions, region) * unit)
+        regions = self.regions
+        plan = words[regions.plan : regions.accepted_host]
+        return _Entry(tensor, words, plan, words[: door.SUMMARY_WORDS], done)
 
     # --- views -----------------------------------------------------------------------
 
