@@ -150,8 +150,7 @@ class Planner:
         """Pack the plan of :func:`host_step_batch`'s step (known on the host by its query
         starts and drafts alone) into ``out[:size]`` and say its shape, making neither the
         batch nor the plan: the bytes are ``compile(host_step_batch(...)).packed``, the
-        shape its ``.shape``. For a caller that ships the bytes and needs only the counts
-        (the vLLM builder); natively one C call for a step that runs eagerly, two (the
+        shape its ``.shape``. Natively one C call for a step that runs eagerly, two (the
         census, then the pack in its graph's layout) for one that may replay a graph.
 
         Args:
@@ -167,10 +166,10 @@ class Planner:
         """
         packer = self._packer
         if packer is not None and type(num_padded_tokens) in _COUNT_TYPES:
-            # The compiled packer (in this frame: a host step's build counts microseconds);
-            # None where a check fails or the arrays are not int32: StepBatch's path says.
+            # The compiled packer, in this frame (a build counts microseconds): eager steps
+            # in one call; None (or an error) where a check fails: StepBatch's path says.
             groups, query_len_max, tile = num_groups, self._query_len_max, self._tile
-            try:  # eager steps are packed by this one call; the others get their census
+            try:
                 census = packer.pack_host_eager(
                     out, query_start, num_draft_tokens, num_reqs, groups, query_len_max, tile,
                     self._eager_kinds, self.config.max_num_seqs,
@@ -184,22 +183,57 @@ class Planner:
                 key = (num_tokens, spec + decode + prefill, tiles, groups)
                 layout = self._layouts.get(key) or self._layout(*key)
             elif census is not None:
-                spec, decode, prefill, num_tokens, live_tiles = census
-                counts = (spec, decode, prefill, num_reqs - spec - decode - prefill)
-                graph, layout, size, tokens, rows, tiles = self._shape(
-                    counts, num_tokens, num_padded_tokens, groups, live_tiles
-                )
-                _check_room(out, size)
-                found = packer.pack_host(
-                    out[:size], query_start, num_draft_tokens, num_reqs, tokens, rows, tiles,
-                    groups, query_len_max, tile, summary,
+                spec, decode, prefill, num_tokens, _ = census
+                graph, layout, found = self._pack_in_graph_layout(
+                    packer, census, out, query_start, num_draft_tokens, num_reqs,
+                    num_padded_tokens, groups, summary,
                 )  # fmt: skip
             if found is not None:
                 counts = _plan_counts(spec, decode, prefill, num_tokens, found)
-                return _new_shape(
-                    (self.config, graph, layout, num_reqs, num_padded_tokens, *counts)
-                )
+                shape = (self.config, graph, layout, num_reqs, num_padded_tokens, *counts)
+                return _new_shape(shape)
         # Anything else, or a step the checks refuse: StepBatch's errors, word for word.
+        return self._pack_by_batch(
+            out, query_start, num_draft_tokens, num_reqs, num_padded_tokens, num_groups, summary
+        )
+
+    def _pack_in_graph_layout(
+        self,
+        packer: ModuleType,
+        census: tuple[int, ...],
+        out: np.ndarray,
+        query_start: np.ndarray,
+        drafts: np.ndarray | None,
+        num_reqs: int,
+        num_padded_tokens: int | None,
+        groups: int,
+        summary: np.ndarray | None,
+    ) -> tuple[GraphKey | None, PlanLayout, tuple[int, int, int] | None]:
+        """:meth:`pack_host_step`'s second native call, for a step of this census that may
+        replay a graph: ``(graph, layout, what the packer found)`` (found None: refused)."""
+        spec, decode, prefill, num_tokens, live_tiles = census
+        counts = (spec, decode, prefill, num_reqs - spec - decode - prefill)
+        graph, layout, size, *sizes = self._shape(
+            counts, num_tokens, num_padded_tokens, groups, live_tiles
+        )
+        _check_room(out, size)
+        found = packer.pack_host(
+            out[:size], query_start, drafts, num_reqs, *sizes, groups, self._query_len_max,
+            self._tile, summary,
+        )  # fmt: skip
+        return graph, layout, found
+
+    def _pack_by_batch(
+        self,
+        out: np.ndarray,
+        query_start: np.ndarray,
+        num_draft_tokens: np.ndarray | None,
+        num_reqs: int,
+        num_padded_tokens: int | None,
+        num_groups: int,
+        summary: np.ndarray | None,
+    ) -> PlanShape:
+        """:meth:`pack_host_step` through :func:`host_step_batch` and :meth:`compile`."""
         if summary is not None:
             _check_summary(summary, out, query_start, num_draft_tokens)
         plan = self.compile(
