@@ -182,10 +182,7 @@ class _HostInputs:
 
     def __init__(self, m: Any, accepted: Any, drafts: Any, share: StepShare) -> None:
         rows = m.num_reqs
-        self.starts = starts = share.host_view(0, m.query_start_loc_cpu)
-        if drafts is not None:
-            drafts = share.host_view(1, drafts)
-        self.drafts = drafts
+        self.starts, self.drafts = starts, drafts = share.host_views(m.query_start_loc_cpu, drafts)
         # (bytes of starts, of drafts, live tokens): one native call where it can (int32 or
         # int64, contiguous), the current step's own tuple where its bytes are the step's;
         # else read here.
@@ -225,6 +222,10 @@ def _read_host_arrays(
 _HOST_FIELDS = ("common_attn_metadata.query_start_loc_cpu", "num_decode_draft_tokens_cpu")
 _INT32 = torch.int32
 _TENSOR = torch.Tensor
+
+
+def _as_array(field: int, value: Any) -> np.ndarray:
+    return host_only_array(_HOST_FIELDS[field], value)
 
 
 def _not_flat(field: int, array: np.ndarray) -> None:
@@ -290,9 +291,9 @@ class StepShare:
             direct_launches=direct_launches,
             graph_launches=graph_launches,
         )
-        # The last host tensor seen per host field and its numpy view (same memory): the
-        # further groups of a step pass the first group's tensors.
-        self._host_views: list[tuple[Any, np.ndarray | None]] = [(None, None), (None, None)]
+        # The last host tensors seen and their numpy views (same memory), query starts
+        # then drafts: the further groups of a step pass the first group's tensors.
+        self._host_views: tuple = (None, None, None, None)
         self._last_plan: _Plan | None = None
         self._registered: tuple[tuple[int, int], ...] = ()
         self._step: _Step | None = None
@@ -343,23 +344,34 @@ class StepShare:
         # stride()[0]: half of what stride(0) costs (torch parses the argument).
         return table.data_ptr() == address and table.stride()[0] == stride and table.dtype is _INT32
 
-    def host_view(self, field: int, value: Any) -> np.ndarray:
-        """``value`` as numpy (:func:`~.bridge.host_only_array`), the view of the last host
-        tensor seen kept: it shares the tensor's memory, so it shows its values now (the
+    def host_views(self, starts: Any, drafts: Any) -> tuple[np.ndarray, np.ndarray | None]:
+        """``query_start_loc_cpu`` and ``num_decode_draft_tokens_cpu`` (``None``: none) as
+        numpy (:func:`~.bridge.host_only_array`). The last host tensor of each and its view
+        are kept: the view shares the tensor's memory, so it shows its values now (the
         further groups of a step pass the first group's tensors)."""
-        last, view = self._host_views[field]
-        if last is value:
-            return view
-        if value.__class__ is _TENSOR:  # the engine's host tensor: a view, straight
-            try:
-                view = value.numpy()
-            except (TypeError, RuntimeError):  # on a device, or one that needs grad
-                view = host_only_array(_HOST_FIELDS[field], value)
-        else:
-            view = host_only_array(_HOST_FIELDS[field], value)
-        if isinstance(value, torch.Tensor):  # not a list's: its array is a copy
-            self._host_views[field] = (value, view)
-        return view
+        last_starts, starts_view, last_drafts, drafts_view = self._host_views
+        try:  # the engine's host tensors viewed straight; anything else as it asks
+            if starts is not last_starts:
+                starts_view = (
+                    starts.numpy() if starts.__class__ is _TENSOR else _as_array(0, starts)
+                )
+            if drafts is None:
+                drafts_view = None
+            elif drafts is not last_drafts:
+                drafts_view = (
+                    drafts.numpy() if drafts.__class__ is _TENSOR else _as_array(1, drafts)
+                )
+        except (TypeError, RuntimeError):  # a tensor on a device, or one that needs grad
+            starts_view = _as_array(0, starts)
+            drafts_view = None if drafts is None else _as_array(1, drafts)
+        # A list's array is a copy: only tensors are kept.
+        self._host_views = (
+            starts if starts.__class__ is _TENSOR else None,
+            starts_view,
+            drafts if drafts.__class__ is _TENSOR else None,
+            drafts_view,
+        )
+        return starts_view, drafts_view
 
     def new_step(self) -> None:
         """Make the next build open a new step, whatever its inputs."""
@@ -403,9 +415,7 @@ class StepShare:
             return False
         if m.num_reqs != rows or m.num_actual_tokens != tokens:
             return False
-        starts = self.host_view(0, m.query_start_loc_cpu)
-        if drafts is not None:
-            drafts = self.host_view(1, drafts)
+        starts, drafts = self.host_views(m.query_start_loc_cpu, drafts)
         return self.host_bytes(starts, drafts, rows, host) is host
 
     def _join(self, step: _Step, group: int, table: Any) -> _Step:
