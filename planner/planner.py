@@ -284,7 +284,7 @@ class Planner:
                 return shape  # type: ignore[return-value]
         tiles = 0 if not prefill else tiles_of if type(tiles_of) is int else tiles_of()
         live = spec + decode + prefill
-        layout = PlanLayout(num_tokens, live, tiles, groups)
+        layout = self._layout(num_tokens, live, tiles, groups)
         return None, layout, layout.size, num_tokens, live, tiles
 
     def _choose(

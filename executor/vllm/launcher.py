@@ -69,7 +69,7 @@ class Launcher:
         # Per exact argument set: its graph, or 1 once launched directly; and the tensors
         # its key holds by id, kept alive so that no other tensor takes their ids.
         self._graphs: dict[tuple, torch.cuda.CUDAGraph | int] = {}
-        self._kept: list[torch.Tensor] = []
+        self._kept: dict[int, torch.Tensor] = {}
         self._side = torch.cuda.Stream(self._device) if self.graphs else None
         self._pool = torch.cuda.graph_pool_handle() if self.graphs else None
         #: Launches replayed as graphs, and graphs captured, so far.
@@ -166,7 +166,7 @@ class Launcher:
         if exact not in self._graphs:  # a first sighting launches directly
             if len(self._graphs) < _MAX_ARGUMENT_SETS:
                 self._graphs[exact] = 1
-                self._kept.extend(keep)
+                self._kept.update((id(tensor), tensor) for tensor in keep)
             self._run(compiled, args, constants)
             return
         graph = torch.cuda.CUDAGraph()

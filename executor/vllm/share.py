@@ -180,14 +180,14 @@ class _HostInputs:
         "starts",
     )
 
-    def __init__(self, m: Any, accepted: Any, drafts: Any, share: StepShare) -> None:
+    def __init__(
+        self, m: Any, accepted: Any, drafts: Any, share: StepShare, last: tuple | None
+    ) -> None:
         rows = m.num_reqs
         self.starts, self.drafts = starts, drafts = share.host_views(m.query_start_loc_cpu, drafts)
         # (bytes of starts, of drafts, live tokens): one native call where it can (int32 or
-        # int64, contiguous), the current step's own tuple where its bytes are the step's;
+        # int64, contiguous), ``last`` (the current step's) where its bytes are the step's;
         # else read here.
-        step = share._step
-        last = None if step is None else step.host_key[2]
         self.host = host = share.host_bytes(starts, drafts, rows, last) or _read_host_arrays(
             starts, drafts, rows
         )
@@ -394,7 +394,7 @@ class StepShare:
         further = step is not None and not step.built >> group & 1
         if further and self._same_objects(step, m, accepted, drafts, step_id):
             return self._join(step, group, m.block_table_tensor)
-        inputs = _HostInputs(m, accepted, drafts, self)
+        inputs = _HostInputs(m, accepted, drafts, self, None if step is None else step.host_key[2])
         device_inputs = (m.query_start_loc, m.seq_lens, inputs.accepted_device)
         if further and self._same(step, inputs.key, device_inputs, step_id):
             return self._join(step, group, m.block_table_tensor)
