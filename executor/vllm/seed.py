@@ -138,46 +138,81 @@ def seed_pads(plan: PlanShape) -> tuple[int | None, int | None]:
     :func:`seed_graph_limits`: spec rows to the engine's row count (its padding rows
     have no tokens), decode rows to the smallest graph size that holds them.
     """
-    spec, decode, prefill = plan.num_spec_rows, plan.num_decode_rows, plan.num_prefill_rows
-    config = plan.config
+    return _pads(
+        plan.config,
+        plan.num_reqs,
+        plan.num_spec_rows,
+        plan.num_decode_rows,
+        plan.num_prefill_rows,
+        plan.num_spec_decode_tokens,
+    )
+
+
+def _pads(
+    config: PlannerConfig, engine_rows: int, spec: int, decode: int, prefill: int, tokens: int
+) -> tuple[int | None, int | None]:
+    """:func:`seed_pads` of a plan of these counts (``tokens``: its spec tokens)."""
     if prefill or (spec and decode) or config.graph_mode == "none":  # not uniform: no pads
         return None, None
     max_rows, max_tokens = seed_graph_limits(config)
-    spec_pad = decode_pad = None
     if spec:
-        if spec <= max_rows and plan.num_spec_decode_tokens <= max_tokens:
-            spec_pad = plan.num_reqs
-    elif decode and decode <= max_rows:
-        decode_pad = config.smallest_size(decode)
-    return spec_pad, decode_pad
+        return (engine_rows if spec <= max_rows and tokens <= max_tokens else None), None
+    if decode and decode <= max_rows:
+        return None, config.smallest_size(decode)
+    return None, None
 
 
 #: A part's key (see :func:`shape_keys`).
 PartKey = tuple[int, ...] | None
+#: :func:`shape_keys`' answer: the three parts' keys and ``N``.
+ShapeKeys = tuple[PartKey, PartKey, PartKey, int]
 
 
-def shape_keys(plan: PlanShape) -> tuple[PartKey, PartKey, PartKey, int]:
+def shape_keys(plan: PlanShape) -> ShapeKeys:
     """The keys of the three parts of the seed fields of a plan of this shape, and ``N``
     (the rows the row sources cover): the decode and prefill fields' ``(has spec rows,
     decode rows, prefill rows, decode rows padded, engine rows)``, the spec rows' ``(spec
     rows, padded, engine rows)`` and the token lists' ``(pure spec, spec tokens,
     tokens)``; ``None`` for the last two without spec rows."""
-    spec_pad, decode_pad = seed_pads(plan)
-    ns, nd, npf, engine_rows = (
-        plan.num_spec_rows,
-        plan.num_decode_rows,
-        plan.num_prefill_rows,
-        plan.num_reqs,
+    return seed_counts_and_keys(plan)[1]
+
+
+def seed_counts(plan: PlanShape) -> tuple[int, ...]:
+    """The seed's host counts of a plan of this shape, in :data:`COUNT_FIELDS` order."""
+    return seed_counts_and_keys(plan)[0]
+
+
+def seed_counts_and_keys(plan: PlanShape) -> tuple[tuple[int, ...], ShapeKeys]:
+    """:func:`seed_counts` and :func:`shape_keys` of a plan of this shape, in one pass
+    over its fields (a builder's new step needs both)."""
+    config, engine_rows = plan.config, plan.num_reqs
+    ns, nd, npf = plan.num_spec_rows, plan.num_decode_rows, plan.num_prefill_rows
+    spec_tokens, decode_tokens = plan.num_spec_decode_tokens, plan.num_decode_tokens
+    prefill_tokens = plan.num_prefill_tokens
+    tokens = spec_tokens + decode_tokens + prefill_tokens
+    counts = (
+        engine_rows,
+        plan.num_padded_tokens or tokens,
+        ns,
+        spec_tokens,
+        nd,
+        decode_tokens,
+        npf,
+        prefill_tokens,
+        config.query_len_max,
+        plan.max_prefill_query_len,
     )
+    spec_pad, decode_pad = _pads(config, engine_rows, ns, nd, npf, spec_tokens)
     if not ns:
         decode_rows = decode_pad or nd
         rows = decode_rows if not npf else nd + npf
         plain = (0, nd, npf, decode_rows, engine_rows)
-        return plain, None, None, max(plan.layout.num_rows, rows)
+        return counts, (plain, None, None, max(plan.layout.num_rows, rows))
     spec_rows = spec_pad or ns
     spec = (ns, spec_rows, engine_rows)
-    tokens = (int(not nd and not npf), plan.num_spec_decode_tokens, plan.num_tokens)
-    return (1, nd, npf, nd, engine_rows), spec, tokens, max(plan.layout.num_rows, spec_rows)
+    token_key = (int(not nd and not npf), spec_tokens, tokens)
+    rows = max(plan.layout.num_rows, spec_rows)
+    return counts, ((1, nd, npf, nd, engine_rows), spec, token_key, rows)
 
 
 def plain_part(key: PartKey) -> tuple[Prefix | None, ...]:
@@ -242,22 +277,6 @@ def seed_shape(plan: ExecutionPlan) -> SeedShape:
     """The seed's array fields of ``plan``, as prefixes of its sources (the rules)."""
     plain, spec, tokens, rows = shape_keys(plan.shape)
     return SeedShape(plain_part(plain) + spec_part(spec) + token_part(tokens), rows)
-
-
-def seed_counts(plan: PlanShape) -> tuple[int, ...]:
-    """The seed's host counts of a plan of this shape, in :data:`COUNT_FIELDS` order."""
-    return (
-        plan.num_reqs,
-        plan.num_padded_tokens or plan.num_tokens,
-        plan.num_spec_rows,
-        plan.num_spec_decode_tokens,
-        plan.num_decode_rows,
-        plan.num_decode_tokens,
-        plan.num_prefill_rows,
-        plan.num_prefill_tokens,
-        plan.query_len_max,
-        plan.max_prefill_query_len,
-    )
 
 
 def plan_sources(plan: ExecutionPlan, rows: int) -> dict[str, np.ndarray]:

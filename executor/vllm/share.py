@@ -40,7 +40,7 @@ from stepplan.planner import (
 )
 
 from .bridge import host_only_array
-from .seed import PartKey, seed_counts, shape_keys
+from .seed import ShapeKeys, seed_counts_and_keys
 from .stage import DeviceBuffer, plan_regions
 
 
@@ -71,17 +71,18 @@ class _Plan:
         planner: Planner,
         types: tuple[np.dtype, np.dtype | None],
         shape: PlanShape,
-        keys: tuple[PartKey, PartKey, PartKey, int],
+        counts_and_keys: tuple[tuple[int, ...], ShapeKeys],
         buffer: DeviceBuffer,
     ) -> None:
         # key (rows, tokens, (query starts' bytes, drafts' bytes, live tokens)) and the two
         # arrays' dtypes: the host data the plan is a function of.
         self.key, self._planner, self._types = key, planner, types
-        self.shape, self.keys, self._buffer = shape, keys, buffer
-        self.counts = seed_counts(shape)
-        # The seed views: the row parts' per group (shared with every plan of these row
-        # parts, filled by the group's first build), the token lists'.
-        self.rows, self.tokens = buffer.part_views(keys)
+        self.shape, self._buffer = shape, buffer
+        # The seed's counts and part keys of the shape (seed_counts_and_keys), then its
+        # views: the row parts' per group (shared with every plan of these row parts,
+        # filled by the group's first build), the token lists'.
+        self.counts, self.keys = counts_and_keys
+        self.rows, self.tokens = buffer.part_views(self.keys)
         self._plan: ExecutionPlan | None = None
         self._plan_buffer: torch.Tensor | None = None
 
@@ -471,14 +472,15 @@ class StepShare:
                 num_groups=self.num_groups,
                 summary=summary,
             )
-            keys = shape_keys(shape)
-            if keys[3] > buffer.regions.rows:
+            counts_and_keys = seed_counts_and_keys(shape)
+            gather_rows = counts_and_keys[1][3]
+            if gather_rows > buffer.regions.rows:
                 raise ValueError(
-                    f"common_attn_metadata: the step's {keys[3]} rows exceed the builder's "
+                    f"common_attn_metadata: the step's {gather_rows} rows exceed the builder's "
                     f"{buffer.regions.rows} (raise max_num_reqs)"
                 )
             types = (query_start.dtype, None if drafts is None else drafts.dtype)
-            record = _Plan(plan_key, self._planner, types, shape, keys, buffer)
+            record = _Plan(plan_key, self._planner, types, shape, counts_and_keys, buffer)
             self._last_plan = record
             self.num_compiles += 1
         buffer.stage(index, record, record.keys[3], inputs.accepted_host, packed=packed)
