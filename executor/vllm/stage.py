@@ -188,9 +188,8 @@ class DeviceBuffer:
         # CUDA device, else one host entry (index None).
         indices = [None] if self._ring is None else range(ring_size)
         self._entries: dict[int | None, _Entry] = {i: self._new_entry(i) for i in indices}
-        # Views per part keys: the row parts' (per group), the token lists'.
+        # The row parts' views per part keys and group.
         self._row_views: dict[tuple, dict[int, tuple[Any, ...]]] = {}
-        self._token_views: dict[PartKey, tuple[Any, ...]] = {}
         # Per group, every prefix view of each source: bounded by the regions' sizes.
         self._lists: dict[int, _SourceLists] = {}
         self._plan_views: dict[int, torch.Tensor] = {}
@@ -305,16 +304,18 @@ class DeviceBuffer:
         per layer group, a dict shared by every step of these row-part keys and filled by
         :meth:`row_views`, and the token lists' views (every group shares them). Per
         :data:`~.seed.ARRAY_FIELDS` entry a view is a device view, ``None``, or
-        :data:`PASS_THROUGH`; a step of new token counts makes only the token lists'."""
+        :data:`PASS_THROUGH`."""
         rows_key = (keys[0], keys[1])
         rows = self._row_views.get(rows_key)
         if rows is None:
             rows = _remember(self._row_views, rows_key, {})
-        tokens = self._token_views.get(keys[2])
-        if tokens is None:
-            places = token_part(keys[2])
-            tokens = _remember(self._token_views, keys[2], self._prefixes(places, 0))
-        return rows, tokens
+        if keys[2] is None:
+            return rows, (None, None)
+        # Looked up, not kept: a step drawn afresh has new token counts, and two lookups
+        # cost less than a cache's miss.
+        (spec_source, spec_length), (plain_source, plain_length) = token_part(keys[2])
+        lists = self._source_lists(0)
+        return rows, (lists[spec_source][spec_length], lists[plain_source][plain_length])
 
     def row_views(self, keys: tuple[PartKey, PartKey, PartKey, int], group: int) -> tuple:
         """The row parts' views of ``group`` (the :data:`~.seed.PLAIN_FIELDS` and the first
