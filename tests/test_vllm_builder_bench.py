@@ -1,5 +1,6 @@
 """``bench/vllm_builder_bench.py`` on the CPU at tiny size (``--smoke``): it runs, times
-every mode it can here and checks every field against the host oracle (no timing claims)."""
+every mode it can here and checks every field against the host oracle (no timing claims);
+``bench/vllm_builder_parts.py``'s copy of the build path gives a real build's metadata."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import vllm_builder_bench as bench
+import vllm_builder_parts as parts
 
 
 def test_the_bench_smoke_runs_on_the_cpu(capsys):
@@ -28,3 +30,24 @@ def test_the_host_only_smoke_leaves_the_device_half_out(capsys):
     bench.main(["--smoke", "--host-only"])
     out = capsys.readouterr().out
     assert "host only" in out and "host oracle" not in out
+
+
+def test_the_parts_bench_replays_what_a_build_makes(capsys):
+    parts.main(["--smoke"])
+    out = capsys.readouterr().out
+    assert "the replayed path's metadata equal a real build's" in out
+    assert all(piece in out for piece in parts.PIECES)
+
+
+def test_the_parts_bench_notices_a_path_that_differs():
+    config = parts.PlannerConfig(num_spec_tokens=bench.SPEC_TOKENS, graph_mode="full")
+    case = bench.Case(config, "cpu", bench.SMOKE_BATCHES["mixed 8"], 0, True, False)
+    metadata, kwargs = case.engine.step(case.steps(1)[0])
+    real = case.builders[0].build(0, metadata[0], **kwargs)
+    case.share.new_step()
+    replayed, timings = parts.replayed_build(case.builders[0], metadata[0], kwargs)
+    assert len(timings) == len(parts.PIECES)
+    assert parts.same_metadata(real, replayed)
+    assert not parts.same_metadata(real, replayed._replace(num_reqs=real.num_reqs + 1))
+    other = replayed._replace(spec_query_start_loc=real.spec_query_start_loc.clone())
+    assert not parts.same_metadata(real, other)
