@@ -130,7 +130,7 @@ class Planner:
         return ExecutionPlan(
             batch,
             self.config,
-            *_plan_counts(spec, decode, prefill, num_tokens, found),
+            *found,
             graph,
             layout,
             packed,
@@ -177,19 +177,19 @@ class Planner:
                 )  # fmt: skip
             except (TypeError, ValueError):
                 census = None
-            found = graph = None
-            if census is not None and len(census) == 6:  # packed eagerly, in its own layout
-                spec, decode, prefill, num_tokens, tiles, found = census
-                key = (num_tokens, spec + decode + prefill, tiles, groups)
+            counts = graph = None
+            if census is not None and len(census) == 8:  # packed eagerly, in its own layout
+                counts = census  # PlanShape's counts, in its order
+                spec, decode, prefill, spec_tokens, decode_tokens, prefill_tokens, _, tiles = counts
+                tokens = spec_tokens + decode_tokens + prefill_tokens
+                key = (tokens, spec + decode + prefill, tiles, groups)
                 layout = self._layouts.get(key) or self._layout(*key)
             elif census is not None:
-                spec, decode, prefill, num_tokens, _ = census
-                graph, layout, found = self._pack_in_graph_layout(
+                graph, layout, counts = self._pack_in_graph_layout(
                     packer, census, out, query_start, num_draft_tokens, num_reqs,
                     num_padded_tokens, groups, summary,
                 )  # fmt: skip
-            if found is not None:
-                counts = _plan_counts(spec, decode, prefill, num_tokens, found)
+            if counts is not None:
                 shape = (self.config, graph, layout, num_reqs, num_padded_tokens, *counts)
                 return _new_shape(shape)
         # Anything else, or a step the checks refuse: StepBatch's errors, word for word.
@@ -208,9 +208,9 @@ class Planner:
         num_padded_tokens: int | None,
         groups: int,
         summary: np.ndarray | None,
-    ) -> tuple[GraphKey | None, PlanLayout, tuple[int, int, int] | None]:
+    ) -> tuple[GraphKey | None, PlanLayout, tuple[int, ...] | None]:
         """:meth:`pack_host_step`'s second native call, for a step of this census that may
-        replay a graph: ``(graph, layout, what the packer found)`` (found None: refused)."""
+        replay a graph: ``(graph, layout, the plan's counts)`` (counts None: refused)."""
         spec, decode, prefill, num_tokens, live_tiles = census
         counts = (spec, decode, prefill, num_reqs - spec - decode - prefill)
         graph, layout, size, *sizes = self._shape(
@@ -343,25 +343,6 @@ def host_step_batch(
         np.ones(num_reqs, np.int32),
         num_padded_tokens=num_padded_tokens,
         allow_null_slots=True,
-    )
-
-
-def _plan_counts(
-    spec: int, decode: int, prefill: int, num_tokens: int, found: tuple[int, int, int]
-) -> tuple[int, ...]:
-    """A plan's counts in ExecutionPlan's (and PlanShape's) field order, from its rows per
-    kind, live tokens and what the packer found (tiles, longest prefill, spec tokens)."""
-    num_tiles, longest_prefill, spec_tokens = found
-    decode_tokens = decode  # decode rows have one token each
-    return (
-        spec,
-        decode,
-        prefill,
-        spec_tokens,
-        decode_tokens,
-        num_tokens - spec_tokens - decode_tokens,
-        longest_prefill,
-        num_tiles,
     )
 
 

@@ -226,7 +226,18 @@ def _pack_arguments():
 def test_the_raw_packer_fills_exactly_the_layout():
     (guarded, *batch), counts, plan = _pack_arguments()
     packed = guarded[: plan.layout.size]
-    assert native_module.load_packer().pack(packed, *batch, *counts) == (0, 0, 8)
+    found = native_module.load_packer().pack(packed, *batch, *counts)
+    assert found == (
+        plan.num_spec_rows,
+        plan.num_decode_rows,
+        plan.num_prefill_rows,
+        plan.num_spec_decode_tokens,
+        plan.num_decode_tokens,
+        plan.num_prefill_tokens,
+        plan.max_prefill_query_len,
+        plan.num_tiles,
+    )
+    assert found[:3] == (2, 0, 0) and found[3] == 8
     assert packed.tobytes() == plan.packed.tobytes()
     assert (guarded[plan.layout.size :] == 12345).all()
 

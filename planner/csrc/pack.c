@@ -99,7 +99,11 @@ static void write_starts_and_slots(const Batch *b, const Fields *f, Py_ssize_t l
         }
     }
     for (Py_ssize_t g = 0; g < f->groups; g++) {
-        gather(f->slot + g * f->rows, b->slots + g * b->num_rows, order, live);
+        if (b->slots == NULL) { /* a host step's placeholder slots */
+            memset(f->slot + g * f->rows, 0, (size_t)live * sizeof(int32_t));
+        } else {
+            gather(f->slot + g * f->rows, b->slots + g * b->num_rows, order, live);
+        }
     }
 }
 
@@ -221,9 +225,10 @@ const char PACK_DOC[] =
     "pack(packed, query_start, num_computed_tokens, num_accepted_tokens, slots, kinds,\n"
     "     num_tokens, num_rows, num_tiles, num_groups, query_len_max, tile)\n"
     "Fill ``packed`` (int32, laid out as PlanLayout(num_tokens, num_rows, num_tiles,\n"
-    "num_groups)) with one step's plan. Returns (num_tiles, longest prefill, spec tokens),\n"
-    "or None when a spec row breaks the config's limits (q > Q or accepted outside\n"
-    "1..Q); the buffer is then left unspecified.";
+    "num_groups)) with one step's plan. Returns its counts in ExecutionPlan's field order\n"
+    "(spec, decode, prefill rows, their tokens, longest prefill, tiles), or None when a\n"
+    "spec row breaks the config's limits (q > Q or accepted outside 1..Q); the buffer is\n"
+    "then left unspecified.";
 
 /* pack's six counts (num_tokens, num_rows, num_tiles, num_groups, query_len_max, tile)
  * from ``args``, each checked, and the layout they give checked to fit Py_ssize_t; 0, or
@@ -245,6 +250,25 @@ static int take_counts(PyObject *const *args, Py_ssize_t counts[6]) {
         return -1;
     }
     return 0;
+}
+
+/* A packed plan's counts as Python gets them, in ExecutionPlan's (and PlanShape's) field
+ * order: rows per kind, tokens per kind, the longest prefill, the tiles. */
+static PyObject *plan_counts(const Census *c) {
+    const long long values[8] = {
+        (long long)c->rows[SPEC],   (long long)c->rows[DECODE],   (long long)c->rows[PREFILL],
+        (long long)c->tokens[SPEC], (long long)c->tokens[DECODE], (long long)c->tokens[PREFILL],
+        (long long)c->longest_prefill, (long long)c->tiles};
+    PyObject *counts = PyTuple_New(8);
+    for (int i = 0; counts != NULL && i < 8; i++) {
+        PyObject *value = PyLong_FromLongLong(values[i]);
+        if (value == NULL) {
+            Py_CLEAR(counts);
+        } else {
+            PyTuple_SET_ITEM(counts, i, value);
+        }
+    }
+    return counts;
 }
 
 PyObject *pack(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -293,8 +317,7 @@ PyObject *pack(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
                          (long long)census.tiles, tiles);
         } else {
             write_plan(&batch, &fields, &census, tile, census.in_order);
-            result = Py_BuildValue("(LiL)", (long long)census.tiles,
-                                   (int)census.longest_prefill, (long long)census.tokens[SPEC]);
+            result = plan_counts(&census);
         }
     }
     PyBuffer_Release(&out);
@@ -325,10 +348,10 @@ static void release_host_step(HostStep *step) {
  * spec row); 1 when a StepBatch rule breaks (then Python raises its error), 0 when it
  * holds, -1 with MemoryError. */
 static int take_host_step(HostStep *step, const int32_t *query_start, const int32_t *drafts,
-                          Py_ssize_t rows, Py_ssize_t groups) {
+                          Py_ssize_t rows) {
     size_t n = (size_t)rows;
     step->scratch = PyMem_Malloc((4 * n + 1) * sizeof(int32_t) + n + 1);
-    step->zeros = PyMem_Calloc((size_t)groups * n + 1, sizeof(int32_t));
+    step->zeros = PyMem_Calloc(n + 1, sizeof(int32_t));
     if (step->scratch == NULL || step->zeros == NULL) {
         release_host_step(step);
         PyErr_NoMemory();
@@ -346,7 +369,7 @@ static int take_host_step(HostStep *step, const int32_t *query_start, const int3
                              step->counts);
     step->lens = lens;
     step->batch = (Batch){.held = 0, .num_rows = rows, .query_start = starts,
-                          .computed = zeros, .accepted = ones, .slots = zeros, .kinds = kinds};
+                          .computed = zeros, .accepted = ones, .slots = NULL, .kinds = kinds};
     return broken;
 }
 
@@ -400,14 +423,14 @@ static void release_host_census(HostCensus *h) {
  * step they give; 0, 1 when a StepBatch rule or the config's limits break (no exception),
  * -1 with an exception set. Release ``h`` in every case. */
 static int take_host_census(HostCensus *h, PyObject *const *arrays, Py_ssize_t rows,
-                            Py_ssize_t groups, Py_ssize_t query_len_max) {
+                            Py_ssize_t query_len_max) {
     h->held = 0;
     h->step = (HostStep){.scratch = NULL, .zeros = NULL};
     if (take_host_arrays(arrays, h->views, rows, &h->held) < 0) {
         return -1;
     }
     const int32_t *drafts = h->held == 2 ? h->views[1].buf : NULL;
-    int broken = take_host_step(&h->step, h->views[0].buf, drafts, rows, groups);
+    int broken = take_host_step(&h->step, h->views[0].buf, drafts, rows);
     if (broken < 0) {
         return -1;
     }
@@ -484,8 +507,8 @@ static int take_summary(PyObject *arg, Py_buffer *view, int *held, const Py_buff
 }
 
 /* Packs ``h``'s step into the first entries of ``out`` (all of them when ``exact``) by the
- * layout ``f`` says, and its summary into ``summary`` unless NULL; (tiles, longest
- * prefill, spec tokens), or NULL with ValueError. */
+ * layout ``f`` says, and its summary into ``summary`` unless NULL; its counts
+ * (plan_counts), or NULL with ValueError. */
 static PyObject *pack_census(HostCensus *h, Py_buffer *out, Fields *f, Py_ssize_t tile,
                              int exact, int32_t *summary) {
     Census *c = &h->census;
@@ -507,8 +530,7 @@ static PyObject *pack_census(HostCensus *h, Py_buffer *out, Fields *f, Py_ssize_
         if (summary != NULL) {
             write_summary(summary, out->buf, f, h);
         }
-        return Py_BuildValue("(LiL)", (long long)c->tiles, (int)c->longest_prefill,
-                             (long long)c->tokens[SPEC]);
+        return plan_counts(c);
     }
     return NULL;
 }
@@ -521,7 +543,8 @@ const char PACK_HOST_DOC[] =
     "``num_draft_tokens`` (int32, >= num_reqs; None: no spec row), its computed tokens 0,\n"
     "accepted counts 1 and slots NULL, packed into ``packed`` (the layout's size) as\n"
     "pack() packs it, and its summary (plan.py's SUMMARY) into ``summary`` (int32, >= the\n"
-    "summary's words; None: none); (num_tiles, longest prefill, spec tokens) returned.\n"
+    "summary's words; None: none); its counts returned: (spec, decode, prefill rows, their\n"
+    "tokens, longest prefill, tiles), as PlanShape orders them.\n"
     "None when a StepBatch rule or the config's limits break (StepBatch and compile_plan\n"
     "name the error). pack_host_eager gives the census that sizes the layout.";
 
@@ -537,7 +560,7 @@ PyObject *pack_host(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     }
     HostCensus h;
     PyObject *result = NULL;
-    int found = take_host_census(&h, args + 1, rows, counts[3], counts[4]);
+    int found = take_host_census(&h, args + 1, rows, counts[4]);
     Py_buffer out, summary;
     int with_summary = 0;
     if (found == 1) {
@@ -564,12 +587,12 @@ const char PACK_HOST_EAGER_DOC[] =
     "pack_host's step in one pass where it runs eagerly: bit ``k`` of ``eager_kinds`` set\n"
     "when a step whose kinds present are ``k`` (1 spec, 2 decode, 4 prefill) does. Then\n"
     "the plan, in the layout of its own live tokens, rows and prefill tiles, fills the\n"
-    "first entries of ``packed``, its summary ``summary`` as pack_host writes it, and\n"
-    "(spec, decode, prefill rows, tokens, tiles, longest prefill, spec tokens) is\n"
-    "returned. Else its census, (spec, decode, prefill rows, tokens, prefill tiles),\n"
-    "which sizes pack_host's layout. None when a StepBatch rule or\n"
-    "the config's limits break, when it has more than ``max_rows`` live rows or\n"
-    "``max_tokens`` tokens, or when ``packed`` is too short (nothing written).";
+    "first entries of ``packed``, its summary ``summary`` as pack_host writes it, and its\n"
+    "counts are returned as pack_host returns them (eight). Else its census, (spec,\n"
+    "decode, prefill rows, tokens, prefill tiles): five, which size pack_host's layout.\n"
+    "None when a StepBatch rule or the config's limits break, when it has more than\n"
+    "``max_rows`` live rows or ``max_tokens`` tokens, or when ``packed`` is too short\n"
+    "(nothing written).";
 
 PyObject *pack_host_eager(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
@@ -593,7 +616,7 @@ PyObject *pack_host_eager(PyObject *self, PyObject *const *args, Py_ssize_t narg
     }
     HostCensus h;
     PyObject *result = NULL;
-    int found = take_host_census(&h, args + 1, rows, groups, counts[2]);
+    int found = take_host_census(&h, args + 1, rows, counts[2]);
     const Py_ssize_t *live = h.census.rows;
     if (found == 1 || (found == 0 && (h.live > counts[5] || h.num_tokens > counts[6]))) {
         result = Py_NewRef(Py_None);
@@ -617,14 +640,7 @@ PyObject *pack_host_eager(PyObject *self, PyObject *const *args, Py_ssize_t narg
         if (out.len / 4 < plan_size(f.tokens, f.rows, f.tiles, groups)) {
             result = Py_NewRef(Py_None); /* nothing written: the caller's check names it */
         } else {
-            PyObject *packed = pack_census(&h, &out, &f, tile, 0,
-                                           with_summary ? summary.buf : NULL);
-            if (packed != NULL) {
-                result = Py_BuildValue("(nnnLLO)", h.step.counts[SPEC], h.step.counts[DECODE],
-                                       h.step.counts[PREFILL], (long long)h.num_tokens,
-                                       (long long)tiles, packed);
-                Py_DECREF(packed);
-            }
+            result = pack_census(&h, &out, &f, tile, 0, with_summary ? summary.buf : NULL);
         }
         if (with_summary) {
             PyBuffer_Release(&summary);
