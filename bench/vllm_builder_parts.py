@@ -92,7 +92,7 @@ def replayed_build(builder: PlanMetadataBuilder, m: Any, kwargs: dict) -> tuple[
     step = share_module._Step(share.num_steps, record, key, device_inputs, None, group)
     share._last_plan, share._step = record, step
     marks.append(_clock())
-    views = record.rows.get(group) or buffer.row_views(record.keys, group)
+    views = record.rows.get(group) or buffer.row_views(record.keys, group, record.rows)
     fields = (*record.counts, *views, *record.tokens, m.query_start_loc, m.seq_lens, drafts)
     metadata = _new_metadata((*fields, record, group, step.index, *_UNSET))
     marks.append(_clock())

@@ -199,7 +199,7 @@ class PlanMetadataBuilder:
         record, group = step.record, self.group
         rows = record.rows.get(group)
         if rows is None:  # made once per row-part keys and group
-            rows = self.share.buffer.row_views(record.keys, group)
+            rows = self.share.buffer.row_views(record.keys, group, record.rows)
         if record.keys[1] is None:  # no spec rows: the engine's own non-spec starts
             rows = (*rows[:_PASS_AT], m.query_start_loc, *rows[_PASS_AT + 1 :])
         return _new_metadata(

@@ -22,7 +22,7 @@ import torch
 
 from ..upload import StagingRing
 from . import door, gather, launcher
-from .seed import SLOT_SOURCES, SOURCE_DTYPES, PartKey, plain_part, spec_part, token_part
+from .seed import SLOT_SOURCES, SOURCE_DTYPES, ShapeKeys, plain_part, spec_part, token_part
 
 _CACHE_LIMIT = 4096  # entries of a shape-keyed cache; all are let go past it
 #: Marks a field that is the engine's own ``query_start_loc`` (filled in per build).
@@ -299,7 +299,7 @@ class DeviceBuffer:
 
     # --- views -----------------------------------------------------------------------
 
-    def part_views(self, keys: tuple[PartKey, PartKey, PartKey, int]) -> tuple[dict, tuple]:
+    def part_views(self, keys: ShapeKeys) -> tuple[dict, tuple]:
         """For a step of these part keys (:func:`~.seed.shape_keys`): the row parts' views
         per layer group, a dict shared by every step of these row-part keys and filled by
         :meth:`row_views`, and the token lists' views (every group shares them). Per
@@ -317,15 +317,12 @@ class DeviceBuffer:
         lists = self._source_lists(0)
         return rows, (lists[spec_source][spec_length], lists[plain_source][plain_length])
 
-    def row_views(self, keys: tuple[PartKey, PartKey, PartKey, int], group: int) -> tuple:
+    def row_views(self, keys: ShapeKeys, group: int, into: dict) -> tuple:
         """The row parts' views of ``group`` (the :data:`~.seed.PLAIN_FIELDS` and the first
-        four :data:`~.seed.SPEC_FIELDS`), kept in :meth:`part_views`'s dict of ``keys``."""
-        rows, _ = self.part_views(keys)
-        found = rows.get(group)
-        if found is None:
-            places = plain_part(keys[0]) + spec_part(keys[1])
-            found = rows[group] = self._prefixes(places, group)
-        return found
+        four :data:`~.seed.SPEC_FIELDS`), made and kept in ``into``: :meth:`part_views`'s
+        dict of ``keys``."""
+        into[group] = views = self._prefixes(plain_part(keys[0]) + spec_part(keys[1]), group)
+        return views
 
     def _prefixes(self, places: tuple[Any, ...], group: int) -> tuple[Any, ...]:
         """The view of each place (:data:`~.seed.Prefix`, or ``None``) for ``group``."""
