@@ -129,28 +129,40 @@ def check_replay(case: bench.Case, steps: list[dict]) -> str:
 
 
 def measure(case: bench.Case, mode: str, builds: int) -> dict[str, float]:
-    """p50 µs per piece and of whole builds, ``mode`` as ``vllm_builder_bench.py``'s."""
+    """p50 µs per piece and of whole builds, ``mode`` as ``vllm_builder_bench.py``'s: idle
+    makes each step's inputs just before its build, then synchronizes and spins 100 µs;
+    busy makes 24 steps' inputs, puts a long kernel in flight, then builds them, 20 µs
+    apart."""
     device, builder = case.engine.device, case.builders[0]
     busy = mode == "busy" and device.type == "cuda"
     found: dict[str, list[float]] = {name: [] for name in (*PIECES, "sum", "build")}
+
+    def build(metadata: list, kwargs: dict, replay: bool) -> None:
+        if replay:
+            _, parts = replayed_build(builder, metadata[0], kwargs)
+            for name, ns in zip(PIECES, parts, strict=True):
+                found[name].append(ns / 1e3)
+            found["sum"].append(sum(parts) / 1e3)
+        else:
+            start = _clock()
+            builder.build(0, metadata[0], **kwargs)
+            found["build"].append((_clock() - start) / 1e3)
+
     for replay in (False, True):
-        prepared = [case.engine.step(inputs) for inputs in case.steps(builds)]
-        bench.synchronize(device)
-        if busy:
-            torch.cuda._sleep(int(4e7))  # longer than the builds below (busy: fewer)
-        for metadata, kwargs in prepared:
-            if not busy:
+        steps = case.steps(builds)
+        if not busy:
+            for inputs in steps:
+                metadata, kwargs = case.engine.step(inputs)
                 bench.synchronize(device)
-            bench.spin(100 if not busy else 20)
-            if replay:
-                _, parts = replayed_build(builder, metadata[0], kwargs)
-                for name, ns in zip(PIECES, parts, strict=True):
-                    found[name].append(ns / 1e3)
-                found["sum"].append(sum(parts) / 1e3)
-            else:
-                start = _clock()
-                builder.build(0, metadata[0], **kwargs)
-                found["build"].append((_clock() - start) / 1e3)
+                bench.spin(100)
+                build(metadata, kwargs, replay)
+        for first in range(0, len(steps) if busy else 0, 24):
+            chunk = [case.engine.step(inputs) for inputs in steps[first : first + 24]]
+            bench.synchronize(device)
+            torch.cuda._sleep(int(2e7))  # longer than the 24 builds below
+            for metadata, kwargs in chunk:
+                bench.spin(20)
+                build(metadata, kwargs, replay)
         bench.synchronize(device)
     return {name: statistics.median(values) for name, values in found.items()}
 
