@@ -25,6 +25,8 @@ from . import door, gather, launcher
 from .seed import SLOT_SOURCES, SOURCE_DTYPES, ShapeKeys, plain_part, spec_part, token_part
 
 _CACHE_LIMIT = 4096  # entries of a shape-keyed cache; all are let go past it
+#: Where a row-part views dict keeps its fields' places (every other key is a group).
+_PLACES = -1
 #: Marks a field that is the engine's own ``query_start_loc`` (filled in per build).
 PASS_THROUGH = "query_start_loc"
 #: The builder's header words of a step, packed straight into the entry after the plan's
@@ -320,8 +322,11 @@ class DeviceBuffer:
     def row_views(self, keys: ShapeKeys, group: int, into: dict) -> tuple:
         """The row parts' views of ``group`` (the :data:`~.seed.PLAIN_FIELDS` and the first
         four :data:`~.seed.SPEC_FIELDS`), made and kept in ``into``: :meth:`part_views`'s
-        dict of ``keys``."""
-        into[group] = views = self._prefixes(plain_part(keys[0]) + spec_part(keys[1]), group)
+        dict of ``keys``, which also keeps their places (under ``-1``, no group's)."""
+        places = into.get(_PLACES)
+        if places is None:  # the same for every group: made by the first group's build
+            places = into[_PLACES] = plain_part(keys[0]) + spec_part(keys[1])
+        into[group] = views = self._prefixes(places, group)
         return views
 
     def _prefixes(self, places: tuple[Any, ...], group: int) -> tuple[Any, ...]:
