@@ -530,3 +530,22 @@ def test_a_build_makes_no_plan_object_until_one_is_asked_for():
     assert (plan.graph, plan.layout) == (host.graph, host.layout)
     assert (plan.row_request == host.row_request).all()
     assert not plan.row_slot.any() and not plan.batch.num_computed_tokens.any()
+
+
+def test_host_views_follow_the_tensors_they_are_given():
+    """A further group passing the step's own host tensors gets their kept views (which
+    show the tensors' values now); anything else is viewed anew, and no drafts give none."""
+    share = StepShare(CONFIGS[0], "cpu", max_num_tokens=64)
+    starts = torch.tensor([0, 1, 3], dtype=torch.int32)
+    drafts = torch.tensor([0, 1], dtype=torch.int32)
+    first = share.host_views(starts, drafts)
+    again = share.host_views(starts, drafts)
+    assert again[0] is first[0] and again[1] is first[1]
+    starts[2] = 4  # the engine writes its tensor in place: the kept view shows it
+    assert share.host_views(starts, drafts)[0].tolist() == [0, 1, 4]
+    listed = share.host_views(starts, [0, 2])
+    assert listed[1].tolist() == [0, 2] and listed[1] is not first[1]
+    assert share.host_views(starts, None)[1] is None
+    assert share.host_views(starts, drafts)[1].tolist() == [0, 1]
+    other = share.host_views(starts.clone(), drafts)
+    assert other[0] is not first[0] and other[0].tolist() == [0, 1, 4]
