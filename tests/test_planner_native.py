@@ -24,6 +24,7 @@ from stepplan.planner import (
     PlanLayout,
     Planner,
     PlannerConfig,
+    PlanShape,
     StepBatch,
     compile_plan,
 )
@@ -227,16 +228,9 @@ def test_the_raw_packer_fills_exactly_the_layout():
     (guarded, *batch), counts, plan = _pack_arguments()
     packed = guarded[: plan.layout.size]
     found = native_module.load_packer().pack(packed, *batch, *counts)
-    assert found == (
-        plan.num_spec_rows,
-        plan.num_decode_rows,
-        plan.num_prefill_rows,
-        plan.num_spec_decode_tokens,
-        plan.num_decode_tokens,
-        plan.num_prefill_tokens,
-        plan.max_prefill_query_len,
-        plan.num_tiles,
-    )
+    # The plan's counts as PlanShape orders them (its fields after num_padded_tokens).
+    counts_at = PlanShape._fields.index("num_padded_tokens") + 1
+    assert found == tuple(getattr(plan, name) for name in PlanShape._fields[counts_at:])
     assert found[:3] == (2, 0, 0) and found[3] == 8
     assert packed.tobytes() == plan.packed.tobytes()
     assert (guarded[plan.layout.size :] == 12345).all()

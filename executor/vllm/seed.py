@@ -130,28 +130,16 @@ def seed_graph_limits(config: PlannerConfig) -> tuple[int, int]:
     )
 
 
-def seed_pads(plan: PlanShape) -> tuple[int | None, int | None]:
+def _pads(
+    config: PlannerConfig, engine_rows: int, spec: int, decode: int, prefill: int, tokens: int
+) -> tuple[int | None, int | None]:
     """Rows the seed pads a pure-spec and a pure-decode batch to (``None``: no padding),
-    for a plan of this shape (:attr:`~stepplan.planner.ExecutionPlan.shape`).
+    for a plan of these engine rows, rows per kind and spec ``tokens``.
 
     The seed pads only where it replays full graphs, uniform batches within
     :func:`seed_graph_limits`: spec rows to the engine's row count (its padding rows
     have no tokens), decode rows to the smallest graph size that holds them.
     """
-    return _pads(
-        plan.config,
-        plan.num_reqs,
-        plan.num_spec_rows,
-        plan.num_decode_rows,
-        plan.num_prefill_rows,
-        plan.num_spec_decode_tokens,
-    )
-
-
-def _pads(
-    config: PlannerConfig, engine_rows: int, spec: int, decode: int, prefill: int, tokens: int
-) -> tuple[int | None, int | None]:
-    """:func:`seed_pads` of a plan of these counts (``tokens``: its spec tokens)."""
     if prefill or (spec and decode) or config.graph_mode == "none":  # not uniform: no pads
         return None, None
     max_rows, max_tokens = seed_graph_limits(config)

@@ -351,9 +351,6 @@ class StepShare:
         are kept: the view shares the tensor's memory, so it shows its values now (the
         further groups of a step pass the first group's tensors)."""
         last_starts, starts_view, last_drafts, drafts_view = self._host_views
-        if starts is last_starts and drafts is last_drafts and last_starts is not None:
-            # A further group: the step's own tensors (drafts None: none, whatever came before).
-            return starts_view, None if drafts is None else drafts_view
         try:  # the engine's host tensors viewed straight; anything else as it asks
             if starts is not last_starts:
                 starts_view = (
