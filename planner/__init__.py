@@ -17,7 +17,7 @@ from .errors import PlanError
 from .layout import FIELDS, BufferField, PlanLayout
 from .native import NativeBuildError
 from .plan import SUMMARY, ExecutionPlan, GraphKey, Op, PlanShape, plan_summary
-from .planner import Planner, host_step_batch
+from .planner import Planner, host_ints, host_step_batch
 
 __all__ = [
     "DECODE",
@@ -47,6 +47,7 @@ __all__ = [
     "choose_graphs",
     "compile_plan",
     "default_graph_sizes",
+    "host_ints",
     "host_step_batch",
     "largest_graph_layout",
     "layout_capacity",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import warnings
 from collections.abc import Callable
@@ -80,9 +81,9 @@ class Planner:
         call, ``(query_start[:num_reqs + 1] as bytes, num_draft_tokens[:num_reqs] as bytes
         or None without drafts, query_start[num_reqs] - query_start[0])``, and ``last`` (an
         earlier answer, or None) itself where that is its value: no copy then. ``None``
-        for anything but 1-D C-contiguous int32 or int64 arrays long enough (the caller
-        reads those itself). Without the compiled packer, a function that always says
-        ``None``."""
+        for anything but 1-D C-contiguous int32 or int64 arrays (or :func:`host_ints`
+        tuples) long enough (the caller reads those itself). Without the compiled packer,
+        a function that always says ``None``."""
         packer = self._packer
         return _no_host_bytes if packer is None else packer.host_bytes
 
@@ -157,7 +158,7 @@ class Planner:
             out: ``[>= size], int32``, writable; ``ValueError`` (nothing written) where it
                 is shorter than the plan.
             query_start, num_draft_tokens, num_reqs, num_padded_tokens, num_groups: as
-                :func:`host_step_batch` takes them (int32 arrays take the native path).
+                :func:`host_step_batch` takes them (int32 arrays and tuples natively).
             summary: ``[>= len(SUMMARY)], int32``, writable, sharing no memory with
                 ``out``: receives the plan's :data:`~.plan.SUMMARY` words (its counts and
                 where each field lies), written by the packer itself; ``None``: none.
@@ -234,6 +235,7 @@ class Planner:
         summary: np.ndarray | None,
     ) -> PlanShape:
         """:meth:`pack_host_step` through :func:`host_step_batch` and :meth:`compile`."""
+        query_start, num_draft_tokens = host_ints(query_start), host_ints(num_draft_tokens)
         if summary is not None:
             _check_summary(summary, out, query_start, num_draft_tokens)
         plan = self.compile(
@@ -304,6 +306,21 @@ class Planner:
         return found
 
 
+def host_ints(values: Any) -> Any:
+    """``values`` itself, or for an ``(address, items)`` tuple a read-only ``[items],
+    int32`` array over that host memory, which the caller vouches for (keeps alive and
+    sized). The compiled packer takes such tuples straight (a CPU tensor's ``data_ptr()``
+    and ``numel()``: no ``numpy()`` view made); the Python paths read them through this."""
+    if type(values) is not tuple:
+        return values
+    address, items = values
+    if items == 0:
+        return np.zeros(0, _INT32)
+    array = np.frombuffer((ctypes.c_int32 * items).from_address(address), _INT32)
+    array.flags.writeable = False
+    return array
+
+
 def host_step_batch(
     query_start: np.ndarray,
     num_draft_tokens: np.ndarray | None,
@@ -319,19 +336,21 @@ def host_step_batch(
     tokens, one accepted token, NULL slots (``allow_null_slots``).
 
     Args:
-        query_start: ``[>= num_reqs + 1]`` integers (the first ``num_reqs + 1`` are read).
-        num_draft_tokens: ``[>= num_reqs]`` integers, ``>= 0`` on spec rows, or ``None``.
+        query_start: ``[>= num_reqs + 1]`` integers (the first ``num_reqs + 1`` are read),
+            or a :func:`host_ints` tuple.
+        num_draft_tokens: ``[>= num_reqs]`` integers, ``>= 0`` on spec rows, or ``None``
+            (or a :func:`host_ints` tuple).
         num_reqs: ``R``, rows (padding rows included).
         num_padded_tokens: as :class:`StepBatch`'s.
         num_groups: ``G``, layer groups.
     """
-    starts = np.asarray(query_start)
+    starts = np.asarray(host_ints(query_start))
     if starts.ndim != 1 or starts.shape[0] < num_reqs + 1:
         raise PlanError("query_start", None, f"needs num_reqs + 1 = {num_reqs + 1} entries")
     starts = starts[: num_reqs + 1].astype(np.int64)
     drafts = np.full(num_reqs, -1, np.int64)
     if num_draft_tokens is not None:
-        drafts = np.asarray(num_draft_tokens)
+        drafts = np.asarray(host_ints(num_draft_tokens))
         if drafts.ndim != 1 or drafts.shape[0] < num_reqs:
             raise PlanError("num_draft_tokens", None, f"needs num_reqs = {num_reqs} entries")
         drafts = drafts[:num_reqs]

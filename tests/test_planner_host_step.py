@@ -14,11 +14,17 @@ from stepplan.planner import (
     PlanError,
     Planner,
     PlannerConfig,
+    host_ints,
     host_step_batch,
     plan_summary,
 )
 
 NATIVE = pytest.mark.parametrize("native", [True, False], ids=["native", "numpy"])
+
+
+def addressed(values):
+    """``values`` (int32 numpy or None) as a :func:`host_ints` tuple of its memory."""
+    return None if values is None else (values.ctypes.data, len(values))
 
 
 def host_inputs(batch, offset: int, extra: int, drafts_given: bool):
@@ -76,6 +82,14 @@ def test_the_bytes_and_shape_are_the_compiled_plans(
     # The placeholders: no computed tokens, one accepted token, NULL slots.
     assert not want.batch.num_computed_tokens.any() and not want.batch.slots.any()
     assert (want.batch.num_accepted_tokens == 1).all()
+    # The same memory passed by address packs the same bytes, on either path.
+    again = np.full_like(out, 7)
+    shape = planner.pack_host_step(
+        again, addressed(starts), addressed(drafts), rows,
+        num_padded_tokens=padded, num_groups=groups,
+    )  # fmt: skip
+    assert shape == want.shape
+    np.testing.assert_array_equal(again, out)
 
 
 @NATIVE
@@ -135,7 +149,21 @@ def test_bad_steps_get_the_batchs_errors(native, starts, drafts, padded, message
     args = (np.array(starts, np.int32), np.array(drafts, np.int32), 2)
     with pytest.raises(PlanError, match=message):
         Planner(config, native=native).pack_host_step(out, *args, num_padded_tokens=padded)
+    with pytest.raises(PlanError, match=message):  # the same memory passed by address
+        Planner(config, native=native).pack_host_step(
+            out, addressed(args[0]), addressed(args[1]), 2, num_padded_tokens=padded
+        )
     assert (out == 7).all()
+
+
+def test_host_ints_read_the_memory_they_name():
+    values = np.array([5, -1, 7], np.int32)
+    read = host_ints(addressed(values))
+    assert read.tolist() == [5, -1, 7] and not read.flags.writeable
+    values[1] = 2  # a view, not a copy
+    assert read.tolist() == [5, 2, 7]
+    assert host_ints((0, 0)).tolist() == []
+    assert host_ints(values) is values
 
 
 @pytest.mark.parametrize("mode", ["none", "full", "mixed"])
@@ -192,6 +220,9 @@ def test_host_bytes_are_the_arrays_bytes_and_keep_an_equal_answer(
     want = _expected_host_bytes(starts, drafts, rows)
     got = host_bytes(starts, drafts, rows, None)
     assert got == want
+    if dtypes == (np.int32, np.int32):  # int32 memory passed by address: the same answer
+        assert host_bytes(addressed(starts), addressed(drafts), rows, None) == want
+        assert host_bytes(addressed(starts), addressed(drafts), rows, got) is got
     # An earlier equal answer comes back itself; any other value gives a new answer.
     assert host_bytes(starts.copy(), None if drafts is None else drafts.copy(), rows, got) is got
     changed = starts.copy()
@@ -217,6 +248,10 @@ def test_host_bytes_leave_other_arrays_to_the_caller():
         (starts, drafts[:3], 4),
         (starts.tolist(), None, 2),  # not an array
         (starts, None, -1),
+        ((starts.ctypes.data, 2), None, 2),  # an address too short for the rows
+        ((starts.ctypes.data,), None, 2),  # not (address, items)
+        ((starts.ctypes.data, -1), None, 0),
+        ((0, 3), None, 2),  # no address
     ):
         assert host_bytes(*args, None) is None
     assert (

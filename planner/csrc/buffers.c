@@ -63,6 +63,31 @@ Py_ssize_t get_count(PyObject *obj, const char *name) {
     return value;
 }
 
+PyObject *address_or_object(PyObject *obj) {
+    if (!PyTuple_CheckExact(obj)) {
+        return Py_NewRef(obj);
+    }
+    if (PyTuple_GET_SIZE(obj) != 2) {
+        PyErr_SetString(PyExc_TypeError, "an (address, items) tuple must have two items");
+        return NULL;
+    }
+    void *address = PyLong_AsVoidPtr(PyTuple_GET_ITEM(obj, 0));
+    Py_ssize_t items = PyLong_AsSsize_t(PyTuple_GET_ITEM(obj, 1));
+    if (PyErr_Occurred()) {
+        return NULL;
+    }
+    if (items < 0 || items > PY_SSIZE_T_MAX / 4 || (address == NULL && items > 0)) {
+        PyErr_SetString(PyExc_ValueError, "an (address, items) tuple: bad address or count");
+        return NULL;
+    }
+    /* The memoryview copies shape and strides; the format is a literal, kept for good. */
+    Py_ssize_t shape = items, stride = 4;
+    Py_buffer info = {.buf = address, .obj = NULL, .len = items * 4, .itemsize = 4,
+                      .readonly = 1, .ndim = 1, .format = "i", .shape = &shape,
+                      .strides = &stride, .suboffsets = NULL, .internal = NULL};
+    return PyMemoryView_FromBuffer(&info);
+}
+
 /* The bytes ``view`` spans, whatever its strides' signs: [*begin, *end). */
 static void extent(const Py_buffer *view, uintptr_t *begin, uintptr_t *end) {
     intptr_t low = 0, high = view->itemsize;

@@ -17,6 +17,12 @@ int get_strided(PyObject *obj, Py_buffer *view, const char *name);
 /* A non-negative C integer from argument ``name``; -1 with an exception set otherwise. */
 Py_ssize_t get_count(PyObject *obj, const char *name);
 
+/* ``obj`` itself (a new reference) or, for an ``(address, items)`` tuple, a read-only 1-D
+ * int32 memoryview of ``items`` values at that host address (the caller vouches for the
+ * memory: a torch CPU tensor's ``data_ptr()``, say, viewed without ``numpy()``'s cost).
+ * NULL with an exception set for a tuple that is not two non-negative ints. */
+PyObject *address_or_object(PyObject *obj);
+
 /* Whether two buffers share a byte, whatever their strides. */
 int shares_memory(const Py_buffer *a, const Py_buffer *b);
 

@@ -6,13 +6,20 @@
 
 #include <string.h>
 
+#include "buffers.h"
+
 /* ``obj`` as a 1-D C-contiguous buffer of signed 4- or 8-byte integers of at least
  * ``need`` items: 1 with ``view`` held, 0 (no exception, nothing held) otherwise. */
-static int take_ints(PyObject *obj, Py_buffer *view, Py_ssize_t need) {
-    if (!PyObject_CheckBuffer(obj)) {
+static int take_ints(PyObject *given, Py_buffer *view, Py_ssize_t need) {
+    PyObject *obj = address_or_object(given);
+    if (obj == NULL) {
+        PyErr_Clear();
         return 0;
     }
-    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+    int taken = PyObject_CheckBuffer(obj) &&
+                PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) == 0;
+    Py_DECREF(obj); /* a view holds its own reference */
+    if (!taken) {
         PyErr_Clear();
         return 0;
     }
@@ -40,7 +47,8 @@ const char HOST_BYTES_DOC[] =
     "host_bytes(query_start, num_draft_tokens, num_reqs, last)\n"
     "(bytes of query_start[:num_reqs + 1], bytes of num_draft_tokens[:num_reqs] or None\n"
     "when it is None, query_start[num_reqs] - query_start[0]) for 1-D C-contiguous arrays\n"
-    "of signed 4- or 8-byte integers long enough; None for anything else. ``last``, an\n"
+    "of signed 4- or 8-byte integers long enough, or (address, items) tuples of int32\n"
+    "host memory; None for anything else. ``last``, an\n"
     "earlier answer (or None), is returned itself where these bytes equal its bytes.";
 
 /* Whether ``view``'s first ``length`` bytes equal ``bytes`` (a bytes object, or None for

@@ -373,11 +373,22 @@ static int take_host_step(HostStep *step, const int32_t *query_start, const int3
     return broken;
 }
 
+/* get_array of an int32 host array, or of an (address, items) tuple's memory. */
+static int get_host_array(PyObject *given, Py_buffer *view, const char *name) {
+    PyObject *obj = address_or_object(given);
+    if (obj == NULL) {
+        return -1;
+    }
+    int found = get_array(obj, view, name, 'i', 4, 0);
+    Py_DECREF(obj); /* a view holds its own reference */
+    return found;
+}
+
 /* The host arrays of pack_host's arguments: query_start and drafts (None: NULL) views. */
 static int take_host_arrays(PyObject *const *args, Py_buffer views[2], Py_ssize_t rows,
                             int *held) {
     *held = 0;
-    if (get_array(args[0], &views[0], "query_start", 'i', 4, 0) < 0) {
+    if (get_host_array(args[0], &views[0], "query_start") < 0) {
         return -1;
     }
     *held = 1;
@@ -389,7 +400,7 @@ static int take_host_arrays(PyObject *const *args, Py_buffer views[2], Py_ssize_
     if (args[1] == Py_None) {
         return 0;
     }
-    if (get_array(args[1], &views[1], "num_draft_tokens", 'i', 4, 0) < 0) {
+    if (get_host_array(args[1], &views[1], "num_draft_tokens") < 0) {
         return -1;
     }
     *held = 2;
@@ -540,7 +551,8 @@ const char PACK_HOST_DOC[] =
     "          num_tiles, num_groups, query_len_max, tile, summary)\n"
     "The step of ``num_reqs`` rows whose query lengths are the differences of\n"
     "``query_start`` (int32, >= num_reqs + 1 entries) and whose drafts are\n"
-    "``num_draft_tokens`` (int32, >= num_reqs; None: no spec row), its computed tokens 0,\n"
+    "``num_draft_tokens`` (int32, >= num_reqs; None: no spec row; either may be an\n"
+    "(address, items) tuple of int32 host memory), its computed tokens 0,\n"
     "accepted counts 1 and slots NULL, packed into ``packed`` (the layout's size) as\n"
     "pack() packs it, and its summary (plan.py's SUMMARY) into ``summary`` (int32, >= the\n"
     "summary's words; None: none); its counts returned: (spec, decode, prefill rows, their\n"
