@@ -9,7 +9,7 @@ each), on the same fresh steps and inputs as ``vllm_builder_bench.py``'s ``idle`
 whole builds timed in the same round, so the pieces' share of a build shows where
 a host's time goes. The pieces:
 
-- ``views``: ``numpy()`` views of the two host tensors (``StepShare.host_views``);
+- ``views``: the two host tensors as the packer reads them (``StepShare.host_views``);
 - ``bytes``: their bytes and live tokens, one native call (``Planner.host_bytes``);
 - ``key``: the step's key and device inputs;
 - ``claim``, ``spaces``: a staging entry and its plan and summary regions;
@@ -41,6 +41,7 @@ from typing import Any
 import torch
 import vllm_builder_bench as bench
 
+from stepplan.executor.vllm import host as host_module
 from stepplan.executor.vllm import share as share_module
 from stepplan.executor.vllm.builder import _UNSET, PlanMetadataBuilder, _new_metadata
 from stepplan.planner import PlannerConfig
@@ -81,7 +82,7 @@ def replayed_build(builder: PlanMetadataBuilder, m: Any, kwargs: dict) -> tuple[
     marks.append(_clock())
     counts_and_keys = share_module.seed_counts_and_keys(shape)
     marks.append(_clock())
-    types = (starts.dtype, drafts_view.dtype)
+    types = host_module.host_types(starts, drafts_view)
     record = share_module._Plan(key[:3], planner, types, shape, counts_and_keys, buffer)
     marks.append(_clock())
     buffer.stage(index, record, record.keys[3], None, packed=True)

@@ -26,8 +26,16 @@ from stepplan.executor.vllm import (
     host_array,
     plan_from_common_metadata,
 )
+from stepplan.executor.vllm import host as host_module
 from stepplan.executor.vllm import stage as stage_module
-from stepplan.planner import PlanError, PlannerConfig, StepBatch, compile_plan
+from stepplan.planner import (
+    PlanError,
+    Planner,
+    PlannerConfig,
+    StepBatch,
+    compile_plan,
+    host_ints,
+)
 
 
 def full_plan(step, config):
@@ -542,10 +550,34 @@ def test_host_views_follow_the_tensors_they_are_given():
     again = share.host_views(starts, drafts)
     assert again[0] is first[0] and again[1] is first[1]
     starts[2] = 4  # the engine writes its tensor in place: the kept view shows it
-    assert share.host_views(starts, drafts)[0].tolist() == [0, 1, 4]
+    assert host_ints(share.host_views(starts, drafts)[0]).tolist() == [0, 1, 4]
     listed = share.host_views(starts, [0, 2])
     assert listed[1].tolist() == [0, 2] and listed[1] is not first[1]
     assert share.host_views(starts, None)[1] is None
-    assert share.host_views(starts, drafts)[1].tolist() == [0, 1]
+    assert host_ints(share.host_views(starts, drafts)[1]).tolist() == [0, 1]
     other = share.host_views(starts.clone(), drafts)
-    assert other[0] is not first[0] and other[0].tolist() == [0, 1, 4]
+    assert other[0] is not first[0] and host_ints(other[0]).tolist() == [0, 1, 4]
+
+
+@pytest.mark.skipif(not Planner(CONFIGS[0]).native, reason="needs the compiled packer")
+def test_flat_int32_tensors_are_read_in_place_and_the_rest_through_numpy():
+    """Only a 1-D, contiguous int32 CPU tensor is handed to the packer as its address; a
+    strided, int64 or 2-D one is viewed through numpy, and every way reads the same
+    values."""
+    share = StepShare(CONFIGS[0], "cpu", max_num_tokens=64)
+    base = torch.tensor([0, 9, 1, 9, 3, 9], dtype=torch.int32)
+    flat = base[::2].contiguous()
+    views = {
+        "flat": flat,
+        "strided": base[::2],
+        "int64": flat.to(torch.int64),
+        "slice": torch.tensor([0, 1, 3, 7], dtype=torch.int32)[:3],
+    }
+    for name, tensor in views.items():
+        share.new_step()
+        starts, _ = share.host_views(tensor, None)
+        assert (type(starts) is tuple) == (name in ("flat", "slice")), name
+        assert host_ints(starts).tolist() == [0, 1, 3], name
+        found = share.host_bytes(starts, None, 2, None)  # None: not contiguous, read apart
+        assert found is None if name == "strided" else found[2] == 3, name
+        assert host_module.host_types(starts, None)[0] == tensor.numpy().dtype, name

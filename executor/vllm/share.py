@@ -39,7 +39,7 @@ from stepplan.planner import (
     layout_capacity,
 )
 
-from .bridge import host_only_array
+from .host import HostInputs, HostViews, host_types
 from .seed import ShapeKeys, seed_counts_and_keys
 from .stage import DeviceBuffer, plan_regions
 
@@ -168,74 +168,7 @@ def _same_inputs(new: tuple, old: tuple) -> bool:
     return all(a is b or _signature(a) == _signature(b) for a, b in zip(new, old, strict=True))
 
 
-class _HostInputs:
-    """A build's host inputs (refusing device tensors) as the bytes of their entries, and
-    the key they make: what identifies the step, and what its plan is packed from."""
-
-    __slots__ = (
-        "accepted_device",
-        "accepted_host",
-        "drafts",
-        "host",
-        "key",
-        "starts",
-    )
-
-    def __init__(
-        self, m: Any, accepted: Any, drafts: Any, share: StepShare, last: tuple | None
-    ) -> None:
-        rows = m.num_reqs
-        self.starts, self.drafts = starts, drafts = share.host_views(m.query_start_loc_cpu, drafts)
-        # (bytes of starts, of drafts, live tokens): one native call where it can (int32 or
-        # int64, contiguous), ``last`` (the current step's) where its bytes are the step's;
-        # else read here.
-        self.host = host = share.host_bytes(starts, drafts, rows, last) or _read_host_arrays(
-            starts, drafts, rows
-        )
-        self.accepted_device = self.accepted_host = None
-        accepted_bytes = None
-        if isinstance(accepted, torch.Tensor) and (accepted.is_cuda or not share.on_cuda):
-            self.accepted_device = accepted  # gathered on the device, never read here
-        elif accepted is not None:
-            counts = host_only_array("num_accepted_tokens", accepted)[:rows]
-            self.accepted_host = np.ascontiguousarray(counts, dtype=np.int32)
-            accepted_bytes = self.accepted_host.tobytes()
-        self.key = (rows, m.num_actual_tokens, host, accepted_bytes)
-
-
-def _read_host_arrays(
-    starts: np.ndarray, drafts: np.ndarray | None, rows: int
-) -> tuple[bytes, bytes | None, int]:
-    """:attr:`~stepplan.planner.Planner.host_bytes` for any host arrays, each checked
-    (1-D, long enough for ``rows``), the error naming its field."""
-    if starts.ndim != 1:
-        _not_flat(0, starts)
-    _check_length(0, starts, rows + 1, "num_reqs + 1")
-    drafts_bytes = None
-    if drafts is not None:
-        if drafts.ndim != 1:
-            _not_flat(1, drafts)
-        _check_length(1, drafts, rows, "num_reqs")
-        drafts_bytes = drafts[:rows].tobytes()
-    return starts[: rows + 1].tobytes(), drafts_bytes, int(starts[rows]) - int(starts[0])
-
-
-_HOST_FIELDS = ("common_attn_metadata.query_start_loc_cpu", "num_decode_draft_tokens_cpu")
 _INT32 = torch.int32
-_TENSOR = torch.Tensor
-
-
-def _as_array(field: int, value: Any) -> np.ndarray:
-    return host_only_array(_HOST_FIELDS[field], value)
-
-
-def _not_flat(field: int, array: np.ndarray) -> None:
-    raise ValueError(f"{_HOST_FIELDS[field]}: must be 1-D, got shape {list(array.shape)}")
-
-
-def _check_length(field: int, array: np.ndarray, need: int, what: str) -> None:
-    if array.shape[0] < need:
-        raise ValueError(f"{_HOST_FIELDS[field]}: {array.shape[0]} entries, {what} = {need} needed")
 
 
 class StepShare:
@@ -276,6 +209,8 @@ class StepShare:
         self.config, self.device, self.num_groups = config, torch.device(device), num_groups
         self._planner = Planner(config)
         self.host_bytes = self._planner.host_bytes
+        #: The host tensors as the packer reads them (:meth:`.host.HostViews.view`).
+        self.host_views = HostViews(self._planner.native).view
         self.on_cuda = self.device.type == "cuda"
         self.max_num_reqs = max(max_num_reqs or config.max_num_seqs, config.sizes[-1])
         rows = self.max_num_reqs
@@ -292,9 +227,6 @@ class StepShare:
             direct_launches=direct_launches,
             graph_launches=graph_launches,
         )
-        # The last host tensors seen and their numpy views (same memory), query starts
-        # then drafts: the further groups of a step pass the first group's tensors.
-        self._host_views: tuple = (None, None, None, None)
         self._last_plan: _Plan | None = None
         self._registered: tuple[tuple[int, int], ...] = ()
         self._step: _Step | None = None
@@ -345,35 +277,6 @@ class StepShare:
         # stride()[0]: half of what stride(0) costs (torch parses the argument).
         return table.data_ptr() == address and table.stride()[0] == stride and table.dtype is _INT32
 
-    def host_views(self, starts: Any, drafts: Any) -> tuple[np.ndarray, np.ndarray | None]:
-        """``query_start_loc_cpu`` and ``num_decode_draft_tokens_cpu`` (``None``: none) as
-        numpy (:func:`~.bridge.host_only_array`). The last host tensor of each and its view
-        are kept: the view shares the tensor's memory, so it shows its values now (the
-        further groups of a step pass the first group's tensors)."""
-        last_starts, starts_view, last_drafts, drafts_view = self._host_views
-        try:  # the engine's host tensors viewed straight; anything else as it asks
-            if starts is not last_starts:
-                starts_view = (
-                    starts.numpy() if starts.__class__ is _TENSOR else _as_array(0, starts)
-                )
-            if drafts is None:
-                drafts_view = None
-            elif drafts is not last_drafts:
-                drafts_view = (
-                    drafts.numpy() if drafts.__class__ is _TENSOR else _as_array(1, drafts)
-                )
-        except (TypeError, RuntimeError):  # a tensor on a device, or one that needs grad
-            starts_view = _as_array(0, starts)
-            drafts_view = None if drafts is None else _as_array(1, drafts)
-        # A list's array is a copy: only tensors are kept.
-        self._host_views = (
-            starts if starts.__class__ is _TENSOR else None,
-            starts_view,
-            drafts if drafts.__class__ is _TENSOR else None,
-            drafts_view,
-        )
-        return starts_view, drafts_view
-
     def new_step(self) -> None:
         """Make the next build open a new step, whatever its inputs."""
         self._step = None
@@ -395,7 +298,7 @@ class StepShare:
         further = step is not None and not step.built >> group & 1
         if further and self._same_objects(step, m, accepted, drafts, step_id):
             return self._join(step, group, m.block_table_tensor)
-        inputs = _HostInputs(m, accepted, drafts, self, None if step is None else step.host_key[2])
+        inputs = HostInputs(m, accepted, drafts, self, None if step is None else step.host_key[2])
         device_inputs = (m.query_start_loc, m.seq_lens, inputs.accepted_device)
         if further and self._same(step, inputs.key, device_inputs, step_id):
             return self._join(step, group, m.block_table_tensor)
@@ -441,7 +344,7 @@ class StepShare:
         return host_key == step.host_key and _same_inputs(device_inputs, step.device_inputs)
 
     def _compile(
-        self, group: int, m: Any, inputs: _HostInputs, device_inputs: tuple, step_id: Any
+        self, group: int, m: Any, inputs: HostInputs, device_inputs: tuple, step_id: Any
     ) -> _Step:
         """Open a new step: its plan packed from host data into a staging entry (or the
         last plan, where its host data are the last plan's), the builder's capacity checked
@@ -479,7 +382,7 @@ class StepShare:
                     f"common_attn_metadata: the step's {gather_rows} rows exceed the builder's "
                     f"{buffer.regions.rows} (raise max_num_reqs)"
                 )
-            types = (query_start.dtype, None if drafts is None else drafts.dtype)
+            types = host_types(query_start, drafts)
             record = _Plan(plan_key, self._planner, types, shape, counts_and_keys, buffer)
             self._last_plan = record
             self.num_compiles += 1
