@@ -313,7 +313,11 @@ def host_ints(values: Any) -> Any:
     and ``numel()``: no ``numpy()`` view made); the Python paths read them through this."""
     if type(values) is not tuple:
         return values
+    if len(values) != 2 or not all(type(value) is int for value in values):
+        raise ValueError(f"host ints: must be an (address, items) tuple of ints, got {values!r}")
     address, items = values
+    if items < 0 or (address == 0 and items > 0):  # the compiled packer refuses these too
+        raise ValueError(f"host ints: no {items} items at address {address}")
     if items == 0:
         return np.zeros(0, _INT32)
     array = np.frombuffer((ctypes.c_int32 * items).from_address(address), _INT32)

@@ -164,6 +164,15 @@ def test_host_ints_read_the_memory_they_name():
     assert read.tolist() == [5, 2, 7]
     assert host_ints((0, 0)).tolist() == []
     assert host_ints(values) is values
+    for bad in ((0, 3), (values.ctypes.data, -1), (values.ctypes.data, 3, 0), (1.5, 2)):
+        with pytest.raises(ValueError, match="host ints: "):
+            host_ints(bad)
+    # A malformed tuple the packer refuses reaches the same clear error, nothing written.
+    out = np.full(64, 7, np.int32)
+    for native in (True, False):
+        with pytest.raises(ValueError, match="host ints: "):
+            Planner(PlannerConfig(), native=native).pack_host_step(out, (0, 3), None, 2)
+    assert (out == 7).all()
 
 
 @pytest.mark.parametrize("mode", ["none", "full", "mixed"])

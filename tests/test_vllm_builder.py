@@ -563,7 +563,7 @@ def test_host_views_follow_the_tensors_they_are_given():
 def test_flat_int32_tensors_are_read_in_place_and_the_rest_through_numpy():
     """Only a 1-D, contiguous int32 CPU tensor is handed to the packer as its address; a
     strided, int64 or 2-D one is viewed through numpy, and every way reads the same
-    values."""
+    values (a 2-D one is refused later, naming the field)."""
     share = StepShare(CONFIGS[0], "cpu", max_num_tokens=64)
     base = torch.tensor([0, 9, 1, 9, 3, 9], dtype=torch.int32)
     flat = base[::2].contiguous()
@@ -573,8 +573,8 @@ def test_flat_int32_tensors_are_read_in_place_and_the_rest_through_numpy():
         "int64": flat.to(torch.int64),
         "slice": torch.tensor([0, 1, 3, 7], dtype=torch.int32)[:3],
     }
+    assert share.host_views(flat.reshape(1, 3), None)[0].shape == (1, 3)  # 2-D: numpy
     for name, tensor in views.items():
-        share.new_step()
         starts, _ = share.host_views(tensor, None)
         assert (type(starts) is tuple) == (name in ("flat", "slice")), name
         assert host_ints(starts).tolist() == [0, 1, 3], name

@@ -3,7 +3,7 @@ bytes, and the key of the step they make (:mod:`.share` keys steps and plans by 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -11,6 +11,9 @@ import torch
 from stepplan.planner import host_ints
 
 from .bridge import host_only_array
+
+if TYPE_CHECKING:
+    from .share import StepShare
 
 
 class HostViews:
@@ -79,7 +82,9 @@ class HostInputs:
         "starts",
     )
 
-    def __init__(self, m: Any, accepted: Any, drafts: Any, share: Any, last: tuple | None) -> None:
+    def __init__(
+        self, m: Any, accepted: Any, drafts: Any, share: StepShare, last: tuple | None
+    ) -> None:
         rows = m.num_reqs
         self.starts, self.drafts = starts, drafts = share.host_views(m.query_start_loc_cpu, drafts)
         # (bytes of starts, of drafts, live tokens): one native call where it can (int32 or

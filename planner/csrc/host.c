@@ -48,8 +48,8 @@ const char HOST_BYTES_DOC[] =
     "(bytes of query_start[:num_reqs + 1], bytes of num_draft_tokens[:num_reqs] or None\n"
     "when it is None, query_start[num_reqs] - query_start[0]) for 1-D C-contiguous arrays\n"
     "of signed 4- or 8-byte integers long enough, or (address, items) tuples of int32\n"
-    "host memory; None for anything else. ``last``, an\n"
-    "earlier answer (or None), is returned itself where these bytes equal its bytes.";
+    "host memory; None for anything else. ``last``, an earlier answer (or None), is\n"
+    "returned itself where these bytes equal its bytes.";
 
 /* Whether ``view``'s first ``length`` bytes equal ``bytes`` (a bytes object, or None for
  * no view). */
