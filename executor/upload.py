@@ -186,9 +186,11 @@ class StagingRing:
         self._entries = tuple(block[i * stride : (i + 1) * stride] for i in range(ring_size))
         self._entry_arrays = tuple(entry.numpy() for entry in self._entries)
         self._done_words = tuple(done_block[i : i + 1] for i in range(ring_size))
-        self._done = done_block.numpy()  # [ring_size] int32, written by the graphs
-        self._issued = np.zeros(ring_size, dtype=np.int32)  # last ticket written per entry
-        self._written = np.zeros(ring_size, dtype=np.int64)  # per entry, when: a write count
+        # [ring_size] int32, written by the graphs. A memoryview and lists, not numpy: a
+        # claim reads two words, and numpy's scalar path costs a cold build's host more.
+        self._done = memoryview(done_block.numpy())
+        self._issued = [0] * ring_size  # last ticket written per entry
+        self._written = [0] * ring_size  # per entry, when: a write count
         self._ticket = self._writes = self._last = 0
         # Plan views by size, made once: slicing costs more than the write itself.
         self._plan_arrays: dict[int, tuple[np.ndarray, ...]] = {}
@@ -228,11 +230,12 @@ class StagingRing:
         elif self.ring_size > 1 and done[1] == issued[1]:
             index = 1
         elif done[index := (self._last + 1) % self.ring_size] != issued[index]:
-            free = np.flatnonzero(done == issued)
-            if free.size:
-                index = int(free[0])
+            free = [i for i in range(self.ring_size) if done[i] == issued[i]]
+            if free:
+                index = free[0]
             else:  # stream order: the oldest comes back first
-                index = int(np.argmin(self._written))
+                written = self._written
+                index = written.index(min(written))
                 self._wait_for_ticket(index)
         self._last = index
         return index
@@ -293,7 +296,7 @@ class StagingRing:
     def tickets(self) -> tuple[np.ndarray, np.ndarray]:
         """Copies of the last ticket written into each entry and of each ``done`` word,
         ``[ring_size], int32`` each."""
-        return self._issued.copy(), self._done.copy()
+        return np.array(self._issued, dtype=np.int32), np.array(self._done, dtype=np.int32)
 
     def _check_size(self, size: int) -> None:
         if not 0 <= size * 4 <= self.capacity_bytes:
@@ -321,10 +324,10 @@ class StagingRing:
             )
 
 
-def _poll_tickets(done: np.ndarray, issued: np.ndarray, timeout_s: float) -> bool:
+def _poll_tickets(done: memoryview, issued: list[int], timeout_s: float) -> bool:
     """Whether ``done`` came to equal ``issued`` within ``timeout_s`` seconds of polling."""
     deadline = time.perf_counter() + timeout_s
-    while not np.array_equal(done, issued):
+    while done.tolist() != issued:
         if time.perf_counter() >= deadline:
             return False
         time.sleep(0)  # yields the core to other threads while the GPU catches up
@@ -333,8 +336,8 @@ def _poll_tickets(done: np.ndarray, issued: np.ndarray, timeout_s: float) -> boo
 
 def _release_after_replays(
     blocks: tuple[torch.Tensor, ...],
-    done: np.ndarray,
-    issued: np.ndarray,
+    done: memoryview,
+    issued: list[int],
     device: torch.device,
     timeout_s: float,
 ) -> None:
