@@ -230,10 +230,8 @@ class StagingRing:
         elif self.ring_size > 1 and done[1] == issued[1]:
             index = 1
         elif done[index := (self._last + 1) % self.ring_size] != issued[index]:
-            free = [i for i in range(self.ring_size) if done[i] == issued[i]]
-            if free:
-                index = free[0]
-            else:  # stream order: the oldest comes back first
+            index = next((i for i in range(self.ring_size) if done[i] == issued[i]), None)
+            if index is None:  # stream order: the oldest comes back first
                 written = self._written
                 index = written.index(min(written))
                 self._wait_for_ticket(index)
