@@ -55,10 +55,10 @@ from stepplan.executor.vllm import (
     PlanMetadataBuilder,
     StepShare,
     host_array,
+    kernel_launcher,
     plan_from_common_metadata,
     seed_view,
 )
-from stepplan.executor.vllm import launcher as launcher_module
 from stepplan.planner import PlannerConfig
 
 GROUPS, SPEC_TOKENS = 4, 3
@@ -261,7 +261,7 @@ def launch_parts(share: StepShare, engine: Engine, inputs: dict, builds: int) ->
         ("launch, direct", True, False),
         ("launch, through Triton", False, False),
     ):
-        launcher = launcher_module.Launcher(
+        launcher = kernel_launcher.Launcher(
             buffer.words, share.config.query_len_max, direct=direct, graphs=graphs
         )
         for _ in range(3):  # compiles or finds the variant, then (graphs) captures a graph

@@ -41,8 +41,7 @@ from typing import Any
 import torch
 import vllm_builder_bench as bench
 
-from stepplan.executor.vllm import host as host_module
-from stepplan.executor.vllm import share as share_module
+from stepplan.executor.vllm import host_inputs, step_share
 from stepplan.executor.vllm.builder import _UNSET, PlanMetadataBuilder, _new_metadata
 from stepplan.planner import PlannerConfig
 
@@ -80,17 +79,17 @@ def replayed_build(builder: PlanMetadataBuilder, m: Any, kwargs: dict) -> tuple[
         num_padded_tokens=m.num_actual_tokens, num_groups=share.num_groups, summary=summary,
     )  # fmt: skip
     marks.append(_clock())
-    counts_and_keys = share_module.seed_counts_and_keys(shape)
+    counts_and_keys = step_share.seed_counts_and_keys(shape)
     marks.append(_clock())
-    types = host_module.host_types(starts, drafts_view)
-    record = share_module._Plan(key[:3], planner, types, shape, counts_and_keys, buffer)
+    types = host_inputs.host_types(starts, drafts_view)
+    record = step_share._Plan(key[:3], planner, types, shape, counts_and_keys, buffer)
     marks.append(_clock())
     buffer.stage(index, record, record.keys[3], None, packed=True)
     marks.append(_clock())
     buffer.open(m.block_table_tensor, m.seq_lens, accepted, group)
     marks.append(_clock())
     share.num_steps += 1
-    step = share_module._Step(share.num_steps, record, key, device_inputs, None, group)
+    step = step_share._Step(share.num_steps, record, key, device_inputs, None, group)
     share._last_plan, share._step = record, step
     marks.append(_clock())
     views = record.rows.get(group) or buffer.row_views(record.keys, group, record.rows)

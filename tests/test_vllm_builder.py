@@ -1,6 +1,6 @@
 """The vLLM builder drop-in: the seed's fields exactly, from host data alone, one compile per
 step for every layer group (the device half runs as torch operations on the CPU; its
-Triton kernels are checked against them in ``test_vllm_door.py``)."""
+Triton kernels are checked against them in ``test_vllm_gather_kernels.py``)."""
 
 from __future__ import annotations
 
@@ -23,11 +23,11 @@ from vllm_cases import (
 from stepplan.executor.vllm import (
     PlanMetadataBuilder,
     StepShare,
+    device_buffer,
     host_array,
+    host_inputs,
     plan_from_common_metadata,
 )
-from stepplan.executor.vllm import host as host_module
-from stepplan.executor.vllm import stage as stage_module
 from stepplan.planner import (
     PlanError,
     Planner,
@@ -211,11 +211,11 @@ def test_a_repeated_plan_serves_steps_of_new_device_values(seed, config):
             headers.append(1)
             words.pack_into(*args)
 
-    words, stage_module._STEP_WORDS = stage_module._STEP_WORDS, CountingWords()
+    words, device_buffer._STEP_WORDS = device_buffer._STEP_WORDS, CountingWords()
     try:
         compiles, written = _repeat_plans(rng, config, share, builders, first, other, headers)
     finally:
-        stage_module._STEP_WORDS = words
+        device_buffer._STEP_WORDS = words
     same = np.array_equal(first.q, other.q) and np.array_equal(first.drafts, other.drafts)
     assert compiles[2:] == [compiles[2]] * 3 and (same or compiles[:3] == [1, 2, 3])
     # The CPU buffer has one entry: A's third and later steps find it holding A's plan.
@@ -580,4 +580,4 @@ def test_flat_int32_tensors_are_read_in_place_and_the_rest_through_numpy():
         assert host_ints(starts).tolist() == [0, 1, 3], name
         found = share.host_bytes(starts, None, 2, None)  # None: not contiguous, read apart
         assert found is None if name == "strided" else found[2] == 3, name
-        assert host_module.host_types(starts, None)[0] == tensor.numpy().dtype, name
+        assert host_inputs.host_types(starts, None)[0] == tensor.numpy().dtype, name

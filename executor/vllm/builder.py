@@ -3,9 +3,9 @@
 :class:`PlanMetadataBuilder` has the seed builder's ``build`` and
 ``build_for_cudagraph_capture``. A build packs the step's plan from host data only,
 or reuses the plan its step already has when another layer group's builder compiled it
-(:class:`~.share.StepShare`), and returns the seed's metadata fields as views of one
+(:class:`~.step_share.StepShare`), and returns the seed's metadata fields as views of one
 persistent device buffer: slots, accepted counts and has-initial-state flags are
-gathered on the device by one kernel launch (:mod:`.door`), never read back.
+gathered on the device by one kernel launch (:mod:`.gather_kernels`), never read back.
 Duck-typed: vLLM is never imported.
 
 Every field lives at a fixed offset of the buffer, so a CUDA graph captured over one
@@ -26,9 +26,9 @@ import torch
 
 from stepplan.planner import ExecutionPlan, PlannerConfig, PlanShape
 
-from .bridge import host_only_array
-from .seed import ARRAY_FIELDS, seed_graph_limits
-from .share import StepShare
+from .common_metadata import host_only_array
+from .metadata_fields import ARRAY_FIELDS, seed_graph_limits
+from .step_share import StepShare
 
 # Where the engine's own non_spec_query_start_loc goes (without spec rows), in a build's
 # row views.
@@ -56,7 +56,7 @@ class _Fields(NamedTuple):
     ``plan_buffer`` (``[plan.layout.size], int32``, a view made at its first access)
     holds the real plan, on the device, for the kernels. ``group`` is
     the layer group these slots are of, ``step`` the step's number on its
-    :class:`~.share.StepShare` (groups of one step share it). ``plan_record`` is the
+    :class:`~.step_share.StepShare` (groups of one step share it). ``plan_record`` is the
     share's record of the plan (not part of the contract).
     """
 
@@ -136,7 +136,7 @@ class PlanMetadataBuilder:
             defaults to ``config.max_num_seqs``. With ``share``, set it there.
         max_num_tokens: most tokens a step may pass (vLLM's ``max_num_batched_tokens``).
             With ``share``, set it there.
-        share: the :class:`~.share.StepShare` of the engine's layer groups, whose builds
+        share: the :class:`~.step_share.StepShare` of the engine's layer groups, whose builds
             of one step share one compile; ``None`` makes this builder its own (one group).
         group: this builder's layer group on ``share`` (one builder per group).
     """
@@ -188,7 +188,7 @@ class PlanMetadataBuilder:
                 all 1. Ignored when the config has no speculative tokens.
             num_decode_draft_tokens_cpu: ``[num_reqs]`` on the host, ``>= 0`` on spec rows.
             step_id: the engine's number for this step, if it numbers them: then the
-                builds of one id are one step (see :class:`~.share.StepShare`).
+                builds of one id are one step (see :class:`~.step_share.StepShare`).
         """
         del common_prefix_len, fast_build
         m = common_attn_metadata

@@ -1,5 +1,5 @@
 """A build's host inputs: the engine's host tensors as the packer reads them, their
-bytes, and the key of the step they make (:mod:`.share` keys steps and plans by it)."""
+bytes, and the key of the step they make (:mod:`.step_share` keys steps and plans by it)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import torch
 
 from stepplan.planner import host_ints
 
-from .bridge import host_only_array
+from .common_metadata import host_only_array
 
 if TYPE_CHECKING:
-    from .share import StepShare
+    from .step_share import StepShare
 
 
 class HostViews:
@@ -35,7 +35,7 @@ class HostViews:
     def view(self, starts: Any, drafts: Any) -> tuple[Any, Any]:
         """Both views (``drafts`` ``None``: none): a 1-D int32 contiguous CPU tensor as a
         :func:`~stepplan.planner.host_ints` tuple of its memory (with a compiled packer),
-        any other value as numpy (:func:`~.bridge.host_only_array`). A kept view shares
+        any other value as numpy (:func:`~.common_metadata.host_only_array`). A kept view shares
         its tensor's memory, so it shows the tensor's values now."""
         last_starts, starts_view, last_drafts, drafts_view = self._last
         native = self._native

@@ -1,4 +1,4 @@
-"""Launching :mod:`.door`'s kernels for a builder: past Triton's per-launch dispatch, and
+"""Launching :mod:`.gather_kernels`'s kernels for a builder: past Triton's per-launch dispatch, and
 replayed as CUDA graphs where their arguments recur (:class:`Launcher`)."""
 
 # Triton types kernel arguments at launch, not through annotations.
@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import triton
 
-from .door import _BLOCK, _group_slots, _open_step
+from .gather_kernels import _BLOCK, _group_slots, _open_step
 
 #: Triton from 3.3 on hands a compiled kernel's launcher every argument, constexprs too.
 _DIRECT_LAUNCHES = tuple(int(part) for part in triton.__version__.split(".")[:2]) >= (3, 3)
@@ -31,8 +31,8 @@ _MAX_ARGUMENT_SETS = 512
 
 
 class Launcher:
-    """The door's two kernels on one buffer, launched past Triton's per-launch dispatch,
-    and replayed as CUDA graphs where their arguments recur.
+    """The gather kernels (:mod:`.gather_kernels`) on one buffer, launched past Triton's
+    per-launch dispatch, and replayed as CUDA graphs where their arguments recur.
 
     A variant's first launch (:func:`_specialization`) goes through Triton, which
     compiles it; later ones call the compiled kernel's launcher on the current stream

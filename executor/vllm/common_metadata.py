@@ -3,10 +3,10 @@
 Two readings of vLLM's ``CommonAttentionMetadata``. The drop-in builder takes only what
 lives on the host (``query_start_loc_cpu``, ``num_decode_draft_tokens_cpu``, the counts:
 :func:`~stepplan.planner.host_step_batch`'s step) and gathers slots, accepted counts and
-computed tokens on the device (:mod:`.door`).
+computed tokens on the device (:mod:`.gather_kernels`).
 :func:`plan_from_common_metadata` reads every field into a complete plan, device tensors
 included (each read waits for the device): an oracle for tests and offline use. (The
-other way, :mod:`.seed` lays a plan out as the seed builder's fields.)
+other way, :mod:`.metadata_fields` lays a plan out as the seed builder's fields.)
 """
 
 from __future__ import annotations

@@ -8,19 +8,19 @@ program, that
    the builder's persistent device buffer;
 2. gathers, through the plan's index maps, what only the device knows: every row's slot
    from the block table (the building group's, and those of the groups the engine
-   registered, :class:`~.share.StepShare`), a spec row's accepted count, a decode or
+   registered, :class:`~.step_share.StepShare`), a spec row's accepted count, a decode or
    prefill row's computed tokens ``seq_lens - query_lens`` and so its has-initial-state
    flag; it writes them into the plan (``row_slot``, ``row_num_accepted``,
    ``row_state_offset``, ``row_reads_state``) and into the seed's row sources
-   (:data:`~.seed.ROW_SOURCES`);
-3. derives the seed's plan sources (:data:`~.seed.PLAN_SOURCES`: query starts per group,
+   (:data:`~.metadata_fields.ROW_SOURCES`);
+3. derives the seed's plan sources (:data:`~.metadata_fields.PLAN_SOURCES`: query starts per group,
    the spec mask by engine row, the token lists as int64) from the plan it copied;
 4. hands the entry's ticket back (:class:`~stepplan.executor.upload.StagingRing`).
 
 A further layer group whose slots were not gathered so runs :func:`_group_slots`. The
 kernels take no per-step integers (the header has them), so each compiles once.
-:mod:`.gather` does the same in torch operations: the CPU builder's device half, and
-the specification the kernels are tested against. :mod:`.launcher` launches the kernels.
+:mod:`.gather_reference` does the same in torch operations: the CPU builder's device half, and
+the specification the kernels are tested against. :mod:`.kernel_launcher` launches the kernels.
 """
 
 # Triton types kernel arguments at launch, not through annotations.
@@ -350,7 +350,7 @@ def open_step(
     group: int,
     query_len_max: int,
 ) -> None:
-    """:meth:`.launcher.Launcher.open_step` through Triton on buffer ``words`` (any device
+    """:meth:`.kernel_launcher.Launcher.open_step` through Triton on buffer ``words`` (any device
     Triton runs on, its interpreter included)."""
     _open_step[(1,)](
         entry,
@@ -371,5 +371,5 @@ def open_step(
 
 
 def group_slots(words: torch.Tensor, table: torch.Tensor, group: int) -> None:
-    """:meth:`.launcher.Launcher.group_slots` through Triton on buffer ``words``."""
+    """:meth:`.kernel_launcher.Launcher.group_slots` through Triton on buffer ``words``."""
     _group_slots[(1,)](words, table, table.stride(0), group, BLOCK=_BLOCK, num_warps=4)

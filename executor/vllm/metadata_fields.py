@@ -6,7 +6,7 @@ first ``length`` entries of (a source is one array: the slots of the spec rows, 
 query starts of the prefill rows, ...; every field is a prefix of one, so a builder
 keeps one view per source and length). :func:`seed_view` fills the sources from a
 complete host plan (numpy arrays); the drop-in builder (:mod:`.builder`) has its kernel
-fill them on the device (:mod:`.door`), so every field is a view of its persistent
+fill them on the device (:mod:`.gather_kernels`), so every field is a view of its persistent
 device buffer.
 
 The row sources follow the plan's group-ordered rows ``[spec | decode | prefill]`` and

@@ -1,13 +1,13 @@
 """The builder's persistent device buffer: what lies where, how a step gets there, its views.
 
 One int32 buffer holds, at fixed offsets (:class:`Regions`), the header the kernels of
-:mod:`.door` read, the plan, and every source of the seed's fields
-(:data:`~.seed.SOURCE_DTYPES`). Fixed offsets make every field a view at a fixed
+:mod:`.gather_kernels` read, the plan, and every source of the seed's fields
+(:data:`~.metadata_fields.SOURCE_DTYPES`). Fixed offsets make every field a view at a fixed
 address, so a CUDA graph captured over one step's metadata reads the next step's
 values there, as the seed's persistent buffers do. The host writes only the header and
 the plan (and accepted counts given on the host): on a CUDA device into a staging entry
 of pinned memory that the opening kernel copies; elsewhere into a host entry that torch
-operations (:mod:`.gather`) copy, as the kernel does, before they do the kernels' work.
+operations (:mod:`.gather_reference`) copy, as the kernel does, before they do the kernels' work.
 """
 
 from __future__ import annotations
@@ -21,8 +21,15 @@ import numpy as np
 import torch
 
 from ..upload import StagingRing
-from . import door, gather, launcher
-from .seed import SLOT_SOURCES, SOURCE_DTYPES, ShapeKeys, plain_part, spec_part, token_part
+from . import gather_kernels, gather_reference, kernel_launcher
+from .metadata_fields import (
+    SLOT_SOURCES,
+    SOURCE_DTYPES,
+    ShapeKeys,
+    plain_part,
+    spec_part,
+    token_part,
+)
 
 _CACHE_LIMIT = 4096  # entries of a shape-keyed cache; all are let go past it
 #: Where a row-part views dict keeps its fields' places (every other key is a group).
@@ -31,7 +38,7 @@ _PLACES = -1
 PASS_THROUGH = "query_start_loc"
 #: The builder's header words of a step, packed straight into the entry after the plan's
 #: summary (which the packer writes).
-_STEP_WORDS = struct.Struct(f"<{door.STEP_WORDS}i")
+_STEP_WORDS = struct.Struct(f"<{gather_kernels.STEP_WORDS}i")
 #: Where the kernels find the plan and each source (header word, region, unit: 4 bytes per
 #: word, 1 int32 per word, 1/2 int64 per word).
 _SOURCE_WORDS = (
@@ -88,7 +95,7 @@ class Regions:
 def plan_regions(plan_words: int, rows: int, tokens: int, groups: int) -> Regions:
     """The regions for plans of up to ``plan_words`` words, ``rows`` gathered rows,
     ``tokens`` tokens and ``groups`` layer groups; every region 8-byte aligned."""
-    at, offsets = door.HEADER_WORDS, {}
+    at, offsets = gather_kernels.HEADER_WORDS, {}
     flags = -(-rows // 4)
     for name, size in (
         ("plan", plan_words),
@@ -154,15 +161,17 @@ class _Entry(NamedTuple):
 
 
 class DeviceBuffer:
-    """The persistent buffer of one :class:`~.share.StepShare`, with its staging ring.
+    """The persistent buffer of one :class:`~.step_share.StepShare`, with its staging ring.
 
     Args:
         regions: its layout.
         device: where it lives.
         ring_size: staging entries (CUDA only).
         query_len_max: ``Q`` (the spec rows' state offsets are clamped to ``0..Q-1``).
-        direct_launches: launch the kernels past Triton's dispatch (:class:`~.launcher.Launcher`).
-        graph_launches: replay recurring launches as CUDA graphs (:class:`~.launcher.Launcher`).
+        direct_launches: launch the kernels past Triton's dispatch
+            (:class:`~.kernel_launcher.Launcher`).
+        graph_launches: replay recurring launches as CUDA graphs
+            (:class:`~.kernel_launcher.Launcher`).
     """
 
     def __init__(
@@ -183,7 +192,7 @@ class DeviceBuffer:
         self._ring = self._launcher = None
         if device.type == "cuda":
             self._ring = StagingRing(4 * regions.staged, device, ring_size)
-            self._launcher = launcher.Launcher(
+            self._launcher = kernel_launcher.Launcher(
                 self.words, query_len_max, direct=direct_launches, graphs=graph_launches
             )
         # Every staging entry, its fixed header words written: one per ring entry on a
@@ -249,7 +258,11 @@ class DeviceBuffer:
             if not packed:
                 record.pack(*self.spaces(index))
             _STEP_WORDS.pack_into(
-                entry, 4 * door.SUMMARY_WORDS, gather_rows, record.shape.num_reqs, *held[2:]
+                entry,
+                4 * gather_kernels.SUMMARY_WORDS,
+                gather_rows,
+                record.shape.num_reqs,
+                *held[2:],
             )
             self._held[index] = held
         if rows:
@@ -257,14 +270,14 @@ class DeviceBuffer:
                 :rows
             ]
         if self._ring is not None:
-            self._ring.stamp(index, door.TICKET_WORD)
+            self._ring.stamp(index, gather_kernels.TICKET_WORD)
         self._open_entry = index
 
     def open(self, table: Any, seq_lens: Any, accepted: Any, group: int) -> None:
         """Launch the staged step's opening kernel (``group``'s slots from ``table``)."""
         entry = self._entries[self._open_entry]
         if entry.done is None:
-            gather.open_step_reference(
+            gather_reference.open_step_reference(
                 entry.tensor, self.words, table, seq_lens, accepted, group,
                 self.query_len_max, self.registered,
             )  # fmt: skip
@@ -274,7 +287,7 @@ class DeviceBuffer:
     def slots(self, table: Any, group: int) -> None:
         """Gather a further group's slots into the open step."""
         if self._ring is None:
-            gather.group_slots_reference(self.words, table, group)
+            gather_reference.group_slots_reference(self.words, table, group)
         else:
             self._launcher.group_slots(table, group)
 
@@ -292,20 +305,20 @@ class DeviceBuffer:
         else:
             tensor, words = self._ring.host_int32(index, self.regions.staged)
             done = self._ring.done_word(index)
-        words[door.HEADER["stride"]] = self.regions.rows
+        words[gather_kernels.HEADER["stride"]] = self.regions.rows
         for word, region, unit in _SOURCE_WORDS:
-            words[door.HEADER[word]] = int(getattr(self.regions, region) * unit)
+            words[gather_kernels.HEADER[word]] = int(getattr(self.regions, region) * unit)
         regions = self.regions
         plan = words[regions.plan : regions.accepted_host]
-        return _Entry(tensor, words, plan, words[: door.SUMMARY_WORDS], done)
+        return _Entry(tensor, words, plan, words[: gather_kernels.SUMMARY_WORDS], done)
 
     # --- views -----------------------------------------------------------------------
 
     def part_views(self, keys: ShapeKeys) -> tuple[dict, tuple]:
-        """For a step of these part keys (:func:`~.seed.shape_keys`): the row parts' views
-        per layer group, a dict shared by every step of these row-part keys and filled by
-        :meth:`row_views`, and the token lists' views (every group shares them). Per
-        :data:`~.seed.ARRAY_FIELDS` entry a view is a device view, ``None``, or
+        """For a step of these part keys (:func:`~.metadata_fields.shape_keys`): the row
+        parts' views per layer group, a dict shared by every step of these row-part keys and
+        filled by :meth:`row_views`, and the token lists' views (every group shares them). Per
+        :data:`~.metadata_fields.ARRAY_FIELDS` entry a view is a device view, ``None``, or
         :data:`PASS_THROUGH`."""
         rows_key = (keys[0], keys[1])
         rows = self._row_views.get(rows_key)
@@ -320,9 +333,10 @@ class DeviceBuffer:
         return rows, (lists[spec_source][spec_length], lists[plain_source][plain_length])
 
     def row_views(self, keys: ShapeKeys, group: int, into: dict) -> tuple:
-        """The row parts' views of ``group`` (the :data:`~.seed.PLAIN_FIELDS` and the first
-        four :data:`~.seed.SPEC_FIELDS`), made and kept in ``into``: :meth:`part_views`'s
-        dict of ``keys``, which also keeps their places (under ``-1``, no group's)."""
+        """The row parts' views of ``group`` (the :data:`~.metadata_fields.PLAIN_FIELDS` and
+        the first four :data:`~.metadata_fields.SPEC_FIELDS`), made and kept in ``into``:
+        :meth:`part_views`'s dict of ``keys``, which also keeps their places (under ``-1``, no
+        group's)."""
         places = into.get(_PLACES)
         if places is None:  # the same for every group: made by the first group's build
             places = into[_PLACES] = plain_part(keys[0]) + spec_part(keys[1])
@@ -330,7 +344,7 @@ class DeviceBuffer:
         return views
 
     def _prefixes(self, places: tuple[Any, ...], group: int) -> tuple[Any, ...]:
-        """The view of each place (:data:`~.seed.Prefix`, or ``None``) for ``group``."""
+        """The view of each place (:data:`~.metadata_fields.Prefix`, or ``None``) for ``group``."""
         lists = self._source_lists(group)
         return tuple([None if place is None else lists[place[0]][place[1]] for place in places])
 

@@ -4,7 +4,7 @@ The first layer group's build of a step packs the plan from host data alone
 (``query_start_loc_cpu``, ``num_decode_draft_tokens_cpu``, the engine's counts; a step
 whose host data equal the last compiled step's reuses its plan) straight into a staging
 entry (:meth:`~stepplan.planner.Planner.pack_host_step`: no batch or plan object is
-made), writes a header there and launches one kernel (:mod:`.door`) that copies it to
+made), writes a header there and launches one kernel (:mod:`.gather_kernels`) that copies it to
 the device, gathers there what only the device knows and derives the seed's fields.
 Each further group of the same step launches one kernel for its own slots, or none
 when the engine registered its block tables (:meth:`StepShare.register_block_tables`),
@@ -39,9 +39,9 @@ from stepplan.planner import (
     layout_capacity,
 )
 
-from .host import HostInputs, HostViews, host_types
-from .seed import ShapeKeys, seed_counts_and_keys
-from .stage import DeviceBuffer, plan_regions
+from .device_buffer import DeviceBuffer, plan_regions
+from .host_inputs import HostInputs, HostViews, host_types
+from .metadata_fields import ShapeKeys, seed_counts_and_keys
 
 
 class _Plan:
@@ -187,7 +187,7 @@ class StepShare:
         ring_size: staging entries: how many steps the host may run ahead of the device
             before a build waits for one to come back.
         direct_launches: launch the kernels past Triton's dispatch where Triton allows
-            (:class:`~.launcher.Launcher`); ``False``: through Triton, every launch.
+            (:class:`~.kernel_launcher.Launcher`); ``False``: through Triton, every launch.
         graph_launches: with ``direct_launches``, replay a launch whose arguments recur
             (the engine's persistent buffers, the ring's entries) as a CUDA graph.
     """
@@ -209,7 +209,7 @@ class StepShare:
         self.config, self.device, self.num_groups = config, torch.device(device), num_groups
         self._planner = Planner(config)
         self.host_bytes = self._planner.host_bytes
-        #: The host tensors as the packer reads them (:meth:`.host.HostViews.view`).
+        #: The host tensors as the packer reads them (:meth:`.host_inputs.HostViews.view`).
         self.host_views = HostViews(self._planner.native).view
         self.on_cuda = self.device.type == "cuda"
         self.max_num_reqs = max(max_num_reqs or config.max_num_seqs, config.sizes[-1])

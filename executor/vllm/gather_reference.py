@@ -1,5 +1,5 @@
-""":mod:`.door`'s kernels in torch operations, after their copies: the CPU builder's device
-half, and the specification the kernels are tested against.
+"""The kernels of :mod:`.gather_kernels` in torch operations, after their copies: the CPU
+builder's device half, and the specification the kernels are tested against.
 
 The buffer is a CPU tensor, so its header and plan are read on the host (they are host
 data); the engine's tensors (block tables, ``seq_lens``, accepted counts) only through
@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from .door import HEADER, TICKET_WORD, header_values
+from .gather_kernels import HEADER, TICKET_WORD, header_values
 
 
 class _Step:

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from vllm_cases import STEP_DRAWS, random_step
 
-from stepplan.executor.vllm import StepShare, door
+from stepplan.executor.vllm import StepShare, gather_kernels
 
 
 def fresh_words(share: StepShare) -> torch.Tensor:
@@ -54,7 +54,7 @@ def test_kernels_write_what_the_reference_writes(
     want = share.buffer.words.clone()
     regions = share.buffer.regions
     entry = want[: regions.staged].clone()
-    entry[door.TICKET_WORD] = 1234
+    entry[gather_kernels.TICKET_WORD] = 1234
     done = torch.zeros(1, dtype=torch.int32)
     words = fresh_words(share)
     if not speculating:
@@ -63,27 +63,29 @@ def test_kernels_write_what_the_reference_writes(
         counts_in = words[regions.accepted_host : regions.accepted_host + len(step.q)]
     else:
         counts_in = accepted
-    door.open_step(entry, done, words, table, seq_lens, counts_in, 1, config.query_len_max)
+    gather_kernels.open_step(
+        entry, done, words, table, seq_lens, counts_in, 1, config.query_len_max
+    )
     assert done.item() == 1234
-    want[door.TICKET_WORD] = 1234  # the kernel copies the ticket along with the header
+    want[gather_kernels.TICKET_WORD] = 1234  # the kernel copies the ticket along with the header
     np.testing.assert_array_equal(words.numpy(), want.numpy())
     other = attrs.evolve(m, block_table_tensor=step.metadata("cpu", 0).block_table_tensor)
     share.open(0, other, counts if speculating else None, drafts, None)
     assert share.num_steps == 1
-    door.group_slots(words, tables[0], 0)
+    gather_kernels.group_slots(words, tables[0], 0)
     want = share.buffer.words.clone()
-    want[door.TICKET_WORD] = 1234
+    want[gather_kernels.TICKET_WORD] = 1234
     np.testing.assert_array_equal(words.numpy(), want.numpy())
     if registered:  # group 2's slots were there from the opening launch
         before = words.clone()
-        door.group_slots(words, tables[2], 2)
+        gather_kernels.group_slots(words, tables[2], 2)
         assert torch.equal(words, before)
 
 
 def test_the_header_words_are_distinct_and_fit():
-    words = list(door.HEADER.values())
+    words = list(gather_kernels.HEADER.values())
     assert len(set(words)) == len(words)
-    assert max(words) < door.TICKET_WORD < door.HEADER_WORDS
+    assert max(words) < gather_kernels.TICKET_WORD < gather_kernels.HEADER_WORDS
 
 
 #: The header's plan words and the plan fields they point at (this test's reading).
@@ -114,7 +116,7 @@ def test_the_header_says_what_the_step_is(seed, rows, config, weights, registere
         accepted, drafts = step.device_accepted("cpu"), step.host_drafts()
     opened = share.open(0, step.metadata("cpu"), accepted, drafts, None)
     plan, regions = opened.record.plan, share.buffer.regions
-    at = door.header_values(share.buffer.words.numpy())
+    at = gather_kernels.header_values(share.buffer.words.numpy())
     first_prefill = plan.num_spec_rows + plan.num_decode_rows
     assert (at["spec_rows"], at["first_prefill"], at["live_rows"]) == (
         plan.num_spec_rows,
