@@ -20,7 +20,8 @@ simulator's cost model (its rows: the default variant's).
 eager step and the buckets' padding overhead, over 32 layers) for the same variants: a
 kernel change is timed in the runtime in the same run.
 
-    python bench/kernel_bench.py [--channels 8192 2048] [--sweep] [--variants v16 v17]
+    python bench/kernel_bench.py [--channels 8192 2048] [--sweep]
+        [--variants program-per-tile looping-tiles]
         [--buckets] [--with-runtime] [--profile-out PATH]
 """
 
@@ -449,7 +450,7 @@ PERSISTENT_VARIANTS = {
         (64, 1, 16, False),
     ),
 }
-#: Tiles per multiprocessor of a graph bucket's looping tile launch (``v17`` on), swept on
+#: Tiles per multiprocessor of a graph bucket's looping tile launch (``looping-tiles`` on), swept on
 #: the bucket plans of the batches a bucket pads.
 GRAPH_TILE_VARIANTS = dict.fromkeys(LAYOUTS, ((6,), (12,), (24,), (48,), (96,)))
 
@@ -468,14 +469,14 @@ class Sweep:
 
 #: What ``--sweep`` times, by name.
 SWEEPS = {
-    "rows": (Sweep(False, dict.fromkeys(LAYOUTS, ROW_VARIANTS), "v16"),),
-    "tiles": (Sweep(True, dict.fromkeys(LAYOUTS, TILE_VARIANTS), "v16"),),
+    "rows": (Sweep(False, dict.fromkeys(LAYOUTS, ROW_VARIANTS), "program-per-tile"),),
+    "tiles": (Sweep(True, dict.fromkeys(LAYOUTS, TILE_VARIANTS), "program-per-tile"),),
     "both": (
-        Sweep(False, dict.fromkeys(LAYOUTS, ROW_VARIANTS), "v16"),
-        Sweep(True, dict.fromkeys(LAYOUTS, TILE_VARIANTS), "v16"),
+        Sweep(False, dict.fromkeys(LAYOUTS, ROW_VARIANTS), "program-per-tile"),
+        Sweep(True, dict.fromkeys(LAYOUTS, TILE_VARIANTS), "program-per-tile"),
     ),
     "persistent": (Sweep(False, PERSISTENT_VARIANTS, "persistent"),),
-    "graph-tiles": (Sweep(True, GRAPH_TILE_VARIANTS, "v17", bucket=True),),
+    "graph-tiles": (Sweep(True, GRAPH_TILE_VARIANTS, "looping-tiles", bucket=True),),
 }
 
 

@@ -68,11 +68,11 @@ def test_kernel_bench_runs_the_runtime_table_for_its_variants():
 
     import runtime_bench
 
-    args = bench.parse_args(["--channels", "2048", "--variants", "v16", "persistent"])
+    args = bench.parse_args(["--channels", "2048", "--variants", "program-per-tile", "persistent"])
     with mock.patch.object(runtime_bench, "main") as main:
         bench.run_runtime_bench(args)
     main.assert_called_once_with(
-        ["--gpu-only", "--channels", "2048", "--variants", "v16", "persistent"]
+        ["--gpu-only", "--channels", "2048", "--variants", "program-per-tile", "persistent"]
     )
     assert runtime_bench.parse_args(main.call_args.args[0]).gpu_only
 

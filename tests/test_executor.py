@@ -512,7 +512,7 @@ def test_graph_steps_equal_eager_steps_of_the_unpadded_plans(variant):
 
 
 def test_unknown_kernel_variants_are_refused():
-    with pytest.raises(ValueError, match=r"^kernel_variant: must be one of \('v16'"):
+    with pytest.raises(ValueError, match=r"^kernel_variant: must be one of \('program-per-tile'"):
         make_executor("triton", CONFIGS[0], kernel_variant="fast")
 
 

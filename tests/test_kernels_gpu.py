@@ -152,8 +152,8 @@ def test_kernels_keep_the_master_invariant_for_any_shape(seed, taps, dilation, q
 def test_every_variant_on_every_plan_gives_the_same_bits(kind, layout):
     """bf16 at C = 8192: each named variant (looping tiles, persistent rows) and persistent
     rows with other program counts or without the early loads, on the batch's eager plan
-    and on its graph bucket's padded plan, give the bits of v16's eager run, which matches
-    the reference."""
+    and on its graph bucket's padded plan, give the bits of program-per-tile's eager run,
+    which matches the reference."""
     rng = np.random.default_rng(KINDS.index(kind))
     batch = batch_of(kind, rng)
     eager = compile_plan(batch, attrs.evolve(BUCKET_CONFIG, graph_mode="none"))
@@ -161,7 +161,7 @@ def test_every_variant_on_every_plan_gives_the_same_bits(kind, layout):
     assert padded.graph is not None
     window = layout == "channel_window"
     operands = make_operands(eager, C, K, (K - 1) * D + Q - 1, layout, torch.bfloat16, "cuda", 7)
-    old = kernels.default_blocks(C, window, "v16")
+    old = kernels.default_blocks(C, window, "program-per-tile")
     want = check_against_reference(Case(eager, *operands, dilation=D, group=0, blocks=old))
     persistent = kernels.default_blocks(C, window, "persistent")
     trials = {v: kernels.default_blocks(C, window, v) for v in kernels.VARIANTS}

@@ -170,9 +170,9 @@ def test_looping_grids_are_bounded_by_the_resident_programs():
 
 def test_variants_are_named_and_unknown_ones_refused():
     assert kernels.DEFAULT_VARIANT in kernels.VARIANTS
-    old = kernels.default_blocks(8192, False, "v16")
+    old = kernels.default_blocks(8192, False, "program-per-tile")
     assert not old.tiles_resident and not old.rows_resident  # one program per item
-    assert kernels.default_blocks(8192, False, "v17").tiles_resident
+    assert kernels.default_blocks(8192, False, "looping-tiles").tiles_resident
     assert kernels.default_blocks(8192, True, "persistent").rows_resident
     with pytest.raises(ValueError, match=r"^kernel_variant: must be one of .*, got 'v0'$"):
         kernels.default_blocks(8192, False, "v0")

@@ -47,13 +47,14 @@ class Blocks:
 
 
 #: Named defaults, oldest first (``default_blocks``' ``variant``; the runs behind each in
-#: ``bench/kernel_notes.md``): ``v16`` one program per item in every launch, a graph
-#: bucket's padded tiles included; ``v17`` the tiles of a graph launch as looping programs
-#: (a bucket's padding costs a plan read per program); ``persistent`` v17 with the rows as
+#: ``bench/kernel_notes.md``, where the first two were once named v16 and v17):
+#: ``program-per-tile`` one program per item in every launch, a graph bucket's padded tiles
+#: included; ``looping-tiles`` the tiles of a graph launch as looping programs (a bucket's
+#: padding costs a plan read per program); ``persistent`` looping-tiles with the rows as
 #: persistent programs that fetch the next row while computing the current one.
-VARIANTS = ("v16", "v17", "persistent")
+VARIANTS = ("program-per-tile", "looping-tiles", "persistent")
 #: The variant an executor runs unless told otherwise.
-DEFAULT_VARIANT = "v17"
+DEFAULT_VARIANT = "looping-tiles"
 
 
 def default_blocks(
@@ -67,13 +68,13 @@ def default_blocks(
     """
     check_variant(variant)
     blocks = _v16_blocks(channels, window_contiguous)
-    if variant == "v16":
+    if variant == "program-per-tile":
         return blocks
     # Two waves of tile programs (12 one-warp programs of 168 registers fit on an SM in
     # vLLM's layout, 6 two-warp ones in the window layout): fewer leave SMs idle while a
     # program waits on memory, more cost the bucket's padding a read each.
     blocks = attrs.evolve(blocks, tiles_resident=12 if window_contiguous else 24)
-    if variant == "v17":
+    if variant == "looping-tiles":
         return blocks
     return attrs.evolve(blocks, rows_resident=_PERSISTENT_ROWS[window_contiguous])
 
