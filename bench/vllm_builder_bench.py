@@ -253,7 +253,8 @@ def launch_parts(share: StepShare, engine: Engine, inputs: dict, builds: int) ->
     metadata, kwargs = engine.step(inputs)
     entry = buffer._entries[buffer._open_entry][0]
     done = buffer._ring.done_word(buffer._open_entry)
-    args = (entry, done, metadata[0].block_table_tensor, metadata[0].seq_lens)
+    m = metadata[0]
+    args = (entry, done, m.block_table_tensor, m.query_start_loc, m.seq_lens)
     accepted = kwargs["num_accepted_tokens"]
     parts = {}
     for label, direct, graphs in (

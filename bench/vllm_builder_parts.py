@@ -14,7 +14,7 @@ a host's time goes. The pieces:
 - ``key``: the step's key and device inputs;
 - ``claim``, ``spaces``: a staging entry and its plan and summary regions;
 - ``pack``: the plan packed into the entry (``Planner.pack_host_step``, native);
-- ``keys``: the seed's counts and part keys (``seed_counts_and_keys``);
+- ``keys``: the revision's counts and part keys (``Revision.counts_and_keys``);
 - ``record``: the builder's plan record and its views;
 - ``stage``: the header words and the ticket;
 - ``open``: the opening launch (on a CUDA device: a graph replay once its arguments
@@ -42,7 +42,7 @@ import torch
 import vllm_builder_bench as bench
 
 from stepplan.executor.vllm import host_inputs, step_share
-from stepplan.executor.vllm.builder import _UNSET, PlanMetadataBuilder, _new_metadata
+from stepplan.executor.vllm.builder import PlanMetadataBuilder
 from stepplan.planner import PlannerConfig
 
 PIECES = (
@@ -79,14 +79,14 @@ def replayed_build(builder: PlanMetadataBuilder, m: Any, kwargs: dict) -> tuple[
         num_padded_tokens=m.num_actual_tokens, num_groups=share.num_groups, summary=summary,
     )  # fmt: skip
     marks.append(_clock())
-    counts_and_keys = step_share.seed_counts_and_keys(shape)
+    counts_and_keys = share.revision.counts_and_keys(shape, share.graph_limits)
     marks.append(_clock())
     types = host_inputs.host_types(starts, drafts_view)
     record = step_share._Plan(key[:3], planner, types, shape, counts_and_keys, buffer)
     marks.append(_clock())
     buffer.stage(index, record, record.keys[3], None, packed=True)
     marks.append(_clock())
-    buffer.open(m.block_table_tensor, m.seq_lens, accepted, group)
+    buffer.open(m.block_table_tensor, m.query_start_loc, m.seq_lens, accepted, group)
     marks.append(_clock())
     share.num_steps += 1
     step = step_share._Step(share.num_steps, record, key, device_inputs, None, group)
@@ -94,7 +94,7 @@ def replayed_build(builder: PlanMetadataBuilder, m: Any, kwargs: dict) -> tuple[
     marks.append(_clock())
     views = record.rows.get(group) or buffer.row_views(record.keys, group, record.rows)
     fields = (*record.counts, *views, *record.tokens, m.query_start_loc, m.seq_lens, drafts)
-    metadata = _new_metadata((*fields, record, group, step.index, *_UNSET))
+    metadata = builder._make((*fields, record, group, step.index, *builder._unset))
     marks.append(_clock())
     return metadata, [b - a for a, b in itertools.pairwise(marks)]
 

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from vllm_cases import STEP_DRAWS, random_step
 
-from stepplan.executor.vllm import StepShare, gather_kernels
+from stepplan.executor.vllm import REVISIONS, StepShare, gather_kernels
 
 
 def fresh_words(share: StepShare) -> torch.Tensor:
@@ -32,16 +32,26 @@ def plain_inputs(step, group):
     )
 
 
+def plain_query_start(step):
+    return torch.tensor(np.concatenate([[0], np.cumsum(step.q)]), dtype=torch.int32)
+
+
 @settings(max_examples=60, deadline=None)
-@given(**STEP_DRAWS, host_accepted=st.booleans(), registered=st.booleans())
+@given(
+    **STEP_DRAWS,
+    host_accepted=st.booleans(),
+    registered=st.booleans(),
+    revision=st.sampled_from(list(REVISIONS.values())),
+)
 def test_kernels_write_what_the_reference_writes(
-    seed, rows, config, weights, host_accepted, registered
+    seed, rows, config, weights, host_accepted, registered, revision
 ):
     """Group 1 opens the step, group 0 follows; with registered tables the opening
-    launch gathers every group's slots, so the last group's gather changes nothing."""
+    launch gathers every group's slots, so the last group's gather changes nothing. Under
+    vLLM 0.33's rules a step without spec rows also fills the engine-ordered sources."""
     rng = np.random.default_rng(seed)
     step = random_step(rng, rows, config.query_len_max, weights, groups=3)
-    share = StepShare(config, "cpu", num_groups=3, max_num_tokens=2048)
+    share = StepShare(config, "cpu", num_groups=3, max_num_tokens=2048, revision=revision)
     tables = [plain_inputs(step, group)[0] for group in range(3)]
     if registered:
         share.register_block_tables(tables)
@@ -64,8 +74,9 @@ def test_kernels_write_what_the_reference_writes(
     else:
         counts_in = accepted
     gather_kernels.open_step(
-        entry, done, words, table, seq_lens, counts_in, 1, config.query_len_max
-    )
+        entry, done, words, table, plain_query_start(step), seq_lens, counts_in, 1,
+        config.query_len_max,
+    )  # fmt: skip
     assert done.item() == 1234
     want[gather_kernels.TICKET_WORD] = 1234  # the kernel copies the ticket along with the header
     np.testing.assert_array_equal(words.numpy(), want.numpy())

@@ -63,7 +63,8 @@ def device_only(tensor: torch.Tensor, device: str) -> torch.Tensor:
 
 @attrs.frozen
 class FakeCommonMetadata:
-    """The fields of vLLM 0.33's ``CommonAttentionMetadata`` the builder may touch."""
+    """The fields of vLLM 0.33's ``CommonAttentionMetadata`` the builder may touch (the
+    duck-typed builder's tests; the plugin's run on vLLM's own class)."""
 
     query_start_loc_cpu: torch.Tensor
     query_start_loc: torch.Tensor
@@ -71,6 +72,8 @@ class FakeCommonMetadata:
     block_table_tensor: torch.Tensor
     num_reqs: int
     num_actual_tokens: int
+    is_prefilling: torch.Tensor | None = None
+    seq_lens_cpu_upper_bound: torch.Tensor | None = None
 
     def compute_num_computed_tokens(self) -> torch.Tensor:
         return self.seq_lens - torch.diff(self.query_start_loc)
@@ -86,6 +89,7 @@ class Step:
     drafts: np.ndarray
     accepted: np.ndarray
     extra_tokens: int
+    prefilling: np.ndarray | None = None  # [R] bool: a prompt chunk (vLLM's is_prefilling)
 
     def metadata(self, device: str, group: int = 0) -> FakeCommonMetadata:
         starts = torch.tensor(np.concatenate([[0], np.cumsum(self.q)]), dtype=torch.int32)
@@ -97,6 +101,10 @@ class Step:
             block_table_tensor=device_only(torch.tensor(table, dtype=torch.int32), device),
             num_reqs=len(self.q),
             num_actual_tokens=int(self.q.sum()) + self.extra_tokens,
+            is_prefilling=torch.tensor(
+                np.zeros(len(self.q), bool) if self.prefilling is None else self.prefilling
+            ),
+            seq_lens_cpu_upper_bound=torch.tensor(self.computed + self.q, dtype=torch.int32),
         )
 
     def host_drafts(self) -> torch.Tensor:
@@ -127,7 +135,11 @@ def random_step(rng: np.random.Generator, rows: int, q_max: int, weights, groups
     slots = np.where(kinds == 3, -1, slots).astype(np.int32)  # vLLM marks padding rows -1
     drafts = np.where(kinds == 0, q - 1, -1).astype(np.int32)
     accepted = rng.integers(1, q_max + 1, rows).astype(np.int32)
-    return Step(q, computed, slots, drafts, accepted, int(rng.integers(0, 5)))
+    extra = int(rng.integers(0, 5))
+    # Prompt chunks among the plain rows, drawn apart: the caller's draws stay as they were.
+    apart = np.random.default_rng(rng.bit_generator.seed_seq.spawn(1)[0])
+    prefilling = ((kinds == 1) | (kinds == 2)) & (apart.random(rows) < 0.5)
+    return Step(q, computed, slots, drafts, accepted, extra, prefilling)
 
 
 WEIGHTS = st.sampled_from(

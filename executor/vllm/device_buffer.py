@@ -23,19 +23,18 @@ import torch
 from ..upload import StagingRing
 from . import gather_kernels, gather_reference, kernel_launcher
 from .metadata_fields import (
+    PASS_THROUGH,
     SLOT_SOURCES,
     SOURCE_DTYPES,
+    TABLE_COLUMNS,
     ShapeKeys,
-    plain_part,
-    spec_part,
-    token_part,
 )
+from .revisions import Revision
 
 _CACHE_LIMIT = 4096  # entries of a shape-keyed cache; all are let go past it
-#: Where a row-part views dict keeps its fields' places (every other key is a group).
-_PLACES = -1
-#: Marks a field that is the engine's own ``query_start_loc`` (filled in per build).
-PASS_THROUGH = "query_start_loc"
+#: Where a row-part views dict keeps its fields' places, and where the fields a build
+#: fills in from the engine's tensors (every other key is a group).
+_PLACES, MARKERS = -1, -2
 #: The builder's header words of a step, packed straight into the entry after the plan's
 #: summary (which the packer writes).
 _STEP_WORDS = struct.Struct(f"<{gather_kernels.STEP_WORDS}i")
@@ -56,7 +55,16 @@ _SOURCE_WORDS = (
     ("spec_tokens_at", "spec_tokens", 0.5),
     ("plain_tokens_at", "plain_tokens", 0.5),
     ("tables", "tables", 0.5),
+    ("engine_has_at", "engine_has", 4),
+    ("engine_has_p_at", "engine_has_p", 4),
+    ("engine_qlen_at", "engine_qlen", 1),
+    ("engine_qsl_at", "engine_qsl", 1),
+    ("engine_qsl_p_at", "engine_qsl_p", 1),
 )
+#: Slot sources per layer group (each ``rows`` words), as the kernels lay them out.
+_SLOTS_PER_GROUP = gather_kernels.SLOT_SOURCES_PER_GROUP
+#: The sources of query starts, one entry longer than the rows.
+_QUERY_STARTS = ("spec_qsl", "non_spec_qsl", "qsl_p", "engine_qsl", "engine_qsl_p")
 
 
 @attrs.frozen
@@ -64,8 +72,9 @@ class Regions:
     """Where each part lies in the buffer (and in a staging entry), in int32 words.
 
     The host writes ``[0, staged)``: the header, the plan and accepted counts that come
-    from the host; the kernels write the plan sources and the row sources (``slots``:
-    per layer group its spec, plain and prefill slots, ``rows`` words each); ``tables``
+    from the host; the kernels write the plan sources, the row sources (``slots``: per
+    layer group its :data:`~.metadata_fields.SLOT_SOURCES`, ``rows`` words each) and the
+    engine-ordered ones (:data:`~.metadata_fields.ENGINE_SOURCES`); ``tables``
     holds the registered block tables' addresses and row strides (int64), ``ramp``
     ``0, 1, 2, ...`` for good. ``rows`` is the row sources' capacity (the query-start
     sources hold ``rows + 1``), ``num_tokens`` the token lists'.
@@ -84,6 +93,11 @@ class Regions:
     computed_prefill: int
     has_plain: int
     has_prefill: int
+    engine_has: int
+    engine_has_p: int
+    engine_qlen: int
+    engine_qsl: int
+    engine_qsl_p: int
     slots: int
     tables: int
     ramp: int
@@ -111,7 +125,12 @@ def plan_regions(plan_words: int, rows: int, tokens: int, groups: int) -> Region
         ("computed_prefill", rows),
         ("has_plain", flags),
         ("has_prefill", flags),
-        ("slots", 3 * groups * rows),
+        ("engine_has", flags),
+        ("engine_has_p", flags),
+        ("engine_qlen", rows),
+        ("engine_qsl", rows + 1),
+        ("engine_qsl_p", rows + 1),
+        ("slots", _SLOTS_PER_GROUP * groups * rows),
         ("tables", 4 * groups),
         ("ramp", max(tokens, rows) + 1),
         ("total", 0),
@@ -125,12 +144,15 @@ def plan_regions(plan_words: int, rows: int, tokens: int, groups: int) -> Region
 
 
 class _Marker:
-    """The pass-through marker at every length (a source whose views are the engine's)."""
+    """A marker at every length (a source whose views are the engine's, per build)."""
 
-    __slots__ = ()
+    __slots__ = ("marker",)
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
 
     def __getitem__(self, length: int) -> str:
-        return PASS_THROUGH
+        return self.marker
 
 
 class _SourceLists(dict):
@@ -138,7 +160,7 @@ class _SourceLists(dict):
     sources are the group's, the others shared by every group)."""
 
     def __init__(self, buffer: DeviceBuffer, group: int) -> None:
-        super().__init__({PASS_THROUGH: _Marker()})
+        super().__init__({marker: _Marker(marker) for marker in (PASS_THROUGH, TABLE_COLUMNS)})
         self.buffer, self.group = buffer, group
 
     def __missing__(self, source: str) -> list[torch.Tensor]:
@@ -166,6 +188,7 @@ class DeviceBuffer:
     Args:
         regions: its layout.
         device: where it lives.
+        revision: the rules of the fields its views are (:mod:`.revisions`).
         ring_size: staging entries (CUDA only).
         query_len_max: ``Q`` (the spec rows' state offsets are clamped to ``0..Q-1``).
         direct_launches: launch the kernels past Triton's dispatch
@@ -178,6 +201,7 @@ class DeviceBuffer:
         self,
         regions: Regions,
         device: torch.device,
+        revision: Revision,
         ring_size: int,
         query_len_max: int,
         *,
@@ -185,6 +209,7 @@ class DeviceBuffer:
         graph_launches: bool = True,
     ) -> None:
         self.regions, self.device, self.query_len_max = regions, device, query_len_max
+        self.revision = revision
         self.words = torch.zeros(regions.total, dtype=torch.int32, device=device)
         self.words[regions.ramp :] = torch.arange(regions.total - regions.ramp, device=device)
         self._bytes = self.words.view(torch.uint8)
@@ -205,8 +230,8 @@ class DeviceBuffer:
         self._lists: dict[int, _SourceLists] = {}
         self._plan_views: dict[int, torch.Tensor] = {}
         self._open_entry: int | None = None
-        # Per entry what it holds (plan, gather rows, registered tables, host accepted
-        # rows): a repeated step rewrites neither header nor plan.
+        # Per entry what it holds (plan record, gather rows, registered tables, host
+        # accepted rows): a repeated step rewrites neither header nor plan.
         self._held: dict[int | None, tuple] = {}
         self.registered: tuple[torch.Tensor, ...] = ()
 
@@ -244,7 +269,8 @@ class DeviceBuffer:
     ) -> None:
         """Write a step into entry ``index`` (claimed): its header words, the plan, and
         accepted counts given on the host (``[num_reqs]``; their device view is
-        :meth:`accepted_view`). ``record`` is the step's plan record (its ``shape``, and
+        :meth:`accepted_view`). ``record`` is the step's plan record (its ``shape``, its
+        ``split`` word: vLLM's decode rows of a step split by position, else -1; and
         ``pack(out, summary)`` writing its bytes and summary); ``packed``: its plan and
         summary were just packed into :meth:`spaces`. An entry that already holds this plan
         with these header words (only this buffer writes an entry, and plans are immutable)
@@ -263,6 +289,7 @@ class DeviceBuffer:
                 gather_rows,
                 record.shape.num_reqs,
                 *held[2:],
+                record.split,
             )
             self._held[index] = held
         if rows:
@@ -273,16 +300,19 @@ class DeviceBuffer:
             self._ring.stamp(index, gather_kernels.TICKET_WORD)
         self._open_entry = index
 
-    def open(self, table: Any, seq_lens: Any, accepted: Any, group: int) -> None:
-        """Launch the staged step's opening kernel (``group``'s slots from ``table``)."""
+    def open(self, table: Any, query_start: Any, seq_lens: Any, accepted: Any, group: int) -> None:
+        """Launch the staged step's opening kernel (``group``'s slots from ``table``; the
+        engine's ``query_start_loc``, read for a step split by position)."""
         entry = self._entries[self._open_entry]
         if entry.done is None:
             gather_reference.open_step_reference(
-                entry.tensor, self.words, table, seq_lens, accepted, group,
+                entry.tensor, self.words, table, query_start, seq_lens, accepted, group,
                 self.query_len_max, self.registered,
             )  # fmt: skip
             return
-        self._launcher.open_step(entry.tensor, entry.done, table, seq_lens, accepted, group)
+        self._launcher.open_step(
+            entry.tensor, entry.done, table, query_start, seq_lens, accepted, group
+        )
 
     def slots(self, table: Any, group: int) -> None:
         """Gather a further group's slots into the open step."""
@@ -318,8 +348,8 @@ class DeviceBuffer:
         """For a step of these part keys (:func:`~.metadata_fields.shape_keys`): the row
         parts' views per layer group, a dict shared by every step of these row-part keys and
         filled by :meth:`row_views`, and the token lists' views (every group shares them). Per
-        :data:`~.metadata_fields.ARRAY_FIELDS` entry a view is a device view, ``None``, or
-        :data:`PASS_THROUGH`."""
+        array field a view is a device view, ``None``, or a marker
+        (:data:`~.metadata_fields.PASS_THROUGH`, :data:`~.metadata_fields.TABLE_COLUMNS`)."""
         rows_key = (keys[0], keys[1])
         rows = self._row_views.get(rows_key)
         if rows is None:
@@ -328,18 +358,26 @@ class DeviceBuffer:
             return rows, (None, None)
         # Looked up, not kept: a step drawn afresh has new token counts, and two lookups
         # cost less than a cache's miss.
-        (spec_source, spec_length), (plain_source, plain_length) = token_part(keys[2])
+        (spec_source, spec_length), (plain_source, plain_length) = self.revision.token_places(
+            keys[2]
+        )
         lists = self._source_lists(0)
         return rows, (lists[spec_source][spec_length], lists[plain_source][plain_length])
 
     def row_views(self, keys: ShapeKeys, group: int, into: dict) -> tuple:
-        """The row parts' views of ``group`` (the :data:`~.metadata_fields.PLAIN_FIELDS` and
-        the first four :data:`~.metadata_fields.SPEC_FIELDS`), made and kept in ``into``:
-        :meth:`part_views`'s dict of ``keys``, which also keeps their places (under ``-1``, no
-        group's)."""
+        """The row parts' views of ``group`` (the revision's plain fields and the first four
+        :data:`~.metadata_fields.SPEC_FIELDS`), made and kept in ``into``:
+        :meth:`part_views`'s dict of ``keys``, which also keeps their places (under ``-1``,
+        no group's) and where markers are (under :data:`MARKERS`: ``(index, marker)``
+        pairs, for the build to fill in)."""
         places = into.get(_PLACES)
         if places is None:  # the same for every group: made by the first group's build
-            places = into[_PLACES] = plain_part(keys[0]) + spec_part(keys[1])
+            places = into[_PLACES] = self.revision.row_places(keys[0], keys[1])
+            into[MARKERS] = tuple(
+                (index, place[0])
+                for index, place in enumerate(places)
+                if place is not None and place[0] in (PASS_THROUGH, TABLE_COLUMNS)
+            )
         into[group] = views = self._prefixes(places, group)
         return views
 
@@ -362,10 +400,11 @@ class DeviceBuffer:
         while a source has at most a few thousand lengths."""
         regions = self.regions
         if source in SLOT_SOURCES:
-            at = regions.slots + (3 * group + SLOT_SOURCES.index(source)) * regions.rows
+            slots = _SLOTS_PER_GROUP * group + SLOT_SOURCES.index(source)
+            at = regions.slots + slots * regions.rows
         else:
             at = getattr(regions, source)
-        capacity = {"spec_qsl": 1, "non_spec_qsl": 1, "qsl_p": 1}.get(source, 0) + regions.rows
+        capacity = regions.rows + (source in _QUERY_STARTS)
         if source in ("spec_tokens", "plain_tokens", "ramp"):
             capacity = regions.num_tokens if source != "ramp" else regions.total - regions.ramp - 1
         dtype = SOURCE_DTYPES[source]

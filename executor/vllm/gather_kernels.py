@@ -13,9 +13,13 @@ program, that
    flag; it writes them into the plan (``row_slot``, ``row_num_accepted``,
    ``row_state_offset``, ``row_reads_state``) and into the seed's row sources
    (:data:`~.metadata_fields.ROW_SOURCES`);
-3. derives the seed's plan sources (:data:`~.metadata_fields.PLAN_SOURCES`: query starts per group,
-   the spec mask by engine row, the token lists as int64) from the plan it copied;
-4. hands the entry's ticket back (:class:`~stepplan.executor.upload.StagingRing`).
+3. derives the plan sources (:data:`~.metadata_fields.PLAN_SOURCES`: query starts per
+   group, the spec mask by engine row, the token lists as int64) from the plan it copied;
+4. in a step split by position (vLLM 0.33 without spec rows: the header's split word is
+   vLLM's decode rows, else -1), fills the engine-ordered sources
+   (:data:`~.metadata_fields.ENGINE_SOURCES` and the ``engine`` slots) from the engine's
+   own query starts, ``seq_lens`` and block tables;
+5. hands the entry's ticket back (:class:`~stepplan.executor.upload.StagingRing`).
 
 A further layer group whose slots were not gathered so runs :func:`_group_slots`. The
 kernels take no per-step integers (the header has them), so each compiles once.
@@ -64,12 +68,15 @@ _GATHER = tl.constexpr(len(SUMMARY))  # N >= R: group-ordered rows the row sourc
 _ENGINE_ROWS = tl.constexpr(_GATHER.value + 1)  # the engine's rows (the spec mask's length)
 _REGISTERED = tl.constexpr(_GATHER.value + 2)  # block tables the engine registered (0: none)
 _ACCEPTED_ROWS = tl.constexpr(_GATHER.value + 3)  # accepted counts given on the host (0: none)
-_PLAN_AT = tl.constexpr(_GATHER.value + 4)  # where the plan lies (entry and buffer alike)
-_ACCEPTED_HOST_AT = tl.constexpr(_GATHER.value + 5)  # where the host's accepted counts lie
+# vLLM's decode rows of a step split by position (its first prefill row); -1: not split.
+_SPLIT = tl.constexpr(_GATHER.value + 4)
+_PLAN_AT = tl.constexpr(_GATHER.value + 5)  # where the plan lies (entry and buffer alike)
+_ACCEPTED_HOST_AT = tl.constexpr(_GATHER.value + 6)  # where the host's accepted counts lie
 # The row sources' capacity: words between two slot sources.
-_STRIDE = tl.constexpr(_GATHER.value + 6)
-# Group g's spec, plain, prefill slots: + (3 g + 0, 1, 2) stride.
+_STRIDE = tl.constexpr(_GATHER.value + 7)
+# Group g's spec, plain, prefill, engine, engine-from-the-split slots: + (5 g + 0..4) stride.
 _SLOTS_AT = tl.constexpr(_STRIDE.value + 1)
+_SLOT_SOURCES = tl.constexpr(5)
 _ACCEPTED_AT = tl.constexpr(_STRIDE.value + 2)
 _HAS_PLAIN_AT = tl.constexpr(_STRIDE.value + 3)  # bytes
 _HAS_PREFILL_AT = tl.constexpr(_STRIDE.value + 4)  # bytes
@@ -82,6 +89,11 @@ _SPEC_TOKENS_AT = tl.constexpr(_STRIDE.value + 10)  # int64 elements
 _PLAIN_TOKENS_AT = tl.constexpr(_STRIDE.value + 11)  # int64 elements
 # int64 elements: the registered tables' addresses, then their row strides.
 _TABLES = tl.constexpr(_STRIDE.value + 12)
+_ENGINE_HAS_AT = tl.constexpr(_STRIDE.value + 13)  # bytes
+_ENGINE_HAS_P_AT = tl.constexpr(_STRIDE.value + 14)  # bytes
+_ENGINE_QLEN_AT = tl.constexpr(_STRIDE.value + 15)
+_ENGINE_QSL_AT = tl.constexpr(_STRIDE.value + 16)
+_ENGINE_QSL_P_AT = tl.constexpr(_STRIDE.value + 17)
 _TICKET = tl.constexpr(48)  # the entry's ticket (StagingRing.stamp)
 
 #: Header word positions by name, for the host (and the reference).
@@ -93,18 +105,24 @@ HEADER = {
         TOKEN_MAP=_TOKEN_MAP, QUERY_START=_QUERY_START, KIND=_KIND,
         STATE_OFFSET=_STATE_OFFSET, READS_STATE=_READS_STATE, ACCEPTED=_ACCEPTED,
         REQUEST=_REQUEST, SLOT=_SLOT, GATHER=_GATHER, ENGINE_ROWS=_ENGINE_ROWS,
-        REGISTERED=_REGISTERED, ACCEPTED_ROWS=_ACCEPTED_ROWS, PLAN_AT=_PLAN_AT,
+        REGISTERED=_REGISTERED, ACCEPTED_ROWS=_ACCEPTED_ROWS, SPLIT=_SPLIT, PLAN_AT=_PLAN_AT,
         ACCEPTED_HOST_AT=_ACCEPTED_HOST_AT, STRIDE=_STRIDE, SLOTS_AT=_SLOTS_AT,
         ACCEPTED_AT=_ACCEPTED_AT, HAS_PLAIN_AT=_HAS_PLAIN_AT, HAS_PREFILL_AT=_HAS_PREFILL_AT,
         COMPUTED_PREFILL_AT=_COMPUTED_PREFILL_AT, SPEC_QSL_AT=_SPEC_QSL_AT,
         NON_SPEC_QSL_AT=_NON_SPEC_QSL_AT, QSL_P_AT=_QSL_P_AT, MASKS_AT=_MASKS_AT,
         SPEC_TOKENS_AT=_SPEC_TOKENS_AT, PLAIN_TOKENS_AT=_PLAIN_TOKENS_AT, TABLES=_TABLES,
+        ENGINE_HAS_AT=_ENGINE_HAS_AT, ENGINE_HAS_P_AT=_ENGINE_HAS_P_AT,
+        ENGINE_QLEN_AT=_ENGINE_QLEN_AT, ENGINE_QSL_AT=_ENGINE_QSL_AT,
+        ENGINE_QSL_P_AT=_ENGINE_QSL_P_AT,
     ).items()
 }  # fmt: skip
 #: The summary's words (the packer writes them), then the builder's per step words.
 SUMMARY_WORDS = len(SUMMARY)
 STEP_WORDS = _PLAN_AT.value - _GATHER.value
 TICKET_WORD = _TICKET.value
+#: Slot sources per layer group (the spec, plain, prefill, engine and engine-from-the-split
+#: slots of :data:`~.metadata_fields.SLOT_SOURCES`).
+SLOT_SOURCES_PER_GROUP = _SLOT_SOURCES.value
 #: Words before the first region: the header, the ticket, room to grow.
 HEADER_WORDS = 64
 #: Words (or rows) one pass of a kernel covers.
@@ -158,11 +176,12 @@ def _copy(entry_ptr, words_ptr, start, stop, BLOCK: tl.constexpr):
 @triton.jit
 def _gather_slots(words_ptr, table_ptr, table_stride, group, BLOCK: tl.constexpr):
     """Rows ``0 .. N`` in group order: slot = block table column 0 of the row's request
-    (NULL on padding rows), into the plan's row_slot and group ``group``'s slot sources."""
+    (NULL on padding rows), into the plan's row_slot and group ``group``'s slot sources;
+    in a step split by position also every engine row's, in engine order."""
     rows, gather = _load(words_ptr, _ROWS), _load(words_ptr, _GATHER)
     spec_rows, first_prefill = _load(words_ptr, _SPEC_ROWS), _first_prefill(words_ptr)
     stride = _load(words_ptr, _STRIDE)
-    spec_at = _load(words_ptr, _SLOTS_AT) + 3 * group * stride
+    spec_at = _load(words_ptr, _SLOTS_AT) + _SLOT_SOURCES * group * stride
     plan_at = _field(words_ptr, _SLOT) + group * rows
     request_at = _field(words_ptr, _REQUEST)
     for first in range(0, gather, BLOCK):
@@ -176,6 +195,16 @@ def _gather_slots(words_ptr, table_ptr, table_stride, group, BLOCK: tl.constexpr
         tl.store(words_ptr + spec_at + stride + r - spec_rows, slot, mask=inside & (r >= spec_rows))
         prefill = inside & (r >= first_prefill)
         tl.store(words_ptr + spec_at + 2 * stride + r - first_prefill, slot, mask=prefill)
+    split = _load(words_ptr, _SPLIT)
+    engine_rows = tl.where(split >= 0, _load(words_ptr, _ENGINE_ROWS), 0)
+    engine_at = spec_at + 3 * stride
+    for first in range(0, engine_rows, BLOCK):
+        e = first + tl.arange(0, BLOCK)
+        inside = e < engine_rows
+        slot = tl.load(table_ptr + e.to(tl.int64) * table_stride, mask=inside, other=0)
+        tl.store(words_ptr + engine_at + e, slot.to(tl.int32), mask=inside)
+        after = inside & (e >= split)
+        tl.store(words_ptr + engine_at + stride + e - split, slot.to(tl.int32), mask=after)
 
 
 @triton.jit
@@ -226,6 +255,32 @@ def _gather_rows(
         )
         computed_at = _load(words_ptr, _COMPUTED_PREFILL_AT) + r - first_prefill
         tl.store(words_ptr + computed_at, computed, mask=prefill)
+
+
+@triton.jit
+def _gather_engine_rows(words_ptr, bytes_ptr, query_start_ptr, seq_lens_ptr, BLOCK: tl.constexpr):
+    """In a step split by position: per engine row its has-initial-state flag
+    (``seq_lens - query_lens > 0``), query length and query start, and from the split on
+    the flags and the starts shifted to begin at 0."""
+    split = _load(words_ptr, _SPLIT)
+    rows = tl.where(split >= 0, _load(words_ptr, _ENGINE_ROWS), -1)
+    base = tl.load(query_start_ptr + tl.maximum(split, 0), mask=split >= 0, other=0).to(tl.int32)
+    for first in range(0, rows + 1, BLOCK):
+        e = first + tl.arange(0, BLOCK)
+        row = e < rows
+        start = tl.load(query_start_ptr + e, mask=e <= rows, other=0).to(tl.int32)
+        stop = tl.load(query_start_ptr + e + 1, mask=row, other=0).to(tl.int32)
+        length = stop - start
+        seq_len = tl.load(seq_lens_ptr + e, mask=row, other=0).to(tl.int32)
+        flags = (seq_len - length > 0).to(tl.uint8)
+        after = e >= split
+        tl.store(bytes_ptr + _load(words_ptr, _ENGINE_HAS_AT) + e, flags, mask=row)
+        has_p = bytes_ptr + _load(words_ptr, _ENGINE_HAS_P_AT) + e - split
+        tl.store(has_p, flags, mask=row & after)
+        tl.store(words_ptr + _load(words_ptr, _ENGINE_QLEN_AT) + e, length, mask=row)
+        tl.store(words_ptr + _load(words_ptr, _ENGINE_QSL_AT) + e, start, mask=e <= rows)
+        qsl_p = words_ptr + _load(words_ptr, _ENGINE_QSL_P_AT) + e - split
+        tl.store(qsl_p, start - base, mask=(e <= rows) & after)
 
 
 @triton.jit
@@ -300,6 +355,7 @@ def _open_step(
     longs_ptr,
     table_ptr,
     table_stride,
+    query_start_ptr,
     seq_lens_ptr,
     accepted_ptr,
     group,
@@ -307,7 +363,7 @@ def _open_step(
     QUERY_LEN_MAX: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    """Open a step (the module's four parts). One program: its barriers order the copies
+    """Open a step (the module's five parts). One program: its barriers order the copies
     before every read of them, the mask's clearing before its marks, and every read of
     the entry before the ticket goes back (the host may then rewrite the entry)."""
     ticket = tl.load(entry_ptr + _TICKET)
@@ -329,6 +385,7 @@ def _open_step(
         words_ptr, bytes_ptr, seq_lens_ptr, accepted_ptr, HAS_ACCEPTED, QUERY_LEN_MAX, BLOCK
     )
     _derive_plan_sources(words_ptr, bytes_ptr, longs_ptr, BLOCK)
+    _gather_engine_rows(words_ptr, bytes_ptr, query_start_ptr, seq_lens_ptr, BLOCK)
     tl.debug_barrier()
     _mark_spec_rows(words_ptr, bytes_ptr, BLOCK)
     tl.store(done_ptr, ticket)
@@ -345,6 +402,7 @@ def open_step(
     done: torch.Tensor,
     words: torch.Tensor,
     table: torch.Tensor,
+    query_start: torch.Tensor,
     seq_lens: torch.Tensor,
     accepted: torch.Tensor | None,
     group: int,
@@ -360,6 +418,7 @@ def open_step(
         words.view(torch.int64),
         table,
         table.stride(0),
+        query_start,
         seq_lens,
         words if accepted is None else accepted,
         group,

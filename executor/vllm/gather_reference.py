@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from .gather_kernels import HEADER, TICKET_WORD, header_values
+from .gather_kernels import HEADER, SLOT_SOURCES_PER_GROUP, TICKET_WORD, header_values
 
 
 class _Step:
@@ -36,6 +36,7 @@ def open_step_reference(
     entry: torch.Tensor | None,
     words: torch.Tensor,
     table: torch.Tensor,
+    query_start: torch.Tensor,
     seq_lens: torch.Tensor,
     accepted: torch.Tensor | None,
     group: int,
@@ -44,7 +45,8 @@ def open_step_reference(
 ) -> None:
     """``_open_step`` on ``words``: the copy of ``entry``'s ranges (``None``: the header and
     plan are in place already), the slots of every ``registered`` table's group and then
-    of ``group`` from ``table``, the rows, the plan sources."""
+    of ``group`` from ``table``, the rows, the plan sources, and in a step split by
+    position the engine-ordered sources."""
     if entry is not None:
         copy_entry_reference(entry, words)
     step = _Step(words)
@@ -53,6 +55,7 @@ def open_step_reference(
     _slots(step, table, group)
     _rows(step, seq_lens, accepted, query_len_max)
     _plan_sources(step)
+    _engine_rows(step, query_start, seq_lens)
 
 
 def copy_entry_reference(entry: torch.Tensor, words: torch.Tensor) -> None:
@@ -84,10 +87,15 @@ def _slots(step: _Step, table: torch.Tensor, group: int) -> None:
     else:
         slot = torch.zeros(gather, dtype=torch.int32)
     step.put(at["slot"] + group * rows, slot[:rows])
-    spec_at = at["slots_at"] + 3 * group * stride
+    spec_at = at["slots_at"] + SLOT_SOURCES_PER_GROUP * group * stride
     step.put(spec_at, slot)
     step.put(spec_at + stride, slot[at["spec_rows"] :])
     step.put(spec_at + 2 * stride, slot[at["first_prefill"] :])
+    split = at["split"]
+    if split >= 0:  # every engine row's, in engine order
+        engine = table[: at["engine_rows"], 0].to(torch.int32)
+        step.put(spec_at + 3 * stride, engine)
+        step.put(spec_at + 4 * stride, engine[split:])
 
 
 def _rows(
@@ -144,3 +152,21 @@ def _plan_sources(step: _Step) -> None:
     masks = host.view(np.uint8)[at["masks_at"] : at["masks_at"] + at["engine_rows"]]
     masks[:] = 0
     masks[host[at["request"] : at["request"] + spec_rows]] = 1
+
+
+def _engine_rows(step: _Step, query_start: torch.Tensor, seq_lens: torch.Tensor) -> None:
+    """The engine-ordered sources of a step split by position: per engine row its
+    has-initial-state flag, query length and start; from the split on the flags and the
+    starts shifted to begin at 0 (torch operations on the engine's tensors)."""
+    at = step.at
+    split, rows = at["split"], at["engine_rows"]
+    if split < 0:
+        return
+    starts = query_start[: rows + 1].to(torch.int32)
+    lengths = starts[1:] - starts[:-1]
+    has_initial = (seq_lens[:rows].to(torch.int32) - lengths) > 0
+    step.put(at["engine_has_at"], has_initial, flags=True)
+    step.put(at["engine_has_p_at"], has_initial[split:], flags=True)
+    step.put(at["engine_qlen_at"], lengths)
+    step.put(at["engine_qsl_at"], starts)
+    step.put(at["engine_qsl_p_at"], starts[split:] - starts[split])

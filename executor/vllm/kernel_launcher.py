@@ -80,14 +80,16 @@ class Launcher:
         entry: torch.Tensor,
         done: torch.Tensor,
         table: torch.Tensor,
+        query_start: torch.Tensor,
         seq_lens: torch.Tensor,
         accepted: torch.Tensor | None,
         group: int,
     ) -> None:
         """Launch :func:`_open_step`: ``entry`` (``[E], int32`` pinned) and its ``done``
         word (``[1], int32`` pinned); ``table`` ``[>= num_reqs, B]`` the building group's
-        block table (slot: column 0), ``seq_lens`` and ``accepted`` ``[>= num_reqs]``
-        (``None``: every count 1), int32 or int64."""
+        block table (slot: column 0), ``query_start`` ``[>= num_reqs + 1]`` the engine's
+        query starts, ``seq_lens`` and ``accepted`` ``[>= num_reqs]`` (``None``: every
+        count 1), int32 or int64."""
         stride = table.stride()[0]
         has_accepted = accepted is not None
         counts = accepted if has_accepted else self.words
@@ -99,6 +101,8 @@ class Launcher:
             table.data_ptr(),
             table.dtype,
             stride,
+            query_start.data_ptr(),
+            query_start.dtype,
             seq_lens.data_ptr(),
             seq_lens.dtype,
             counts.data_ptr(),
@@ -108,12 +112,12 @@ class Launcher:
         )
         if self._replayed(exact):
             return
-        args = (entry, done, *self._views, table, stride, seq_lens, counts, group)
+        args = (entry, done, *self._views, table, stride, query_start, seq_lens, counts, group)
         constants = (has_accepted, self.query_len_max, _BLOCK)
         key = (
             "open",
             has_accepted,
-            *_specialization((entry, done, table, seq_lens, counts), stride),
+            *_specialization((entry, done, table, query_start, seq_lens, counts), stride),
         )
         names = ("HAS_ACCEPTED", "QUERY_LEN_MAX", "BLOCK")
         self._launch(_open_step, key, exact, args, constants, names, (entry, done))

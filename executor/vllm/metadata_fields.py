@@ -1,21 +1,26 @@
-"""A plan laid out as the seed builder's ``PleShortConvAttentionMetadata`` fields.
+"""What a ``PleShortConvAttentionMetadata`` field holds: a prefix of one *source*.
 
-One set of rules, two ways to fill them in. :func:`seed_shape` says, for each array field
-of the seed's metadata, whether the seed sets it and, if so, which *source* it is the
-first ``length`` entries of (a source is one array: the slots of the spec rows, the
-query starts of the prefill rows, ...; every field is a prefix of one, so a builder
-keeps one view per source and length). :func:`seed_view` fills the sources from a
-complete host plan (numpy arrays); the drop-in builder (:mod:`.builder`) has its kernel
-fill them on the device (:mod:`.gather_kernels`), so every field is a view of its persistent
-device buffer.
+A source is one array (the slots of the spec rows, the query starts of the prefill rows,
+...), and every array field of the metadata is the first ``length`` entries of one, so a
+builder keeps one view per source and length. A revision of vLLM's builder
+(:mod:`.revisions`) says which source and length each field is, or that the field is
+unset. The drop-in builder (:mod:`.builder`) has its kernel fill the sources on the
+device (:mod:`.gather_kernels`), so every field is a view of its persistent device
+buffer; :func:`seed_view` fills them from a complete host plan (numpy arrays).
 
 The row sources follow the plan's group-ordered rows ``[spec | decode | prefill]`` and
-then padding rows, as far as the longest field needs (the seed pads uniform batches
-for its CUDA graphs, SPEC §3.4): the ``spec`` ones from the first row, the ``plain``
-ones from the first decode row, the ``prefill`` ones from the first prefill row. Where
-the seed indexes by position and the engine's order is not grouped (a zero-length row
-between spec rows), the rules take the by-mask value of SPEC §3.1 instead of the
-seed's positional one; vLLM pads at the end, where the two agree.
+then padding rows, as far as the longest field needs (uniform batches are padded for
+CUDA graphs, SPEC §3.4): the ``spec`` ones from the first row, the ``plain`` ones from the
+first decode row, the ``prefill`` ones from the first prefill row. The ``engine`` sources
+follow the engine's own row order instead, for the fields vLLM 0.33 takes by position
+(its steps without spec rows): from engine row 0, or (``_p``) from the first row vLLM
+counts as a prefill. Where a rule indexes by position and the engine's order is not
+grouped (a zero-length row between spec rows), the group-ordered sources give the
+by-mask value of SPEC §3.1 instead of the positional one; vLLM pads at the end, where
+the two agree.
+
+This module holds the seed's rules (an older revision of vLLM's builder, the one this
+project started from): :func:`seed_counts_and_keys` and the part functions.
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ PLAIN_FIELDS = (
     "has_initial_states_d",
     "has_initial_states_p",
 )
-#: Seed fields set only where a step has spec rows: per row, then the token lists.
+#: Fields set only where a step has spec rows: per row, then the token lists.
 SPEC_FIELDS = (
     "spec_sequence_masks",
     "spec_state_indices_tensor",
@@ -51,7 +56,7 @@ SPEC_FIELDS = (
 #: The seed's array fields, in :class:`SeedShape` order: three parts, each a function of
 #: a few counts (:func:`shape_keys`), so a builder keeps each part's views by its key.
 ARRAY_FIELDS = PLAIN_FIELDS + SPEC_FIELDS
-#: The seed's host int fields, in :func:`seed_counts` order.
+#: The host int fields, in :func:`seed_counts` order (every revision's).
 COUNT_FIELDS = (
     "num_reqs",
     "num_actual_tokens",
@@ -66,31 +71,45 @@ COUNT_FIELDS = (
 )
 #: Per-row values only the device knows in vLLM (slots from each group's block table,
 #: accepted counts, computed tokens ``seq_lens - query_lens`` and so the has-initial-
-#: state flags): the builder gathers them there. Slot sources are per layer group.
+#: state flags): the builder gathers them there. Slot sources are per layer group; the
+#: ``engine`` ones run over the engine's rows (``_p``: from vLLM's first prefill row).
+SLOT_SOURCES = ("spec_slot", "plain_slot", "prefill_slot", "engine_slot", "engine_slot_p")
 ROW_SOURCES = (
-    "spec_slot",
-    "plain_slot",
-    "prefill_slot",
+    *SLOT_SOURCES[:3],
     "accepted",
     "has_plain",
     "has_prefill",
     "computed_prefill",
 )
-SLOT_SOURCES = ROW_SOURCES[:3]
+#: By engine row: has-initial-state flags (``_p``: from vLLM's first prefill row), query
+#: lengths and query starts (``_p``: shifted to start at that row), what vLLM 0.33 gives
+#: a step without spec rows by position.
+ENGINE_SOURCES = ("engine_has", "engine_has_p", "engine_qlen", "engine_qsl", "engine_qsl_p")
 #: Values that follow from the plan (query starts per group, the spec mask by engine
 #: row, the token lists as int64): the builder's kernel derives them from the plan it
 #: copied, which costs the host nothing.
 PLAN_SOURCES = ("spec_qsl", "non_spec_qsl", "qsl_p", "masks", "spec_tokens", "plain_tokens")
-#: Every source's dtype; ``ramp`` is ``0, 1, 2, ...`` and ``query_start_loc`` the engine's
-#: own ``query_start_loc`` (the seed passes it on as it is).
+#: Marks a field that is the engine's own ``query_start_loc`` (filled in per build).
+PASS_THROUGH = "query_start_loc"
+#: Marks a field that is the engine's block table, its decode rows and ``1 + Q - 1``
+#: columns (vLLM 0.33's ``state_indices_tensor_d`` without spec rows; filled in per build).
+TABLE_COLUMNS = "block_table"
+#: Every source's dtype; ``ramp`` is ``0, 1, 2, ...``.
 SOURCE_DTYPES = {
     "spec_slot": np.int32,
     "plain_slot": np.int32,
     "prefill_slot": np.int32,
+    "engine_slot": np.int32,
+    "engine_slot_p": np.int32,
     "accepted": np.int32,
     "has_plain": np.bool_,
     "has_prefill": np.bool_,
     "computed_prefill": np.int32,
+    "engine_has": np.bool_,
+    "engine_has_p": np.bool_,
+    "engine_qlen": np.int32,
+    "engine_qsl": np.int32,
+    "engine_qsl_p": np.int32,
     "spec_qsl": np.int32,
     "non_spec_qsl": np.int32,
     "qsl_p": np.int32,
@@ -98,12 +117,39 @@ SOURCE_DTYPES = {
     "spec_tokens": np.int64,
     "plain_tokens": np.int64,
     "ramp": np.int32,
-    "query_start_loc": np.int32,
 }
 
 #: ``(source, length)``: a field's values are ``source[:length]`` (a plain tuple: a step
-#: makes fifteen of them, and a tuple costs a tenth of a frozen class).
+#: makes fifteen of them, and a tuple costs a tenth of a frozen class); the source may be
+#: a marker (:data:`PASS_THROUGH`, :data:`TABLE_COLUMNS`) that a build fills in.
 Prefix = tuple[str, int]
+#: A part's key (see :func:`shape_keys`).
+PartKey = tuple[Any, ...] | None
+#: :func:`shape_keys`' answer: the three parts' keys and ``N``.
+ShapeKeys = tuple[PartKey, PartKey, PartKey, int]
+
+
+@attrs.frozen
+class GraphLimits:
+    """Where a builder pads uniform batches for full CUDA graphs.
+
+    Attributes:
+        full_graphs: whether full graphs are captured at all.
+        max_rows: the most rows of a uniform batch with a full graph.
+        max_tokens: the most tokens of a pure spec batch with a full graph.
+    """
+
+    full_graphs: bool
+    max_rows: int
+    max_tokens: int
+
+    @classmethod
+    def of(cls, config: PlannerConfig) -> GraphLimits:
+        """The limits of ``config``: ``min(max_num_seqs, largest size)`` rows and
+        ``min(max_num_seqs * Q, largest size)`` tokens, full graphs unless its graph mode
+        is ``none``."""
+        rows, tokens = seed_graph_limits(config)
+        return cls(config.graph_mode != "none", rows, tokens)
 
 
 @attrs.frozen(eq=False)  # compared and hashed by identity: builders key caches by it
@@ -131,29 +177,29 @@ def seed_graph_limits(config: PlannerConfig) -> tuple[int, int]:
 
 
 def _pads(
-    config: PlannerConfig, engine_rows: int, spec: int, decode: int, prefill: int, tokens: int
+    config: PlannerConfig,
+    limits: GraphLimits,
+    engine_rows: int,
+    spec: int,
+    decode: int,
+    prefill: int,
+    tokens: int,
 ) -> tuple[int | None, int | None]:
     """Rows the seed pads a pure-spec and a pure-decode batch to (``None``: no padding),
     for a plan of these engine rows, rows per kind and spec ``tokens``.
 
-    The seed pads only where it replays full graphs, uniform batches within
-    :func:`seed_graph_limits`: spec rows to the engine's row count (its padding rows
-    have no tokens), decode rows to the smallest graph size that holds them.
+    The seed pads only where it replays full graphs, uniform batches within ``limits``:
+    spec rows to the engine's row count (its padding rows have no tokens), decode rows
+    to the smallest graph size that holds them.
     """
-    if prefill or (spec and decode) or config.graph_mode == "none":  # not uniform: no pads
+    if prefill or (spec and decode) or not limits.full_graphs:  # not uniform: no pads
         return None, None
-    max_rows, max_tokens = seed_graph_limits(config)
     if spec:
-        return (engine_rows if spec <= max_rows and tokens <= max_tokens else None), None
-    if decode and decode <= max_rows:
+        fits = spec <= limits.max_rows and tokens <= limits.max_tokens
+        return (engine_rows if fits else None), None
+    if decode and decode <= limits.max_rows:
         return None, config.smallest_size(decode)
     return None, None
-
-
-#: A part's key (see :func:`shape_keys`).
-PartKey = tuple[int, ...] | None
-#: :func:`shape_keys`' answer: the three parts' keys and ``N``.
-ShapeKeys = tuple[PartKey, PartKey, PartKey, int]
 
 
 def shape_keys(plan: PlanShape) -> ShapeKeys:
@@ -170,9 +216,11 @@ def seed_counts(plan: PlanShape) -> tuple[int, ...]:
     return seed_counts_and_keys(plan)[0]
 
 
-def seed_counts_and_keys(plan: PlanShape) -> tuple[tuple[int, ...], ShapeKeys]:
+def seed_counts_and_keys(
+    plan: PlanShape, limits: GraphLimits | None = None
+) -> tuple[tuple[int, ...], ShapeKeys]:
     """:func:`seed_counts` and :func:`shape_keys` of a plan of this shape, in one pass
-    over its fields (a builder's new step needs both)."""
+    over its fields (a builder's new step needs both); ``limits``: the config's."""
     config, engine_rows = plan.config, plan.num_reqs
     ns, nd, npf = plan.num_spec_rows, plan.num_decode_rows, plan.num_prefill_rows
     spec_tokens, decode_tokens = plan.num_spec_decode_tokens, plan.num_decode_tokens
@@ -190,7 +238,8 @@ def seed_counts_and_keys(plan: PlanShape) -> tuple[tuple[int, ...], ShapeKeys]:
         config.query_len_max,
         plan.max_prefill_query_len,
     )
-    spec_pad, decode_pad = _pads(config, engine_rows, ns, nd, npf, spec_tokens)
+    limits = limits or GraphLimits.of(config)
+    spec_pad, decode_pad = _pads(config, limits, engine_rows, ns, nd, npf, spec_tokens)
     if not ns:
         decode_rows = decode_pad or nd
         rows = decode_rows if not npf else nd + npf
@@ -203,12 +252,12 @@ def seed_counts_and_keys(plan: PlanShape) -> tuple[tuple[int, ...], ShapeKeys]:
     return counts, ((1, nd, npf, nd, engine_rows), spec, token_key, rows)
 
 
-def plain_part(key: PartKey) -> tuple[Prefix | None, ...]:
-    """The :data:`PLAIN_FIELDS` of a part key: with spec rows the seed's own path (its
-    decode and prefill fields where it has such rows; slot lists always, empty where
-    the group is; nothing in a pure spec step), without the base builder's fields
-    (decode slots and flags padded for a graph; ``non_spec_query_start_loc`` the
-    engine's ``query_start_loc``)."""
+def plain_places(key: PartKey) -> dict[str, Prefix]:
+    """The set decode and prefill fields of a part key (:data:`PLAIN_FIELDS` names): with
+    spec rows the seed's own path (its decode and prefill fields where it has such rows;
+    slot lists always, empty where the group is; nothing in a pure spec step), without
+    the base builder's fields (decode slots and flags padded for a graph;
+    ``non_spec_query_start_loc`` the engine's ``query_start_loc``)."""
     speculating, nd, npf, decode_rows, engine_rows = key
     fields: dict[str, Prefix] = {}
     if speculating:
@@ -220,7 +269,7 @@ def plain_part(key: PartKey) -> tuple[Prefix | None, ...]:
         if nd:
             fields["query_start_loc_d"] = ("non_spec_qsl", nd + 1)
     else:
-        fields["non_spec_query_start_loc"] = ("query_start_loc", engine_rows + 1)
+        fields["non_spec_query_start_loc"] = (PASS_THROUGH, engine_rows + 1)
         # Decode slots only (padded for a graph), or every slot: decodes, then prefills.
         fields["state_indices_tensor"] = ("plain_slot", nd + npf if npf else decode_rows)
         if nd:
@@ -234,7 +283,12 @@ def plain_part(key: PartKey) -> tuple[Prefix | None, ...]:
         fields["has_initial_states_p"] = ("has_prefill", npf)
         fields["num_computed_tokens_p"] = ("computed_prefill", npf)
         fields["query_start_loc_p"] = ("qsl_p", npf + 1)
-    return tuple(map(fields.get, PLAIN_FIELDS))
+    return fields
+
+
+def plain_part(key: PartKey) -> tuple[Prefix | None, ...]:
+    """The :data:`PLAIN_FIELDS` of a part key, in order (:func:`plain_places`)."""
+    return tuple(map(plain_places(key).get, PLAIN_FIELDS))
 
 
 def spec_part(key: PartKey) -> tuple[Prefix | None, ...]:
@@ -318,7 +372,7 @@ def seed_view(plan: ExecutionPlan, group: int = 0) -> dict[str, Any]:
     sources = row_sources(plan, shape.gather_rows, group) | plan_sources(plan, shape.gather_rows)
     longest = max(plan.num_tokens, shape.gather_rows) + 1
     sources["ramp"] = np.arange(longest, dtype=np.int32)
-    sources["query_start_loc"] = np.asarray(plan.batch.query_start)
+    sources[PASS_THROUGH] = np.asarray(plan.batch.query_start)
     view: dict[str, Any] = dict(zip(COUNT_FIELDS, seed_counts(plan.shape), strict=True))
     for name, place in zip(ARRAY_FIELDS, shape.fields, strict=True):
         view[name] = None if place is None else sources[place[0]][: place[1]]

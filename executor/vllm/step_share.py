@@ -39,9 +39,11 @@ from stepplan.planner import (
     layout_capacity,
 )
 
+from .common_metadata import host_only_array
 from .device_buffer import DeviceBuffer, plan_regions
 from .host_inputs import HostInputs, HostViews, host_types
-from .metadata_fields import ShapeKeys, seed_counts_and_keys
+from .metadata_fields import GraphLimits, ShapeKeys
+from .revisions import SEED, Revision, Split, vllm_split
 
 
 class _Plan:
@@ -62,6 +64,8 @@ class _Plan:
         "keys",
         "rows",
         "shape",
+        "split",
+        "split_key",
         "tokens",
     )
 
@@ -73,15 +77,18 @@ class _Plan:
         shape: PlanShape,
         counts_and_keys: tuple[tuple[int, ...], ShapeKeys],
         buffer: DeviceBuffer,
+        split: Split | None = None,
     ) -> None:
         # key (rows, tokens, (query starts' bytes, drafts' bytes, live tokens)) and the two
         # arrays' dtypes: the host data the plan is a function of.
         self.key, self._planner, self._types = key, planner, types
         self.shape, self._buffer = shape, buffer
-        # The seed's counts and part keys of the shape (seed_counts_and_keys), then its
-        # views: the row parts' per group (shared with every plan of these row parts,
-        # filled by the group's first build), the token lists'.
+        # The revision's counts and part keys of the shape (and of its split by position,
+        # where it has one: -1 in the header where not), then its views: the row parts'
+        # per group (shared with every plan of these row parts, filled by the group's
+        # first build), the token lists'.
         self.counts, self.keys = counts_and_keys
+        self.split_key, self.split = split, -1 if split is None else split[0]
         self.rows, self.tokens = buffer.part_views(self.keys)
         self._plan: ExecutionPlan | None = None
         self._plan_buffer: torch.Tensor | None = None
@@ -186,6 +193,10 @@ class StepShare:
         max_num_tokens: most tokens a step may pass (vLLM's ``max_num_batched_tokens``).
         ring_size: staging entries: how many steps the host may run ahead of the device
             before a build waits for one to come back.
+        revision: the rules of the metadata fields (:mod:`.revisions`; the seed's by
+            default).
+        graph_limits: where uniform batches are padded for full graphs (the config's by
+            default: :meth:`~.metadata_fields.GraphLimits.of`).
         direct_launches: launch the kernels past Triton's dispatch where Triton allows
             (:class:`~.kernel_launcher.Launcher`); ``False``: through Triton, every launch.
         graph_launches: with ``direct_launches``, replay a launch whose arguments recur
@@ -201,6 +212,8 @@ class StepShare:
         max_num_reqs: int | None = None,
         max_num_tokens: int = 8192,
         ring_size: int = 32,
+        revision: Revision = SEED,
+        graph_limits: GraphLimits | None = None,
         direct_launches: bool = True,
         graph_launches: bool = True,
     ) -> None:
@@ -212,6 +225,8 @@ class StepShare:
         #: The host tensors as the packer reads them (:meth:`.host_inputs.HostViews.view`).
         self.host_views = HostViews(self._planner.native).view
         self.on_cuda = self.device.type == "cuda"
+        self.revision = revision
+        self.graph_limits = graph_limits or GraphLimits.of(config)
         self.max_num_reqs = max(max_num_reqs or config.max_num_seqs, config.sizes[-1])
         rows = self.max_num_reqs
         tokens = max(max_num_tokens, config.sizes[-1], rows * config.query_len_max)
@@ -222,6 +237,7 @@ class StepShare:
         self.buffer = DeviceBuffer(
             regions,
             self.device,
+            revision,
             ring_size,
             config.query_len_max,
             direct_launches=direct_launches,
@@ -375,23 +391,62 @@ class StepShare:
                 num_groups=self.num_groups,
                 summary=summary,
             )
-            counts_and_keys = seed_counts_and_keys(shape)
+            types = host_types(query_start, drafts)
+            split = self._split(m, shape, inputs, types[0])
+            counts_and_keys = self.revision.counts_and_keys(shape, self.graph_limits, split)
             gather_rows = counts_and_keys[1][3]
             if gather_rows > buffer.regions.rows:
                 raise ValueError(
                     f"common_attn_metadata: the step's {gather_rows} rows exceed the builder's "
                     f"{buffer.regions.rows} (raise max_num_reqs)"
                 )
-            types = host_types(query_start, drafts)
-            record = _Plan(plan_key, self._planner, types, shape, counts_and_keys, buffer)
+            record = _Plan(plan_key, self._planner, types, shape, counts_and_keys, buffer, split)
             self._last_plan = record
             self.num_compiles += 1
+        elif self.revision.needs_split(record.shape):  # the plan recurs; its split may not
+            record = self._resplit(record, m, inputs)
         buffer.stage(index, record, record.keys[3], inputs.accepted_host, packed=packed)
         accepted = inputs.accepted_device
         if inputs.accepted_host is not None:
             accepted = buffer.accepted_view(rows)
-        buffer.open(m.block_table_tensor, m.seq_lens, accepted, group)
+        buffer.open(m.block_table_tensor, m.query_start_loc, m.seq_lens, accepted, group)
         self.num_steps += 1
         step = _Step(self.num_steps, record, inputs.key, device_inputs, step_id, group)
         self._step = step
         return step
+
+    def _resplit(self, record: _Plan, m: Any, inputs: HostInputs) -> _Plan:
+        """``record``, or where this step's split differs from its one, a record of the
+        same plan with this step's split (it becomes the last plan)."""
+        split = self._split(m, record.shape, inputs, record._types[0])
+        if split == record.split_key:
+            return record
+        shape, types = record.shape, record._types
+        counts_and_keys = self.revision.counts_and_keys(shape, self.graph_limits, split)
+        record = _Plan(record.key, self._planner, types, shape, counts_and_keys, self.buffer, split)
+        self._last_plan = record
+        return record
+
+    def _split(
+        self, m: Any, shape: PlanShape, inputs: HostInputs, starts_type: Any
+    ) -> Split | None:
+        """The step's split by position, where the revision takes one for this shape
+        (:func:`~.revisions.vllm_split`: from the query starts the plan was packed from,
+        ``is_prefilling`` and ``seq_lens_cpu_upper_bound``, all host data)."""
+        if not self.revision.needs_split(shape):
+            return None
+        prefilling = getattr(m, "is_prefilling", None)
+        upper = getattr(m, "seq_lens_cpu_upper_bound", None)
+        if prefilling is None or upper is None:
+            raise ValueError(
+                "common_attn_metadata: is_prefilling and seq_lens_cpu_upper_bound are needed "
+                f"by revision {self.revision.name} for a step without spec rows"
+            )
+        starts = np.frombuffer(inputs.host[0], starts_type)
+        return vllm_split(
+            starts,
+            m.num_reqs,
+            m.num_actual_tokens,
+            host_only_array("common_attn_metadata.is_prefilling", prefilling),
+            host_only_array("common_attn_metadata.seq_lens_cpu_upper_bound", upper),
+        )
