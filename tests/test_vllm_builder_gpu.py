@@ -159,7 +159,7 @@ def test_direct_launches_write_what_triton_launches_write():
 
 class PersistentInputs:
     """Device inputs in persistent buffers, sliced per step, as vLLM keeps them: the same
-    addresses every step, so the door's launches recur and replay as graphs."""
+    addresses every step, so the gather kernels' launches recur and replay as graphs."""
 
     def __init__(self, rows: int) -> None:
         self.query_start = torch.zeros(rows + 1, dtype=torch.int32, device="cuda")

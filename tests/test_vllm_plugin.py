@@ -24,6 +24,7 @@ from vllm.v1.attention.backends.short_conv_attn import (
 )
 
 from stepplan.executor.vllm import VLLM_0_33, plugin, revision_for_vllm
+from stepplan.executor.vllm.vllm_builder import field_differences
 
 
 def load_plugins(monkeypatch, switch: str | None) -> type:
@@ -119,7 +120,7 @@ def test_builds_equal_vllms_own_field_for_field(builders, seed, rows, setup, wei
     want = theirs.build(0, m, **kwargs)
     got = ours.build(0, m, **kwargs)
     assert isinstance(got, PleShortConvAttentionMetadata)
-    assert runner.field_differences(got, want) == []
+    assert field_differences(got, want) == []
 
 
 @settings(max_examples=150, deadline=None)
@@ -142,7 +143,7 @@ def test_capture_builds_equal_vllms_own(builders, seed, setup, data):
         return
     want = theirs.build_for_cudagraph_capture(m)
     got = ours.build_for_cudagraph_capture(m)
-    assert runner.field_differences(got, want) == []
+    assert field_differences(got, want) == []
 
 
 def test_limits_equal_vllms_own(builders):

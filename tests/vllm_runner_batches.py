@@ -11,7 +11,6 @@ extends, first chunks) with either threshold, or in any order ("spec rows anywhe
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from typing import Any
 
@@ -26,11 +25,7 @@ from vllm.config import CompilationConfig, CUDAGraphMode, SpeculativeConfig, Vll
 from vllm.config.scheduler import SchedulerConfig
 from vllm.v1.attention.backend import CommonAttentionMetadata
 from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
-from vllm.v1.attention.backends.short_conv_attn import PleShortConvAttentionMetadata
 from vllm.v1.kv_cache_interface import MambaSpec
-
-#: Every field of vLLM's metadata.
-FIELDS = tuple(field.name for field in dataclasses.fields(PleShortConvAttentionMetadata))
 
 
 @attrs.frozen
@@ -216,23 +211,23 @@ def capture_batch(rng: np.random.Generator, setup: EngineSetup, rows: int) -> Ru
     )
 
 
-def field_differences(ours: Any, theirs: Any) -> list[str]:
-    """Where two ``PleShortConvAttentionMetadata`` differ, field by field: ``None``
-    against a value, ints, and tensors by shape, dtype, device and values."""
-    found = []
-    for name in FIELDS:
-        a, b = getattr(ours, name), getattr(theirs, name)
-        if a is None or b is None or not isinstance(b, torch.Tensor):
-            if not (a is None and b is None) and (a is None or b is None or a != b):
-                found.append(f"{name}: {a!r} against vLLM's {b!r}")
-            continue
-        if not isinstance(a, torch.Tensor):
-            found.append(f"{name}: {type(a).__name__} against vLLM's tensor")
-        elif (a.shape, a.dtype, a.device.type) != (b.shape, b.dtype, b.device.type):
-            found.append(
-                f"{name}: {list(a.shape)} {a.dtype} {a.device} against vLLM's "
-                f"{list(b.shape)} {b.dtype} {b.device}"
-            )
-        elif not torch.equal(a.cpu(), b.cpu()):
-            found.append(f"{name}: {a.tolist()} against vLLM's {b.tolist()}")
-    return found
+def padded_to(batch: RunnerBatch, rows: int, tokens: int) -> RunnerBatch:
+    """``batch``'s live rows, then padding rows up to ``rows``, ``tokens`` tokens in all
+    (as the runner pads a batch to a captured graph's size)."""
+    live = int((batch.query_lens > 0).sum())  # padding rows trail
+    pad = rows - live
+
+    def cut(values: np.ndarray, fill: int) -> np.ndarray:
+        return np.concatenate([values[:live], np.full(pad, fill, values.dtype)])
+
+    table = np.concatenate([batch.table[:live], np.zeros((pad, batch.table.shape[1]), np.int32)])
+    return RunnerBatch(
+        query_lens=cut(batch.query_lens, 0),
+        computed=cut(batch.computed, 0),
+        prompt_lens=cut(batch.prompt_lens, 0),
+        drafts=None if batch.drafts is None else cut(batch.drafts, -1),
+        accepted=cut(batch.accepted, 1),
+        table=table,
+        seq_upper=cut(batch.seq_upper, 0),
+        num_actual_tokens=tokens,
+    )

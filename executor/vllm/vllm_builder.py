@@ -180,9 +180,30 @@ def metadata_maker(revision: Revision) -> Any:
 
     def make(values: tuple) -> StepplanPleMetadata:
         metadata = new(StepplanPleMetadata)
-        fields = dict(zip(order, values, strict=True))
-        fields.update(unset)
+        fields = unset.copy()  # a copy and an update: less than a dict of all 41
+        fields.update(zip(order, values, strict=True))
         metadata.__dict__ = fields
         return metadata
 
     return make
+
+
+def field_differences(ours: Any, theirs: Any) -> list[str]:
+    """Where two ``PleShortConvAttentionMetadata`` differ, field by field over vLLM's
+    dataclass: ``None`` against a value, ints, and tensors by shape, dtype, device and
+    values (each tensor read back: for checks, not for a build's path)."""
+    found = []
+    for name in (field.name for field in dataclasses.fields(PleShortConvAttentionMetadata)):
+        a, b = getattr(ours, name), getattr(theirs, name)
+        tensors = isinstance(a, torch.Tensor), isinstance(b, torch.Tensor)
+        if tensors != (True, True):
+            if any(tensors) or (a is None) != (b is None) or a != b:
+                found.append(f"{name}: {a!r} against vLLM's {b!r}")
+        elif (a.shape, a.dtype, a.device.type) != (b.shape, b.dtype, b.device.type):
+            found.append(
+                f"{name}: {list(a.shape)} {a.dtype} {a.device} against vLLM's "
+                f"{list(b.shape)} {b.dtype} {b.device}"
+            )
+        elif not torch.equal(a.cpu(), b.cpu()):
+            found.append(f"{name}: {a.tolist()} against vLLM's {b.tolist()}")
+    return found
