@@ -1,4 +1,15 @@
-"""Host time per build of the vLLM builder drop-in (``PlanMetadataBuilder``), vLLM's placement.
+"""Host time per build of stepplan's vLLM builder, through vLLM's own subclass and beside
+vLLM 0.33's builder, and of the duck-typed drop-in with its layer groups sharing a step.
+
+Where vLLM is installed, each batch (drawn afresh every step) first runs through vLLM
+(``vllm_plugged.py``): stepplan's builder as vLLM's plugin loader hands it out
+(``StepplanPleBuilder``, one layer group, ``idle`` and ``busy``), beside vLLM 0.33's own
+``PleShortConvAttentionMetadataBuilder`` on the same steps, in the same rounds, both fed
+vLLM's own ``CommonAttentionMetadata``; then the synchronizations per build of each, a
+check that every field equals vLLM's, and on a GPU a CUDA graph of vLLM's ``ple_conv``
+captured over ``build_for_cudagraph_capture``'s fields and replayed after later builds.
+The ratio table gives vLLM's p50 over stepplan's. The cases below are the duck-typed
+``PlanMetadataBuilder`` (seed revision), as measured for issue 21.
 
 Inputs sit where vLLM 0.33 keeps them: ``query_start_loc``, ``seq_lens``, each layer
 group's ``block_table_tensor`` and ``num_accepted_tokens`` on the device (persistent
@@ -30,7 +41,7 @@ tensor the old way counts), and a check of the fields against the host oracle.
 The seed builder is not run: its source (``/work/shared/seed``) lost its indentation in
 transport and builds on vLLM's base builder; its figures are quoted in bench/RESULTS.md.
 
-    python3 bench/vllm_builder_bench.py [--rounds 12] [--builds 200]
+    python3 bench/vllm_builder_bench.py [--rounds 12] [--builds 200] [--no-vllm]
     python3 bench/vllm_builder_bench.py --smoke   # tiny, on the CPU too: no timing claims
 """
 
@@ -355,6 +366,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--host-only", action="store_true", help="CPU: leave the device half of builds out"
     )
+    parser.add_argument("--no-vllm", action="store_true", help="leave vLLM's cases out")
     args = parser.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() and not args.host_only else "cpu"
     batches, rounds, builds = BATCHES, args.rounds, args.builds
@@ -369,18 +381,54 @@ def main(argv: list[str] | None = None) -> None:
     if args.host_only:
         print("# host only: the device half (the gathers) left out of every build")
     cases = make_cases(device, batches, config, args.host_only)
+    plugged = None if args.no_vllm or args.host_only else vllm_part()
+    if plugged is not None:
+        cases = plugged.make_cases(device, batches, batch_draw, SPEC_TOKENS) | cases
     freeze_startup_objects()
     try:
         report(cases, rounds, builds, device, config, args.host_only)
+        if plugged is not None and device == "cuda":
+            print(plugged.graph_replay(256, spec_draw(256), 5 if args.smoke else 200, SPEC_TOKENS))
     finally:
         gc.unfreeze()
+
+
+def vllm_part():
+    """``vllm_plugged`` (the cases that run vLLM itself), or ``None`` with a note where
+    vLLM is not installed."""
+    try:
+        import vllm_plugged
+    except ImportError as error:
+        print(f"# vLLM's cases left out: {error}")
+        return None
+    import vllm
+
+    print(f"# vLLM {vllm.__version__}: stepplan's builder through its plugin, beside vLLM's own")
+    return vllm_plugged
+
+
+def batch_draw(rng: np.random.Generator, batch: tuple, count: int) -> list[dict]:
+    """``count`` steps of ``batch`` (drawn afresh), as :class:`Case` draws them."""
+    return batch_steps(rng, *batch[:4], count)
+
+
+def spec_draw(rows: int):
+    """Pure spec steps of ``rows`` rows: drafts fixed at Q - 1, or 0 .. Q - 1."""
+    return lambda rng, count, fixed: batch_steps(rng, rows, 0, (), fixed, count)
 
 
 def report(cases: dict, rounds: int, builds: int, device: str, config, host_only: bool) -> None:
     """Measure and print: the rounds' table, then per case its parts, syncs and check."""
     measure_rounds(cases, 1, builds, device == "cuda")  # warm-up: compiles the kernels
-    print_rounds(measure_rounds(cases, rounds, builds, device == "cuda"))
+    results = measure_rounds(cases, rounds, builds, device == "cuda")
+    print_rounds(results)
+    print_ratios(results)
     for label, case in cases.items():
+        if not isinstance(case, Case):
+            if label.endswith("in vLLM"):
+                theirs = cases[label.replace("in vLLM", "vLLM 0.33")]
+                print(plugged_line(label, case, theirs, device))
+            continue
         share, builders, engine = case.share, case.builders, case.engine
         line = [f"{label:<22} compiles {share.num_compiles} for {share.num_steps} steps"]
         step = case.steps(1)[0]
@@ -396,6 +444,40 @@ def report(cases: dict, rounds: int, builds: int, device: str, config, host_only
         if not host_only:
             line.append(check_fields(builders, engine, step, config))
         print("  ".join(line))
+
+
+def print_ratios(results: dict) -> None:
+    """vLLM's own builder's p50 over stepplan's (through vLLM), per batch and mode."""
+    p50s = {key: statistics.median(values) for key, values in results["p50s"].items()}
+    for (name, mode), ours in p50s.items():
+        if name.endswith("| in vLLM"):
+            theirs = p50s.get((name.replace("in vLLM", "vLLM 0.33"), mode))
+            if theirs is not None:
+                batch = name.split(" |")[0]
+                print(
+                    f"{batch:<22} {mode:<10} stepplan in vLLM {ours:.1f} µs, vLLM 0.33 "
+                    f"{theirs:.1f} µs: vLLM's own takes {theirs / ours:.1f}x"
+                )
+
+
+def plugged_line(label: str, ours, theirs, device: str) -> str:
+    """Syncs per build of both builders (GPU) and stepplan's fields against vLLM's."""
+    step = ours.steps(1)[0]
+    theirs.steps(1)  # the pair draws alike
+    line = [f"{label:<32}"]
+    if device == "cuda":
+        for name, case in (("stepplan", ours), ("vLLM", theirs)):
+            metadata, kwargs = case.engine.step(step)
+            syncs = count_syncs(functools.partial(build_all, case.builders, metadata, kwargs))
+            line.append(f"{name} syncs per build {syncs}")
+    line.append(vllm_plugged_check(ours, theirs, step))
+    return "  ".join(line)
+
+
+def vllm_plugged_check(ours, theirs, step: dict) -> str:
+    import vllm_plugged
+
+    return vllm_plugged.check_fields(ours, theirs, step)
 
 
 if __name__ == "__main__":
