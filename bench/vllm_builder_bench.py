@@ -383,12 +383,14 @@ def main(argv: list[str] | None = None) -> None:
     cases = make_cases(device, batches, config, args.host_only)
     plugged = None if args.no_vllm or args.host_only else vllm_part()
     if plugged is not None:
-        cases = plugged.make_cases(device, batches, batch_draw, SPEC_TOKENS) | cases
+        builder_cls = plugged.plugged_builder_class()
+        cases = plugged.make_cases(device, batches, batch_draw, SPEC_TOKENS, builder_cls) | cases
     freeze_startup_objects()
     try:
         report(cases, rounds, builds, device, config, args.host_only)
         if plugged is not None and device == "cuda":
-            print(plugged.graph_replay(256, spec_draw(256), 5 if args.smoke else 200, SPEC_TOKENS))
+            steps = 5 if args.smoke else 200
+            print(plugged.graph_replay(builder_cls, 256, spec_draw(256), steps, SPEC_TOKENS))
     finally:
         gc.unfreeze()
 

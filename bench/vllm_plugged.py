@@ -29,6 +29,7 @@ import torch
 if not torch.cuda.is_available():  # vLLM's config needs a platform: the CPU one here
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
+import vllm.plugins
 from vllm.config import CompilationConfig, CUDAGraphMode, SpeculativeConfig, VllmConfig
 from vllm.config.scheduler import SchedulerConfig
 from vllm.plugins import load_general_plugins
@@ -81,10 +82,20 @@ def kv_cache_spec(spec_tokens: int) -> MambaSpec:
 
 def plugged_builder_class() -> type:
     """The builder class vLLM's PLE backend hands out with the plugin switched on, loaded
-    by vLLM's own loader."""
+    by vLLM's own loader as a fresh vLLM process loads it; the switch and vLLM's backend
+    are left as they were."""
+    before = os.environ.get(plugin.SWITCH)
     os.environ[plugin.SWITCH] = "1"
-    load_general_plugins()
-    found = PleShortConvAttentionBackend.get_builder_cls()
+    vllm.plugins.plugins_loaded = False  # the loader runs once per process
+    try:
+        load_general_plugins()
+        found = PleShortConvAttentionBackend.get_builder_cls()
+    finally:
+        if before is None:
+            del os.environ[plugin.SWITCH]
+        else:
+            os.environ[plugin.SWITCH] = before
+        plugin.unregister()
     if found is not StepplanPleBuilder:
         raise RuntimeError(f"vLLM's loader handed out {found.__name__}, not stepplan's builder")
     return found
@@ -153,13 +164,12 @@ class PluggedCase:
         return self._draw(self.rng, count)
 
 
-def make_cases(device: str, batches: dict, draw: Any, spec_tokens: int) -> dict:
+def make_cases(device: str, batches: dict, draw: Any, spec_tokens: int, plugged: type) -> dict:
     """Per batch whose steps are drawn afresh, stepplan's builder through vLLM's subclass
     and vLLM's own, each on the same steps (``draw(rng, batch, count)``, the same seed)."""
     batches = {name: batch for name, batch in batches.items() if not batch[4]}
     rows = max(spec + decode + len(prefills) for spec, decode, prefills, *_ in batches.values())
     config, spec = engine_config(spec_tokens, max(rows, 8)), kv_cache_spec(spec_tokens)
-    plugged = plugged_builder_class()
     cases = {}
     for index, (name, batch) in enumerate(batches.items()):
         engine = VllmEngine(device, rows, spec_tokens)
@@ -182,7 +192,9 @@ def check_fields(ours: PluggedCase, theirs: PluggedCase, inputs: dict) -> str:
     return "every field equals vLLM 0.33's own builder's"
 
 
-def graph_replay(engine_rows: int, draw_spec: Any, steps: int, spec_tokens: int) -> str:
+def graph_replay(
+    plugged: type, engine_rows: int, draw_spec: Any, steps: int, spec_tokens: int
+) -> str:
     """A CUDA graph of vLLM's ``ple_conv`` (spec rows) captured over stepplan's
     ``build_for_cudagraph_capture`` fields for ``engine_rows`` rows of ``Q`` tokens; each
     later pure spec step is built into the same buffers (host µs timed), the graph
@@ -191,7 +203,7 @@ def graph_replay(engine_rows: int, draw_spec: Any, steps: int, spec_tokens: int)
     from vllm.models.qwen4_exp.common.ops.ple import ple_conv
 
     config, spec = engine_config(spec_tokens, engine_rows), kv_cache_spec(spec_tokens)
-    ours = plugged_builder_class()(spec, ["ple"], config, torch.device("cuda"))
+    ours = plugged(spec, ["ple"], config, torch.device("cuda"))
     theirs = PleShortConvAttentionMetadataBuilder(spec, ["ple"], config, torch.device("cuda"))
     engine = VllmEngine("cuda", engine_rows, spec_tokens)
     tokens = engine_rows * (spec_tokens + 1)
