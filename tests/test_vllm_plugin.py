@@ -23,7 +23,7 @@ from vllm.v1.attention.backends.short_conv_attn import (
     ShortConvAttentionMetadataBuilder,
 )
 
-from stepplan.executor.vllm import VLLM_0_33, plugin, revision_for_vllm
+from stepplan.executor.vllm import VLLM_0_33, PlanMetadataBuilder, plugin, revision_for_vllm
 from stepplan.executor.vllm.vllm_builder import field_differences
 
 
@@ -50,8 +50,8 @@ def plugged():
 
 @pytest.fixture(scope="module")
 def builders(plugged):
-    """Per engine setup: stepplan's builder (the class vLLM's backend hands out) and
-    vLLM's own, made alike."""
+    """Per engine setup: stepplan's builder (the class vLLM's backend hands out), vLLM's
+    own, made alike, and stepplan's duck-typed builder under revision ``vllm-0.33``."""
     made = {}
 
     def of(setup: runner.EngineSetup):
@@ -61,7 +61,15 @@ def builders(plugged):
             theirs = PleShortConvAttentionMetadataBuilder(
                 spec, ["model.layers.0.ple"], config, torch.device("cpu")
             )
-            made[setup] = ours, theirs
+            inside = ours.stepplan
+            duck = PlanMetadataBuilder(
+                inside.config,
+                "cpu",
+                max_num_tokens=setup.max_num_batched_tokens,
+                revision=VLLM_0_33,
+                graph_limits=inside.share.graph_limits,
+            )
+            made[setup] = ours, theirs, duck
         return made[setup]
 
     return of
@@ -114,20 +122,21 @@ def test_every_field_of_vllms_metadata_has_a_place_in_the_revision():
 def test_builds_equal_vllms_own_field_for_field(builders, seed, rows, setup, weights):
     """Every field of vLLM's metadata, with vLLM's value, shape, dtype and device, and
     None exactly where vLLM's builder leaves it, on a step as vLLM's runner makes it."""
-    ours, theirs = builders(setup)
+    ours, theirs, duck = builders(setup)
     batch = runner.runner_batch(np.random.default_rng(seed), setup, rows, weights)
     m, kwargs = batch.common_metadata(), batch.build_kwargs()
     want = theirs.build(0, m, **kwargs)
     got = ours.build(0, m, **kwargs)
     assert isinstance(got, PleShortConvAttentionMetadata)
     assert field_differences(got, want) == []
+    assert field_differences(duck.build(0, m, **kwargs), want) == []  # without the subclass
 
 
 @settings(max_examples=150, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), setup=st.sampled_from(runner.SETUPS), data=st.data())
 def test_capture_builds_equal_vllms_own(builders, seed, setup, data):
     """``build_for_cudagraph_capture`` on the uniform batches vLLM captures graphs over."""
-    ours, theirs = builders(setup)
+    ours, theirs, _ = builders(setup)
     fit = min(
         theirs.decode_cudagraph_max_bs,
         theirs.decode_cudagraph_max_tokens // (1 + setup.spec_tokens),
@@ -148,7 +157,7 @@ def test_capture_builds_equal_vllms_own(builders, seed, setup, data):
 
 def test_limits_equal_vllms_own(builders):
     for setup in runner.SETUPS:
-        ours, theirs = builders(setup)
+        ours, theirs, _ = builders(setup)
         assert (ours.decode_cudagraph_max_bs, ours.decode_cudagraph_max_tokens) == (
             theirs.decode_cudagraph_max_bs,
             theirs.decode_cudagraph_max_tokens,
