@@ -372,12 +372,8 @@ class DeviceBuffer:
         pairs, for the build to fill in)."""
         places = into.get(_PLACES)
         if places is None:  # the same for every group: made by the first group's build
-            places = into[_PLACES] = self.revision.row_places(keys[0], keys[1])
-            into[MARKERS] = tuple(
-                (index, place[0])
-                for index, place in enumerate(places)
-                if place is not None and place[0] in (PASS_THROUGH, TABLE_COLUMNS)
-            )
+            places, into[MARKERS] = self.revision.row_places(keys[0], keys[1])
+            into[_PLACES] = places
         into[group] = views = self._prefixes(places, group)
         return views
 

@@ -100,12 +100,25 @@ class Revision:
         """Whether a step of this shape takes :func:`vllm_split`'s split."""
         return self.splits_by_position and not shape.num_spec_rows
 
-    def row_places(self, plain_key: PartKey, spec_key: PartKey) -> tuple[Prefix | None, ...]:
-        """The places of :attr:`plain_fields` and the first four :data:`SPEC_FIELDS`."""
+    def row_places(
+        self, plain_key: PartKey, spec_key: PartKey
+    ) -> tuple[tuple[Prefix | None, ...], tuple[tuple[int, str], ...]]:
+        """The places of :attr:`plain_fields` and the first four :data:`SPEC_FIELDS`, and
+        the ``(index, marker)`` of each that is the engine's own tensor (a build fills
+        those in; only steps without spec rows have any)."""
         if plain_key[0] == _BY_POSITION:
-            places, accepted = _by_position_places(plain_key)
-            return (*map(places.get, self.plain_fields), None, None, None, accepted)
-        return (*map(plain_places(plain_key).get, self.plain_fields), *spec_part(spec_key))
+            found, accepted = _by_position_places(plain_key)
+            places = (*map(found.get, self.plain_fields), None, None, None, accepted)
+        else:
+            places = (*map(plain_places(plain_key).get, self.plain_fields), *spec_part(spec_key))
+            if spec_key is not None:
+                return places, ()
+        markers = tuple(
+            (index, place[0])
+            for index, place in enumerate(places)
+            if place is not None and place[0] in (PASS_THROUGH, TABLE_COLUMNS)
+        )
+        return places, markers
 
     def token_places(self, token_key: PartKey) -> tuple[Prefix | None, ...]:
         """The places of the two token lists."""

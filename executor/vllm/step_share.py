@@ -226,6 +226,7 @@ class StepShare:
         self.host_views = HostViews(self._planner.native).view
         self.on_cuda = self.device.type == "cuda"
         self.revision = revision
+        self._splits = revision.splits_by_position  # read on every new step
         self.graph_limits = graph_limits or GraphLimits.of(config)
         self.max_num_reqs = max(max_num_reqs or config.max_num_seqs, config.sizes[-1])
         rows = self.max_num_reqs
@@ -392,7 +393,9 @@ class StepShare:
                 summary=summary,
             )
             types = host_types(query_start, drafts)
-            split = self._split(m, shape, inputs, types[0])
+            split = None
+            if self._splits and not shape.num_spec_rows:  # the revision's needs_split
+                split = self._split(m, inputs, types[0])
             counts_and_keys = self.revision.counts_and_keys(shape, self.graph_limits, split)
             gather_rows = counts_and_keys[1][3]
             if gather_rows > buffer.regions.rows:
@@ -403,7 +406,7 @@ class StepShare:
             record = _Plan(plan_key, self._planner, types, shape, counts_and_keys, buffer, split)
             self._last_plan = record
             self.num_compiles += 1
-        elif self.revision.needs_split(record.shape):  # the plan recurs; its split may not
+        elif self._splits and not record.shape.num_spec_rows:  # a recurring plan's split may not
             record = self._resplit(record, m, inputs)
         buffer.stage(index, record, record.keys[3], inputs.accepted_host, packed=packed)
         accepted = inputs.accepted_device
@@ -418,7 +421,7 @@ class StepShare:
     def _resplit(self, record: _Plan, m: Any, inputs: HostInputs) -> _Plan:
         """``record``, or where this step's split differs from its one, a record of the
         same plan with this step's split (it becomes the last plan)."""
-        split = self._split(m, record.shape, inputs, record._types[0])
+        split = self._split(m, inputs, record._types[0])
         if split == record.split_key:
             return record
         shape, types = record.shape, record._types
@@ -427,14 +430,11 @@ class StepShare:
         self._last_plan = record
         return record
 
-    def _split(
-        self, m: Any, shape: PlanShape, inputs: HostInputs, starts_type: Any
-    ) -> Split | None:
-        """The step's split by position, where the revision takes one for this shape
-        (:func:`~.revisions.vllm_split`: from the query starts the plan was packed from,
-        ``is_prefilling`` and ``seq_lens_cpu_upper_bound``, all host data)."""
-        if not self.revision.needs_split(shape):
-            return None
+    def _split(self, m: Any, inputs: HostInputs, starts_type: Any) -> Split:
+        """The step's split by position (a step the revision splits so,
+        :meth:`~.revisions.Revision.needs_split`; :func:`~.revisions.vllm_split`: from the
+        query starts the plan was packed from, ``is_prefilling`` and
+        ``seq_lens_cpu_upper_bound``, all host data)."""
         prefilling = getattr(m, "is_prefilling", None)
         upper = getattr(m, "seq_lens_cpu_upper_bound", None)
         if prefilling is None or upper is None:
