@@ -10,9 +10,6 @@ Python files there): ``python -m pytest -q -m gpu -p no:xdist tests/test_vllm_pl
 
 from __future__ import annotations
 
-import functools
-import warnings
-
 import numpy as np
 import pytest
 import torch
@@ -50,18 +47,6 @@ def make_builders(setup: runner.EngineSetup):
     )
 
 
-def syncs_of(run) -> int:
-    """Synchronizing CUDA calls ``run`` makes (``set_sync_debug_mode("warn")``)."""
-    torch.cuda.set_sync_debug_mode("warn")
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            run()
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    return sum("synchroniz" in str(w.message).lower() for w in caught)
-
-
 @pytest.mark.parametrize("setup", runner.SETUPS, ids=str)
 def test_builds_equal_vllms_own_on_the_gpu_and_never_synchronize(setup):
     ours, theirs = make_builders(setup)
@@ -71,16 +56,14 @@ def test_builds_equal_vllms_own_on_the_gpu_and_never_synchronize(setup):
         batch = runner.runner_batch(rng, setup, int(rng.integers(1, 40)), weights[index % 6])
         m, kwargs = batch.common_metadata("cuda"), batch.build_kwargs("cuda")
         torch.cuda.synchronize()
-        built: list = []
-        build = functools.partial(_build_into, built, ours, m, kwargs)
-        assert syncs_of(build) == 0
+        torch.cuda.set_sync_debug_mode("error")  # a synchronizing call raises
+        try:
+            got = ours.build(0, m, **kwargs)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
         want = theirs.build(0, m, **kwargs)
-        assert isinstance(built[0], PleShortConvAttentionMetadata)
-        assert field_differences(built[0], want) == [], index
-
-
-def _build_into(built: list, builder, m, kwargs) -> None:
-    built.append(builder.build(0, m, **kwargs))
+        assert isinstance(got, PleShortConvAttentionMetadata)
+        assert field_differences(got, want) == [], index
 
 
 def operands(rng: np.random.Generator, tokens: int, dtype: torch.dtype, spec_tokens: int):
