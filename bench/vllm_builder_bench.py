@@ -207,10 +207,12 @@ def busy_samples(builders, engine, steps, groups: int, per_sleep: int = 24) -> l
     GPU frees)."""
     samples = []
     for first in range(0, len(steps), per_sleep):
-        chunk = [engine.step(inputs) for inputs in steps[first : first + per_sleep]]
         synchronize(engine.device)
         torch.cuda._sleep(int(2e7))  # ~10 ms on an H200, longer than the builds below
-        for metadata, kwargs in chunk:
+        for inputs in steps[first : first + per_sleep]:
+            # Made behind the kernel, as a runner makes each step's inputs: an engine that
+            # uploads them (vLLM's) queues the copies in stream order.
+            metadata, kwargs = engine.step(inputs)
             spin(20)
             samples.append(timed(functools.partial(build_all, builders[:groups], metadata, kwargs)))
         synchronize(engine.device)

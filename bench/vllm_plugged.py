@@ -114,20 +114,30 @@ class VllmEngine:
         self.table = torch.zeros(rows, 1 + spec_tokens, dtype=torch.int32, device=device)
         self.slot_mapping = torch.zeros(8192, dtype=torch.int64, device=device)
 
+    def _put(self, target: torch.Tensor, values: np.ndarray) -> None:
+        source = torch.from_numpy(np.ascontiguousarray(values, dtype=np.int32))
+        if self.device.type == "cuda":
+            source = source.pin_memory()
+        target.copy_(source, non_blocking=True)
+
     def step(
         self, inputs: dict, *, upload: bool = False, padded_tokens: int | None = None
     ) -> tuple[list[CommonAttentionMetadata], dict]:
         """The step's metadata (one group) and the build's keyword arguments, as vLLM's
-        runner passes them; ``upload`` writes the device values too."""
+        runner passes them, its device values uploaded (``upload`` is accepted for the
+        bench's other engine's signature)."""
         q = inputs["query_lens"]
         rows = len(q)
         starts = np.concatenate([[0], np.cumsum(q)]).astype(np.int32)
         seq_lens = (inputs["num_computed_tokens"] + q).astype(np.int32)
-        if upload:
-            self.query_start[: rows + 1] = torch.from_numpy(starts)
-            self.seq_lens[:rows] = torch.from_numpy(seq_lens)
-            self.accepted[:rows] = torch.from_numpy(inputs["num_accepted_tokens"])
-            self.table[:rows, 0] = torch.from_numpy(inputs["slots"][0])
+        # vLLM's own builder reads the device query starts, so every step uploads them,
+        # as the runner does before its builds: from pinned memory, in stream order, so a
+        # busy GPU keeps the host free and each build still sees its own step's values.
+        del upload
+        self._put(self.query_start[: rows + 1], starts)
+        self._put(self.seq_lens[:rows], seq_lens)
+        self._put(self.accepted[:rows], inputs["num_accepted_tokens"])
+        self._put(self.table[:rows, 0], inputs["slots"][0])
         tokens = padded_tokens or int(starts[-1])
         drafts = inputs["num_draft_tokens"]
         m = CommonAttentionMetadata(
