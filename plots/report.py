@@ -1,11 +1,11 @@
-"""One self-contained HTML page per run: every figure embedded, the summary as tables."""
+"""One self-contained HTML page per run: every figure embedded, the summary as tables; the
+page carries stepplan's mark (:data:`GENERATOR`), so that a later run may replace it."""
 
 from __future__ import annotations
 
 import base64
 import html
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import attrs
@@ -15,13 +15,15 @@ from stepplan.sim.results import SimResult
 from stepplan.sim.table import ResultsError
 
 from .bucketing import Bucketing, plot_bucketing
-from .canvas import figure_bytes, write_atomically
+from .canvas import figure_bytes
 from .host import plot_host_time
 from .latency import plot_latency_cdfs
 from .memory import has_memory_columns, plot_memory
 from .opgraph import plot_op_graph
 from .timeline import plot_timeline
 
+#: The mark of a report stepplan wrote: a ``<meta>`` of the page's head (:func:`is_report`).
+GENERATOR = '<meta name="generator" content="stepplan report">'
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1150px; color: #222; }
 h1 { font-size: 1.5em; } h2 { font-size: 1.2em; margin-top: 1.6em; }
@@ -130,15 +132,14 @@ def build_report(
     quantiles = summary.get("itl_ms_quantiles") or []
     parts.append(_details("ITL quantiles (ms)", [(f"q{i}", v) for i, v in enumerate(quantiles)]))
     body = "\n".join(parts)
-    head = f"<meta charset='utf-8'><title>{html.escape(title)}</title><style>{STYLE}</style>"
+    head = f"<meta charset='utf-8'>{GENERATOR}<title>{html.escape(title)}</title>"
+    head += f"<style>{STYLE}</style>"
     return f"<!DOCTYPE html>\n<html><head>{head}</head>\n<body>\n{body}\n</body></html>\n"
 
 
-def write_report(results: SimResult, path: str | Path, **options: Any) -> Path:
-    """Write :func:`build_report` to ``path`` atomically; ``options`` go to it."""
-    path = Path(path)
-    write_atomically(path, build_report(results, **options).encode())
-    return path
+def is_report(sample: bytes) -> bool:
+    """Whether a file's start (``sample``) is a page :func:`build_report` made."""
+    return sample.startswith(b"<!DOCTYPE html>") and GENERATOR.encode() in sample[:4096]
 
 
 def _overview(summary: Mapping[str, Any]) -> str:

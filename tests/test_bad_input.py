@@ -3,13 +3,16 @@
 One table: each case is the files it makes, the command line, and a fragment the
 error line must hold. Files are made in a fresh folder that is also the working
 directory, so "nothing written" means the folder holds exactly those files after the
-run (no results folder, no partial file, no figure).
+run, each with the checksum it had before (no results folder, no partial file, no
+figure, and no file of the user's replaced: the data-loss rows put decoys where a
+command would write).
 """
 
 from __future__ import annotations
 
 import bz2
 import gzip
+import hashlib
 import json
 import os
 
@@ -17,12 +20,32 @@ import numpy as np
 import pytest
 from synthetic_results import write_synthetic_results
 
+from stepplan.plots.report import GENERATOR
 from stepplan.sim import cli
+from stepplan.sim.cli.outputs import SIZES_HEADER
 
 AZURE = "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.9799600,48,10\n"
 VIDUR = "arrived_at,num_prefill_tokens,num_decode_tokens\n0,5,5\n1,6,4\n"
 MOONCAKE = '{"timestamp": 0, "input_length": 5, "output_length": 2}\n'
 PROFILE_GEOMETRY = '"geometry": {"channels": 8, "kernel_size": 4, "dilation": 3, "dtype_bytes": 2}'
+#: Decoys: the user's own files where a command would write, and files stepplan wrote.
+THESIS = "My thesis, chapter 1. Do not lose this; no backup exists.\n"
+USER_PAGE = "<!DOCTYPE html>\n<html><head><title>my page</title></head><body>mine</body></html>\n"
+USER_TOML = "[scheduler]\nmax_num_seqs = 8  # my own settings\n"
+USER_PNG = b"\x89PNG\r\n\x1a\n" + bytes(64)
+USER_JSON = '{"format": "my-summary", "runs": 3}\n'
+OUR_PAGE = f"<!DOCTYPE html>\n<html><head>{GENERATOR}</head><body></body></html>\n"
+OUR_TOML = f"{SIZES_HEADER}\n[planner]\ngraph_sizes = [1, 2]\n"
+OUR_PNG = b"\x89PNG\r\n\x1a\n\x00\x00\x00\x11tEXtSoftware\x00stepplan" + bytes(16)
+
+
+class Link(str):
+    """A symbolic link to this target (in a case's files)."""
+
+
+class Fifo(str):
+    """A named pipe (in a case's files)."""
+
 
 #: (case id, files to make, command line, fragment of the error line)
 CASES: list[tuple[str, dict[str, str | bytes], list[str], str]] = [
@@ -164,6 +187,52 @@ CASES: list[tuple[str, dict[str, str | bytes], list[str], str]] = [
      "--figure: f.jpg: figure files must end in .png, .svg, .pdf"),
     ("buckets-not-results", {"x/y": ""}, ["buckets", "x", "--write", "s.toml"],
      "x: not a results folder (expected summary.json"),
+    # --- data loss: a file of the user's where a command would write stays as it is
+    ("report-out-user-text", {"user/thesis.txt": THESIS},
+     ["report", "run", "--out", "user/thesis.txt"],
+     "user/thesis.txt: exists and is not an HTML report stepplan wrote"),
+    ("report-out-user-text-overwrite", {"user/thesis.txt": THESIS},
+     ["report", "run", "--out", "user/thesis.txt", "--overwrite"],
+     "user/thesis.txt: exists and is not an HTML report stepplan wrote"),
+    ("report-out-user-page", {"user/mypage.html": USER_PAGE},
+     ["report", "run", "--out", "user/mypage.html", "--overwrite"],
+     "user/mypage.html: exists and is not an HTML report"),
+    ("report-users-page-in-run", {"run/report.html": USER_PAGE}, ["report", "run"],
+     "run/report.html: exists and is not an HTML report"),
+    ("report-users-page-in-run-overwrite", {"run/report.html": USER_PAGE},
+     ["report", "run", "--overwrite"], "run/report.html: exists and is not an HTML report"),
+    ("report-earlier-needs-overwrite", {"r.html": OUR_PAGE}, ["report", "run", "--out", "r.html"],
+     "r.html: exists (an HTML report stepplan wrote earlier); --overwrite replaces it"),
+    ("report-over-a-results-file", {}, ["report", "run", "--out", "run/steps.csv", "--overwrite"],
+     "run/steps.csv: exists and is not an HTML report"),
+    ("report-out-folder", {"d/x": ""}, ["report", "run", "--out", "d"],
+     "d: is a folder; an HTML report is one file"),
+    ("report-out-link", {"mine.txt": THESIS, "r.html": Link("mine.txt")},
+     ["report", "run", "--out", "r.html", "--overwrite"], "r.html: is a symbolic link"),
+    ("report-out-fifo", {"r.html": Fifo()}, ["report", "run", "--out", "r.html", "--overwrite"],
+     "r.html: is not a regular file"),
+    ("report-out-through-a-file", {"f": THESIS}, ["report", "run", "--out", "f/r.html"],
+     "f/r.html: f is a file, not a folder"),
+    ("simulate-report-user-page", {"user/mypage.html": USER_PAGE},
+     ["--report", "user/mypage.html", "--overwrite"], "user/mypage.html: exists and is not"),
+    ("simulate-report-in-out", {"out/report.html": USER_PAGE}, ["--report"],
+     "out: holds files stepplan did not write"),
+    ("buckets-write-user-toml", {"user/my.toml": USER_TOML},
+     ["buckets", "run", "--write", "user/my.toml", "--overwrite"],
+     "user/my.toml: exists and is not a graph-size file stepplan wrote"),
+    ("buckets-write-earlier", {"s.toml": OUR_TOML}, ["buckets", "run", "--write", "s.toml"],
+     "s.toml: exists (a graph-size file stepplan wrote earlier); --overwrite replaces it"),
+    ("buckets-figure-user-png", {"user/fig.png": USER_PNG},
+     ["buckets", "run", "--figure", "user/fig.png", "--overwrite"],
+     "user/fig.png: exists and is not a figure stepplan wrote"),
+    ("buckets-figure-earlier", {"f.png": OUR_PNG}, ["buckets", "run", "--figure", "f.png"],
+     "f.png: exists (a figure stepplan wrote earlier); --overwrite replaces it"),
+    ("buckets-figure-checked-first", {"s.toml": USER_TOML, "f.png": USER_PNG},
+     ["buckets", "run", "--write", "new.toml", "--figure", "f.png", "--overwrite"],
+     "f.png: exists and is not a figure"),
+    ("profile-out-user-json", {"user/summary.json": USER_JSON},
+     ["profile", "--out", "user/summary.json", "--overwrite"],
+     "user/summary.json: exists and is not an engine profile stepplan wrote"),
 ]  # fmt: skip
 
 
@@ -173,15 +242,12 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(
     tmp_path, monkeypatch, capsys, files, argv, fragment
 ):
     monkeypatch.chdir(tmp_path)
-    for name, content in files.items():
-        path = tmp_path / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(content.encode() if isinstance(content, str) else content)
-    if argv[0] == "buckets":
+    if argv[0] in ("buckets", "report"):
         write_synthetic_results(tmp_path / "run")
-    before = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
-    command = argv if argv[0] in ("compare", "buckets") else ["simulate", *argv]
-    if command[0] != "buckets":
+    make_files(tmp_path, files)
+    before = checksums(tmp_path)
+    command = argv if argv[0] in RUN_ELSEWHERE else ["simulate", *argv]
+    if command[0] in ("simulate", "compare"):
         command = [*command, "--quiet", "--out", "out"]
     assert cli.main(command) == 2  # any other exception fails the test with its traceback
     captured = capsys.readouterr()
@@ -189,9 +255,42 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(
     assert len(lines) == 1, captured.err
     assert lines[0].startswith("stepplan: error: ") and fragment in lines[0], lines[0]
     assert captured.out == ""
-    after = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
-    assert after == before, "the run wrote something"
+    assert checksums(tmp_path) == before, "the run wrote, removed or changed something"
     assert not os.path.exists(tmp_path / "results")
+
+
+#: Subcommands a case names itself (the others are ``simulate`` options).
+RUN_ELSEWHERE = ("compare", "buckets", "report", "profile")
+
+
+def make_files(folder, files):
+    """The case's files: text, bytes, :class:`Link` or :class:`Fifo`."""
+    for name, content in files.items():
+        path = folder / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(content, Link):
+            path.symlink_to(content)
+        elif isinstance(content, Fifo):
+            os.mkfifo(path)
+        else:
+            path.write_bytes(content.encode() if isinstance(content, str) else content)
+
+
+def checksums(folder):
+    """Every path under ``folder`` with what it is: a link's target, a FIFO, a folder, or
+    a file's sha256."""
+    found = {}
+    for path in sorted(folder.rglob("*")):
+        name = str(path.relative_to(folder))
+        if path.is_symlink():
+            found[name] = f"link to {os.readlink(path)}"
+        elif path.is_fifo():
+            found[name] = "fifo"
+        elif path.is_dir():
+            found[name] = "folder"
+        else:
+            found[name] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return found
 
 
 # ----------------------------------------------------------------------------- notes

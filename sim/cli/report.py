@@ -15,11 +15,13 @@ from stepplan.planner import ExecutionPlan, StepBatch, compile_plan
 
 from ..buckets import BucketError, compare_to_defaults
 from ..config import ConfigError, SimConfig
+from ..outfile import OutputFile
 from ..results import SimResult, read_results
 from ..run import planner_config
 from ..schema import KIND_ROWS, KIND_TOKENS, RESULT_FILES
 from ..table import ResultsError
 from .buckets import bucketing_of, comparison_table, run_config, run_demand
+from .outputs import REPORT
 from .tables import compare_table
 
 if TYPE_CHECKING:
@@ -72,16 +74,16 @@ def _spread(tokens: int, rows: int) -> np.ndarray:
 
 def build_run_report(
     results: SimResult,
-    path: Path,
+    out: OutputFile,
     others: tuple[SimResult, ...] = (),
     max_graphs: int | None = None,
     **page: Any,
 ) -> Path:
-    """Write the HTML report of ``results``: its figures, with the optimal sizes beside
-    the run's own, and the bucket comparison table; ``others`` join the latency CDFs;
-    ``page`` goes to ``write_report`` (``title``, ``leading_tables``)."""
+    """Write the HTML report of ``results`` into ``out``: its figures, with the optimal
+    sizes beside the run's own, and the bucket comparison table; ``others`` join the
+    latency CDFs; ``page`` goes to ``build_report`` (``title``, ``leading_tables``)."""
     from stepplan.plots.bucketing import run_bucketing
-    from stepplan.plots.report import report_figures, write_report
+    from stepplan.plots.report import build_report, report_figures
 
     config = run_config(results)
     tables, bucketings = [], [run_bucketing(results)]
@@ -92,7 +94,8 @@ def build_run_report(
         bucketings.append(bucketing_of(demand, comparison.recommended))
     plan = example_plan(results, config)
     figures = report_figures(results, bucketings=bucketings, others=others, plan=plan)
-    return write_report(results, path, figures=figures, tables=tables, **page)
+    page_text = build_report(results, figures=figures, tables=tables, **page)
+    return out.write(page_text.encode())
 
 
 def is_compare_folder(folder: Path) -> bool:
@@ -116,7 +119,7 @@ def compare_labels(folder: Path) -> tuple[str, str]:
 
 
 def build_compare_report(
-    folder: Path, path: Path, others: tuple[SimResult, ...] = (), max_graphs: int | None = None
+    folder: Path, out: OutputFile, others: tuple[SimResult, ...] = (), max_graphs: int | None = None
 ) -> Path:
     """One page of both runs of a compare folder: their table with its differences on
     top, then run A's report with run B beside it in the latency CDFs."""
@@ -127,7 +130,7 @@ def build_compare_report(
     )
     lead = _compare_report_table(a, b)
     title = f"{a.label} vs {b.label}"
-    return build_run_report(a, path, (b, *others), max_graphs, title=title, leading_tables=(lead,))
+    return build_run_report(a, out, (b, *others), max_graphs, title=title, leading_tables=(lead,))
 
 
 def _compare_report_table(a: SimResult, b: SimResult) -> ReportTable:
@@ -144,18 +147,24 @@ def _compare_report_table(a: SimResult, b: SimResult) -> ReportTable:
 def run_report(args: argparse.Namespace) -> int:
     """``stepplan report``: one self-contained HTML page for a results or compare folder."""
     folder = Path(args.results)
-    others = tuple(read_results(other) for other in args.compare or ())
-    path = Path(args.out) if args.out else folder / "report.html"
-    if any((folder / name).exists() for name in RESULT_FILES):
-        build_run_report(read_results(folder), path, others, args.max_graphs)
-    elif is_compare_folder(folder):
-        build_compare_report(folder, path, others, args.max_graphs)
-    elif folder.is_dir():
-        raise ResultsError(f"{folder}: not a results folder; {EXPECTS}")
-    else:
+    if not folder.is_dir():
         raise ResultsError(f"{folder}: not a results folder (no such directory); {EXPECTS}")
-    print(f"report: {path}")
+    is_run = any((folder / name).exists() for name in RESULT_FILES)
+    if not is_run and not is_compare_folder(folder):
+        raise ResultsError(f"{folder}: not a results folder; {EXPECTS}")
+    out = claim_report(args.out or folder / "report.html", args.overwrite)
+    others = tuple(read_results(other) for other in args.compare or ())
+    if is_run:
+        build_run_report(read_results(folder), out, others, args.max_graphs)
+    else:
+        build_compare_report(folder, out, others, args.max_graphs)
+    print(f"report: {out.shown}")
     return 0
+
+
+def claim_report(path: str | Path, overwrite: bool) -> OutputFile:
+    """The report's file, checked before any work (``sim/outfile.py``'s rule)."""
+    return OutputFile.claim(path, REPORT, overwrite=overwrite)
 
 
 def add_report(subparsers: Any) -> None:
@@ -173,6 +182,11 @@ def add_report(subparsers: Any) -> None:
         "(both runs on one page)",
     )
     parser.add_argument("--out", help="HTML file (default: RESULTS_DIR/report.html)")
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace a report stepplan wrote earlier at that path (never another file)",
+    )
     parser.add_argument("--compare", nargs="+", metavar="DIR", help="more runs for the CDFs")
     parser.add_argument(
         "--max-graphs",
@@ -193,9 +207,9 @@ def add_report_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def report_after_simulation(result: SimResult, out: Path, report: str | None) -> Path | None:
-    """Write the report of a simulation just run when ``--report`` asked for it."""
+def report_after_simulation(result: SimResult, out: Path, report: OutputFile | None) -> Path | None:
+    """Write the report of a simulation just run into ``report``, the file ``--report``
+    claimed before the run (nothing without it)."""
     if report is None:
         return None
-    path = Path(report) if report else out / "report.html"
-    return build_run_report(attrs.evolve(result, path=out), path)
+    return build_run_report(attrs.evolve(result, path=out), report)
