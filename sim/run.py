@@ -40,6 +40,9 @@ from .summary import summarize
 from .traces import RequestTable, TraceError
 
 _GRAPH_CODES = {kind: code for code, kind in enumerate(GRAPH_KINDS)}  # steps.csv graph_kind
+#: The longest span of arrivals a run takes: 30 days. Longer is a broken row (a date of
+#: another year, a time in the wrong unit) or a rate scale far off, not a workload.
+MAX_SPAN_S = 30 * 86400
 
 
 def planner_config(config: SimConfig) -> PlannerConfig:
@@ -86,9 +89,54 @@ def prepare_requests(table: RequestTable, config: SimConfig) -> RequestTable:
             f"all {chosen} requests exceed model.max_model_len = "
             f"{max_len} tokens (prompt + output); raise it with --max-model-len",
         )
+    check_span(table)
     if workload.rate_scale != 1.0:
-        table = table.scale_rate(workload.rate_scale)
+        scaled = table.scale_rate(workload.rate_scale)
+        if scaled.span_s > MAX_SPAN_S:
+            source, line, _ = table.where(table.num_requests - 1)
+            raise TraceError(
+                source,
+                line,
+                f"workload.rate_scale = {workload.rate_scale:g} stretches "
+                f"{_duration(table.span_s)} of arrivals to {_duration(scaled.span_s)}; "
+                f"{_SPAN_BOUND}: use a rate scale of at least {table.span_s / MAX_SPAN_S:.3g}",
+            )
+        table = scaled
     return table
+
+
+_SPAN_BOUND = f"a run may span at most 30 days ({MAX_SPAN_S:,} s) of arrivals"
+
+
+def check_span(table: RequestTable) -> None:
+    """Refuse arrivals spread over more than :data:`MAX_SPAN_S`, naming the request that
+    stands out: the first or the last, whichever is further from the median."""
+    span = table.span_s
+    if span <= MAX_SPAN_S:
+        return
+    arrival, last = table.arrival_s, table.num_requests - 1
+    median = float(arrival[last // 2])
+    first_far = median - arrival[0] > arrival[last] - median
+    source, line, what = table.where(0 if first_far else last)
+    gap = float(median - arrival[0] if first_far else arrival[last] - median)
+    side = "before" if first_far else "after"
+    fix = "correct the row, or choose a window (--start-s, --end-s)"
+    if table.lines is None:
+        fix = "a higher rate or fewer requests keeps within it"
+    raise TraceError(
+        source,
+        line,
+        f"{what}arrives {_duration(gap)} {side} most of the trace, which then spans "
+        f"{_duration(span)}; {_SPAN_BOUND}: {fix}",
+    )
+
+
+def _duration(seconds: float) -> str:
+    """``seconds`` in a unit a person reads at once."""
+    for unit, size in (("years", 365.25 * 86400), ("days", 86400.0), ("h", 3600.0)):
+        if seconds >= size:
+            return f"{seconds / size:,.3g} {unit}"
+    return f"{seconds:.3g} s"
 
 
 def _record(

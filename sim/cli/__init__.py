@@ -35,7 +35,7 @@ from .capacity_cmd import add_capacity
 from .compare import add_compare, run_compare
 from .config_cmd import add_config
 from .fidelity import add_fidelity
-from .helptext import Parser
+from .helptext import Parser, UsageError
 from .options import build_config, load_requests
 from .profile import ERRORS as PROFILE_ERRORS
 from .profile import add_profile
@@ -93,7 +93,11 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``stepplan`` console script. Ctrl-C and SIGTERM end it with one
     line and exit code 130/143 (``signals.py``; handlers see them as ``args.stop``)."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except UsageError as exc:
+        print(f"stepplan: error: {exc.line}", file=sys.stderr)
+        return 2
     args.argv = argv  # what the provenance records
     try:
         with stop_on_signals() as args.stop:

@@ -40,6 +40,14 @@ _REFUSED = {
     b"PAR1": "is a Parquet file: traces are read as CSV, TSV or JSON Lines",
 }
 _LFS = "version https://git-lfs.github.com/spec/v1"
+#: The largest token count a trace may give (2**53: above it a count is no real request,
+#: and sums of counts could leave int64).
+MAX_TOKENS = 2**53
+#: The largest block id (int64's largest value).
+MAX_BLOCK_ID = 2**63 - 1
+#: Arrival days (of a wall clock, or whole days of a count) further than this from day 0
+#: are no time a trace can mean; spans are bounded later, by ``run.MAX_SPAN_S``.
+MAX_DAYS = 2**31
 _DECOMPRESS_ERRORS = (OSError, EOFError, zlib.error, lzma.LZMAError)
 
 
@@ -196,8 +204,9 @@ def detect_format(path: str | Path) -> str:
         return _detected(path, _source(path, lines)).name
 
 
-def _count(value: object) -> int:
-    """A non-negative integer from a JSON number or CSV text (``12``, ``12.0``)."""
+def _count(value: object, largest: int = MAX_TOKENS) -> int:
+    """A non-negative integer up to ``largest`` from a JSON number or CSV text (``12``,
+    ``12.0``)."""
     number: object = value
     if isinstance(value, str):
         text = value.strip()
@@ -212,7 +221,21 @@ def _count(value: object) -> int:
         number = int(number)
     if not isinstance(number, int) or isinstance(number, bool) or number < 0:
         raise ValueError("is not a non-negative integer")
+    if number > largest:
+        raise ValueError(f"is too large (at most {largest:,})")
     return number
+
+
+def _arrival(parse: Callable[[object], tuple[int, float]]) -> Callable[[object], tuple]:
+    """``parse`` of a clock, refusing a time too far from day 0 to be one."""
+
+    def bounded(value: object) -> tuple[int, float]:
+        day, second = parse(value)
+        if abs(day) > MAX_DAYS:
+            raise ValueError(f"is too far from any date a trace can mean (day {day:.3g})")
+        return day, second
+
+    return bounded
 
 
 def _field(path: Path, line: int, record: Any, key: Any, name: str, parse: Callable) -> Any:
@@ -230,7 +253,7 @@ def _field(path: Path, line: int, record: Any, key: Any, name: str, parse: Calla
 def _block_ids(value: object) -> list[int]:
     if not isinstance(value, list):
         raise ValueError("must be a list of integers")
-    return [_count(v) for v in value]
+    return [_count(v, MAX_BLOCK_ID) for v in value]
 
 
 @attrs.frozen
@@ -264,7 +287,7 @@ def _parse(path: Path, source: _Source, entry: TraceFormat) -> _Rows:
     time_key, prompt_key, output_key = (key(time) if time else None), key(prompt), key(output)
     for line, record in source.rows:
         if time_key is not None and entry.clock is not None:
-            day, second = _field(path, line, record, time_key, time, entry.clock.parse)
+            day, second = _field(path, line, record, time_key, time, _arrival(entry.clock.parse))
             rows.day.append(day)
             rows.second.append(second)
         rows.prompt.append(_field(path, line, record, prompt_key, prompt, _count))
@@ -345,4 +368,5 @@ def _table(
         skipped=count - kept.size,
         arrivals="trace" if entry.time is not None else no_times,
         unsorted_line=rows.line[kept[late[0] + 1]] if late.size else None,
+        lines=frozen(np.asarray(rows.line, dtype=np.int64)[order]),
     )
