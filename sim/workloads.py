@@ -128,10 +128,11 @@ def synthetic_table(
     )
 
 
-def parse_synthetic(spec: str, seed: int = 0) -> RequestTable:
+def parse_synthetic(spec: str, seed: int = 0, limit: int | None = None) -> RequestTable:
     """The table of a ``synthetic:key=value,...`` spec (keys ``n``, ``rate``, ``cv2``,
     ``prompt``, ``output``; defaults ``n=1000, rate=4, cv2=1, prompt=uniform:128:2048,
-    output=uniform:16:512``)."""
+    output=uniform:16:512``); with ``limit``, only its first ``limit`` requests (each draw
+    is a stream of its own, so they are the whole workload's first requests)."""
     fields = {
         "n": "1000",
         "rate": "4",
@@ -153,4 +154,5 @@ def parse_synthetic(spec: str, seed: int = 0) -> RequestTable:
         raise WorkloadError(f"n: must be 1 to {MAX_REQUESTS:,} requests, got {count:,}")
     prompt = parse_length(fields["prompt"], "prompt")
     output = parse_length(fields["output"], "output")
+    count = count if limit is None else min(count, limit)
     return synthetic_table(count, rate, prompt, output, cv2=cv2, seed=seed, source=spec)

@@ -19,10 +19,12 @@ from ..schema import RESULT_FILES
 from .options import (
     OVERRIDES,
     SIDE_FLAGS,
+    TraceCache,
     add_run_command,
     build_config,
     checked,
     parse_assignments,
+    read_limit,
     results_folder,
     simulate_one,
 )
@@ -49,6 +51,9 @@ def _side_config(args: argparse.Namespace, side: str) -> SimConfig:
 def run_compare(args: argparse.Namespace) -> int:
     """``stepplan compare``: the same trace under two configurations, side by side."""
     configs = {side: _side_config(args, side) for side in SIDES}
+    args.traces = TraceCache()  # both runs' reads, before either runs (a pipe is read once)
+    for config in configs.values():
+        args.traces.read(args.trace, args.format, config, read_limit(config))
     key = {"trace": args.trace, "format": args.format}
     key.update({side: config.to_dict() for side, config in configs.items()})
     labels = {side: getattr(args, f"{side}_label") or side.upper() for side in configs}

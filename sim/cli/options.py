@@ -36,7 +36,8 @@ from ..results import SimResult, parquet_available, write_results
 from ..run import planner_config, prepare_requests, simulate
 from ..schema import RESULT_FILES
 from ..summary import summary_rows
-from ..traces import FORMATS, RequestTable, load_trace
+from ..traces import FORMATS, RequestTable, TraceError, load_trace
+from ..traces.source import STDIN, shown_name
 from ..workloads import SYNTHETIC_PREFIX, parse_synthetic
 from .provenance import provenance, trace_identity, with_provenance
 from .signals import StopRequest
@@ -154,23 +155,74 @@ def checked(config: SimConfig) -> SimConfig:
     return config
 
 
-def read_trace(trace: str | None, fmt: str | None, config: SimConfig) -> RequestTable:
+def read_trace(
+    trace: str | None, fmt: str | None, config: SimConfig, limit: int | None = None
+) -> RequestTable:
     """The trace ``trace`` names as read, before :func:`prepare_requests`: a file (of
-    format ``fmt``, ``None``: detected), a synthetic spec, or (``None``) the embedded
-    trace's first requests."""
+    format ``fmt``, ``None``: detected; ``-``: standard input), a synthetic spec, or
+    (``None``) the embedded trace's first requests; ``limit`` stops reading after that
+    many requests."""
     if trace is None:
         with resources.as_file(resources.files("stepplan.sim").joinpath(EMBEDDED_TRACE)) as path:
-            table = load_trace(path, "azure")
-        return table.limit(EMBEDDED_LIMIT) if config.workload.limit is None else table
+            first = EMBEDDED_LIMIT if config.workload.limit is None else limit
+            return load_trace(path, "azure", limit=first)
     if trace.startswith(SYNTHETIC_PREFIX):
-        return parse_synthetic(trace, seed=config.seed)
-    return load_trace(trace, fmt, rate=config.workload.rate, seed=config.seed)
+        return parse_synthetic(trace, seed=config.seed, limit=limit)
+    return load_trace(trace, fmt, rate=config.workload.rate, seed=config.seed, limit=limit)
+
+
+def read_limit(config: SimConfig) -> int | None:
+    """Requests a run reads of its trace: ``workload.limit``, unless a window
+    (``workload.start_s``/``end_s``) needs every row's time."""
+    workload = config.workload
+    return workload.limit if workload.start_s is None and workload.end_s is None else None
+
+
+class TraceCache:
+    """The traces one command has read, by what the read depended on: each is read once
+    per limit (and per rate and seed where they drew its arrivals). A trace that can be
+    read only once (standard input, a pipe) is refused a second, different read."""
+
+    def __init__(self) -> None:
+        self._tables: dict[tuple[Any, ...], RequestTable] = {}
+
+    def read(
+        self, trace: str | None, fmt: str | None, config: SimConfig, limit: int | None
+    ) -> RequestTable:
+        """:func:`read_trace`'s table, read now or earlier."""
+        read = (trace, fmt, limit)
+        drawn = (*read, config.workload.rate, config.seed)
+        for key in (read, drawn):
+            if key in self._tables:
+                return self._tables[key]
+        if any(key[0] == trace for key in self._tables) and not rereadable(trace):
+            raise TraceError(
+                shown_name(str(trace)),
+                None,
+                "is read once (a pipe or standard input), and this command would read it "
+                "again with other settings (--limit, --rate, --seed): save it to a file",
+            )
+        table = read_trace(trace, fmt, config, limit)
+        own_times = table.format != "synthetic" and table.arrivals == "trace"
+        self._tables[read if own_times else drawn] = table  # else the rate and seed drew them
+        return table
+
+
+def rereadable(trace: str | None) -> bool:
+    """Whether the trace ``trace`` names can be read again: the embedded trace, a
+    synthetic spec or a regular file (not standard input, a pipe or a device)."""
+    if trace is None or trace.startswith(SYNTHETIC_PREFIX):
+        return True
+    return trace != STDIN and Path(trace).is_file()
 
 
 def load_requests(args: argparse.Namespace, config: SimConfig) -> RequestTable:
     """The trace ``args.trace`` names (the embedded trace's first requests when absent),
-    prepared."""
-    prepared = prepare_requests(read_trace(args.trace, args.format, config), config)
+    prepared; read through ``args.traces`` (a :class:`TraceCache`) when the command
+    reads it more than once."""
+    cache = getattr(args, "traces", None) or TraceCache()
+    table = cache.read(args.trace, args.format, config, read_limit(config))
+    prepared = prepare_requests(table, config)
     for note in trace_notes(prepared, config):  # once nothing can fail: an error is one line
         print(f"stepplan: note: {note}", file=sys.stderr)
     return prepared
@@ -207,18 +259,19 @@ def trace_notes(table: RequestTable, config: SimConfig) -> list[str]:
             f"{source}:{table.unsorted_line}: arrives before the row above it; requests "
             "sorted by arrival time"
         )
+    if table.read_to_line is not None and (notes or table.unsorted_line is not None):
+        notes = [
+            f"{note} (of the rows read: --limit stopped reading at line {table.read_to_line})"
+            for note in notes
+        ]
     return notes
 
 
-def identify_trace(args: argparse.Namespace) -> dict[str, Any]:
-    """The trace :func:`load_requests` reads, as the provenance records it."""
-    return identify(args.trace)
-
-
-def identify(trace: str | None) -> dict[str, Any]:
-    """The trace :func:`read_trace` reads for ``trace``, as the provenance records it."""
+def identify(trace: str | None, table: RequestTable) -> dict[str, Any]:
+    """The trace ``trace`` names as the provenance records it, from ``table``, the read
+    of it (which hashed its bytes)."""
     with resources.as_file(resources.files("stepplan.sim").joinpath(EMBEDDED_TRACE)) as path:
-        return trace_identity(trace, path)
+        return trace_identity(trace, table, path)
 
 
 def run_name(args: argparse.Namespace, config: SimConfig) -> str:
@@ -228,6 +281,8 @@ def run_name(args: argparse.Namespace, config: SimConfig) -> str:
         return Path(EMBEDDED_TRACE).stem
     if args.trace.startswith(SYNTHETIC_PREFIX):
         return "synthetic"
+    if args.trace == STDIN:
+        return "stdin"
     return Path(args.trace).stem
 
 
@@ -416,7 +471,7 @@ def simulate_one(
     :class:`~.signals.Interrupted` says where."""
     stop: StopRequest = getattr(args, "stop", None) or StopRequest()
     requests = load_requests(args, config)
-    origin = provenance(getattr(args, "argv", None), identify_trace(args), config)
+    origin = provenance(getattr(args, "argv", None), identify(args.trace, requests), config)
     if args.parquet and not parquet_available():
         print("stepplan: pyarrow is not installed; writing CSV", file=sys.stderr)
     warning = None if args.quiet else live_warning(requests, config)

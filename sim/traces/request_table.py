@@ -50,6 +50,10 @@ class RequestTable:
             context (:meth:`within_model_len`).
         lines: ``[N], int64`` the file line of each request, or ``None`` (a synthetic
             workload): where an error about one request points.
+        read_to_line: the line reading stopped after (a read limit), or ``None`` when
+            the whole trace was read: notes about the rows are then about those read.
+        size_bytes, sha256: the size and sha256 of the trace's bytes (of the file as
+            stored, compressed or not), or ``None`` (not read from a file).
     """
 
     arrival_s: np.ndarray = attrs.field(converter=lambda v: frozen(np.array(v, np.float64)))
@@ -64,6 +68,9 @@ class RequestTable:
     unsorted_line: int | None = None
     rejected: int = 0
     lines: np.ndarray | None = attrs.field(default=None, eq=False)
+    read_to_line: int | None = None
+    size_bytes: int | None = None
+    sha256: str | None = None
 
     def __attrs_post_init__(self) -> None:
         n = self.arrival_s.shape[0]
