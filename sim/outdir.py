@@ -123,6 +123,7 @@ class ResultsFolder:
         self._fd, self._created = fd, created
         self._entries: list[str] = []
         self._placed = False
+        self._stage: Path | None = None
 
     # ------------------------------------------------------------------ claiming
 
@@ -211,6 +212,19 @@ class ResultsFolder:
 
     # ------------------------------------------------------------------ writing
 
+    def staging(self) -> Path:
+        """The hidden staging folder this claim writes into, made on first use: a run
+        streams its files there, and :meth:`put` renames them into place."""
+        if self._stage is None:
+            self._stage = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=self.path))
+        return self._stage
+
+    def discard_staging(self) -> None:
+        """Remove the staging folder and what was written there."""
+        if self._stage is not None:
+            shutil.rmtree(self._stage, ignore_errors=True)
+            self._stage = None
+
     def put(
         self,
         write: Callable[[Path], Iterable[str]],
@@ -218,10 +232,11 @@ class ResultsFolder:
         complete: bool = True,
         keep: Collection[str] = (),
     ) -> None:
-        """Write this run's files: ``write(staging)`` writes them into a staging folder
-        and returns their names; they then replace the old run's entries, but for
-        ``keep`` (entries already in place, such as sub-folders), which stay listed."""
-        stage = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=self.path))
+        """Write this run's files: ``write(staging)`` writes them into the staging folder
+        (:meth:`staging`, where files streamed earlier wait) and returns their names; they
+        then replace the old run's entries, but for ``keep`` (entries already in place,
+        such as sub-folders), which stay listed."""
+        stage = self.staging()
         try:
             names = list(write(stage))
             if not all(_plain_name(n) and (stage / n).is_file() for n in names):
@@ -231,7 +246,7 @@ class ResultsFolder:
                 os.replace(stage / name, self.path / name)
             self._finish(stage, [*names, *(k for k in keep if k not in names)], complete)
         finally:
-            shutil.rmtree(stage, ignore_errors=True)
+            self.discard_staging()
 
     def record(self, entries: Iterable[str], *, complete: bool = True) -> None:
         """Write the manifest for ``entries`` already in place (``compare``'s sub-folders)."""
@@ -294,6 +309,7 @@ class ResultsFolder:
         """Unlock; without ``keep``, folders the claim made are removed while still empty."""
         if self._fd < 0:
             return
+        self.discard_staging()
         try:
             if not keep and not self._placed:
                 for made in reversed(self._created):

@@ -5,8 +5,9 @@ naming the file, line and column."""
 from __future__ import annotations
 
 import csv
+import itertools
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from pathlib import Path
 from types import MappingProxyType
 
@@ -106,13 +107,34 @@ def _cells(values: np.ndarray) -> list[str]:
     return [str(v) for v in values.tolist()]
 
 
+class CsvWriter:
+    """A CSV file written a chunk of rows at a time (:meth:`append`): a header, floats by
+    ``repr`` (NaN as an empty cell), the rest by ``str`` -- the same bytes however the
+    rows are chunked."""
+
+    def __init__(self, path: Path, names: Iterable[str]) -> None:
+        self.path = path
+        self.names = tuple(names)
+        self._handle = path.open("w", newline="")
+        self._writer = csv.writer(self._handle, lineterminator="\n")
+        self._writer.writerow(self.names)
+
+    def append(self, columns: Mapping[str, np.ndarray]) -> None:
+        """Rows: ``columns`` (``[k]`` each), one for each of :attr:`names`."""
+        cells = (_cells(np.asarray(columns[name])) for name in self.names)
+        self._writer.writerows(zip(*cells, strict=True))
+
+    def close(self) -> None:
+        self._handle.close()
+
+
 def write_csv(path: Path, columns: Mapping[str, np.ndarray]) -> None:
-    """Write ``columns`` (``[num_rows]`` each) as CSV: a header, floats by ``repr`` (NaN
-    as an empty cell), the rest by ``str``."""
-    with path.open("w", newline="") as handle:
-        writer = csv.writer(handle, lineterminator="\n")
-        writer.writerow(columns)
-        writer.writerows(zip(*(_cells(v) for v in columns.values()), strict=True))
+    """Write ``columns`` (``[num_rows]`` each) as one CSV file (:class:`CsvWriter`)."""
+    writer = CsvWriter(path, columns)
+    try:
+        writer.append(columns)
+    finally:
+        writer.close()
 
 
 def read_text(path: Path) -> str:
@@ -141,27 +163,89 @@ def header_names(path: Path, header: list[str], schema: TableSchema | None) -> l
     return names
 
 
-def read_csv(path: Path, schema: TableSchema | None = None) -> Table:
-    """Read one CSV file with a header line, typed by ``schema`` (a column it does not
-    name is numbers when every cell parses as one, else text)."""
-    rows = list(csv.reader(read_text(path).splitlines()))
-    if not rows:
-        raise ResultsError(f"{path}: empty file, expected a header line")
-    header, body = header_names(path, rows[0], schema), rows[1:]
+#: Rows :func:`iter_csv` parses at a time.
+READ_ROWS = 1 << 16
+
+
+def iter_csv(
+    path: Path,
+    schema: TableSchema | None = None,
+    *,
+    columns: Collection[str] | None = None,
+    rows: int = READ_ROWS,
+) -> Iterator[Table]:
+    """Read a CSV file with a header line a chunk of ``rows`` rows at a time (at least one
+    chunk, empty for a file of a header alone), typed by ``schema`` (a column it does not
+    name is numbers when every cell of the chunk parses as one, else text); ``columns``
+    keeps only those (each must be there). Memory: one chunk."""
+    try:
+        handle = path.open(newline="")
+    except FileNotFoundError:
+        raise ResultsError(f"{path}: missing") from None
+    with handle:
+        reader = csv.reader(handle)
+        header = header_names(path, next(reader, None) or _no_header(path), schema)
+        wanted = header if columns is None else list(columns)
+        missing = [name for name in wanted if name not in header]
+        if missing:
+            raise ResultsError(f"{path}: missing column {missing[0]!r} (has {sorted(header)})")
+        line = 2  # the chunk's first row's; the header is line 1
+        while True:
+            body = list(itertools.islice(reader, rows))
+            if body or line == 2:
+                yield _chunk(path, schema, header, wanted, body, line)
+            if len(body) < rows:
+                return
+            line += len(body)
+
+
+def _chunk(
+    path: Path,
+    schema: TableSchema | None,
+    header: list[str],
+    wanted: list[str],
+    body: list[list[str]],
+    line: int,
+) -> Table:
+    """The table of CSV rows ``body`` (the first on ``line``), columns ``wanted``."""
     for index, row in enumerate(body):
         if len(row) != len(header):
             raise ResultsError(
-                f"{path}:{index + 2}: {len(row)} fields, the header has {len(header)}"
+                f"{path}:{line + index}: {len(row)} fields, the header has {len(header)}"
             )
-    columns = {}
-    for position, key in enumerate(header):
+    parsed = {}
+    for key in wanted:
+        position = header.index(key)
         column = schema.get(key) if schema is not None else None
-        texts = [row[position] for row in body]
-        columns[key] = _parse_column(path, key, column.dtype if column else None, texts)
-    return Table.from_columns(path.name, columns, schema)
+        dtype = column.dtype if column is not None else None
+        parsed[key] = _parse_column(path, key, dtype, [row[position] for row in body], line)
+    return Table.from_columns(path.name, parsed, schema)
 
 
-def _parse_column(path: Path, key: str, dtype: str | None, texts: list[str]) -> np.ndarray:
+def _no_header(path: Path) -> list[str]:
+    raise ResultsError(f"{path}: empty file, expected a header line")
+
+
+def read_csv(path: Path, schema: TableSchema | None = None) -> Table:
+    """Read one CSV file with a header line, typed by ``schema`` (:func:`iter_csv`'s
+    chunks joined; a column it does not name that is text in any chunk is text)."""
+    return join_tables(list(iter_csv(path, schema)), schema)
+
+
+def join_tables(chunks: list[Table], schema: TableSchema | None = None) -> Table:
+    """One table of ``chunks`` (tables of the same columns), in order."""
+    columns = {}
+    for name in chunks[0].columns:
+        parts = [chunk[name] for chunk in chunks]
+        if len({part.dtype.kind for part in parts}) > 1:  # an unknown column, text somewhere
+            parts = [part.astype(str) for part in parts]
+        columns[name] = np.concatenate(parts)
+    return Table.from_columns(chunks[0].name, columns, schema)
+
+
+def _parse_column(
+    path: Path, key: str, dtype: str | None, texts: list[str], first_line: int = 2
+) -> np.ndarray:
     if dtype == TEXT:
         return np.array(texts, dtype=str)
     kind = np.int64 if dtype == INT else np.float64
@@ -172,7 +256,9 @@ def _parse_column(path: Path, key: str, dtype: str | None, texts: list[str]) -> 
     # The fast conversion failed: find the line, or keep an unknown column as text.
     if dtype is None and not all(_is_number(text) for text in texts):
         return np.array(texts, dtype=str)
-    return np.array([_parse_cell(path, key, i, t, kind) for i, t in enumerate(texts)], kind)
+    return np.array(
+        [_parse_cell(path, key, first_line + i, t, kind) for i, t in enumerate(texts)], kind
+    )
 
 
 def _is_number(text: str) -> bool:
@@ -186,8 +272,7 @@ def _parse_float(text: str) -> float | None:
         return None
 
 
-def _parse_cell(path: Path, key: str, index: int, text: str, kind: type) -> float | int:
-    line = index + 2  # the header is line 1
+def _parse_cell(path: Path, key: str, line: int, text: str, kind: type) -> float | int:
     if kind is np.float64:
         if text == "":
             return math.nan  # e.g. no TPOT for a one-token output

@@ -75,7 +75,7 @@ def run_compare(args: argparse.Namespace) -> int:
         }
         try:
             for side, config in configs.items():
-                summaries[side] = simulate_one(args, config, folders[side], labels[side]).summary
+                summaries[side] = simulate_one(args, config, folders[side], labels[side])
             table = compare_table((labels["a"], labels["b"]), summaries["a"], summaries["b"])
             base.put(lambda stage: _write_table(stage, table), complete=False)
         finally:

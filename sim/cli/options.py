@@ -32,14 +32,14 @@ from ..engine_profile import read_engine_profile
 from ..live import check_live, engine_setup
 from ..outdir import ResultsFolder, claim_new, config_digest
 from ..progress import Progress, ProgressBar, ProgressLines, live_warning
-from ..results import SimResult, parquet_available, write_results
-from ..run import planner_config, prepare_requests, simulate
+from ..run import planner_config, prepare_requests, run_steps
 from ..schema import RESULT_FILES
 from ..summary import summary_rows
 from ..traces import FORMATS, RequestTable, TraceError, load_trace
 from ..traces.source import STDIN, shown_name
 from ..workloads import SYNTHETIC_PREFIX, parse_synthetic
-from .provenance import provenance, trace_identity, with_provenance
+from ..writer import ResultsWriter, parquet_available
+from .provenance import provenance, trace_identity
 from .signals import StopRequest
 from .tables import align
 
@@ -465,10 +465,11 @@ def _progress(args: argparse.Namespace, total: int, label: str) -> Progress | No
 
 def simulate_one(
     args: argparse.Namespace, config: SimConfig, folder: ResultsFolder, label: str = ""
-) -> SimResult:
-    """Load the trace, simulate it and write the results into ``folder``. A first
-    Ctrl-C/SIGTERM (``args.stop``) stops the loop; the steps so far are written, then
-    :class:`~.signals.Interrupted` says where."""
+) -> dict[str, Any]:
+    """Load the trace, simulate it and write the results into ``folder`` as the run goes
+    (``writer.py``); its summary. A first Ctrl-C/SIGTERM (``args.stop``) stops the loop;
+    what is left of the results is written, then :class:`~.signals.Interrupted` says
+    where."""
     stop: StopRequest = getattr(args, "stop", None) or StopRequest()
     requests = load_requests(args, config)
     origin = provenance(getattr(args, "argv", None), identify(args.trace, requests), config)
@@ -479,10 +480,10 @@ def simulate_one(
         print(warning, file=sys.stderr)
     with stop.deferred() as event:
         progress = _progress(args, requests.num_requests, label)
-        result = simulate(requests, config, progress=progress, stop=event)
-        result = with_provenance(result, origin)
-        write_results(result, folder, parquet=args.parquet)
-    summary = result.summary
+        with ResultsWriter(folder, parquet=args.parquet and parquet_available()) as writer:
+            end = run_steps(requests, config, writer, progress=progress, stop=event)
+            summary = {**end.summary, "provenance": origin}
+            writer.finish(summary, end.rows)
     if summary["complete"]:
         stop.raise_if_stopped(f"the run had finished: results in {folder.shown}/")
     stop.raise_if_stopped(
@@ -490,7 +491,7 @@ def simulate_one(
         f"{summary['requests']:,} requests finished: partial results in {folder.shown}/ "
         '(summary.json "complete": false)'
     )
-    return result
+    return summary
 
 
 def add_run_command(

@@ -207,9 +207,9 @@ def add_report_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def report_after_simulation(result: SimResult, out: Path, report: OutputFile | None) -> Path | None:
-    """Write the report of a simulation just run into ``report``, the file ``--report``
-    claimed before the run (nothing without it)."""
+def report_after_simulation(folder: Path, report: OutputFile | None) -> Path | None:
+    """Write the report of the simulation just written into ``folder`` into ``report``,
+    the file ``--report`` claimed before the run (nothing without it)."""
     if report is None:
         return None
-    return build_run_report(attrs.evolve(result, path=out), report)
+    return build_run_report(read_results(folder), report)
