@@ -77,18 +77,24 @@ def report_figures(
     bucketings: Sequence[Bucketing] = (),
     others: Sequence[SimResult] = (),
     plan: Any = None,
+    head: SimResult | None = None,
+    sample: SimResult | None = None,
+    shapes: SimResult | None = None,
 ) -> dict[str, Figure]:
     """Every figure of the report, by title: buckets, timeline, latency CDFs (this run
     and ``others``), host time, KV cache and queue (runs that have the columns), and
-    the op graph of ``plan`` when one is given."""
+    the op graph of ``plan`` when one is given. A long run read in parts gives the
+    timeline its ``head`` (first steps), the per-step figures a ``sample`` of its steps
+    and the bucketing its distinct step ``shapes``; each defaults to ``results``."""
+    head, sample, shapes = head or results, sample or results, shapes or results
     figures = {
-        "Step sizes and CUDA-graph buckets": plot_bucketing(results, bucketings),
-        "Step composition": plot_timeline(results),
+        "Step sizes and CUDA-graph buckets": plot_bucketing(shapes, bucketings),
+        "Step composition": plot_timeline(head),
         "Latency CDFs": plot_latency_cdfs([results, *others]),
-        "Host time per step": plot_host_time(results),
+        "Host time per step": plot_host_time(sample),
     }
-    if has_memory_columns(results):
-        figures["KV cache and queue"] = plot_memory(results)
+    if has_memory_columns(sample):
+        figures["KV cache and queue"] = plot_memory(sample)
     if plan is not None:
         figures["Op graph of one plan"] = plot_op_graph(plan)
     return figures
@@ -102,9 +108,10 @@ def build_report(
     plan: Any = None,
     title: str | None = None,
     leading_tables: Sequence[ReportTable] = (),
+    notes: Sequence[str] = (),
 ) -> str:
-    """The HTML page: ``leading_tables``, the summary tables, ``tables``, every figure
-    as an embedded PNG, then the provenance and the configuration.
+    """The HTML page: ``notes`` (a line each), ``leading_tables``, the summary tables,
+    ``tables``, every figure as an embedded PNG, then the provenance and the configuration.
 
     ``figures`` default to :func:`report_figures` of the run (with ``plan``); ``title``
     to the run's label.
@@ -114,6 +121,7 @@ def build_report(
     summary = results.summary
     title = f"stepplan report: {title or results.label}"
     parts = [f"<h1>{html.escape(title)}</h1>"]
+    parts.extend(f"<p>{html.escape(note)}</p>" for note in notes)
     parts.extend(_table(t.title, t.header, t.rows) for t in leading_tables)
     parts.append(_overview(summary))
     latency = summary.get("latency_ms")

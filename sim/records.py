@@ -115,7 +115,8 @@ class StepTable:
     order, for the first ``size[0]`` rows; the compiled stepper writes rows in place too.
     A full chunk, and the last one at :meth:`flush`, goes to ``sink``."""
 
-    def __init__(self, sink: StepSink, capacity: int = CHUNK_STEPS) -> None:
+    def __init__(self, sink: StepSink, capacity: int | None = None) -> None:
+        capacity = CHUNK_STEPS if capacity is None else capacity  # read now: tests shrink it
         self.array = np.zeros((capacity, len(STEP_RECORD)), np.float64)
         self.size = np.zeros(1, np.int64)
         self.flushed = 0

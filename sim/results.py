@@ -20,10 +20,13 @@ import numpy as np
 from .outdir import ResultsFolder
 from .records import CHUNK_STEPS
 from .schema import (
+    KIND_ROWS,
+    KIND_TOKENS,
     MEASURED,
     MEASURED_STEPS,
     REQUESTS,
     RESULT_FILES,
+    STEP_COUNT,
     STEPS,
     STEPS_IN_MEMORY,
     TableSchema,
@@ -196,7 +199,7 @@ def iter_table(
     folder: Path, schema: TableSchema, columns: Collection[str] | None = None
 ) -> Iterator[Table]:
     """The table ``schema.file`` of ``folder`` a chunk at a time (its ``.parquet`` when
-    only that exists); ``columns``: only those."""
+    only that exists); ``columns``: only those (of those the file has)."""
     path = folder / schema.file
     parquet = path.with_suffix(".parquet")
     if path.exists() or not parquet.exists():
@@ -209,13 +212,70 @@ def iter_table(
     file = pq.ParquetFile(parquet)
     names = header_names(parquet, file.schema_arrow.names, schema)
     keys = dict(zip(names, file.schema_arrow.names, strict=True))
-    wanted = names if columns is None else list(columns)
-    missing = [name for name in wanted if name not in keys]
-    if missing:
-        raise ResultsError(f"{parquet}: missing column {missing[0]!r} (has {sorted(names)})")
+    wanted = names if columns is None else [name for name in names if name in set(columns)]
     if file.metadata.num_rows == 0:
         yield Table.from_columns(parquet.name, {n: np.zeros(0) for n in wanted}, schema)
         return
     for batch in file.iter_batches(batch_size=READ_ROWS, columns=[keys[n] for n in wanted]):
         parts = {n: batch.column(keys[n]).to_numpy(zero_copy_only=False) for n in wanted}
         yield Table.from_columns(parquet.name, parts, schema)
+
+
+#: What sizing a step's CUDA graph depends on (``buckets.step_demand``, the bucketing
+#: figure): the columns of a step's shape.
+SHAPE_COLUMNS = (
+    *KIND_ROWS.values(),
+    *KIND_TOKENS.values(),
+    "graph_hit",
+    "graph_tokens",
+    "graph_rows",
+)
+
+
+class StepShapes:
+    """The distinct shapes of a run's steps (:data:`SHAPE_COLUMNS`) and how many steps had
+    each, gathered a chunk at a time (:meth:`add`): memory grows with the shapes, which
+    are few, not with the steps."""
+
+    def __init__(self) -> None:
+        self._shapes = np.zeros((0, len(SHAPE_COLUMNS)), np.int64)
+        self._counts = np.zeros(0, np.int64)
+
+    def add(self, steps: Mapping[str, np.ndarray]) -> None:
+        """A chunk of steps with (at least) the shape columns."""
+        if not isinstance(steps, Table):
+            steps = Table.from_columns("steps", steps, STEPS_IN_MEMORY)
+        block = np.stack([steps.column(name) for name in SHAPE_COLUMNS], axis=1)
+        shapes = np.concatenate([self._shapes, block.astype(np.int64)])
+        counts = np.concatenate([self._counts, np.ones(len(block), np.int64)])
+        # each row as one opaque value: unique() sorts those by their bytes, 15x faster
+        # than rows field by field (the order of the shapes means nothing)
+        rows = shapes.view(np.dtype((np.void, shapes.shape[1] * 8))).ravel()
+        _, first, index = np.unique(rows, return_index=True, return_inverse=True)
+        self._shapes = shapes[first]
+        self._counts = np.bincount(index, counts, len(first)).astype(np.int64)
+
+    def table(self) -> Table:
+        """The shapes as a step table (with ``num_rows``, ``num_tokens``) and their
+        :data:`~.schema.STEP_COUNT`."""
+        columns = {name: self._shapes[:, i] for i, name in enumerate(SHAPE_COLUMNS)}
+        columns["num_rows"] = sum(columns[name] for name in KIND_ROWS.values())
+        columns["num_tokens"] = sum(columns[name] for name in KIND_TOKENS.values())
+        columns[STEP_COUNT] = self._counts
+        return Table.from_columns("steps (distinct shapes)", columns, STEPS_IN_MEMORY)
+
+
+def read_step_shapes(folder: str | Path) -> SimResult:
+    """A results folder's summary and its steps' distinct shapes (:class:`StepShapes`),
+    read a chunk at a time: what ``stepplan buckets`` needs of a run of any length."""
+    folder = Path(folder)
+    summary = read_summary(folder)
+    shapes = StepShapes()
+    for chunk in iter_steps(folder, SHAPE_COLUMNS):
+        shapes.add(chunk)
+    return SimResult(shapes.table(), empty_table(REQUESTS), np.zeros(0), summary, path=folder)
+
+
+def empty_table(schema: TableSchema) -> Table:
+    """``schema``'s table without rows."""
+    return Table.from_columns(schema.file, {c.name: np.zeros(0) for c in schema.columns}, schema)

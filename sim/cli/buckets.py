@@ -25,7 +25,7 @@ from ..buckets import (
 )
 from ..config import ConfigError, SimConfig, flatten, with_settings
 from ..outfile import OutputFile
-from ..results import SimResult, read_results
+from ..results import SimResult, read_step_shapes
 from ..table import ResultsError
 from .outputs import GRAPH_SIZES, SIZES_HEADER, claim_figure, save_figure
 
@@ -96,7 +96,7 @@ def comparison_table(comparison: Comparison) -> ReportTable:
 def run_buckets(args: argparse.Namespace) -> int:
     """``stepplan buckets``: the optimizer against vLLM's and SGLang's default lists."""
     sizes_file, figure_file = _claim_outputs(args)
-    results = read_results(args.results)
+    results = read_step_shapes(args.results)  # a chunk at a time: any run fits
     demand = run_demand(results, run_config(results), args)
     comparison = compare_to_defaults(demand, max_graphs=args.max_graphs)
     print(format_table(comparison.scores))

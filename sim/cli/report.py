@@ -8,7 +8,6 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import attrs
 import numpy as np
 
 from stepplan.planner import ExecutionPlan, StepBatch, compile_plan
@@ -16,12 +15,13 @@ from stepplan.planner import ExecutionPlan, StepBatch, compile_plan
 from ..buckets import BucketError, compare_to_defaults
 from ..config import ConfigError, SimConfig
 from ..outfile import OutputFile
-from ..results import SimResult, read_results
+from ..results import SimResult
 from ..run import planner_config
 from ..schema import KIND_ROWS, KIND_TOKENS, RESULT_FILES
 from ..table import ResultsError
 from .buckets import bucketing_of, comparison_table, run_config, run_demand
 from .outputs import REPORT
+from .report_reading import ReportRun, read_latency, read_report_run
 from .tables import compare_table
 
 if TYPE_CHECKING:
@@ -73,29 +73,43 @@ def _spread(tokens: int, rows: int) -> np.ndarray:
 
 
 def build_run_report(
-    results: SimResult,
+    run: ReportRun,
     out: OutputFile,
     others: tuple[SimResult, ...] = (),
     max_graphs: int | None = None,
     **page: Any,
 ) -> Path:
-    """Write the HTML report of ``results`` into ``out``: its figures, with the optimal
+    """Write the HTML report of ``run`` into ``out``: its figures, with the optimal
     sizes beside the run's own, and the bucket comparison table; ``others`` join the
     latency CDFs; ``page`` goes to ``build_report`` (``title``, ``leading_tables``)."""
     from stepplan.plots.bucketing import run_bucketing
     from stepplan.plots.report import build_report, report_figures
 
-    config = run_config(results)
-    tables, bucketings = [], [run_bucketing(results)]
+    config = run_config(run.shapes)
+    tables, bucketings = [], [run_bucketing(run.shapes)]
     if config.planner.graph_mode != "none":
-        demand = run_demand(results, config)
+        demand = run_demand(run.shapes, config)
         comparison = compare_to_defaults(demand, max_graphs=max_graphs)
         tables.append(comparison_table(comparison))
         bucketings.append(bucketing_of(demand, comparison.recommended))
-    plan = example_plan(results, config)
-    figures = report_figures(results, bucketings=bucketings, others=others, plan=plan)
-    page_text = build_report(results, figures=figures, tables=tables, **page)
-    return out.write(page_text.encode())
+    plan = example_plan(run.richest, config)
+    figures = report_figures(
+        run.latency,
+        bucketings=bucketings,
+        others=others,
+        plan=plan,
+        head=run.head,
+        sample=run.sample,
+        shapes=run.shapes,
+    )
+    notes = []
+    if run.every > 1:
+        notes.append(
+            f"The host-time and KV-cache figures draw every {run.every:,}th step and each "
+            f"{run.every:,} steps' peaks; the bucket figure and tables count every step."
+        )
+    text = build_report(run.latency, figures=figures, tables=tables, notes=notes, **page)
+    return out.write(text.encode())
 
 
 def is_compare_folder(folder: Path) -> bool:
@@ -124,12 +138,10 @@ def build_compare_report(
     """One page of both runs of a compare folder: their table with its differences on
     top, then run A's report with run B beside it in the latency CDFs."""
     labels = compare_labels(folder)
-    a, b = (
-        attrs.evolve(read_results(folder / side), name=label)
-        for side, label in zip(SIDES, labels, strict=True)
-    )
-    lead = _compare_report_table(a, b)
-    title = f"{a.label} vs {b.label}"
+    a = read_report_run(folder / SIDES[0], labels[0])
+    b = read_latency(folder / SIDES[1], labels[1])
+    lead = _compare_report_table(a.latency, b)
+    title = f"{a.latency.label} vs {b.label}"
     return build_run_report(a, out, (b, *others), max_graphs, title=title, leading_tables=(lead,))
 
 
@@ -153,9 +165,9 @@ def run_report(args: argparse.Namespace) -> int:
     if not is_run and not is_compare_folder(folder):
         raise ResultsError(f"{folder}: not a results folder; {EXPECTS}")
     out = claim_report(args.out or folder / "report.html", args.overwrite)
-    others = tuple(read_results(other) for other in args.compare or ())
+    others = tuple(read_latency(Path(other)) for other in args.compare or ())
     if is_run:
-        build_run_report(read_results(folder), out, others, args.max_graphs)
+        build_run_report(read_report_run(folder), out, others, args.max_graphs)
     else:
         build_compare_report(folder, out, others, args.max_graphs)
     print(f"report: {out.shown}")
@@ -212,4 +224,4 @@ def report_after_simulation(folder: Path, report: OutputFile | None) -> Path | N
     the file ``--report`` claimed before the run (nothing without it)."""
     if report is None:
         return None
-    return build_run_report(read_results(folder), report)
+    return build_run_report(read_report_run(folder), report)
