@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import errno
 import fcntl
 import getpass
 import hashlib
@@ -52,6 +53,15 @@ KINDS = ("simulate", "compare", "fidelity", "sweep", "capacity")
 _DIGEST_CHARS = 8
 _MAX_COUNTER = 999
 _CLAIM_TRIES = 5  # a folder removed between open and lock is claimed again
+
+
+#: errno values that mean the device has no room (a quota counts as none).
+NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+
+
+def no_space(error: OSError) -> bool:
+    """Whether ``error`` says the device (or the user's quota) is full."""
+    return error.errno in NO_SPACE
 
 
 class OutDirError(ValueError):
@@ -237,6 +247,7 @@ class ResultsFolder:
         then replace the old run's entries, but for ``keep`` (entries already in place,
         such as sub-folders), which stay listed."""
         stage = self.staging()
+        placed = False
         try:
             names = list(write(stage))
             if not all(_plain_name(n) and (stage / n).is_file() for n in names):
@@ -244,7 +255,17 @@ class ResultsFolder:
             self._write_manifest(stage, sorted(set(self._entries) | set(names)), False)
             for name in names:
                 os.replace(stage / name, self.path / name)
+                placed = True
             self._finish(stage, [*names, *(k for k in keep if k not in names)], complete)
+        except OSError as exc:
+            if not no_space(exc):
+                raise
+            kept = (
+                "its files are in place, its manifest says incomplete"
+                if placed
+                else "nothing of this write was kept: the folder holds what it held before"
+            )
+            raise OutDirError(f"{self.shown}: no space left on the device; {kept}") from None
         finally:
             self.discard_staging()
 
@@ -271,6 +292,13 @@ class ResultsFolder:
             with staged.open("wb") as handle:  # open, not mkstemp: the user's umask
                 handle.write(data)
             os.replace(staged, target / name)
+        except OSError as exc:
+            if not no_space(exc):
+                raise
+            raise OutDirError(
+                f"{self.shown}: no space left on the device for {folder}/{name}; the folder "
+                "keeps what was written before it"
+            ) from None
         finally:
             staged.unlink(missing_ok=True)
         return target / name

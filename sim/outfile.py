@@ -18,7 +18,6 @@ profile, a trace): the one rule every such write follows. Results folders follow
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import stat
 from collections.abc import Callable
@@ -26,13 +25,11 @@ from pathlib import Path
 
 import attrs
 
-from .outdir import OutDirError
+from .outdir import OutDirError, no_space
 
 #: Bytes of an existing file a :class:`FileKind` looks at: this many from its start and
 #: as many from its end (a PDF says who made it near its end).
 SAMPLE_BYTES = 1 << 16
-#: errno values that mean the device has no room (a quota counts as none).
-NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 _TEMPORARY = ".stepplan-partial-"
 
 
@@ -63,11 +60,6 @@ def file_sample(path: Path) -> bytes:
             return head + handle.read()
         handle.seek(size - SAMPLE_BYTES)
         return head + handle.read()
-
-
-def no_space(error: OSError) -> bool:
-    """Whether ``error`` says the device (or the user's quota) is full."""
-    return error.errno in NO_SPACE
 
 
 def _identity(info: os.stat_result) -> tuple[int, ...]:
@@ -133,6 +125,19 @@ class OutputFile:
 
     def _commit(self, temporary: Path) -> None:
         """Rename into place, unless something appeared or changed there meanwhile."""
+        appeared = OutputError(
+            f"{self.shown}: appeared while stepplan worked; left as it is, nothing written"
+        )
+        if self._found is None:
+            try:
+                os.link(temporary, self.path)  # never replaces: fails if a file appeared
+            except FileExistsError:
+                raise appeared from None
+            except OSError:  # a file system without hard links: rename, checked just before
+                if os.path.lexists(self.path):
+                    raise appeared from None
+                os.rename(temporary, self.path)
+            return
         try:
             now: tuple[int, ...] | None = _identity(os.lstat(self.path))
         except FileNotFoundError:
@@ -142,21 +147,11 @@ class OutputFile:
                 f"{self.shown}: changed while stepplan worked (another program wrote it); "
                 "left as it is, nothing written"
             )
-        if self._found is not None:
-            os.replace(temporary, self.path)
-            return
-        try:
-            os.link(temporary, self.path)  # never replaces: fails if a file appeared
-        except FileExistsError:
-            raise OutputError(
-                f"{self.shown}: appeared while stepplan worked; left as it is, nothing written"
-            ) from None
-        except OSError:  # a file system without hard links: rename (checked just above)
-            os.rename(temporary, self.path)
+        os.replace(temporary, self.path)
 
     def _failed(self, error: OSError) -> OutputError:
         kept = "it was not there before" if self._found is None else "the file there is as it was"
-        folder = self.path.parent
+        folder = self.path.parent.absolute()
         if no_space(error):
             return OutputError(
                 f"{self.shown}: no space left on the device of {folder}; nothing written ({kept})"

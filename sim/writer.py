@@ -18,8 +18,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from .outdir import OutDirError, ResultsFolder
-from .outfile import no_space
+from .outdir import OutDirError, ResultsFolder, no_space
 from .records import CHUNK_STEPS, RequestRows
 from .schema import MEASURED, MEASURED_STEPS, REQUESTS, STEPS, TEXT, TableSchema
 from .table import CsvWriter
@@ -106,7 +105,7 @@ class ResultsWriter:
         self.folder = folder
         self._parquet = parquet
         self._requests_written = 0
-        self._steps_written = 0
+        self._steps_seen = 0
         self._tables: dict[str, TableFile] = {}  # by schema file, made with their first rows
         try:
             folder.staging()
@@ -116,9 +115,9 @@ class ResultsWriter:
     def add_steps(self, steps: Mapping[str, np.ndarray]) -> None:
         """One chunk of steps (``schema.STEPS_IN_MEMORY`` columns, ``[k]`` each; a
         table read back from an older folder may lack the measured ones)."""
+        self._steps_seen += len(steps["step"])
         self._append(STEPS, {k: v for k, v in steps.items() if k not in _MEASURED_ONLY})
         self._append(MEASURED_STEPS, {k: steps[k] for k in MEASURED_STEPS.names if k in steps})
-        self._steps_written += len(steps["step"])
 
     def add_requests(self, rows: RequestRows, *, every: bool = False) -> None:
         """The rows not written yet that are final: up to the first unfinished request
@@ -192,10 +191,10 @@ class ResultsWriter:
             "nothing of this run was kept: the folder holds what it held before "
             "(removed, if the run made it)"
         )
-        where = f"after {self._steps_written:,} steps" if self._steps_written else "at the start"
+        where = f", {self._steps_seen:,} steps in" if self._steps_seen else ""
         if no_space(error):
             return OutDirError(
-                f"{folder}: no space left on the device while writing {what} ({where}); {kept}"
+                f"{folder}: no space left on the device while writing {what}{where}; {kept}"
             )
         reason = error.strerror or str(error)
-        return OutDirError(f"{folder}: cannot write {what} ({reason}, {where}); {kept}")
+        return OutDirError(f"{folder}: cannot write {what} ({reason}){where}; {kept}")
