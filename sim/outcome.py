@@ -17,7 +17,7 @@ from .capacity import memory_summary
 from .config import SimConfig
 from .records import STEP_RECORD, RequestLog, RequestRows, step_columns
 from .schema import MEASURED, STEPS_IN_MEMORY
-from .summary import StepTotals, summarize
+from .summary import FINISHED_COLUMNS, StepTotals, summarize
 from .table import Table
 from .traces import RequestTable
 
@@ -28,6 +28,9 @@ if TYPE_CHECKING:
 
 class StepStore(Protocol):
     """Where a run's steps go as the loop makes them."""
+
+    def start(self, rows: RequestRows) -> None:
+        """Called before the first step: the run's request rows, none final yet."""
 
     def add_steps(self, steps: Mapping[str, np.ndarray]) -> None:
         """One chunk of ``schema.STEPS_IN_MEMORY`` columns, ``[k]`` each (views the loop
@@ -45,6 +48,9 @@ class MemoryStore:
 
     def add_steps(self, steps: Mapping[str, np.ndarray]) -> None:
         self._chunks.append({name: np.array(values) for name, values in steps.items()})
+
+    def start(self, rows: RequestRows) -> None:
+        pass
 
     def add_requests(self, rows: RequestRows) -> None:
         pass  # all of them at the end (RunEnd.rows)
@@ -82,10 +88,12 @@ def run_summary(
     extra: dict[str, Any] | None = None,
     *,
     complete: bool = True,
+    keep_gaps: bool = True,
 ) -> dict[str, Any]:
-    """The summary of a run over ``table`` whose steps came to ``totals``."""
-    requests = rows.columns()
-    log = rows.log
+    """The summary of a run over ``table`` whose steps came to ``totals``; without
+    ``keep_gaps`` the log's inter-token gaps are consumed (scaled and reordered)."""
+    requests, log = rows.stored(), rows.log
+    finished = rows.columns(where=~np.isnan(log.finish_s), names=FINISHED_COLUMNS)
     trace: dict[str, Any] = {
         "path": table.source,
         "format": table.format,
@@ -97,7 +105,16 @@ def run_summary(
     gaps = log.gaps[: int(log.size[0])]  # a view: the gaps of a long run are many
     spec_steps = int(scheduler.spec_steps.sum())
     summary = summarize(
-        config.to_dict(), trace, totals, requests, gaps, spec_steps, wall_s, complete=complete
+        config.to_dict(),
+        trace,
+        totals,
+        requests,
+        finished,
+        gaps,
+        spec_steps,
+        wall_s,
+        complete=complete,
+        itl_in_place=not keep_gaps,
     )
     if scheduler.pool is not None:
         summary["memory"] = memory_summary(scheduler.pool.layout, totals, requests)

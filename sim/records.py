@@ -5,7 +5,7 @@ from them (named and typed in ``schema.py``)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 
 import attrs
 import numpy as np
@@ -17,6 +17,7 @@ from .schema import (
     KIND_ROWS,
     KIND_TOKENS,
     MEMORY_COLUMNS,
+    REQUESTS,
     STEPS_IN_MEMORY,
 )
 
@@ -38,9 +39,9 @@ STEP_RECORD = (
 )
 #: Record fields kept as floats (the rest become int64).
 _FLOAT_RECORD = frozenset(c.name for c in STEPS_IN_MEMORY.columns if c.dtype == FLOAT)
-#: Steps a :class:`StepTable` holds before it hands them on. Every figure summed over
-#: steps is summed per chunk of this many (``summary.StepTotals``), wherever they go.
-CHUNK_STEPS = 1 << 16
+#: Steps a :class:`StepTable` holds before it hands them on: what is left to write when
+#: a run stops is at most this many steps and the requests they finished.
+CHUNK_STEPS = 1 << 13
 #: What takes a full chunk: ``(records, first)``, ``[k, len(STEP_RECORD)], float64`` rows
 #: in ``STEP_RECORD`` order (a view, valid during the call) and the first one's step.
 StepSink = Callable[[np.ndarray, int], None]
@@ -165,11 +166,18 @@ def step_columns(records: np.ndarray, first: int = 0) -> dict[str, np.ndarray]:
     return {name: columns[name] for name in STEPS_IN_MEMORY.names}
 
 
+#: ``requests.csv``'s first columns: the trace's, known before the run.
+TRACE_COLUMNS = ("request_id", "arrival_s", "prompt_tokens", "output_tokens")
+_REQUEST_ORDER = REQUESTS.names
+
+
 @attrs.frozen(eq=False)
 class RequestRows:
     """``requests.csv``'s rows of a run, made on demand from its arrays: the trace's
     ``arrival_s``, ``prompt``, ``output`` (``[N]`` each), the :class:`RequestLog` and the
-    scheduler's memory columns. A finished request's row is final."""
+    scheduler's memory columns. A finished request's row is final; the columns after
+    :data:`TRACE_COLUMNS` are the run's, at their first value (NaN, 0) in the row of a
+    request the run never scheduled."""
 
     arrival_s: np.ndarray
     prompt: np.ndarray
@@ -187,26 +195,56 @@ class RequestRows:
         unfinished = np.flatnonzero(np.isnan(self.log.finish_s[start:]))
         return start + int(unfinished[0]) if unfinished.size else self.count
 
-    def columns(self, start: int = 0, stop: int | None = None) -> dict[str, np.ndarray]:
-        """The columns of rows ``start:stop`` (``[stop - start]`` each)."""
-        rows = slice(start, self.count if stop is None else stop)
-        log, arrival, output = self.log, self.arrival_s[rows], self.output[rows]
-        first, finish = log.first_token_s[rows], log.finish_s[rows]
-        with np.errstate(invalid="ignore", divide="ignore"):
-            tpot = np.where(output > 1, (finish - first) / (output - 1), np.nan)
-        columns = {
-            "request_id": np.arange(rows.start, rows.stop, dtype=np.int64),
-            "arrival_s": arrival,
-            "prompt_tokens": self.prompt[rows],
-            "output_tokens": output,
-            "first_token_s": first,
-            "finish_s": finish,
-            "ttft_s": first - arrival,
-            "tpot_s": tpot,
-            "e2e_s": finish - arrival,
-            "num_steps": log.num_steps[rows],
-            "accepted_tokens": log.accepted[rows],
-            "drafted_tokens": log.drafted[rows],
+    def stored(self) -> dict[str, np.ndarray]:
+        """The columns the run keeps as arrays (``[N]`` each, views): what sums over
+        every request read."""
+        log = self.log
+        return {
+            "arrival_s": self.arrival_s,
+            "prompt_tokens": self.prompt,
+            "output_tokens": self.output,
+            "first_token_s": log.first_token_s,
+            "finish_s": log.finish_s,
+            "num_steps": log.num_steps,
+            "accepted_tokens": log.accepted,
+            "drafted_tokens": log.drafted,
+            **self.memory,
         }
-        columns.update((name, values[rows]) for name, values in self.memory.items())
-        return columns
+
+    def columns(
+        self,
+        start: int = 0,
+        stop: int | None = None,
+        *,
+        where: np.ndarray | None = None,
+        names: Collection[str] | None = None,
+    ) -> dict[str, np.ndarray]:
+        """The columns of rows ``start:stop`` (``[stop - start]`` each; ``where``: only
+        the rows it marks), in ``schema.REQUESTS``'s order; ``names``: only those."""
+        rows = slice(start, self.count if stop is None else stop)
+        wanted = _REQUEST_ORDER if names is None else [n for n in _REQUEST_ORDER if n in names]
+        derived = set(_DERIVED) & set(wanted)
+        reads = set(wanted) | ({"arrival_s", "output_tokens", "first_token_s", "finish_s"}
+                               if derived else set())  # fmt: skip
+        picked = {}
+        for name, values in self.stored().items():
+            if name in reads:
+                picked[name] = values[rows] if where is None else values[rows][where]
+        if derived:
+            picked.update(_derived(picked))
+        if "request_id" in wanted:
+            ids = np.arange(rows.start, rows.stop, dtype=np.int64)
+            picked["request_id"] = ids if where is None else ids[where]
+        return {name: picked[name] for name in wanted}
+
+
+#: The columns :meth:`RequestRows.columns` computes from the stored ones (and the ids).
+_DERIVED = ("ttft_s", "tpot_s", "e2e_s")
+
+
+def _derived(stored: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    arrival, output = stored["arrival_s"], stored["output_tokens"]
+    first, finish = stored["first_token_s"], stored["finish_s"]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tpot = np.where(output > 1, (finish - first) / (output - 1), np.nan)
+    return {"ttft_s": first - arrival, "tpot_s": tpot, "e2e_s": finish - arrival}

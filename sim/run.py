@@ -248,6 +248,7 @@ def run_steps(
     durations: Sequence[float] | None = None,
     observer: Callable[[StepEvent], None] | None = None,
     native: bool | None = None,
+    keep_gaps: bool = True,
 ) -> RunEnd:
     """Simulate ``table`` under ``config``, handing the steps to ``store`` chunk by chunk
     (``outcome.py``). ``progress`` hears of every step. With ``config.live.enabled`` the
@@ -257,7 +258,8 @@ def run_steps(
     times (step ``i`` lasts ``durations[i]`` seconds, its ``engine`` term);
     ``observer`` sees every step (:class:`StepEvent`). ``native``: ``None`` steps on the
     compiled stepper where it is installed, ``False`` in Python only, ``True`` requires
-    the compiled one (``sim/stepper.py``; the results are the same)."""
+    the compiled one (``sim/stepper.py``; the results are the same). Without
+    ``keep_gaps`` the summary consumes the log's inter-token gaps (no copy of them)."""
     wall_start = time.perf_counter()
     loop = _Loop.create(table, config, store, live, acceptance, durations, observer, native)
     scheduler = loop.scheduler
@@ -284,7 +286,8 @@ def run_steps(
     wall_s = time.perf_counter() - wall_start
     extra = {"gpu": gpu_summary(config.gpu, loop.cost.profile.device, loop.cost.conv_scale)}
     parts = (table, config, loop.totals, loop.rows, scheduler, wall_s, loop.live, extra)
-    return RunEnd(run_summary(*parts, complete=not stopped), loop.rows, loop.log)
+    summary = run_summary(*parts, complete=not stopped, keep_gaps=keep_gaps)
+    return RunEnd(summary, loop.rows, loop.log)
 
 
 @attrs.define(eq=False)
@@ -340,6 +343,7 @@ class _Loop:
             store.add_steps(steps)
             store.add_requests(rows)
 
+        store.start(rows)
         steps = StepTable(handed_on)
         stepper = Stepper(scheduler, acceptance, log, steps, native=native)
         parts = (scheduler, planner, cost, acceptance, live, log, durations, observer)

@@ -3,8 +3,9 @@ keys are in ``schema.py``), and its lines as the CLI's and the report's tables s
 
 The steps come in chunks (``records.CHUNK_STEPS``): :class:`StepTotals` keeps what the
 summary needs of them, so the steps themselves need not stay in memory. A float summed
-over steps is numpy's sum of each chunk, the chunks' sums added exactly (``math.fsum``):
-the chunks are the loop's, so the figure is the same wherever the steps went.
+over steps is numpy's sum over each block of :data:`SUM_STEPS` steps (from step 0),
+the blocks' sums added exactly (``math.fsum``): the same figure wherever the steps went
+and however they were chunked, and for a run of one block numpy's sum of the column.
 """
 
 from __future__ import annotations
@@ -22,11 +23,15 @@ from .schema import COST_COLUMNS, MEASURED, TIME_NAMES
 
 
 def _stats_ms(values_s: np.ndarray) -> dict[str, float | None]:
-    values = values_s[~np.isnan(values_s)] * 1e3
+    """Mean and percentiles in ms of the values that are not NaN (one scaled copy of
+    them, partitioned in place)."""
+    missing = np.isnan(values_s)
+    values = (values_s[~missing] if missing.any() else values_s) * 1e3
     if values.size == 0:
         return {"mean": None, "p50": None, "p90": None, "p99": None}
-    p50, p90, p99 = np.percentile(values, [50, 90, 99]).tolist()
-    return {"mean": float(values.mean()), "p50": p50, "p90": p90, "p99": p99}
+    mean = float(values.mean())
+    p50, p90, p99 = np.percentile(values, [50, 90, 99], overwrite_input=True).tolist()
+    return {"mean": mean, "p50": p50, "p90": p90, "p99": p99}
 
 
 def _ratio(numerator: float, denominator: float) -> float:
@@ -46,6 +51,10 @@ _STEP_COUNTS = ("graph_hit", "num_tokens", "padded_tokens", "padded_rows")
 _STEP_SUMS = ("duration_s", *(column.name for column in COST_COLUMNS), "kv_busy")
 
 
+#: Steps whose float figures numpy sums at once (see the module docstring).
+SUM_STEPS = 1 << 16
+
+
 class StepTotals:
     """What the summary needs of the steps, gathered chunk by chunk (:meth:`add`): counts,
     sums (see the module docstring), the peak KV usage, the steps timed by an engine
@@ -57,6 +66,7 @@ class StepTotals:
         self.from_profile = 0
         self.peak_kv_usage = 0.0
         self._sums: dict[str, list[float]] = {name: [] for name in _STEP_SUMS}
+        self._block: dict[str, list[np.ndarray]] = {name: [] for name in _STEP_SUMS}
         self._plan_us: list[np.ndarray] = []
 
     def add(self, steps: Mapping[str, np.ndarray]) -> None:
@@ -65,18 +75,30 @@ class StepTotals:
         for name in _STEP_COUNTS:
             self.counts[name] += int(steps[name].sum())
         self.from_profile += int(np.count_nonzero(steps["engine_s"]))
-        for name in _STEP_SUMS[:-1]:
-            self._sums[name].append(float(steps[name].sum()))
         usage = steps["kv_usage"]
-        # Not ``usage @ duration``: BLAS splits a long dot product over its threads, so its
-        # last bits would depend on the core count, and its threads spin on after it.
-        self._sums["kv_busy"].append(float(np.sum(usage * steps["duration_s"])))
         if usage.size:
             self.peak_kv_usage = max(self.peak_kv_usage, float(usage.max()))
+        for name in _STEP_SUMS[:-1]:
+            self._block[name].append(np.array(steps[name], dtype=np.float64))
+        # Not ``usage @ duration``: BLAS splits a long dot product over its threads, so its
+        # last bits would depend on the core count, and its threads spin on after it.
+        self._block["kv_busy"].append(usage * steps["duration_s"])
         self._plan_us.append(np.array(steps["plan_us"], dtype=np.float64))
+        while sum(part.size for part in self._block["kv_busy"]) >= SUM_STEPS:
+            self._sum_block(SUM_STEPS)
+
+    def _sum_block(self, size: int) -> None:
+        """Sum the first ``size`` steps held (a block), keeping the rest for the next."""
+        for name, parts in self._block.items():
+            held = np.concatenate(parts)
+            self._sums[name].append(float(held[:size].sum()))
+            self._block[name] = [held[size:]] if held.size > size else []
 
     def sum(self, name: str) -> float:
         """The float column ``name`` (or ``kv_busy``) summed over every step."""
+        held = sum(part.size for part in self._block[name])
+        if held:
+            self._sum_block(held)  # the last block, shorter: the run is over
         return math.fsum(self._sums[name])
 
     @property
@@ -145,8 +167,8 @@ def _times(steps: StepTotals, duration: float) -> dict[str, float]:
     }
 
 
-#: Request columns the summary reads of the finished requests.
-_FINISHED = ("finish_s", "output_tokens", "prompt_tokens", "ttft_s", "tpot_s", "e2e_s")
+#: The finished requests' columns :func:`summarize` reads.
+FINISHED_COLUMNS = ("finish_s", "output_tokens", "prompt_tokens", "ttft_s", "tpot_s", "e2e_s")
 
 
 def summarize(
@@ -154,21 +176,24 @@ def summarize(
     trace: dict[str, Any],
     steps: StepTotals,
     requests: Mapping[str, np.ndarray],
+    finished: Mapping[str, np.ndarray],
     itl_s: np.ndarray,
     spec_steps: int,
     wall_s: float,
     *,
     complete: bool = True,
+    itl_in_place: bool = False,
 ) -> dict[str, Any]:
     """The ``summary.json`` document, with the ``"measured"`` section (``schema.SUMMARY``
-    and ``schema.MEASURED_SUMMARY``); request figures are over the finished requests."""
+    and ``schema.MEASURED_SUMMARY``). ``requests``: every request's columns (those it
+    sums, at least); ``finished``: the finished requests' :data:`FINISHED_COLUMNS`
+    (``[finished]`` each), which the request figures are over; ``itl_s``: every
+    inter-token gap (``itl_in_place``: scaled and reordered in place)."""
     n = int(requests["finish_s"].size)
-    done = ~np.isnan(requests["finish_s"])
-    finished = {name: requests[name][done] for name in _FINISHED}
-    duration = float(finished["finish_s"].max()) if done.any() else 0.0
+    count = int(finished["finish_s"].size)
+    duration = float(finished["finish_s"].max()) if count else 0.0
     output, prompt = int(finished["output_tokens"].sum()), int(finished["prompt_tokens"].sum())
-    count = int(done.sum())
-    itl = _itl_ms(itl_s)
+    itl = _itl_ms(itl_s, itl_in_place)
     return {
         "stepplan_version": _version(),
         "config": config,
@@ -192,13 +217,16 @@ def summarize(
     }
 
 
-def _itl_ms(itl_s: np.ndarray) -> tuple[dict[str, float | None], list[float]]:
+def _itl_ms(
+    itl_s: np.ndarray, in_place: bool = False
+) -> tuple[dict[str, float | None], list[float]]:
     """The ITL's statistics and its 101 quantiles, in ms, as :func:`_stats_ms` and
-    ``np.percentile`` give them, from one scaled copy of the gaps (``[k], float64``, never
-    NaN) partitioned once: the gaps of a long run are many."""
+    ``np.percentile`` give them, from the gaps (``[k], float64``, never NaN) scaled once
+    and partitioned once: the gaps of a long run are many. ``in_place``: scale and
+    reorder ``itl_s`` itself (its owner needs it no more), no copy."""
     if itl_s.size == 0:
         return _stats_ms(itl_s), []
-    values = itl_s * 1e3
+    values = np.multiply(itl_s, 1e3, out=itl_s if in_place else None)
     mean = float(values.mean())
     quantiles = np.percentile(values, [50, 90, 99, *range(101)], overwrite_input=True).tolist()
     p50, p90, p99 = quantiles[:3]

@@ -5,6 +5,7 @@ naming the file, line and column."""
 from __future__ import annotations
 
 import csv
+import io
 import itertools
 import math
 import operator
@@ -102,28 +103,55 @@ def _typed(name: str, column: Column, array: np.ndarray) -> np.ndarray:
 # ----------------------------------------------------------------------------- CSV
 
 
-def _cells(values: np.ndarray) -> list[str]:
+def csv_cells(values: np.ndarray) -> list[str]:
+    """A column's CSV cells: floats by ``repr`` (NaN as an empty cell), the rest by ``str``."""
     if values.dtype.kind == "f":
         return ["" if v != v else repr(v) for v in values.tolist()]  # NaN -> empty
-    return [str(v) for v in values.tolist()]
+    return list(map(str, values.tolist()))
+
+
+_SPECIAL = (",", '"', "\n", "\r")  # what makes csv quote a cell
+
+
+def csv_lines(columns: Sequence[Sequence[str]], text: Sequence[bool]) -> str:
+    """Rows of ``columns`` (cells, each column ``[k]``) as CSV text, each line ended by
+    ``\\n``: the bytes ``csv.writer`` writes, joined at C speed where no cell needs
+    quoting. ``text``: which columns may hold such cells (numbers never do)."""
+    if not columns or not columns[0]:
+        return ""
+    plain = len(columns) > 1 and not any(
+        special in cell
+        for column, may in zip(columns, text, strict=True)
+        if may
+        for cell in column
+        for special in _SPECIAL
+    )
+    if not plain:
+        buffer = io.StringIO()
+        csv.writer(buffer, lineterminator="\n").writerows(zip(*columns, strict=True))
+        return buffer.getvalue()
+    return "\n".join(map(",".join, zip(*columns, strict=True))) + "\n"
 
 
 class CsvWriter:
-    """A CSV file written a chunk of rows at a time (:meth:`append`): a header, floats by
-    ``repr`` (NaN as an empty cell), the rest by ``str`` -- the same bytes however the
-    rows are chunked."""
+    """A CSV file written a chunk of rows at a time (:meth:`append`): a header, then
+    :func:`csv_cells` of each column -- the same bytes however the rows are chunked."""
 
     def __init__(self, path: Path, names: Iterable[str]) -> None:
         self.path = path
         self.names = tuple(names)
         self._handle = path.open("w", newline="")
-        self._writer = csv.writer(self._handle, lineterminator="\n")
-        self._writer.writerow(self.names)
+        self.write(csv_lines([[name] for name in self.names], [True] * len(self.names)))
 
     def append(self, columns: Mapping[str, np.ndarray]) -> None:
         """Rows: ``columns`` (``[k]`` each), one for each of :attr:`names`."""
-        cells = (_cells(np.asarray(columns[name])) for name in self.names)
-        self._writer.writerows(zip(*cells, strict=True))
+        arrays = [np.asarray(columns[name]) for name in self.names]
+        text = [array.dtype.kind in "OUS" for array in arrays]
+        self.write(csv_lines([csv_cells(array) for array in arrays], text))
+
+    def write(self, text: str) -> None:
+        """Lines already made (:func:`csv_lines`)."""
+        self._handle.write(text)
 
     def close(self) -> None:
         self._handle.close()

@@ -11,6 +11,7 @@ one line naming the folder and what was kept.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 from collections.abc import Mapping
 from pathlib import Path
@@ -19,9 +20,9 @@ from typing import Any, Protocol
 import numpy as np
 
 from .outdir import OutDirError, ResultsFolder, no_space
-from .records import CHUNK_STEPS, RequestRows
+from .records import CHUNK_STEPS, TRACE_COLUMNS, RequestRows
 from .schema import MEASURED, MEASURED_STEPS, REQUESTS, STEPS, TEXT, TableSchema
-from .table import CsvWriter
+from .table import CsvWriter, csv_cells, csv_lines
 
 #: Columns of the steps in memory that ``measured_steps.csv`` holds, not ``steps.csv``.
 _MEASURED_ONLY = frozenset(MEASURED_STEPS.names) - {"step"}
@@ -33,6 +34,8 @@ class TableFile(Protocol):
     path: Path
 
     def append(self, columns: Mapping[str, np.ndarray]) -> None: ...
+
+    def write(self, text: str) -> None: ...
 
     def close(self) -> None: ...
 
@@ -64,6 +67,9 @@ class ParquetWriter:
             return array.astype(str).tolist()
         return array if column is None else array.astype(column.numpy_dtype)
 
+    def write(self, text: str) -> None:
+        raise TypeError("a Parquet file takes columns (append), not CSV text")
+
     def close(self) -> None:
         if self._writer is None:  # no rows: the columns alone
             self.append({name: np.zeros(0) for name in self.names})
@@ -84,6 +90,54 @@ def parquet_available() -> bool:
     except ImportError:
         return False
     return True
+
+
+class RequestLines:
+    """``requests.csv``'s lines of a run: its trace's columns formatted before the run into
+    a spool file in the staging folder, then joined with each row's run columns once the
+    row is final. The rows of requests the run never scheduled -- millions, when a long
+    trace is stopped early -- share their run cells, so theirs take a string join and no
+    formatting: a stopped run has little left to do."""
+
+    def __init__(self, stage: Path, rows: RequestRows) -> None:
+        if REQUESTS.names[: len(TRACE_COLUMNS)] != TRACE_COLUMNS:
+            raise ValueError(f"requests.csv must begin with {TRACE_COLUMNS}")
+        path = stage / ".requests-trace.csv"
+        with path.open("w", newline="") as spool:
+            for first in range(0, rows.count, CHUNK_STEPS):
+                columns = rows.columns(first, min(rows.count, first + CHUNK_STEPS))
+                cells = [csv_cells(columns[name]) for name in TRACE_COLUMNS]
+                spool.write(csv_lines(cells, [False] * len(cells)))  # numbers: never quoted
+        self._spool = path.open(newline="")
+
+    def lines(self, rows: RequestRows, start: int, stop: int) -> str:
+        """The lines of rows ``start:stop`` (the next rows of the spool)."""
+        heads = list(itertools.islice(self._spool, stop - start))  # each ends in "\n"
+        columns = rows.columns(start, stop)
+        run = [columns[name] for name in columns if name not in TRACE_COLUMNS]
+        untouched = np.ones(stop - start, bool)
+        for values in run:
+            first = _first(values)
+            untouched &= (values == first) | (np.isnan(values) & np.isnan(first))
+        tail = "," + ",".join(csv_cells(_first(values))[0] for values in run) + "\n"
+        edges = [0, *(np.flatnonzero(np.diff(untouched.astype(np.int8))) + 1), stop - start]
+        pieces = []
+        for a, b in itertools.pairwise(edges):
+            if untouched[a]:  # the run never touched these: their run cells are one tail
+                pieces.append("".join(heads[a:b]).replace("\n", tail))
+            else:
+                cells = [[h[:-1] for h in heads[a:b]], *(csv_cells(v[a:b]) for v in run)]
+                pieces.append(csv_lines(cells, [False] * len(cells)))
+        return "".join(pieces)
+
+    def close(self) -> None:
+        self._spool.close()
+
+
+def _first(values: np.ndarray) -> np.ndarray:
+    """``[1]``: what a run column holds for a request the run never scheduled (NaN for
+    times, 0 for counts)."""
+    return np.full(1, np.nan if values.dtype.kind == "f" else 0, values.dtype)
 
 
 def table_file(
@@ -107,6 +161,7 @@ class ResultsWriter:
         self._requests_written = 0
         self._steps_seen = 0
         self._tables: dict[str, TableFile] = {}  # by schema file, made with their first rows
+        self._lines: RequestLines | None = None
         try:
             folder.staging()
         except OSError as exc:
@@ -119,13 +174,34 @@ class ResultsWriter:
         self._append(STEPS, {k: v for k, v in steps.items() if k not in _MEASURED_ONLY})
         self._append(MEASURED_STEPS, {k: steps[k] for k in MEASURED_STEPS.names if k in steps})
 
+    def start(self, rows: RequestRows) -> None:
+        """Before the run: its requests' trace columns go to a spool (CSV only:
+        :class:`RequestLines`)."""
+        if self._parquet:
+            return
+        try:
+            self._lines = RequestLines(self.folder.staging(), rows)
+            self._open(REQUESTS, tuple(rows.columns(0, 0)))
+        except OSError as exc:
+            self.discard()
+            raise self._failed(exc, "the requests' spool") from None
+
     def add_requests(self, rows: RequestRows, *, every: bool = False) -> None:
         """The rows not written yet that are final: up to the first unfinished request
         (``every``: all of them, the run is over)."""
         start = self._requests_written
         stop = rows.count if every else rows.first_unfinished(start)
         for first in range(start, stop, CHUNK_STEPS):
-            self.add_request_columns(rows.columns(first, min(stop, first + CHUNK_STEPS)))
+            last = min(stop, first + CHUNK_STEPS)
+            if self._lines is None:
+                self.add_request_columns(rows.columns(first, last))
+                continue
+            try:
+                self._tables[REQUESTS.file].write(self._lines.lines(rows, first, last))
+            except OSError as exc:
+                self.discard()
+                raise self._failed(exc, REQUESTS.file) from None
+            self._requests_written = last
 
     def add_request_columns(self, columns: Mapping[str, np.ndarray]) -> None:
         """The next request rows, as ``requests.csv``'s columns (``[k]`` each)."""
@@ -144,6 +220,9 @@ class ResultsWriter:
         try:
             for schema in (STEPS, MEASURED_STEPS, REQUESTS):  # a table without rows too
                 self._open(schema, schema.names)
+            if self._lines is not None:
+                self._lines.close()
+                self._lines = None
             for table in self._tables.values():
                 table.close()
             names = [table.path.name for table in self._tables.values()]
@@ -159,6 +238,8 @@ class ResultsWriter:
 
     def discard(self) -> None:
         """Close the files and remove them with the staging folder."""
+        if self._lines is not None:
+            self._lines.close()
         for table in self._tables.values():
             with contextlib.suppress(OSError):  # a full disk can't flush it: removed anyway
                 table.close()

@@ -58,6 +58,21 @@ def test_the_summary_is_the_same_for_any_store(small_chunks, tmp_path):
     assert streamed == json.loads((written / "summary.json").read_text())
 
 
+def test_the_summary_does_not_depend_on_the_chunks(monkeypatch):
+    """Floats are summed per block of ``summary.SUM_STEPS`` steps, whatever the chunks."""
+    from stepplan.sim import summary
+
+    monkeypatch.setattr(summary, "SUM_STEPS", 300)
+    config, table = SimConfig(), parse_synthetic(WORKLOAD, seed=5)
+    whole = simulate(table, config).summary
+    monkeypatch.setattr(records, "CHUNK_STEPS", 97)
+    chunked = simulate(table, config).summary
+    assert whole["steps"]["count"] > 4 * 300
+    for document in (whole, chunked):
+        document.pop("measured")
+    assert chunked == whole
+
+
 def test_a_stopped_run_streams_the_rows_it_has(small_chunks, tmp_path):
     config = with_settings(SimConfig(), {"scheduler.num_spec_tokens": 2})
     table = parse_synthetic(WORKLOAD)

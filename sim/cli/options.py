@@ -481,7 +481,9 @@ def simulate_one(
     with stop.deferred() as event:
         progress = _progress(args, requests.num_requests, label)
         with ResultsWriter(folder, parquet=args.parquet and parquet_available()) as writer:
-            end = run_steps(requests, config, writer, progress=progress, stop=event)
+            end = run_steps(
+                requests, config, writer, progress=progress, stop=event, keep_gaps=False
+            )
             summary = {**end.summary, "provenance": origin}
             writer.finish(summary, end.rows)
     if summary["complete"]:
