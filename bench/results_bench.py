@@ -2,7 +2,7 @@
 them back for ``stepplan report`` and ``stepplan buckets``, ``--limit`` on a large trace.
 
     python bench/results_bench.py [--requests 2350000] [--trace-requests 9200000]
-    python bench/results_bench.py --requests 200000 --vs-tree /tmp/i44-base --only tree
+    python bench/results_bench.py --requests 200000 --vs-tree /tmp/i44-base --only-common
 
 Every case runs in a child process that reports its own peak RSS
 (``resource.getrusage(RUSAGE_SELF).ru_maxrss``) when it ends; the Ctrl-C cases also poll
@@ -260,7 +260,11 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=2_350_000, help="synthetic requests")
     parser.add_argument("--trace-requests", type=int, default=9_200_000)
     parser.add_argument("--vs-tree", type=Path, help="an older checkout, built in place")
-    parser.add_argument("--only", choices=("new", "tree"), help="only this tree's cases")
+    parser.add_argument(
+        "--only-common",
+        action="store_true",
+        help="only the cases every tree runs (simulation, simulate, report, buckets)",
+    )
     parser.add_argument("--record", type=Path, default=ROOT / "bench" / "results")
     args = parser.parse_args()
     spec = SPEC.format(n=args.requests)
@@ -278,12 +282,11 @@ def main() -> None:
             (work / "old").mkdir()
             path = shim(args.vs_tree.resolve(), work / "shim")
             record["old_tree"] = {"path": str(args.vs_tree), **tree_cases(work / "old", spec, path)}
-        if args.only != "tree":
-            (work / "new").mkdir()
-            new = tree_cases(work / "new", spec, None)
-            if args.only != "new":
-                new |= new_only_cases(work / "new", spec, new["steps"], args.trace_requests)
-            record["new_tree"] = new
+        (work / "new").mkdir()
+        new = tree_cases(work / "new", spec, None)
+        if not args.only_common:
+            new |= new_only_cases(work / "new", spec, new["steps"], args.trace_requests)
+        record["new_tree"] = new
     args.record.mkdir(parents=True, exist_ok=True)
     stamp = dt.datetime.now().strftime("%Y-%m-%dT%H%M%S")
     path = args.record / f"results_bench-{stamp}.json"

@@ -17,6 +17,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import attrs
 import numpy as np
@@ -205,34 +206,13 @@ class StepEvent:
     outcome: LiveOutcome | None
 
 
-def simulate(
-    table: RequestTable,
-    config: SimConfig,
-    *,
-    progress: Progress | None = None,
-    live: LiveStepper | None = None,
-    stop: threading.Event | None = None,
-    acceptance: AcceptanceModel | None = None,
-    durations: Sequence[float] | None = None,
-    observer: Callable[[StepEvent], None] | None = None,
-    native: bool | None = None,
-) -> SimResult:
+def simulate(table: RequestTable, config: SimConfig, **options: Any) -> SimResult:
     """Simulate ``table`` (already windowed; see :func:`prepare_requests`) under
-    ``config``, every step kept in memory: :func:`run_steps`'s arguments, as a
-    :class:`SimResult`."""
+    ``config``, every step kept in memory, as a :class:`SimResult`; ``options`` are
+    :func:`run_steps`'s (``progress``, ``live``, ``stop``, ``acceptance``, ``durations``,
+    ``observer``, ``native``)."""
     store = MemoryStore()
-    end = run_steps(
-        table,
-        config,
-        store,
-        progress=progress,
-        live=live,
-        stop=stop,
-        acceptance=acceptance,
-        durations=durations,
-        observer=observer,
-        native=native,
-    )
+    end = run_steps(table, config, store, **options)
     return SimResult(store.table(), end.rows.columns(), end.log.itl_s, end.summary)
 
 

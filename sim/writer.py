@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
@@ -99,15 +100,21 @@ class RequestLines:
     trace is stopped early -- share their run cells, so theirs take a string join and no
     formatting: a stopped run has little left to do."""
 
-    def __init__(self, stage: Path, rows: RequestRows) -> None:
+    def __init__(self, stage: Path, rows: RequestRows, stop: threading.Event | None) -> None:
         if REQUESTS.names[: len(TRACE_COLUMNS)] != TRACE_COLUMNS:
             raise ValueError(f"requests.csv must begin with {TRACE_COLUMNS}")
         path = stage / ".requests-trace.csv"
+        #: Whether every row is spooled (a stop while spooling leaves it short).
+        self.complete = False
         with path.open("w", newline="") as spool:
             for first in range(0, rows.count, CHUNK_STEPS):
+                if stop is not None and stop.is_set():  # stopped before the first step
+                    break
                 columns = rows.columns(first, min(rows.count, first + CHUNK_STEPS))
                 cells = [csv_cells(columns[name]) for name in TRACE_COLUMNS]
                 spool.write(csv_lines(cells, [False] * len(cells)))  # numbers: never quoted
+            else:
+                self.complete = True
         self._spool = path.open(newline="")
 
     def lines(self, rows: RequestRows, start: int, stop: int) -> str:
@@ -153,11 +160,18 @@ def table_file(
 class ResultsWriter:
     """A run's results written into a claimed folder as the run goes (see the module
     docstring); a ``with`` block discards what it wrote when it ends in an error or an
-    interrupt. ``parquet`` writes the tables as Parquet (the caller checks pyarrow)."""
+    interrupt. ``parquet`` writes the tables as Parquet (the caller checks pyarrow);
+    ``stop`` (the run's stop event) cuts short the work before the first step."""
 
-    def __init__(self, folder: ResultsFolder, *, parquet: bool = False) -> None:
+    def __init__(
+        self,
+        folder: ResultsFolder,
+        *,
+        parquet: bool = False,
+        stop: threading.Event | None = None,
+    ) -> None:
         self.folder = folder
-        self._parquet = parquet
+        self._parquet, self._stop = parquet, stop
         self._requests_written = 0
         self._steps_seen = 0
         self._tables: dict[str, TableFile] = {}  # by schema file, made with their first rows
@@ -180,7 +194,7 @@ class ResultsWriter:
         if self._parquet:
             return
         try:
-            self._lines = RequestLines(self.folder.staging(), rows)
+            self._lines = RequestLines(self.folder.staging(), rows, self._stop)
             self._open(REQUESTS, tuple(rows.columns(0, 0)))
         except OSError as exc:
             self.discard()
@@ -193,7 +207,7 @@ class ResultsWriter:
         stop = rows.count if every else rows.first_unfinished(start)
         for first in range(start, stop, CHUNK_STEPS):
             last = min(stop, first + CHUNK_STEPS)
-            if self._lines is None:
+            if self._lines is None or not self._lines.complete:
                 self.add_request_columns(rows.columns(first, last))
                 continue
             try:

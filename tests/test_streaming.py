@@ -5,6 +5,8 @@ The chunks are made small here (``records.CHUNK_STEPS``) so that every run has m
 from __future__ import annotations
 
 import json
+import os
+import signal
 import threading
 
 import numpy as np
@@ -92,6 +94,24 @@ def test_a_stopped_run_streams_the_rows_it_has(small_chunks, tmp_path):
     assert back.steps.num_rows == 5 * records.CHUNK_STEPS + 3
     for name, column in result.requests.items():
         np.testing.assert_array_equal(back.requests[name], column, err_msg=name)
+
+
+def test_a_stop_before_the_first_step_writes_nothing(tmp_path, monkeypatch, capsys):
+    """A signal while the trace's rows are spooled, before any step: one line, exit 130,
+    and the folder the run made is gone again."""
+    from stepplan.sim import writer
+
+    spool = writer.RequestLines.__init__
+
+    def signalled(self, stage, rows, stop):
+        os.kill(os.getpid(), signal.SIGINT)  # the command's handler sets the stop event
+        spool(self, stage, rows, stop)
+
+    monkeypatch.setattr(writer.RequestLines, "__init__", signalled)
+    assert cli.main(["simulate", WORKLOAD, "--quiet", "--out", str(tmp_path / "run")]) == 130
+    err = capsys.readouterr().err.strip()
+    assert err == "stepplan: interrupted by SIGINT; stopped before the first step, nothing written"
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_step_shapes_score_as_every_step_does():

@@ -36,7 +36,7 @@ from .compare import add_compare, run_compare
 from .config_cmd import add_config
 from .fidelity import add_fidelity
 from .helptext import Parser, UsageError
-from .options import build_config, load_requests
+from .options import build_config
 from .profile import ERRORS as PROFILE_ERRORS
 from .profile import add_profile
 from .provenance import stepplan_version
@@ -45,6 +45,7 @@ from .report import add_report
 from .signals import Interrupted, stop_on_signals
 from .simulate import add_simulate
 from .sweep import add_sweep
+from .trace_reading import load_requests
 
 USER_ERRORS = (ConfigError, TraceError, WorkloadError, ProfileError, AcceptanceError, OSError)
 USER_ERRORS += (OutDirError, EngineProfileError)

@@ -19,12 +19,10 @@ from ..schema import RESULT_FILES
 from .options import (
     OVERRIDES,
     SIDE_FLAGS,
-    TraceCache,
     add_run_command,
     build_config,
     checked,
     parse_assignments,
-    read_limit,
     results_folder,
     simulate_one,
 )
@@ -36,6 +34,7 @@ from .tables import (
     compare_table,
     run_header,
 )
+from .trace_reading import TraceCache, read_limit
 
 SIDES = ("a", "b")
 

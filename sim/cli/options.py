@@ -1,12 +1,12 @@
-"""What the simulating subcommands share: their options, the settings they build, the trace
-they load, and the summary table they print."""
+"""What the simulating subcommands share: their options, the settings they build, their
+results folder, running one simulation into it, and the summary table they print (the
+trace they read: ``trace_reading.py``)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 from collections.abc import Callable
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -32,21 +32,18 @@ from ..engine_profile import read_engine_profile
 from ..live import check_live, engine_setup
 from ..outdir import ResultsFolder, claim_new, config_digest
 from ..progress import Progress, ProgressBar, ProgressLines, live_warning
-from ..run import planner_config, prepare_requests, run_steps
+from ..run import planner_config, run_steps
 from ..schema import RESULT_FILES
 from ..summary import summary_rows
-from ..traces import FORMATS, RequestTable, TraceError, load_trace
-from ..traces.source import STDIN, shown_name
-from ..workloads import SYNTHETIC_PREFIX, parse_synthetic
+from ..traces import FORMATS
+from ..traces.source import STDIN
+from ..workloads import SYNTHETIC_PREFIX
 from ..writer import ResultsWriter, parquet_available
-from .provenance import provenance, trace_identity
+from .provenance import provenance
 from .signals import StopRequest
 from .tables import align
+from .trace_reading import EMBEDDED_TRACE, identify, load_requests
 
-EMBEDDED_TRACE = "data/azure_llm_2023_code.csv"
-#: Requests the default run keeps of the embedded trace (its first 8.7 minutes)
-#: unless ``--limit`` says otherwise; the whole trace is 8,819 requests, 57 minutes.
-EMBEDDED_LIMIT = 1000
 #: Where runs without ``--out`` go: ``results/<name>-<digest>`` (see :func:`results_folder`).
 RESULTS_PARENT = "results"
 
@@ -155,125 +152,6 @@ def checked(config: SimConfig) -> SimConfig:
     return config
 
 
-def read_trace(
-    trace: str | None, fmt: str | None, config: SimConfig, limit: int | None = None
-) -> RequestTable:
-    """The trace ``trace`` names as read, before :func:`prepare_requests`: a file (of
-    format ``fmt``, ``None``: detected; ``-``: standard input), a synthetic spec, or
-    (``None``) the embedded trace's first requests; ``limit`` stops reading after that
-    many requests."""
-    if trace is None:
-        with resources.as_file(resources.files("stepplan.sim").joinpath(EMBEDDED_TRACE)) as path:
-            first = EMBEDDED_LIMIT if config.workload.limit is None else limit
-            return load_trace(path, "azure", limit=first)
-    if trace.startswith(SYNTHETIC_PREFIX):
-        return parse_synthetic(trace, seed=config.seed, limit=limit)
-    return load_trace(trace, fmt, rate=config.workload.rate, seed=config.seed, limit=limit)
-
-
-def read_limit(config: SimConfig) -> int | None:
-    """Requests a run reads of its trace: ``workload.limit``, unless a window
-    (``workload.start_s``/``end_s``) needs every row's time."""
-    workload = config.workload
-    return workload.limit if workload.start_s is None and workload.end_s is None else None
-
-
-class TraceCache:
-    """The traces one command has read, by what the read depended on: each is read once
-    per limit (and per rate and seed where they drew its arrivals). A trace that can be
-    read only once (standard input, a pipe) is refused a second, different read."""
-
-    def __init__(self) -> None:
-        self._tables: dict[tuple[Any, ...], RequestTable] = {}
-
-    def read(
-        self, trace: str | None, fmt: str | None, config: SimConfig, limit: int | None
-    ) -> RequestTable:
-        """:func:`read_trace`'s table, read now or earlier."""
-        read = (trace, fmt, limit)
-        drawn = (*read, config.workload.rate, config.seed)
-        for key in (read, drawn):
-            if key in self._tables:
-                return self._tables[key]
-        if any(key[0] == trace for key in self._tables) and not rereadable(trace):
-            raise TraceError(
-                shown_name(str(trace)),
-                None,
-                "is read once (a pipe or standard input), and this command would read it "
-                "again with other settings (--limit, --rate, --seed): save it to a file",
-            )
-        table = read_trace(trace, fmt, config, limit)
-        own_times = table.format != "synthetic" and table.arrivals == "trace"
-        self._tables[read if own_times else drawn] = table  # else the rate and seed drew them
-        return table
-
-
-def rereadable(trace: str | None) -> bool:
-    """Whether the trace ``trace`` names can be read again: the embedded trace, a
-    synthetic spec or a regular file (not standard input, a pipe or a device)."""
-    if trace is None or trace.startswith(SYNTHETIC_PREFIX):
-        return True
-    return trace != STDIN and Path(trace).is_file()
-
-
-def load_requests(args: argparse.Namespace, config: SimConfig) -> RequestTable:
-    """The trace ``args.trace`` names (the embedded trace's first requests when absent),
-    prepared; read through ``args.traces`` (a :class:`TraceCache`) when the command
-    reads it more than once."""
-    cache = getattr(args, "traces", None) or TraceCache()
-    table = cache.read(args.trace, args.format, config, read_limit(config))
-    prepared = prepare_requests(table, config)
-    for note in trace_notes(prepared, config):  # once nothing can fail: an error is one line
-        print(f"stepplan: note: {note}", file=sys.stderr)
-    return prepared
-
-
-def trace_notes(table: RequestTable, config: SimConfig) -> list[str]:
-    """What the user should know about how ``table`` was read: dropped and rejected
-    requests, missing arrival times, out-of-order rows."""
-    source, notes = table.source, []
-    if table.skipped:
-        rows = "row" if table.skipped == 1 else "rows"
-        notes.append(f"{source}: dropped {table.skipped} {rows} with zero prompt or output tokens")
-    if table.rejected:
-        notes.append(
-            f"{source}: rejected {table.rejected} request(s) longer than model.max_model_len = "
-            f"{config.model.resolved().max_model_len} tokens (prompt + output)"
-        )
-    if table.arrivals == "none":
-        notes.append(
-            f"{source}: no arrival times: all requests arrive at t = 0 (--rate R "
-            "gives Poisson arrivals at R req/s)"
-        )
-    elif table.arrivals == "poisson":
-        notes.append(
-            f"{source}: no arrival times: Poisson arrivals at {config.workload.rate:g} req/s "
-            f"(seed {config.seed})"
-        )
-    elif config.workload.rate is not None and table.format != "synthetic":
-        notes.append(
-            f"{source}: has arrival times, so --rate is ignored (--rate-scale speeds them up)"
-        )
-    if table.unsorted_line is not None:
-        notes.append(
-            f"{source}:{table.unsorted_line}: arrives before the row above it; requests "
-            "sorted by arrival time"
-        )
-    if table.read_to_line is not None and (notes or table.unsorted_line is not None):
-        notes = [
-            f"{note} (of the rows read: --limit stopped reading at line {table.read_to_line})"
-            for note in notes
-        ]
-    return notes
-
-
-def identify(trace: str | None, table: RequestTable) -> dict[str, Any]:
-    """The trace ``trace`` names as the provenance records it, from ``table``, the read
-    of it (which hashed its bytes)."""
-    with resources.as_file(resources.files("stepplan.sim").joinpath(EMBEDDED_TRACE)) as path:
-        return trace_identity(trace, table, path)
-
-
 def run_name(args: argparse.Namespace, config: SimConfig) -> str:
     if config.name:
         return config.name
@@ -299,8 +177,9 @@ def _add_trace_options(parser: argparse.ArgumentParser, *, parquet: bool = True)
     parser.add_argument(
         "trace",
         nargs="?",
-        help="trace file (any supported format) or synthetic:key=value,...; "
-        "default: the first 1,000 requests of the embedded Azure code trace",
+        help="trace file (any supported format; - is standard input, and pipes are read "
+        "once) or synthetic:key=value,...; default: the first 1,000 requests of the "
+        "embedded Azure code trace",
     )
     parser.add_argument("--format", choices=FORMATS, help="trace format (default: detected)")
     parser.add_argument(
@@ -328,12 +207,13 @@ def add_setting_options(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
     add("--config", help="TOML settings file (`stepplan config` prints one)")
     add("--set", action="append", metavar="SECTION.KEY=VALUE", help="any setting (repeatable)")
-    add("--name", help="run name (default: the trace's file name)")
+    add("--name", help="run name: one folder name under results/ (default: the trace's name)")
     add("--seed", type=int, help="seed of the acceptance draws and of synthetic arrivals")
     add(
         "--limit",
         type=int,
-        help="keep the first N requests (default: all; 1,000 of the embedded trace)",
+        help="keep the first N requests and stop reading the trace there (default: all; "
+        "1,000 of the embedded trace)",
     )
     _add_engine_options(parser)
     _add_cost_options(parser)
@@ -480,10 +360,13 @@ def simulate_one(
         print(warning, file=sys.stderr)
     with stop.deferred() as event:
         progress = _progress(args, requests.num_requests, label)
-        with ResultsWriter(folder, parquet=args.parquet and parquet_available()) as writer:
+        parquet = args.parquet and parquet_available()
+        with ResultsWriter(folder, parquet=parquet, stop=event) as writer:
             end = run_steps(
                 requests, config, writer, progress=progress, stop=event, keep_gaps=False
             )
+            if end.summary["steps"]["count"] == 0 and event.is_set():
+                stop.raise_if_stopped("stopped before the first step, nothing written")
             summary = {**end.summary, "provenance": origin}
             writer.finish(summary, end.rows)
     if summary["complete"]:

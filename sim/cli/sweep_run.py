@@ -42,9 +42,10 @@ from ..sweep.runner import (
 from ..sweep.spec import SweepError, TraceEntry, describe
 from ..traces import RequestTable, TraceError
 from ..workloads import WorkloadError
-from .options import RESULTS_PARENT, TraceCache, identify
+from .options import RESULTS_PARENT
 from .provenance import provenance, with_provenance
 from .signals import StopRequest
+from .trace_reading import TraceCache, identify
 
 #: Runs tasks, handing each finished point to ``done``, until all ran or the event is set;
 #: the last argument is the caller's work meanwhile (``runner.py``).
