@@ -24,7 +24,9 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
 
-from stepplan.plots.canvas import new_figure, save_figure
+from stepplan.plots.canvas import new_figure
+from stepplan.sim.cli.outputs import claim_figure
+from stepplan.sim.cli.outputs import save_figure as save_claimed
 
 FIGURE = Path("docs/figures/architecture.png")
 #: Left to right; the simulator between what it reads (plans) and what reads it (plots).
@@ -220,6 +222,11 @@ FOUND = modules()
 SUBPACKAGES = {name for name, path in FOUND.items() if path.name == "__init__.py"} - {
     f"stepplan.{package}" for package in PACKAGES
 }
+
+
+def save_figure(figure: Figure, path: Path) -> Path:
+    """Write the figure to ``path``, replacing only a figure stepplan drew there."""
+    return save_claimed(figure, claim_figure(path, overwrite=True))
 
 
 def main() -> None:

@@ -131,7 +131,7 @@ def main() -> None:
         folder = Path(args.results or Path(scratch) / "azure-code-q4")
         run(["simulate", str(TRACE), "--out", str(folder), "--quiet"])
         if args.check is None:
-            run(["buckets", str(folder), "--figure", str(args.figure)])
+            run(["buckets", str(folder), "--figure", str(args.figure), "--overwrite"])
         text = section(read_results(folder), args.figure)
     if args.check is None:
         print(text)

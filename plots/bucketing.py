@@ -11,6 +11,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from stepplan.sim.results import SimResult
+from stepplan.sim.schema import STEP_COUNT
 from stepplan.sim.table import ResultsError
 
 from .canvas import COLORS, new_figure
@@ -74,7 +75,8 @@ def plot_bucketing(
     """Step sizes (tokens and rows) with the bucket edges of each bucketing drawn over
     them, and the padded share of every bucket.
 
-    ``bucketings`` default to the run's own; each must have one entry per step.
+    ``bucketings`` default to the run's own; each must have one entry per step (per row
+    of the steps: a table of distinct step shapes counts each as its ``STEP_COUNT``).
     The histograms split steps into graph replays and eager runs under the first;
     their counts are on a log scale, so the rare large steps stay visible.
     """
@@ -82,6 +84,7 @@ def plot_bucketing(
     bucketings = tuple(bucketings) or (run_bucketing(results),)
     tokens = results.steps.column("num_tokens")
     rows = results.steps.column("num_rows")
+    counts = results.steps.get(STEP_COUNT)
     for bucketing in bucketings:
         if len(bucketing.graph_tokens) != len(tokens):
             raise ResultsError(
@@ -91,14 +94,15 @@ def plot_bucketing(
     figure = new_figure(10.0, 9.0)
     top, middle, bottom = figure.subplots(3, 1)
     hit = bucketings[0].graph_tokens > 0
-    _histogram(top, tokens, hit, [b.token_edges for b in bucketings], "tokens per step")
-    _histogram(middle, rows, hit, [b.row_edges for b in bucketings], "rows per step")
-    _padded_share(bottom, tokens, bucketings)
+    _histogram(top, tokens, hit, [b.token_edges for b in bucketings], "tokens per step", counts)
+    _histogram(middle, rows, hit, [b.row_edges for b in bucketings], "rows per step", counts)
+    _padded_share(bottom, tokens, bucketings, counts)
     for index, bucketing in enumerate(bucketings):
         color = EDGE_COLORS[index % len(EDGE_COLORS)]
         top.plot([], [], color=color, linewidth=1, label=f"edges: {bucketing.label}")
     top.legend(loc="upper right", fontsize=8)
-    figure.suptitle(title or f"Step sizes and CUDA-graph buckets ({len(tokens):,} steps)")
+    steps = len(tokens) if counts is None else int(counts.sum())
+    figure.suptitle(title or f"Step sizes and CUDA-graph buckets ({steps:,} steps)")
     return figure
 
 
@@ -110,12 +114,18 @@ def _log_bins(values: np.ndarray) -> np.ndarray:
 
 
 def _histogram(
-    axes: Axes, values: np.ndarray, hit: np.ndarray, edge_sets: list, xlabel: str
+    axes: Axes,
+    values: np.ndarray,
+    hit: np.ndarray,
+    edge_sets: list,
+    xlabel: str,
+    counts: np.ndarray | None = None,
 ) -> None:
     bins = _log_bins(values)
     axes.hist(
         [values[hit], values[~hit]],
         bins=bins,
+        weights=None if counts is None else [counts[hit], counts[~hit]],
         stacked=True,
         color=[COLORS["graph"], COLORS["eager"]],
         label=["replays a graph", "eager"],
@@ -133,16 +143,22 @@ def _histogram(
     axes.legend(loc="upper left", fontsize=8)
 
 
-def _padded_share(axes: Axes, tokens: np.ndarray, bucketings: Sequence[Bucketing]) -> None:
+def _padded_share(
+    axes: Axes,
+    tokens: np.ndarray,
+    bucketings: Sequence[Bucketing],
+    counts: np.ndarray | None = None,
+) -> None:
     """Per bucket: padded tokens over the bucket's capacity, summed over its steps."""
     for index, bucketing in enumerate(bucketings):
         capacity = bucketing.graph_tokens
         hit = capacity > 0
         if not hit.any():
             continue
+        weight = 1 if counts is None else counts[hit]
         buckets, which = np.unique(capacity[hit], return_inverse=True)
-        padded = np.bincount(which, (capacity - tokens)[hit])
-        filled = np.bincount(which, capacity[hit])
+        padded = np.bincount(which, (capacity - tokens)[hit] * weight)
+        filled = np.bincount(which, capacity[hit] * weight)
         share = padded.sum() / filled.sum()
         color = EDGE_COLORS[index % len(EDGE_COLORS)]
         label = f"{bucketing.label}: {share:.1%} of graph tokens padded"

@@ -1,4 +1,5 @@
-"""Figures without a display: matplotlib's object API on the Agg canvas, saved atomically.
+"""Figures without a display: matplotlib's object API on the Agg canvas, rendered to bytes
+that carry stepplan's mark (the command line writes them, by ``sim/outfile.py``'s rule).
 
 No ``pyplot``: it keeps global state (the current figure) and may pick a GUI
 backend; a :class:`~matplotlib.figure.Figure` bound to an Agg canvas needs neither.
@@ -7,8 +8,6 @@ backend; a :class:`~matplotlib.figure.Figure` bound to an Agg canvas needs neith
 from __future__ import annotations
 
 import io
-import os
-import tempfile
 from pathlib import Path
 
 from matplotlib import rc_context
@@ -17,6 +16,15 @@ from matplotlib.figure import Figure
 
 #: Output formats by file suffix.
 FORMATS = {".png": "png", ".svg": "svg", ".pdf": "pdf"}
+#: Who made a figure, in its metadata (PNG ``Software``, SVG and PDF ``Creator``): what
+#: :func:`is_figure` recognises, so that a figure stepplan drew may be replaced.
+MAKER = "stepplan"
+#: Each format's first bytes, and its metadata as matplotlib writes :data:`MAKER` there.
+_MARKS = {
+    "png": (b"\x89PNG", b"tEXtSoftware\x00" + MAKER.encode()),
+    "svg": (b"<?xml", b"<dc:title>" + MAKER.encode() + b"</dc:title>"),
+    "pdf": (b"%PDF", b"/Creator (" + MAKER.encode() + b")"),
+}
 
 #: One colour per step part, used by every figure.
 COLORS = {
@@ -38,11 +46,14 @@ def new_figure(width: float, height: float) -> Figure:
 
 
 def figure_bytes(figure: Figure, fmt: str, dpi: int = 110) -> bytes:
-    """The figure rendered as ``png``, ``svg`` or ``pdf`` bytes (no timestamps: equal
-    figures, equal bytes)."""
+    """The figure rendered as ``png``, ``svg`` or ``pdf`` bytes, marked as stepplan's (no
+    timestamps: equal figures, equal bytes)."""
     if fmt not in FORMATS.values():
         raise ValueError(f"figure format must be one of {tuple(FORMATS.values())}, got {fmt!r}")
-    metadata = {"svg": {"Date": None}, "pdf": {"CreationDate": None}}.get(fmt, {"Software": None})
+    metadata = {
+        "svg": {"Date": None, "Creator": MAKER},
+        "pdf": {"CreationDate": None, "Creator": MAKER},
+    }.get(fmt, {"Software": MAKER})
     buffer = io.BytesIO()
     # SVG element ids are random unless salted; the salt is set only while saving.
     with rc_context({"svg.hashsalt": "stepplan"}):
@@ -59,25 +70,6 @@ def figure_format(path: str | Path) -> str:
     return fmt
 
 
-def save_figure(figure: Figure, path: str | Path, dpi: int = 110) -> Path:
-    """Write the figure to ``path`` (``.png``, ``.svg`` or ``.pdf``), all at once or not
-    at all."""
-    path = Path(path)
-    fmt = figure_format(path)
-    write_atomically(path, figure_bytes(figure, fmt, dpi))
-    return path
-
-
-def write_atomically(path: Path, data: bytes) -> None:
-    """Write ``data`` to a temporary file next to ``path``, then rename it over ``path``,
-    so a reader never sees half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(handle, "wb") as file:
-            file.write(data)
-        os.chmod(temporary, 0o644)  # mkstemp makes it owner-only; results are for sharing
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+def is_figure(sample: bytes) -> bool:
+    """Whether a file's start and end (``sample``) are a figure :func:`figure_bytes` made."""
+    return any(sample.startswith(magic) and mark in sample for magic, mark in _MARKS.values())

@@ -9,6 +9,7 @@ from stepplan.sim.results import SimResult
 from stepplan.sim.table import ResultsError
 
 from .canvas import COLORS, new_figure
+from .latency import cdf_points
 
 #: The seed builder's host time per step *per layer group* on the H200 machine's CPU
 #: (SPEC §4): a pure-spec batch, and a mixed spec/decode/prefill batch.
@@ -61,8 +62,7 @@ def plot_host_time(results: SimResult, num_groups: int | None = None) -> Figure:
     series.set_ylabel("host µs per step")
     series.legend(loc="center right", fontsize=8, markerscale=6)
     for values, name in ((planner, "planner"), (seed, "seed")):
-        ordered = np.sort(values)
-        share = np.arange(1, len(ordered) + 1) / len(ordered)
+        ordered, share = cdf_points(np.sort(values))
         median = np.median(values)
         cdf.step(
             ordered, share, where="post", color=COLORS[name], label=f"{name}: p50 {median:.0f} µs"

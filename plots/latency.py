@@ -16,6 +16,9 @@ from .canvas import new_figure
 
 #: Quantiles ``0, 0.01, ..., 1`` of the inter-token latency, as the summary stores them.
 ITL_QUANTILES = np.linspace(0.0, 1.0, 101)
+#: A CDF of more values is drawn through this many of them, evenly spread in rank (the
+#: smallest and the largest among them): a curve no eye tells from all of them.
+CDF_POINTS = 20_000
 
 
 def request_latency_ms(results: SimResult, column: str) -> np.ndarray:
@@ -71,7 +74,16 @@ def plot_latency_cdfs(runs: Sequence[SimResult], labels: Sequence[str] | None = 
     return figure
 
 
+def cdf_points(ordered: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The points that draw the CDF of ``ordered`` (``[n]``, sorted): values and their
+    shares of all, at most :data:`CDF_POINTS` of them."""
+    share = np.arange(1, ordered.size + 1) / ordered.size
+    if ordered.size <= CDF_POINTS:
+        return ordered, share
+    ranks = np.unique(np.linspace(0, ordered.size - 1, CDF_POINTS).astype(np.int64))
+    return ordered[ranks], share[ranks]
+
+
 def _cdf(axes: Axes, values: np.ndarray, label: str) -> None:
     if values.size:
-        share = np.arange(1, values.size + 1) / values.size
-        axes.step(values, share, where="post", label=label)
+        axes.step(*cdf_points(values), where="post", label=label)

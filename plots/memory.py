@@ -18,6 +18,14 @@ def has_memory_columns(results: SimResult) -> bool:
     return all(name in results.steps.columns for name in FIGURE_COLUMNS)
 
 
+def _preemptions(results: SimResult, preempted: np.ndarray) -> int:
+    """The run's preemptions: its summary's count (the steps drawn may be a sample of a
+    long run's), else the steps' sum."""
+    memory = results.summary.get("memory")
+    count = memory.get("preemptions") if isinstance(memory, dict) else None
+    return int(count) if isinstance(count, int) else int(preempted.sum())
+
+
 def plot_memory(results: SimResult) -> Figure:
     """Two panels over simulated time: KV-cache usage (share of the blocks, with a tick
     per step that preempted), and requests waiting (arrived, not running)."""
@@ -39,7 +47,7 @@ def plot_memory(results: SimResult) -> Figure:
             "|",
             color=COLORS["seed"],
             markersize=8,
-            label=f"preemption ({int(preempted.sum()):,} in all)",
+            label=f"preemption ({_preemptions(results, preempted):,} in all)",
         )
     kv.set_ylim(0, 105)
     kv.set_ylabel("KV cache used (%)")

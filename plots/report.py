@@ -1,11 +1,11 @@
-"""One self-contained HTML page per run: every figure embedded, the summary as tables."""
+"""One self-contained HTML page per run: every figure embedded, the summary as tables; the
+page carries stepplan's mark (:data:`GENERATOR`), so that a later run may replace it."""
 
 from __future__ import annotations
 
 import base64
 import html
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import attrs
@@ -15,13 +15,15 @@ from stepplan.sim.results import SimResult
 from stepplan.sim.table import ResultsError
 
 from .bucketing import Bucketing, plot_bucketing
-from .canvas import figure_bytes, write_atomically
+from .canvas import figure_bytes
 from .host import plot_host_time
 from .latency import plot_latency_cdfs
 from .memory import has_memory_columns, plot_memory
 from .opgraph import plot_op_graph
 from .timeline import plot_timeline
 
+#: The mark of a report stepplan wrote: a ``<meta>`` of the page's head (:func:`is_report`).
+GENERATOR = '<meta name="generator" content="stepplan report">'
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1150px; color: #222; }
 h1 { font-size: 1.5em; } h2 { font-size: 1.2em; margin-top: 1.6em; }
@@ -75,18 +77,24 @@ def report_figures(
     bucketings: Sequence[Bucketing] = (),
     others: Sequence[SimResult] = (),
     plan: Any = None,
+    head: SimResult | None = None,
+    sample: SimResult | None = None,
+    shapes: SimResult | None = None,
 ) -> dict[str, Figure]:
     """Every figure of the report, by title: buckets, timeline, latency CDFs (this run
     and ``others``), host time, KV cache and queue (runs that have the columns), and
-    the op graph of ``plan`` when one is given."""
+    the op graph of ``plan`` when one is given. A long run read in parts gives the
+    timeline its ``head`` (first steps), the per-step figures a ``sample`` of its steps
+    and the bucketing its distinct step ``shapes``; each defaults to ``results``."""
+    head, sample, shapes = head or results, sample or results, shapes or results
     figures = {
-        "Step sizes and CUDA-graph buckets": plot_bucketing(results, bucketings),
-        "Step composition": plot_timeline(results),
+        "Step sizes and CUDA-graph buckets": plot_bucketing(shapes, bucketings),
+        "Step composition": plot_timeline(head),
         "Latency CDFs": plot_latency_cdfs([results, *others]),
-        "Host time per step": plot_host_time(results),
+        "Host time per step": plot_host_time(sample),
     }
-    if has_memory_columns(results):
-        figures["KV cache and queue"] = plot_memory(results)
+    if has_memory_columns(sample):
+        figures["KV cache and queue"] = plot_memory(sample)
     if plan is not None:
         figures["Op graph of one plan"] = plot_op_graph(plan)
     return figures
@@ -100,9 +108,10 @@ def build_report(
     plan: Any = None,
     title: str | None = None,
     leading_tables: Sequence[ReportTable] = (),
+    notes: Sequence[str] = (),
 ) -> str:
-    """The HTML page: ``leading_tables``, the summary tables, ``tables``, every figure
-    as an embedded PNG, then the provenance and the configuration.
+    """The HTML page: ``notes`` (a line each), ``leading_tables``, the summary tables,
+    ``tables``, every figure as an embedded PNG, then the provenance and the configuration.
 
     ``figures`` default to :func:`report_figures` of the run (with ``plan``); ``title``
     to the run's label.
@@ -112,6 +121,7 @@ def build_report(
     summary = results.summary
     title = f"stepplan report: {title or results.label}"
     parts = [f"<h1>{html.escape(title)}</h1>"]
+    parts.extend(f"<p>{html.escape(note)}</p>" for note in notes)
     parts.extend(_table(t.title, t.header, t.rows) for t in leading_tables)
     parts.append(_overview(summary))
     latency = summary.get("latency_ms")
@@ -130,15 +140,14 @@ def build_report(
     quantiles = summary.get("itl_ms_quantiles") or []
     parts.append(_details("ITL quantiles (ms)", [(f"q{i}", v) for i, v in enumerate(quantiles)]))
     body = "\n".join(parts)
-    head = f"<meta charset='utf-8'><title>{html.escape(title)}</title><style>{STYLE}</style>"
+    head = f"<meta charset='utf-8'>{GENERATOR}<title>{html.escape(title)}</title>"
+    head += f"<style>{STYLE}</style>"
     return f"<!DOCTYPE html>\n<html><head>{head}</head>\n<body>\n{body}\n</body></html>\n"
 
 
-def write_report(results: SimResult, path: str | Path, **options: Any) -> Path:
-    """Write :func:`build_report` to ``path`` atomically; ``options`` go to it."""
-    path = Path(path)
-    write_atomically(path, build_report(results, **options).encode())
-    return path
+def is_report(sample: bytes) -> bool:
+    """Whether a file's start (``sample``) is a page :func:`build_report` made."""
+    return sample.startswith(b"<!DOCTYPE html>") and GENERATOR.encode() in sample[:4096]
 
 
 def _overview(summary: Mapping[str, Any]) -> str:

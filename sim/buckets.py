@@ -26,7 +26,7 @@ from stepplan.planner.buckets import (
     uniform_demand,
 )
 
-from .schema import KIND_ROWS, KIND_TOKENS
+from .schema import KIND_ROWS, KIND_TOKENS, STEP_COUNT
 from .size_dp import BucketError, optimal_sizes, padded_cost, sorted_sizes
 
 __all__ = [  # the optimizer's names, wherever they live
@@ -89,6 +89,9 @@ class StepDemand:
         need: ``[S], int64`` size a uniform step needs; 0 for other steps.
         per_unit: ``[S], int64`` tokens per size of a uniform step's graph
             (``Q`` spec, ``1`` decode); 0 for other steps.
+        counts: ``[S], int64`` steps each entry stands for: 1 each for a run's every
+            step, more for its distinct step shapes (``results.step_shapes``: a long run
+            is read a chunk at a time into its few shapes).
         graph_mode: the planner's graph mode (``none``, ``full``, ``mixed``).
         max_num_seqs: the planner's row limit; row sizes are the sizes up to it.
         num_spec_tokens: drafts per spec row (``Q - 1``) the demand was read with.
@@ -99,14 +102,15 @@ class StepDemand:
     tokens: np.ndarray
     need: np.ndarray
     per_unit: np.ndarray
+    counts: np.ndarray
     graph_mode: str
     max_num_seqs: int
     num_spec_tokens: int
 
     @property
     def num_steps(self) -> int:
-        """``S``: steps of the simulation."""
-        return len(self.rows)
+        """Steps of the simulation (the entries' counts added)."""
+        return int(self.counts.sum())
 
     @property
     def uniform(self) -> np.ndarray:
@@ -121,7 +125,8 @@ def step_demand(
 
     Reads the columns ``num_spec_rows``, ``num_decode_rows``, ``num_prefill_rows``,
     ``num_spec_decode_tokens``, ``num_decode_tokens``, ``num_prefill_tokens`` (each
-    ``[S]``, integer) of ``steps.csv`` (``schema.KIND_ROWS``, ``schema.KIND_TOKENS``).
+    ``[S]``, integer) of ``steps.csv`` (``schema.KIND_ROWS``, ``schema.KIND_TOKENS``),
+    and ``schema.STEP_COUNT`` where the rows are distinct step shapes.
     """
     rows = [_int_column(steps, name) for name in KIND_ROWS.values()]
     tokens = [_int_column(steps, name) for name in KIND_TOKENS.values()]
@@ -132,7 +137,9 @@ def step_demand(
         raise BucketError(f"graph_mode must be one of {GRAPH_MODES}, got {graph_mode!r}")
     live_rows, live_tokens = rows[0] + rows[1] + rows[2], tokens[0] + tokens[1] + tokens[2]
     per_unit, need = uniform_demand(*rows, live_tokens, num_spec_tokens + 1)
-    frozen = [_frozen(a) for a in (np.stack(rows), live_rows, live_tokens, need, per_unit)]
+    counts = _int_column(steps, STEP_COUNT) if STEP_COUNT in steps else np.ones_like(live_rows)
+    arrays = (np.stack(rows), live_rows, live_tokens, need, per_unit, counts)
+    frozen = [_frozen(a) for a in arrays]
     return StepDemand(
         *frozen, graph_mode=graph_mode, max_num_seqs=max_num_seqs, num_spec_tokens=num_spec_tokens
     )
@@ -232,15 +239,15 @@ class Score:
 def score(demand: StepDemand, sizes: Sequence[int], label: str) -> Score:
     """Padding and graph hits of ``sizes`` on the simulation's steps."""
     graphs = assign(demand, sizes).graph_tokens
-    hit = graphs > 0
+    hit, counts = graphs > 0, demand.counts
     return Score(
         label=label,
         sizes=tuple(int(s) for s in sorted_sizes(sizes)),
         steps=demand.num_steps,
-        graph_steps=int(hit.sum()),
-        live_tokens=int(demand.tokens.sum()),
-        graph_tokens=int(graphs.sum()),
-        padded_tokens=int((graphs - demand.tokens)[hit].sum()),
+        graph_steps=int(counts[hit].sum()),
+        live_tokens=int((demand.tokens * counts).sum()),
+        graph_tokens=int((graphs * counts).sum()),
+        padded_tokens=int(((graphs - demand.tokens) * counts)[hit].sum()),
     )
 
 
@@ -276,7 +283,7 @@ def coverage(demand: StepDemand, reference: Sequence[int]) -> Coverage:
     uniform = (kind == SPEC_GRAPH) | (kind == DECODE_GRAPH)
     mixed = kind == MIXED_GRAPH
     values = [demand.need[uniform], demand.tokens[mixed]]
-    weights = [demand.per_unit[uniform], np.ones(int(mixed.sum()), dtype=np.int64)]
+    weights = [demand.per_unit[uniform] * demand.counts[uniform], demand.counts[mixed]]
     forbidden = None
     if demand.graph_mode == "mixed" and largest_row < demand.max_num_seqs < largest:
         forbidden = (largest_row, demand.max_num_seqs)

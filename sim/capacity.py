@@ -16,7 +16,8 @@ longest request fits in the whole block pool (else it could never finish).
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import numpy as np
@@ -24,6 +25,9 @@ import numpy as np
 from .config import ConfigError, GpuConfig, ModelConfig, SimConfig
 from .gpus import find_preset
 from .traces import RequestTable
+
+if TYPE_CHECKING:
+    from .summary import StepTotals
 
 GIB = 2**30
 #: Blocks of a pool that never binds (a model without attention layers).
@@ -202,13 +206,10 @@ def _check_longest(layout: MemoryLayout, table: RequestTable) -> None:
 
 
 def memory_summary(
-    layout: MemoryLayout, steps: dict[str, np.ndarray], requests: dict[str, np.ndarray]
+    layout: MemoryLayout, steps: StepTotals, requests: Mapping[str, np.ndarray]
 ) -> dict[str, Any]:
     """The summary's ``memory`` section (see ``results.py``)."""
-    usage, duration = steps["kv_usage"], steps["duration_s"]
-    # Not ``usage @ duration``: BLAS splits a long dot product over its threads, so its
-    # last bits would depend on the core count, and its threads spin on after it.
-    busy = float(duration.sum())
+    busy = steps.sum("duration_s")
     prompt = int(requests["prompt_tokens"].sum())
     cached = int(requests["cached_tokens"].sum())
     unbounded = layout.num_blocks == UNBOUNDED_BLOCKS
@@ -222,8 +223,8 @@ def memory_summary(
         "block_size": layout.block_size,
         "capacity_blocks": None if unbounded else layout.num_blocks,
         "capacity_gib": None if unbounded else layout.num_blocks * layout.block_bytes / GIB,
-        "peak_usage": float(usage.max()) if usage.size else 0.0,
-        "mean_usage": float(np.sum(usage * duration) / busy) if busy else 0.0,
+        "peak_usage": steps.peak_kv_usage,
+        "mean_usage": steps.sum("kv_busy") / busy if busy else 0.0,
         "preemptions": int(requests["num_preemptions"].sum()),
         "preempted_requests": int((requests["num_preemptions"] > 0).sum()),
         "recomputed_tokens": int(requests["recomputed_tokens"].sum()),

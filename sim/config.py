@@ -66,6 +66,7 @@ from .config_values import (
     _optional_ints,
     _positive,
     _real,
+    _run_name,
     _text,
 )
 from .gpus import find_preset
@@ -316,7 +317,7 @@ SECTIONS: dict[str, type] = {
 class SimConfig:
     """Every setting of one simulation (written whole into ``summary.json``)."""
 
-    name: str = attrs.field(default="", validator=_text)
+    name: str = attrs.field(default="", validator=_run_name)
     seed: int = attrs.field(default=0, converter=INT, validator=_non_negative)
     scheduler: SchedulerConfig = attrs.Factory(SchedulerConfig)
     memory: MemoryConfig = attrs.Factory(MemoryConfig)

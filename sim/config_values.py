@@ -127,6 +127,19 @@ def _text(instance: object, attribute: attrs.Attribute, value: object) -> None:
         raise ConfigError(f"{attribute.name}: must be text, got {value!r}")
 
 
+def _run_name(instance: object, attribute: attrs.Attribute, value: object) -> None:
+    """A run's name is one folder name under ``results/``: never a path."""
+    _text(instance, attribute, value)
+    if not value:
+        return
+    text = str(value)
+    if text in (".", "..") or any(c in text for c in "/\\\0") or text != text.strip():
+        raise ConfigError(
+            f"{attribute.name}: {text!r} is not a plain name: a run's name is one folder name "
+            "under results/ (no '/', not '.' or '..', no surrounding spaces); --out takes a path"
+        )
+
+
 def _flag(value: object, field: attrs.Attribute) -> bool:
     try:
         return attrs.converters.to_bool(value)

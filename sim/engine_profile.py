@@ -19,6 +19,7 @@ from typing import Any
 import attrs
 
 from .engine_fit import EngineFit, ProfilePoint, StepShape, fit_points
+from .outfile import FileKind, OutputFile
 
 FORMAT = "stepplan-engine-profile"
 VERSION = 3
@@ -109,9 +110,24 @@ def _plain(value: object) -> object:
     return [_plain(v) for v in value] if isinstance(value, list | tuple) else value
 
 
-def write_engine_profile(profile: EngineProfile, path: str | Path) -> None:
-    """Write ``profile`` as JSON (the caller decides where; see ``sim/outdir.py`` for folders)."""
-    Path(path).write_text(json.dumps(profile.to_json(), indent=1) + "\n")
+def _is_profile(sample: bytes) -> bool:
+    """Whether a file's start (``sample``) is a profile :func:`write_engine_profile` wrote:
+    a JSON object whose first key is ``format``, :data:`FORMAT`."""
+    return sample.startswith(b'{\n "format": ' + json.dumps(FORMAT).encode())
+
+
+#: The engine profile as one file stepplan writes (``sim/outfile.py``'s rule).
+PROFILE_FILE = FileKind("an engine profile", _is_profile)
+
+
+def write_engine_profile(
+    profile: EngineProfile, out: str | Path | OutputFile, *, overwrite: bool = False
+) -> Path:
+    """Write ``profile`` as JSON to ``out``: a file already claimed, or a path claimed now
+    (an earlier profile there is replaced only with ``overwrite``)."""
+    if not isinstance(out, OutputFile):
+        out = OutputFile.claim(out, PROFILE_FILE, overwrite=overwrite)
+    return out.write((json.dumps(profile.to_json(), indent=1) + "\n").encode())
 
 
 def read_engine_profile(path: str | Path) -> EngineProfile:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import errno
 import fcntl
 import getpass
 import hashlib
@@ -52,6 +53,15 @@ KINDS = ("simulate", "compare", "fidelity", "sweep", "capacity")
 _DIGEST_CHARS = 8
 _MAX_COUNTER = 999
 _CLAIM_TRIES = 5  # a folder removed between open and lock is claimed again
+
+
+#: errno values that mean the device has no room (a quota counts as none).
+NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+
+
+def no_space(error: OSError) -> bool:
+    """Whether ``error`` says the device (or the user's quota) is full."""
+    return error.errno in NO_SPACE
 
 
 class OutDirError(ValueError):
@@ -123,6 +133,7 @@ class ResultsFolder:
         self._fd, self._created = fd, created
         self._entries: list[str] = []
         self._placed = False
+        self._stage: Path | None = None
 
     # ------------------------------------------------------------------ claiming
 
@@ -211,6 +222,19 @@ class ResultsFolder:
 
     # ------------------------------------------------------------------ writing
 
+    def staging(self) -> Path:
+        """The hidden staging folder this claim writes into, made on first use: a run
+        streams its files there, and :meth:`put` renames them into place."""
+        if self._stage is None:
+            self._stage = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=self.path))
+        return self._stage
+
+    def discard_staging(self) -> None:
+        """Remove the staging folder and what was written there."""
+        if self._stage is not None:
+            shutil.rmtree(self._stage, ignore_errors=True)
+            self._stage = None
+
     def put(
         self,
         write: Callable[[Path], Iterable[str]],
@@ -218,10 +242,12 @@ class ResultsFolder:
         complete: bool = True,
         keep: Collection[str] = (),
     ) -> None:
-        """Write this run's files: ``write(staging)`` writes them into a staging folder
-        and returns their names; they then replace the old run's entries, but for
-        ``keep`` (entries already in place, such as sub-folders), which stay listed."""
-        stage = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=self.path))
+        """Write this run's files: ``write(staging)`` writes them into the staging folder
+        (:meth:`staging`, where files streamed earlier wait) and returns their names; they
+        then replace the old run's entries, but for ``keep`` (entries already in place,
+        such as sub-folders), which stay listed."""
+        stage = self.staging()
+        placed = False
         try:
             names = list(write(stage))
             if not all(_plain_name(n) and (stage / n).is_file() for n in names):
@@ -229,9 +255,19 @@ class ResultsFolder:
             self._write_manifest(stage, sorted(set(self._entries) | set(names)), False)
             for name in names:
                 os.replace(stage / name, self.path / name)
+                placed = True
             self._finish(stage, [*names, *(k for k in keep if k not in names)], complete)
+        except OSError as exc:
+            if not no_space(exc):
+                raise
+            kept = (
+                "its files are in place, its manifest says incomplete"
+                if placed
+                else "nothing of this write was kept: the folder holds what it held before"
+            )
+            raise OutDirError(f"{self.shown}: no space left on the device; {kept}") from None
         finally:
-            shutil.rmtree(stage, ignore_errors=True)
+            self.discard_staging()
 
     def record(self, entries: Iterable[str], *, complete: bool = True) -> None:
         """Write the manifest for ``entries`` already in place (``compare``'s sub-folders)."""
@@ -256,6 +292,13 @@ class ResultsFolder:
             with staged.open("wb") as handle:  # open, not mkstemp: the user's umask
                 handle.write(data)
             os.replace(staged, target / name)
+        except OSError as exc:
+            if not no_space(exc):
+                raise
+            raise OutDirError(
+                f"{self.shown}: no space left on the device for {folder}/{name}; the folder "
+                "keeps what was written before it"
+            ) from None
         finally:
             staged.unlink(missing_ok=True)
         return target / name
@@ -294,6 +337,7 @@ class ResultsFolder:
         """Unlock; without ``keep``, folders the claim made are removed while still empty."""
         if self._fd < 0:
             return
+        self.discard_staging()
         try:
             if not keep and not self._placed:
                 for made in reversed(self._created):

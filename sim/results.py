@@ -8,8 +8,9 @@ write may touch. The summary itself is made in ``summary.py``.
 
 from __future__ import annotations
 
+import itertools
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -17,21 +18,32 @@ import attrs
 import numpy as np
 
 from .outdir import ResultsFolder
+from .records import CHUNK_STEPS
 from .schema import (
+    KIND_ROWS,
+    KIND_TOKENS,
     MEASURED,
     MEASURED_STEPS,
     REQUESTS,
     RESULT_FILES,
+    STEP_COUNT,
     STEPS,
     STEPS_IN_MEMORY,
     TableSchema,
 )
-from .table import ResultsError, Table, header_names, read_csv, read_text, write_csv
+from .table import (
+    READ_ROWS,
+    ResultsError,
+    Table,
+    header_names,
+    iter_csv,
+    join_tables,
+    read_text,
+)
+from .writer import ResultsWriter, parquet_available
 
 #: What a results folder holds, as error messages say it.
 EXPECTED_FILES = "expected summary.json, steps.csv and requests.csv, as `stepplan simulate` writes"
-#: Columns of the steps in memory that ``measured_steps.csv`` holds, not ``steps.csv``.
-_MEASURED_ONLY = frozenset(MEASURED_STEPS.names) - {"step"}
 
 
 def _as_table(schema: TableSchema) -> Callable[[Mapping[str, object]], Table]:
@@ -89,44 +101,6 @@ class SimResult:
 # ----------------------------------------------------------------------------- writing
 
 
-def write_parquet(path: Path, columns: Mapping[str, np.ndarray]) -> None:
-    """Write ``columns`` (``[num_rows]`` each) as a Parquet file (needs pyarrow)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    table = {k: v.tolist() if v.dtype.kind in "OU" else v for k, v in columns.items()}
-    pq.write_table(pa.table(table), path)
-
-
-def parquet_available() -> bool:
-    """Whether ``pyarrow`` can be imported."""
-    try:
-        import pyarrow.parquet  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def _write_files(stage: Path, result: SimResult, parquet: bool) -> list[str]:
-    """Write the result's files into ``stage``; their names."""
-    use_parquet = parquet and parquet_available()
-    write_table = write_parquet if use_parquet else write_csv
-    suffix = ".parquet" if use_parquet else ".csv"
-    steps = {k: v for k, v in result.steps.items() if k not in _MEASURED_ONLY}
-    measured_steps = {k: result.steps[k] for k in MEASURED_STEPS.names if k in result.steps}
-    summary = {k: v for k, v in result.summary.items() if k != MEASURED}
-    tables = {"steps": steps, "requests": result.requests, "measured_steps": measured_steps}
-    names = []
-    for name, columns in tables.items():
-        write_table(stage / f"{name}{suffix}", columns)
-        names.append(f"{name}{suffix}")
-    documents = {"summary.json": summary, "measured.json": result.summary.get(MEASURED, {})}
-    for name, document in documents.items():
-        (stage / name).write_text(json.dumps(document, indent=2) + "\n")
-        names.append(name)
-    return names
-
-
 def write_results(
     result: SimResult,
     out: str | Path | ResultsFolder,
@@ -138,16 +112,23 @@ def write_results(
 
     ``out`` is a folder already claimed (:class:`ResultsFolder`), or a path that is
     claimed for the write: new or empty, or -- with ``overwrite`` -- an earlier stepplan
-    run, whose listed files alone are replaced (see ``outdir.py``). Files are staged
-    and renamed into place; a failed write leaves the folder as it was.
+    run, whose listed files alone are replaced (see ``outdir.py``). The files are written
+    a chunk of rows at a time by ``writer.py`` (as a run streams them), staged and renamed
+    into place; a failed write leaves the folder as it was.
     """
-    summary_complete = bool(result.summary.get("complete", True))
-    if isinstance(out, ResultsFolder):
-        out.put(lambda stage: _write_files(stage, result, parquet), complete=summary_complete)
-        return out.path
-    with ResultsFolder.claim(out, overwrite=overwrite, names=RESULT_FILES) as folder:
-        folder.put(lambda stage: _write_files(stage, result, parquet), complete=summary_complete)
-    return folder.path
+    if not isinstance(out, ResultsFolder):
+        with ResultsFolder.claim(out, overwrite=overwrite, names=RESULT_FILES) as folder:
+            return write_results(result, folder, parquet=parquet)
+    with ResultsWriter(out, parquet=parquet and parquet_available()) as writer:
+        for rows in _chunks(result.steps.num_rows):
+            writer.add_steps({name: values[rows] for name, values in result.steps.items()})
+        for rows in _chunks(result.requests.num_rows):
+            writer.add_request_columns({k: v[rows] for k, v in result.requests.items()})
+        return writer.finish(result.summary)
+
+
+def _chunks(count: int) -> list[slice]:
+    return [slice(start, start + CHUNK_STEPS) for start in range(0, count, CHUNK_STEPS)]
 
 
 # ----------------------------------------------------------------------------- reading
@@ -158,8 +139,18 @@ def read_results(folder: str | Path) -> SimResult:
     instead of ``.csv`` when the folder has them and pyarrow is installed), and the
     measured files when present, as the ``plan_us`` column and the ``"measured"``
     section. Anything unusable is a :class:`ResultsError` naming the file (and line and
-    column)."""
+    column). The tables are read a chunk at a time (:func:`iter_steps`); commands that
+    need less than every row read the chunks themselves."""
     folder = Path(folder)
+    summary = read_summary(folder)
+    steps = join_tables(list(iter_steps(folder)), STEPS_IN_MEMORY)
+    requests = join_tables(list(iter_table(folder, REQUESTS)), REQUESTS)
+    return SimResult(steps, requests, np.zeros(0), summary, path=folder)
+
+
+def read_summary(folder: Path) -> dict[str, Any]:
+    """The folder's ``summary.json`` with ``measured.json`` as its ``measured`` section;
+    a folder that is no results folder is a :class:`ResultsError`."""
     if not folder.is_dir():
         raise ResultsError(f"{folder}: not a results folder (no such directory)")
     if not any((folder / name).exists() for name in RESULT_FILES):
@@ -169,9 +160,7 @@ def read_results(folder: str | Path) -> SimResult:
         raise ResultsError(f"{folder / 'summary.json'}: must hold a JSON object")
     if (folder / "measured.json").exists():
         summary[MEASURED] = _read_json(folder / "measured.json")
-    steps = _with_measured(_read_table(folder, STEPS), folder)
-    requests = _read_table(folder, REQUESTS)
-    return SimResult(steps, requests, np.zeros(0), summary, path=folder)
+    return summary
 
 
 def _read_json(path: Path) -> object:
@@ -181,33 +170,112 @@ def _read_json(path: Path) -> object:
         raise ResultsError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})") from None
 
 
-def _with_measured(steps: Table, folder: Path) -> Table:
-    """``steps`` with the columns of ``measured_steps`` (matched on ``step``) when present."""
+def iter_steps(folder: Path, columns: Collection[str] | None = None) -> Iterator[Table]:
+    """The folder's steps a chunk at a time, with ``measured_steps``' columns (matched on
+    ``step``) when the folder has them; ``columns``: only those (``plan_us`` among them
+    reads the measured file)."""
+    measured_columns = set(MEASURED_STEPS.names) - {"step"}
     stem = MEASURED_STEPS.file.removesuffix(".csv")
-    if not any((folder / f"{stem}{ext}").exists() for ext in (".csv", ".parquet")):
-        return steps
-    measured = _read_table(folder, MEASURED_STEPS)
-    if not np.array_equal(measured.column("step"), steps.column("step")):
-        raise ResultsError(f"{measured.name}: its steps differ from {steps.name}'s")
-    columns = dict(steps.columns)
-    columns.update((k, v) for k, v in measured.columns.items() if k != "step")
-    return Table.from_columns(steps.name, columns, STEPS_IN_MEMORY)
+    has_measured = any((folder / f"{stem}{ext}").exists() for ext in (".csv", ".parquet"))
+    wanted = None if columns is None else [c for c in columns if c not in measured_columns]
+    joined = has_measured and (columns is None or bool(measured_columns & set(columns)))
+    steps = iter_table(folder, STEPS, None if wanted is None else ["step", *wanted])
+    if not joined:
+        yield from steps
+        return
+    for chunk, measured in itertools.zip_longest(steps, iter_table(folder, MEASURED_STEPS)):
+        if (
+            chunk is None
+            or measured is None
+            or not np.array_equal(measured.column("step"), chunk.column("step"))
+        ):
+            raise ResultsError(f"{MEASURED_STEPS.file}: its steps differ from {STEPS.file}'s")
+        merged = dict(chunk.columns)
+        merged.update((k, v) for k, v in measured.columns.items() if k != "step")
+        yield Table.from_columns(chunk.name, merged, STEPS_IN_MEMORY)
 
 
-def _read_table(folder: Path, schema: TableSchema) -> Table:
-    """The table ``schema.file`` of ``folder``, or its ``.parquet`` when only that exists."""
+def iter_table(
+    folder: Path, schema: TableSchema, columns: Collection[str] | None = None
+) -> Iterator[Table]:
+    """The table ``schema.file`` of ``folder`` a chunk at a time (its ``.parquet`` when
+    only that exists); ``columns``: only those (of those the file has)."""
     path = folder / schema.file
     parquet = path.with_suffix(".parquet")
     if path.exists() or not parquet.exists():
-        return read_csv(path, schema)
+        yield from iter_csv(path, schema, columns=columns)
+        return
     try:
         import pyarrow.parquet as pq
     except ImportError:
         raise ResultsError(f"{parquet}: reading Parquet needs pyarrow (not installed)") from None
-    table = pq.read_table(parquet)
-    names = header_names(parquet, table.column_names, schema)
-    columns = {
-        name: table.column(key).to_numpy(zero_copy_only=False)
-        for key, name in zip(table.column_names, names, strict=True)
-    }
-    return Table.from_columns(parquet.name, columns, schema)
+    file = pq.ParquetFile(parquet)
+    names = header_names(parquet, file.schema_arrow.names, schema)
+    keys = dict(zip(names, file.schema_arrow.names, strict=True))
+    wanted = names if columns is None else [name for name in names if name in set(columns)]
+    if file.metadata.num_rows == 0:
+        yield Table.from_columns(parquet.name, {n: np.zeros(0) for n in wanted}, schema)
+        return
+    for batch in file.iter_batches(batch_size=READ_ROWS, columns=[keys[n] for n in wanted]):
+        parts = {n: batch.column(keys[n]).to_numpy(zero_copy_only=False) for n in wanted}
+        yield Table.from_columns(parquet.name, parts, schema)
+
+
+#: What sizing a step's CUDA graph depends on (``buckets.step_demand``, the bucketing
+#: figure): the columns of a step's shape.
+SHAPE_COLUMNS = (
+    *KIND_ROWS.values(),
+    *KIND_TOKENS.values(),
+    "graph_hit",
+    "graph_tokens",
+    "graph_rows",
+)
+
+
+class StepShapes:
+    """The distinct shapes of a run's steps (:data:`SHAPE_COLUMNS`) and how many steps had
+    each, gathered a chunk at a time (:meth:`add`): memory grows with the shapes, which
+    are few, not with the steps."""
+
+    def __init__(self) -> None:
+        self._shapes = np.zeros((0, len(SHAPE_COLUMNS)), np.int64)
+        self._counts = np.zeros(0, np.int64)
+
+    def add(self, steps: Mapping[str, np.ndarray]) -> None:
+        """A chunk of steps with (at least) the shape columns."""
+        if not isinstance(steps, Table):
+            steps = Table.from_columns("steps", steps, STEPS_IN_MEMORY)
+        block = np.stack([steps.column(name) for name in SHAPE_COLUMNS], axis=1)
+        shapes = np.concatenate([self._shapes, block.astype(np.int64)])
+        counts = np.concatenate([self._counts, np.ones(len(block), np.int64)])
+        # each row as one opaque value: unique() sorts those by their bytes, 15x faster
+        # than rows field by field (the order of the shapes means nothing)
+        rows = shapes.view(np.dtype((np.void, shapes.shape[1] * 8))).ravel()
+        _, first, index = np.unique(rows, return_index=True, return_inverse=True)
+        self._shapes = shapes[first]
+        self._counts = np.bincount(index, counts, len(first)).astype(np.int64)
+
+    def table(self) -> Table:
+        """The shapes as a step table (with ``num_rows``, ``num_tokens``) and their
+        :data:`~.schema.STEP_COUNT`."""
+        columns = {name: self._shapes[:, i] for i, name in enumerate(SHAPE_COLUMNS)}
+        columns["num_rows"] = sum(columns[name] for name in KIND_ROWS.values())
+        columns["num_tokens"] = sum(columns[name] for name in KIND_TOKENS.values())
+        columns[STEP_COUNT] = self._counts
+        return Table.from_columns("steps (distinct shapes)", columns, STEPS_IN_MEMORY)
+
+
+def read_step_shapes(folder: str | Path) -> SimResult:
+    """A results folder's summary and its steps' distinct shapes (:class:`StepShapes`),
+    read a chunk at a time: what ``stepplan buckets`` needs of a run of any length."""
+    folder = Path(folder)
+    summary = read_summary(folder)
+    shapes = StepShapes()
+    for chunk in iter_steps(folder, SHAPE_COLUMNS):
+        shapes.add(chunk)
+    return SimResult(shapes.table(), empty_table(REQUESTS), np.zeros(0), summary, path=folder)
+
+
+def empty_table(schema: TableSchema) -> Table:
+    """``schema``'s table without rows."""
+    return Table.from_columns(schema.file, {c.name: np.zeros(0) for c in schema.columns}, schema)

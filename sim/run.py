@@ -25,21 +25,25 @@ import numpy as np
 from stepplan.planner import ExecutionPlan, PlanError, Planner, PlannerConfig, StepBatch
 
 from .acceptance import AcceptanceModel, make_acceptance
-from .capacity import gpu_summary, memory_summary, plan_memory
+from .capacity import gpu_summary, plan_memory
 from .config import ConfigError, SimConfig
 from .cost import CostModel, StepCost, StepLoad
 from .live import LiveOutcome, LiveStepper, engine_setup
 from .memory import BlockPool
+from .outcome import MemoryStore, RunEnd, StepStore, run_summary
 from .progress import Progress
-from .records import RequestLog, StepTable, request_columns, step_columns
+from .records import RequestLog, RequestRows, StepTable, step_columns
 from .results import SimResult
 from .scheduler import ScheduledStep, Scheduler
-from .schema import GRAPH_KINDS, MEASURED
+from .schema import GRAPH_KINDS
 from .stepper import Stepper
-from .summary import summarize
+from .summary import StepTotals
 from .traces import RequestTable, TraceError
 
 _GRAPH_CODES = {kind: code for code, kind in enumerate(GRAPH_KINDS)}  # steps.csv graph_kind
+#: The longest span of arrivals a run takes: 30 days. Longer is a broken row (a date of
+#: another year, a time in the wrong unit) or a rate scale far off, not a workload.
+MAX_SPAN_S = 30 * 86400
 
 
 def planner_config(config: SimConfig) -> PlannerConfig:
@@ -86,9 +90,54 @@ def prepare_requests(table: RequestTable, config: SimConfig) -> RequestTable:
             f"all {chosen} requests exceed model.max_model_len = "
             f"{max_len} tokens (prompt + output); raise it with --max-model-len",
         )
+    check_span(table)
     if workload.rate_scale != 1.0:
-        table = table.scale_rate(workload.rate_scale)
+        scaled = table.scale_rate(workload.rate_scale)
+        if scaled.span_s > MAX_SPAN_S:
+            source, line, _ = table.where(table.num_requests - 1)
+            raise TraceError(
+                source,
+                line,
+                f"workload.rate_scale = {workload.rate_scale:g} stretches "
+                f"{_duration(table.span_s)} of arrivals to {_duration(scaled.span_s)}; "
+                f"{_SPAN_BOUND}: use a rate scale of at least {table.span_s / MAX_SPAN_S:.3g}",
+            )
+        table = scaled
     return table
+
+
+_SPAN_BOUND = f"a run may span at most 30 days ({MAX_SPAN_S:,} s) of arrivals"
+
+
+def check_span(table: RequestTable) -> None:
+    """Refuse arrivals spread over more than :data:`MAX_SPAN_S`, naming the request that
+    stands out: the first or the last, whichever is further from the median."""
+    span = table.span_s
+    if span <= MAX_SPAN_S:
+        return
+    arrival, last = table.arrival_s, table.num_requests - 1
+    median = float(arrival[last // 2])
+    first_far = median - arrival[0] > arrival[last] - median
+    source, line, what = table.where(0 if first_far else last)
+    gap = float(median - arrival[0] if first_far else arrival[last] - median)
+    side = "before" if first_far else "after"
+    fix = "correct the row, or choose a window (--start-s, --end-s)"
+    if table.lines is None:
+        fix = "a higher rate or fewer requests keeps within it"
+    raise TraceError(
+        source,
+        line,
+        f"{what}arrives {_duration(gap)} {side} most of the trace, which then spans "
+        f"{_duration(span)}; {_SPAN_BOUND}: {fix}",
+    )
+
+
+def _duration(seconds: float) -> str:
+    """``seconds`` in a unit a person reads at once."""
+    for unit, size in (("years", 365.25 * 86400), ("days", 86400.0), ("h", 3600.0)):
+        if seconds >= size:
+            return f"{seconds / size:,.3g} {unit}"
+    return f"{seconds:.3g} s"
 
 
 def _record(
@@ -157,9 +206,20 @@ class StepEvent:
     outcome: LiveOutcome | None
 
 
-def simulate(
+def simulate(table: RequestTable, config: SimConfig, **options: Any) -> SimResult:
+    """Simulate ``table`` (already windowed; see :func:`prepare_requests`) under
+    ``config``, every step kept in memory, as a :class:`SimResult`; ``options`` are
+    :func:`run_steps`'s (``progress``, ``live``, ``stop``, ``acceptance``, ``durations``,
+    ``observer``, ``native``)."""
+    store = MemoryStore()
+    end = run_steps(table, config, store, **options)
+    return SimResult(store.table(), end.rows.columns(), end.log.itl_s, end.summary)
+
+
+def run_steps(
     table: RequestTable,
     config: SimConfig,
+    store: StepStore,
     *,
     progress: Progress | None = None,
     live: LiveStepper | None = None,
@@ -168,18 +228,20 @@ def simulate(
     durations: Sequence[float] | None = None,
     observer: Callable[[StepEvent], None] | None = None,
     native: bool | None = None,
-) -> SimResult:
-    """Simulate ``table`` (already windowed; see :func:`prepare_requests`) under
-    ``config``. ``progress`` hears of every step. With ``config.live.enabled`` the steps
-    run on ``live`` (a new stepper when ``None``). When ``stop`` is set the run ends
-    before its next step and returns the steps so far (``summary["complete"]`` false).
+    keep_gaps: bool = True,
+) -> RunEnd:
+    """Simulate ``table`` under ``config``, handing the steps to ``store`` chunk by chunk
+    (``outcome.py``). ``progress`` hears of every step. With ``config.live.enabled`` the
+    steps run on ``live`` (a new stepper when ``None``). When ``stop`` is set the run ends
+    before its next step with the steps so far (``summary["complete"]`` false).
     ``acceptance`` replaces the config's acceptance model; ``durations`` replays step
     times (step ``i`` lasts ``durations[i]`` seconds, its ``engine`` term);
     ``observer`` sees every step (:class:`StepEvent`). ``native``: ``None`` steps on the
     compiled stepper where it is installed, ``False`` in Python only, ``True`` requires
-    the compiled one (``sim/stepper.py``; the results are the same)."""
+    the compiled one (``sim/stepper.py``; the results are the same). Without
+    ``keep_gaps`` the summary consumes the log's inter-token gaps (no copy of them)."""
     wall_start = time.perf_counter()
-    loop = _Loop.create(table, config, live, acceptance, durations, observer, native)
+    loop = _Loop.create(table, config, store, live, acceptance, durations, observer, native)
     scheduler = loop.scheduler
     clock = 0.0
     stopped = False
@@ -200,19 +262,12 @@ def simulate(
         clock = run_step(found, clock)
     if progress is not None:
         progress.close()
+    loop.table.flush()
     wall_s = time.perf_counter() - wall_start
     extra = {"gpu": gpu_summary(config.gpu, loop.cost.profile.device, loop.cost.conv_scale)}
-    return _result(
-        table,
-        config,
-        loop.table.rows(),
-        loop.log,
-        scheduler,
-        wall_s,
-        loop.live,
-        extra,
-        complete=not stopped,
-    )
+    parts = (table, config, loop.totals, loop.rows, scheduler, wall_s, loop.live, extra)
+    summary = run_summary(*parts, complete=not stopped, keep_gaps=keep_gaps)
+    return RunEnd(summary, loop.rows, loop.log)
 
 
 @attrs.define(eq=False)
@@ -230,12 +285,15 @@ class _Loop:
     observer: Callable[[StepEvent], None] | None
     table: StepTable
     stepper: Stepper
+    totals: StepTotals
+    rows: RequestRows
 
     @classmethod
     def create(
         cls,
         table: RequestTable,
         config: SimConfig,
+        store: StepStore,
         live: LiveStepper | None,
         acceptance: AcceptanceModel | None,
         durations: Sequence[float] | None,
@@ -255,10 +313,21 @@ class _Loop:
         if cost.engine is not None:  # a profile of another model or planner would mislead
             cost.engine.check_setup(*engine_setup(config, plan_config))
         acceptance = acceptance or make_acceptance(config.acceptance, config.seed)
-        log, steps = RequestLog(table.num_requests), StepTable()
+        log, totals = RequestLog(table.num_requests), StepTotals()
+        memory = scheduler.memory_columns()
+        rows = RequestRows(table.arrival_s, table.prompt_tokens, table.output_tokens, log, memory)
+
+        def handed_on(records: np.ndarray, first: int) -> None:
+            steps = step_columns(records, first)
+            totals.add(steps)
+            store.add_steps(steps)
+            store.add_requests(rows)
+
+        store.start(rows)
+        steps = StepTable(handed_on)
         stepper = Stepper(scheduler, acceptance, log, steps, native=native)
         parts = (scheduler, planner, cost, acceptance, live, log, durations, observer)
-        return cls(*parts, steps, stepper)
+        return cls(*parts, steps, stepper, totals, rows)
 
     def run_step(self, found: tuple[int, int, float], clock: float) -> float:
         """Plan, time and finish the step in ``scheduler.rows`` (``found``: its rows,
@@ -314,64 +383,3 @@ def _replayed(durations: Sequence[float], index: int) -> StepCost:
             f"durations: the replay took more than the {len(durations)} recorded steps"
         )
     return StepCost(engine=float(durations[index]))
-
-
-def _cost_sources(
-    config: SimConfig, steps: dict[str, np.ndarray], live: LiveStepper | None
-) -> dict[str, Any]:
-    """Where the steps' times came from: an engine profile (the steps it covered), the
-    roofline (the rest), or the live engine's measurements."""
-    if live is not None and live.measured_time:
-        return {"source": "measured", "steps_measured": int(steps["step"].size)}
-    from_profile = int(np.count_nonzero(steps["engine_s"])) if config.cost.profile else 0
-    return {
-        "source": "profile" if config.cost.profile else "roofline",
-        "profile": config.cost.profile,
-        "steps_from_profile": from_profile,
-        "steps_from_roofline": int(steps["step"].size) - from_profile,
-    }
-
-
-def _result(
-    table: RequestTable,
-    config: SimConfig,
-    records: np.ndarray,
-    log: RequestLog,
-    scheduler: Scheduler,
-    wall_s: float,
-    live: LiveStepper | None = None,
-    extra: dict[str, Any] | None = None,
-    *,
-    complete: bool = True,
-) -> SimResult:
-    steps = step_columns(records)
-    requests = request_columns(table.arrival_s, table.prompt_tokens, table.output_tokens, log)
-    requests.update(scheduler.memory_columns())
-    itl_s = log.itl_s
-    trace: dict[str, Any] = {
-        "path": table.source,
-        "format": table.format,
-        "requests": table.num_requests,
-        "span_s": table.span_s,
-        "skipped": table.skipped,
-        "rejected_max_model_len": table.rejected,
-    }
-    summary = summarize(
-        config.to_dict(),
-        trace,
-        steps,
-        requests,
-        itl_s,
-        int(scheduler.spec_steps.sum()),
-        wall_s,
-        complete=complete,
-    )
-    if scheduler.pool is not None:
-        summary["memory"] = memory_summary(scheduler.pool.layout, steps, requests)
-    summary.update(extra or {})
-    summary["cost"] = _cost_sources(config, steps, live)
-    summary["live"] = live is not None
-    if live is not None:
-        live_run = summary["live_run"] = live.summary()
-        summary[MEASURED]["live_run"] = {"model_wall_s": live_run.pop("model_wall_s")}
-    return SimResult(steps=steps, requests=requests, itl_s=itl_s, summary=summary)

@@ -202,6 +202,9 @@ REQUESTS = TableSchema(
     ),
 )
 TABLES = (STEPS, REQUESTS, MEASURED_STEPS)
+#: The column of a table of distinct step shapes (``results.step_shapes``): how many
+#: steps had the row's shape.
+STEP_COUNT = "step_count"
 
 #: Names of the cost terms in the summary's ``time_s`` where they differ from the term's.
 TIME_NAMES = MappingProxyType({"conv": "short_conv"})

@@ -1,8 +1,17 @@
 """The summary of a simulation (``summary.json`` with ``measured.json``'s section; its
-keys are in ``schema.py``), and its lines as the CLI's and the report's tables show them."""
+keys are in ``schema.py``), and its lines as the CLI's and the report's tables show them.
+
+The steps come in chunks (``records.CHUNK_STEPS``): :class:`StepTotals` keeps what the
+summary needs of them, so the steps themselves need not stay in memory. A float summed
+over steps is numpy's sum over each block of :data:`SUM_STEPS` steps (from step 0),
+the blocks' sums added exactly (``math.fsum``): the same figure wherever the steps went
+and however they were chunked, and for a run of one block numpy's sum of the column.
+"""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from importlib import metadata
 from typing import Any
 
@@ -14,11 +23,15 @@ from .schema import COST_COLUMNS, MEASURED, TIME_NAMES
 
 
 def _stats_ms(values_s: np.ndarray) -> dict[str, float | None]:
-    values = values_s[~np.isnan(values_s)] * 1e3
+    """Mean and percentiles in ms of the values that are not NaN (one scaled copy of
+    them, partitioned in place)."""
+    missing = np.isnan(values_s)
+    values = (values_s[~missing] if missing.any() else values_s) * 1e3
     if values.size == 0:
         return {"mean": None, "p50": None, "p90": None, "p99": None}
-    p50, p90, p99 = np.percentile(values, [50, 90, 99]).tolist()
-    return {"mean": float(values.mean()), "p50": p50, "p90": p90, "p99": p99}
+    mean = float(values.mean())
+    p50, p90, p99 = np.percentile(values, [50, 90, 99], overwrite_input=True).tolist()
+    return {"mean": mean, "p50": p50, "p90": p90, "p99": p99}
 
 
 def _ratio(numerator: float, denominator: float) -> float:
@@ -32,41 +45,102 @@ def _version() -> str:
         return "unknown"
 
 
-def _latency(requests: dict[str, np.ndarray], itl_s: np.ndarray) -> dict[str, Any]:
+#: Integer step columns the summary adds up, and float ones (``kv_busy``: ``kv_usage``
+#: times ``duration_s``, for the time-weighted KV usage).
+_STEP_COUNTS = ("graph_hit", "num_tokens", "padded_tokens", "padded_rows")
+_STEP_SUMS = ("duration_s", *(column.name for column in COST_COLUMNS), "kv_busy")
+
+
+#: Steps whose float figures numpy sums at once (see the module docstring).
+SUM_STEPS = 1 << 16
+
+
+class StepTotals:
+    """What the summary needs of the steps, gathered chunk by chunk (:meth:`add`): counts,
+    sums (see the module docstring), the peak KV usage, the steps timed by an engine
+    profile, and every ``plan_us`` (``[num_steps], float64``, for its percentiles)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.counts = dict.fromkeys(_STEP_COUNTS, 0)
+        self.from_profile = 0
+        self.peak_kv_usage = 0.0
+        self._sums: dict[str, list[float]] = {name: [] for name in _STEP_SUMS}
+        self._block: dict[str, list[np.ndarray]] = {name: [] for name in _STEP_SUMS}
+        self._plan_us: list[np.ndarray] = []
+
+    def add(self, steps: Mapping[str, np.ndarray]) -> None:
+        """One chunk of ``schema.STEPS_IN_MEMORY`` columns (``[k]`` each)."""
+        self.count += int(steps["step"].size)
+        for name in _STEP_COUNTS:
+            self.counts[name] += int(steps[name].sum())
+        self.from_profile += int(np.count_nonzero(steps["engine_s"]))
+        usage = steps["kv_usage"]
+        if usage.size:
+            self.peak_kv_usage = max(self.peak_kv_usage, float(usage.max()))
+        for name in _STEP_SUMS[:-1]:
+            self._block[name].append(np.array(steps[name], dtype=np.float64))
+        # Not ``usage @ duration``: BLAS splits a long dot product over its threads, so its
+        # last bits would depend on the core count, and its threads spin on after it.
+        self._block["kv_busy"].append(usage * steps["duration_s"])
+        self._plan_us.append(np.array(steps["plan_us"], dtype=np.float64))
+        while sum(part.size for part in self._block["kv_busy"]) >= SUM_STEPS:
+            self._sum_block(SUM_STEPS)
+
+    def _sum_block(self, size: int) -> None:
+        """Sum the first ``size`` steps held (a block), keeping the rest for the next."""
+        for name, parts in self._block.items():
+            held = np.concatenate(parts)
+            self._sums[name].append(float(held[:size].sum()))
+            self._block[name] = [held[size:]] if held.size > size else []
+
+    def sum(self, name: str) -> float:
+        """The float column ``name`` (or ``kv_busy``) summed over every step."""
+        held = sum(part.size for part in self._block[name])
+        if held:
+            self._sum_block(held)  # the last block, shorter: the run is over
+        return math.fsum(self._sums[name])
+
+    @property
+    def plan_us(self) -> np.ndarray:
+        """``[num_steps], float64`` every step's measured planning time."""
+        return np.concatenate([np.zeros(0), *self._plan_us])
+
+
+def _latency(finished: Mapping[str, np.ndarray], itl: dict[str, float | None]) -> dict[str, Any]:
     return {
-        "ttft": _stats_ms(requests["ttft_s"]),
-        "tpot": _stats_ms(requests["tpot_s"]),
-        "itl": _stats_ms(itl_s),
-        "e2e": _stats_ms(requests["e2e_s"]),
+        "ttft": _stats_ms(finished["ttft_s"]),
+        "tpot": _stats_ms(finished["tpot_s"]),
+        "itl": itl,
+        "e2e": _stats_ms(finished["e2e_s"]),
     }
 
 
-def _goodput(requests: dict[str, np.ndarray], slo: dict[str, float], duration: float) -> dict:
-    """Over ``requests``, the finished requests' columns."""
-    ttft_ok = requests["ttft_s"] * 1e3 <= slo["ttft_ms"]
-    tpot = requests["tpot_s"]
+def _goodput(finished: Mapping[str, np.ndarray], slo: dict[str, float], duration: float) -> dict:
+    """Over ``finished``, the finished requests' columns."""
+    ttft_ok = finished["ttft_s"] * 1e3 <= slo["ttft_ms"]
+    tpot = finished["tpot_s"]
     tpot_ok = np.isnan(tpot) | (tpot * 1e3 <= slo["tpot_ms"])
     good = int((ttft_ok & tpot_ok).sum())
-    n = requests["request_id"].size
+    n = finished["ttft_s"].size
     return {"slo": dict(slo), "requests_per_s": _ratio(good, duration), "share": _ratio(good, n)}
 
 
-def _step_summary(steps: dict[str, np.ndarray]) -> dict[str, Any]:
-    hits = int(steps["graph_hit"].sum())
-    tokens, padded = int(steps["num_tokens"].sum()), int(steps["padded_tokens"].sum())
-    count = int(steps["step"].size)
+def _step_summary(steps: StepTotals) -> dict[str, Any]:
+    hits, count = steps.counts["graph_hit"], steps.count
+    tokens, padded = steps.counts["num_tokens"], steps.counts["padded_tokens"]
     return {
         "count": count,
         "graph_hits": hits,
         "graph_hit_rate": _ratio(hits, count),
         "padded_tokens": padded,
         "padded_token_share": _ratio(padded, tokens + padded),
-        "padded_rows": int(steps["padded_rows"].sum()),
+        "padded_rows": steps.counts["padded_rows"],
         "tokens": tokens,
     }
 
 
-def _acceptance(requests: dict[str, np.ndarray], spec_steps: int) -> dict[str, Any]:
+def _acceptance(requests: Mapping[str, np.ndarray], spec_steps: int) -> dict[str, Any]:
     drafted, accepted = (
         int(requests["drafted_tokens"].sum()),
         int(requests["accepted_tokens"].sum()),
@@ -81,11 +155,11 @@ def _acceptance(requests: dict[str, np.ndarray], spec_steps: int) -> dict[str, A
     }
 
 
-def _times(steps: dict[str, np.ndarray], duration: float) -> dict[str, float]:
-    busy = float(steps["duration_s"].sum())
+def _times(steps: StepTotals, duration: float) -> dict[str, float]:
+    busy = steps.sum("duration_s")
     return {
         **{
-            TIME_NAMES.get(term, term): float(steps[column.name].sum())
+            TIME_NAMES.get(term, term): steps.sum(column.name)
             for term, column in zip(COST_TERMS, COST_COLUMNS, strict=True)
         },
         "busy": busy,
@@ -93,26 +167,33 @@ def _times(steps: dict[str, np.ndarray], duration: float) -> dict[str, float]:
     }
 
 
+#: The finished requests' columns :func:`summarize` reads.
+FINISHED_COLUMNS = ("finish_s", "output_tokens", "prompt_tokens", "ttft_s", "tpot_s", "e2e_s")
+
+
 def summarize(
     config: dict[str, Any],
     trace: dict[str, Any],
-    steps: dict[str, np.ndarray],
-    requests: dict[str, np.ndarray],
+    steps: StepTotals,
+    requests: Mapping[str, np.ndarray],
+    finished: Mapping[str, np.ndarray],
     itl_s: np.ndarray,
     spec_steps: int,
     wall_s: float,
     *,
     complete: bool = True,
+    itl_in_place: bool = False,
 ) -> dict[str, Any]:
     """The ``summary.json`` document, with the ``"measured"`` section (``schema.SUMMARY``
-    and ``schema.MEASURED_SUMMARY``); request figures are over the finished requests."""
-    n = int(requests["request_id"].size)
-    done = ~np.isnan(requests["finish_s"])
-    finished = {name: column[done] for name, column in requests.items()}
-    duration = float(finished["finish_s"].max()) if done.any() else 0.0
+    and ``schema.MEASURED_SUMMARY``). ``requests``: every request's columns (those it
+    sums, at least); ``finished``: the finished requests' :data:`FINISHED_COLUMNS`
+    (``[finished]`` each), which the request figures are over; ``itl_s``: every
+    inter-token gap (``itl_in_place``: scaled and reordered in place)."""
+    n = int(requests["finish_s"].size)
+    count = int(finished["finish_s"].size)
+    duration = float(finished["finish_s"].max()) if count else 0.0
     output, prompt = int(finished["output_tokens"].sum()), int(finished["prompt_tokens"].sum())
-    count = int(done.sum())
-    itl_ms = itl_s * 1e3
+    itl = _itl_ms(itl_s, itl_in_place)
     return {
         "stepplan_version": _version(),
         "config": config,
@@ -127,13 +208,29 @@ def summarize(
             "total_tokens_per_s": _ratio(output + prompt, duration),
         },
         "goodput": _goodput(finished, config["slo"], duration),
-        "latency_ms": _latency(finished, itl_s),
-        "itl_ms_quantiles": np.percentile(itl_ms, np.arange(101)).tolist() if itl_ms.size else [],
+        "latency_ms": _latency(finished, itl[0]),
+        "itl_ms_quantiles": itl[1],
         "steps": _step_summary(steps),
         "acceptance": _acceptance(requests, spec_steps),
         "time_s": _times(steps, duration),
-        MEASURED: _measured(steps["plan_us"], wall_s),
+        MEASURED: _measured(steps.plan_us, wall_s),
     }
+
+
+def _itl_ms(
+    itl_s: np.ndarray, in_place: bool = False
+) -> tuple[dict[str, float | None], list[float]]:
+    """The ITL's statistics and its 101 quantiles, in ms, as :func:`_stats_ms` and
+    ``np.percentile`` give them, from the gaps (``[k], float64``, never NaN) scaled once
+    and partitioned once: the gaps of a long run are many. ``in_place``: scale and
+    reorder ``itl_s`` itself (its owner needs it no more), no copy."""
+    if itl_s.size == 0:
+        return _stats_ms(itl_s), []
+    values = np.multiply(itl_s, 1e3, out=itl_s if in_place else None)
+    mean = float(values.mean())
+    quantiles = np.percentile(values, [50, 90, 99, *range(101)], overwrite_input=True).tolist()
+    p50, p90, p99 = quantiles[:3]
+    return {"mean": mean, "p50": p50, "p90": p90, "p99": p99}, quantiles[3:]
 
 
 def _measured(plan_us: np.ndarray, wall_s: float) -> dict[str, Any]:

@@ -13,15 +13,23 @@ prompt or output column).
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import attrs
 import numpy as np
 
 from .traces import RequestTable, load_trace
+from .traces.reading import MAX_TOKENS
 
 LENGTH_KINDS = ("fixed", "uniform", "zipf", "empirical")
 SYNTHETIC_PREFIX = "synthetic:"
+#: The most requests a synthetic workload may have (about 30 GB of simulation state).
+MAX_REQUESTS = 10**8
+#: The longest length a distribution may give (the trace reader's bound).
+MAX_LENGTH = MAX_TOKENS
+#: The largest ``MAX`` of ``zipf:A:MAX`` (its probability table is that long).
+MAX_ZIPF = 10**7
 
 
 class WorkloadError(ValueError):
@@ -31,8 +39,10 @@ class WorkloadError(ValueError):
 def arrival_times(count: int, rate: float, cv2: float, rng: np.random.Generator) -> np.ndarray:
     """``[count], float64`` arrival times starting at 0: gamma gaps of mean ``1 / rate``
     and squared coefficient of variation ``cv2`` (``cv2 == 1`` is a Poisson process)."""
-    if rate <= 0 or cv2 <= 0:
-        raise WorkloadError(f"rate and cv2 must be positive, got rate={rate}, cv2={cv2}")
+    if not (0 < rate < math.inf and 0 < cv2 < math.inf):
+        raise WorkloadError(
+            f"rate and cv2 must be positive finite numbers, got rate={rate}, cv2={cv2}"
+        )
     shape = 1.0 / cv2
     gaps = rng.gamma(shape, 1.0 / (rate * shape), count)
     gaps[:1] = 0.0
@@ -83,12 +93,17 @@ def parse_length(text: str, column: str) -> LengthDist:
         params = tuple(float(v) for v in rest.split(":")) if rest else ()
     except ValueError:
         raise WorkloadError(f"{column}: {text!r} has a non-numeric parameter") from None
+    if not all(math.isfinite(p) for p in params):
+        raise WorkloadError(f"{column}: {text!r} has a parameter that is not a finite number")
     if len(params) != arity[kind]:
         raise WorkloadError(f"{column}: {kind} takes {arity[kind]} parameter(s), got {text!r}")
     low = params[0] if kind != "zipf" else 1
     high = params[-1]
     if low < 1 or high < low or (kind == "zipf" and params[0] <= 0):
         raise WorkloadError(f"{column}: {text!r} must give lengths >= 1 with low <= high")
+    largest = MAX_ZIPF if kind == "zipf" else MAX_LENGTH
+    if high > largest:
+        raise WorkloadError(f"{column}: {text!r} gives lengths above {largest:,}")
     return LengthDist(kind, params)
 
 
@@ -113,10 +128,11 @@ def synthetic_table(
     )
 
 
-def parse_synthetic(spec: str, seed: int = 0) -> RequestTable:
+def parse_synthetic(spec: str, seed: int = 0, limit: int | None = None) -> RequestTable:
     """The table of a ``synthetic:key=value,...`` spec (keys ``n``, ``rate``, ``cv2``,
     ``prompt``, ``output``; defaults ``n=1000, rate=4, cv2=1, prompt=uniform:128:2048,
-    output=uniform:16:512``)."""
+    output=uniform:16:512``); with ``limit``, only its first ``limit`` requests (each draw
+    is a stream of its own, so they are the whole workload's first requests)."""
     fields = {
         "n": "1000",
         "rate": "4",
@@ -134,8 +150,9 @@ def parse_synthetic(spec: str, seed: int = 0) -> RequestTable:
         count, rate, cv2 = int(fields["n"]), float(fields["rate"]), float(fields["cv2"])
     except ValueError:
         raise WorkloadError(f"{spec!r}: n, rate and cv2 must be numbers") from None
-    if count < 1:
-        raise WorkloadError(f"n: must be >= 1, got {count}")
+    if not 1 <= count <= MAX_REQUESTS:
+        raise WorkloadError(f"n: must be 1 to {MAX_REQUESTS:,} requests, got {count:,}")
     prompt = parse_length(fields["prompt"], "prompt")
     output = parse_length(fields["output"], "output")
+    count = count if limit is None else min(count, limit)
     return synthetic_table(count, rate, prompt, output, cv2=cv2, seed=seed, source=spec)

@@ -3,13 +3,16 @@
 One table: each case is the files it makes, the command line, and a fragment the
 error line must hold. Files are made in a fresh folder that is also the working
 directory, so "nothing written" means the folder holds exactly those files after the
-run (no results folder, no partial file, no figure).
+run, each with the checksum it had before (no results folder, no partial file, no
+figure, and no file of the user's replaced: the data-loss rows put decoys where a
+command would write).
 """
 
 from __future__ import annotations
 
 import bz2
 import gzip
+import hashlib
 import json
 import os
 
@@ -17,12 +20,32 @@ import numpy as np
 import pytest
 from synthetic_results import write_synthetic_results
 
+from stepplan.plots.report import GENERATOR
 from stepplan.sim import cli
+from stepplan.sim.cli.outputs import SIZES_HEADER
 
 AZURE = "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.9799600,48,10\n"
 VIDUR = "arrived_at,num_prefill_tokens,num_decode_tokens\n0,5,5\n1,6,4\n"
 MOONCAKE = '{"timestamp": 0, "input_length": 5, "output_length": 2}\n'
 PROFILE_GEOMETRY = '"geometry": {"channels": 8, "kernel_size": 4, "dilation": 3, "dtype_bytes": 2}'
+#: Decoys: the user's own files where a command would write, and files stepplan wrote.
+THESIS = "My thesis, chapter 1. Do not lose this; no backup exists.\n"
+USER_PAGE = "<!DOCTYPE html>\n<html><head><title>my page</title></head><body>mine</body></html>\n"
+USER_TOML = "[scheduler]\nmax_num_seqs = 8  # my own settings\n"
+USER_PNG = b"\x89PNG\r\n\x1a\n" + bytes(64)
+USER_JSON = '{"format": "my-summary", "runs": 3}\n'
+OUR_PAGE = f"<!DOCTYPE html>\n<html><head>{GENERATOR}</head><body></body></html>\n"
+OUR_TOML = f"{SIZES_HEADER}\n[planner]\ngraph_sizes = [1, 2]\n"
+OUR_PNG = b"\x89PNG\r\n\x1a\n\x00\x00\x00\x11tEXtSoftware\x00stepplan" + bytes(16)
+
+
+class Link(str):
+    """A symbolic link to this target (in a case's files)."""
+
+
+class Fifo(str):
+    """A named pipe (in a case's files)."""
+
 
 #: (case id, files to make, command line, fragment of the error line)
 CASES: list[tuple[str, dict[str, str | bytes], list[str], str]] = [
@@ -80,6 +103,47 @@ CASES: list[tuple[str, dict[str, str | bytes], list[str], str]] = [
      ["t.jsonl"], "t.jsonl:1: hash_ids: 7 must be a list of integers"),
     ("format-mismatch", {"t.csv": AZURE}, ["t.csv", "--format", "vidur"],
      "t.csv:1: vidur trace needs columns"),
+    # --- numbers beyond what a trace can mean (int64 and beyond)
+    ("count-beyond-int64", {"t.csv": VIDUR + "2,99999999999999999999,5\n"}, ["t.csv"],
+     "t.csv:4: num_prefill_tokens: '99999999999999999999' is too large (at most"),
+    ("count-1e30-csv", {"t.csv": AZURE + "2023-11-16 18:17:04.0,4,1e30\n"}, ["t.csv"],
+     "t.csv:3: GeneratedTokens: '1e30' is too large"),
+    ("count-beyond-int64-jsonl",
+     {"t.jsonl": MOONCAKE + '{"timestamp": 1, "input_length": 99999999999999999999, '
+      '"output_length": 2}\n'}, ["t.jsonl"], "t.jsonl:2: input_length: 99999999999999999999 is"),
+    ("count-1e30-jsonl",
+     {"t.jsonl": '{"timestamp": 0, "input_length": 5, "output_length": 1e30}\n'}, ["t.jsonl"],
+     "t.jsonl:1: output_length: 1e+30 is too large"),
+    ("block-id-beyond-int64",
+     {"t.jsonl": '{"timestamp": 0, "input_length": 5, "output_length": 2, '
+      '"hash_ids": [1, 18446744073709551616]}\n'}, ["t.jsonl"], "t.jsonl:1: hash_ids:"),
+    ("time-beyond-int64", {"t.jsonl": MOONCAKE + '{"timestamp": 99999999999999999999999999, '
+                           '"input_length": 5, "output_length": 2}\n'}, ["t.jsonl"],
+     "t.jsonl:2: timestamp: 99999999999999999999999999 is too far from any date"),
+    ("synthetic-count-beyond-int64", {}, ["synthetic:n=99999999999999999999"],
+     "n: must be 1 to 100,000,000 requests"),
+    ("synthetic-length-1e30", {}, ["synthetic:n=5,prompt=fixed:1e30"],
+     "prompt: 'fixed:1e30' gives lengths above"),
+    ("synthetic-zipf-table", {}, ["synthetic:n=5,output=zipf:1.1:1e12"],
+     "output: 'zipf:1.1:1e12' gives lengths above 10,000,000"),
+    ("synthetic-nan-rate", {}, ["synthetic:n=5,rate=nan"], "rate and cv2 must be positive"),
+    # --- spans of arrivals no workload has (a run may span at most 30 days)
+    ("arrival-1e30", {"t.csv": VIDUR + "1e30,5,5\n"}, ["t.csv"],
+     "t.csv:4: arrives 3.17e+22 years after most of the trace"),
+    ("azure-row-of-1970", {"t.csv": AZURE + "2023-11-16 18:17:05.0,4,8\n1970-01-01 00:00:01,4,8\n"
+                           "2023-11-16 18:17:06.0,4,8\n"}, ["t.csv"],
+     "t.csv:4: arrives 53.9 years before most of the trace"),
+    ("mooncake-seconds-as-ms", {"t.jsonl": MOONCAKE + '{"timestamp": 1e13, "input_length": 5, '
+                                '"output_length": 2}\n'}, ["t.jsonl"],
+     "t.jsonl:2: arrives 317 years after most of the trace"),
+    ("rate-scale-1e-300", {"t.csv": VIDUR}, ["t.csv", "--rate-scale", "1e-300"],
+     "t.csv:3: workload.rate_scale = 1e-300 stretches 1 s of arrivals to"),
+    ("rate-scale-tiny-by-set", {}, ["--set", "workload.rate_scale=1e-9"],
+     "workload.rate_scale = 1e-09 stretches 522 s of arrivals to 1.65e+04 years"),
+    ("poisson-rate-tiny", {"t.csv": "input_tokens,output_tokens\n5,5\n6,2\n"},
+     ["t.csv", "--rate", "1e-12"], "t.csv:3: arrives"),
+    ("synthetic-rate-tiny", {}, ["synthetic:n=10,rate=1e-300"],
+     "request 9 arrives 1.7e+293 years after most of the trace"),
     # --- what part of the trace runs
     ("window-empty", {"t.csv": VIDUR}, ["t.csv", "--start-s", "50"],
      "t.csv: no requests arrive in the window [50.0, inf) s: they arrive from 0 to 1 s"),
@@ -134,6 +198,23 @@ CASES: list[tuple[str, dict[str, str | bytes], list[str], str]] = [
      "planner.graph_sizes: entries must be integers, got 'x'"),
     ("flag-nan", {}, ["--rate-scale", "nan"], "workload.rate_scale: must be a finite number"),
     ("flag-negative-seed", {}, ["--seed", "-1"], "seed: must be >= 0, got -1"),
+    # --- a run's name is one folder name under results/, never a path
+    ("name-escapes", {}, ["--name", "../../escape"],
+     "name: '../../escape' is not a plain name"),
+    ("name-absolute", {}, ["--name", "/abs/path"], "name: '/abs/path' is not a plain name"),
+    ("name-dot-dot", {}, ["--name", ".."], "name: '..' is not a plain name"),
+    ("name-in-toml", {"c.toml": 'name = "a/b"\n'}, ["--config", "c.toml"],
+     "c.toml: name: 'a/b' is not a plain name"),
+    # --- a command line argparse refuses: one line, with where --help is
+    ("flag-limit-fraction", {}, ["--limit", "1.5"],
+     "argument --limit: invalid int value: '1.5' (`stepplan simulate --help` lists"),
+    ("flag-unknown", {}, ["--limt", "5"],
+     "unrecognized arguments: --limt (`stepplan simulate --help`"),
+    ("flag-bad-choice", {}, ["--graph-mode", "some"], "argument --graph-mode: invalid choice"),
+    ("flag-missing-value", {}, ["--seed"], "argument --seed: expected one argument"),
+    ("buckets-no-folder", {}, ["buckets"], "the following arguments are required: results"),
+    ("report-bad-int", {}, ["report", "run", "--max-graphs", "x"],
+     "argument --max-graphs: invalid int value: 'x' (`stepplan report --help`"),
     # --- files the settings name
     ("profile-not-utf8", {"p.json": b"{\n\xff}"}, ["--kernel-profile", "p.json"],
      "p.json:2: not UTF-8 text"),
@@ -164,6 +245,52 @@ CASES: list[tuple[str, dict[str, str | bytes], list[str], str]] = [
      "--figure: f.jpg: figure files must end in .png, .svg, .pdf"),
     ("buckets-not-results", {"x/y": ""}, ["buckets", "x", "--write", "s.toml"],
      "x: not a results folder (expected summary.json"),
+    # --- data loss: a file of the user's where a command would write stays as it is
+    ("report-out-user-text", {"user/thesis.txt": THESIS},
+     ["report", "run", "--out", "user/thesis.txt"],
+     "user/thesis.txt: exists and is not an HTML report stepplan wrote"),
+    ("report-out-user-text-overwrite", {"user/thesis.txt": THESIS},
+     ["report", "run", "--out", "user/thesis.txt", "--overwrite"],
+     "user/thesis.txt: exists and is not an HTML report stepplan wrote"),
+    ("report-out-user-page", {"user/mypage.html": USER_PAGE},
+     ["report", "run", "--out", "user/mypage.html", "--overwrite"],
+     "user/mypage.html: exists and is not an HTML report"),
+    ("report-users-page-in-run", {"run/report.html": USER_PAGE}, ["report", "run"],
+     "run/report.html: exists and is not an HTML report"),
+    ("report-users-page-in-run-overwrite", {"run/report.html": USER_PAGE},
+     ["report", "run", "--overwrite"], "run/report.html: exists and is not an HTML report"),
+    ("report-earlier-needs-overwrite", {"r.html": OUR_PAGE}, ["report", "run", "--out", "r.html"],
+     "r.html: exists (an HTML report stepplan wrote earlier); --overwrite replaces it"),
+    ("report-over-a-results-file", {}, ["report", "run", "--out", "run/steps.csv", "--overwrite"],
+     "run/steps.csv: exists and is not an HTML report"),
+    ("report-out-folder", {"d/x": ""}, ["report", "run", "--out", "d"],
+     "d: is a folder; an HTML report is one file"),
+    ("report-out-link", {"mine.txt": THESIS, "r.html": Link("mine.txt")},
+     ["report", "run", "--out", "r.html", "--overwrite"], "r.html: is a symbolic link"),
+    ("report-out-fifo", {"r.html": Fifo()}, ["report", "run", "--out", "r.html", "--overwrite"],
+     "r.html: is not a regular file"),
+    ("report-out-through-a-file", {"f": THESIS}, ["report", "run", "--out", "f/r.html"],
+     "f/r.html: f is a file, not a folder"),
+    ("simulate-report-user-page", {"user/mypage.html": USER_PAGE},
+     ["--report", "user/mypage.html", "--overwrite"], "user/mypage.html: exists and is not"),
+    ("simulate-report-in-out", {"out/report.html": USER_PAGE}, ["--report"],
+     "out: holds files stepplan did not write"),
+    ("buckets-write-user-toml", {"user/my.toml": USER_TOML},
+     ["buckets", "run", "--write", "user/my.toml", "--overwrite"],
+     "user/my.toml: exists and is not a graph-size file stepplan wrote"),
+    ("buckets-write-earlier", {"s.toml": OUR_TOML}, ["buckets", "run", "--write", "s.toml"],
+     "s.toml: exists (a graph-size file stepplan wrote earlier); --overwrite replaces it"),
+    ("buckets-figure-user-png", {"user/fig.png": USER_PNG},
+     ["buckets", "run", "--figure", "user/fig.png", "--overwrite"],
+     "user/fig.png: exists and is not a figure stepplan wrote"),
+    ("buckets-figure-earlier", {"f.png": OUR_PNG}, ["buckets", "run", "--figure", "f.png"],
+     "f.png: exists (a figure stepplan wrote earlier); --overwrite replaces it"),
+    ("buckets-figure-checked-first", {"s.toml": USER_TOML, "f.png": USER_PNG},
+     ["buckets", "run", "--write", "new.toml", "--figure", "f.png", "--overwrite"],
+     "f.png: exists and is not a figure"),
+    ("profile-out-user-json", {"user/summary.json": USER_JSON},
+     ["profile", "--out", "user/summary.json", "--overwrite"],
+     "user/summary.json: exists and is not an engine profile stepplan wrote"),
 ]  # fmt: skip
 
 
@@ -173,15 +300,12 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(
     tmp_path, monkeypatch, capsys, files, argv, fragment
 ):
     monkeypatch.chdir(tmp_path)
-    for name, content in files.items():
-        path = tmp_path / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(content.encode() if isinstance(content, str) else content)
-    if argv[0] == "buckets":
+    if argv[0] in ("buckets", "report"):
         write_synthetic_results(tmp_path / "run")
-    before = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
-    command = argv if argv[0] in ("compare", "buckets") else ["simulate", *argv]
-    if command[0] != "buckets":
+    make_files(tmp_path, files)
+    before = checksums(tmp_path)
+    command = argv if argv[0] in RUN_ELSEWHERE else ["simulate", *argv]
+    if command[0] in ("simulate", "compare"):
         command = [*command, "--quiet", "--out", "out"]
     assert cli.main(command) == 2  # any other exception fails the test with its traceback
     captured = capsys.readouterr()
@@ -189,9 +313,42 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(
     assert len(lines) == 1, captured.err
     assert lines[0].startswith("stepplan: error: ") and fragment in lines[0], lines[0]
     assert captured.out == ""
-    after = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
-    assert after == before, "the run wrote something"
+    assert checksums(tmp_path) == before, "the run wrote, removed or changed something"
     assert not os.path.exists(tmp_path / "results")
+
+
+#: Subcommands a case names itself (the others are ``simulate`` options).
+RUN_ELSEWHERE = ("compare", "buckets", "report", "profile")
+
+
+def make_files(folder, files):
+    """The case's files: text, bytes, :class:`Link` or :class:`Fifo`."""
+    for name, content in files.items():
+        path = folder / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(content, Link):
+            path.symlink_to(content)
+        elif isinstance(content, Fifo):
+            os.mkfifo(path)
+        else:
+            path.write_bytes(content.encode() if isinstance(content, str) else content)
+
+
+def checksums(folder):
+    """Every path under ``folder`` with what it is: a link's target, a FIFO, a folder, or
+    a file's sha256."""
+    found = {}
+    for path in sorted(folder.rglob("*")):
+        name = str(path.relative_to(folder))
+        if path.is_symlink():
+            found[name] = f"link to {os.readlink(path)}"
+        elif path.is_fifo():
+            found[name] = "fifo"
+        elif path.is_dir():
+            found[name] = "folder"
+        else:
+            found[name] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return found
 
 
 # ----------------------------------------------------------------------------- notes

@@ -129,7 +129,7 @@ def test_refusals(profile, tmp_path, capsys):
     one_error(capsys, "is not an engine profile")
     assert notes.read_text() == '{"mine": 1}'
     assert cli.main(["profile", "--out", str(profile), *SETUP]) == 2
-    one_error(capsys, "exists; --overwrite")
+    one_error(capsys, "exists (an engine profile stepplan wrote earlier); --overwrite replaces")
     assert cli.main(["profile", "--out", str(tmp_path / "p.json"), "--repeats", "0", *SETUP]) == 2
     one_error(capsys, "--repeats: must be at least 1")
     assert not (tmp_path / "x").exists() and not (tmp_path / "f").exists()

@@ -12,7 +12,7 @@ from synthetic_results import synthetic_requests, synthetic_steps, write_synthet
 
 from stepplan.planner import PlannerConfig, StepBatch, compile_plan
 from stepplan.plots.bucketing import Bucketing, plot_bucketing, run_bucketing
-from stepplan.plots.canvas import figure_bytes, save_figure
+from stepplan.plots.canvas import figure_bytes, is_figure
 from stepplan.plots.host import SEED_MIXED_US, SEED_PURE_SPEC_US, plot_host_time, seed_host_us
 from stepplan.plots.latency import plot_latency_cdfs
 from stepplan.plots.opgraph import plot_op_graph
@@ -64,9 +64,15 @@ FIGURES = {
 }
 
 
+def save_figure(figure, path):
+    path.write_bytes(figure_bytes(figure, path.suffix[1:]))
+    return path
+
+
 def assert_images(figure, tmp_path, name):
     png = save_figure(figure, tmp_path / f"{name}.png")
     svg = save_figure(figure, tmp_path / f"{name}.svg")
+    assert is_figure(png.read_bytes()) and is_figure(svg.read_bytes())
     assert png.read_bytes().startswith(b"\x89PNG") and png.stat().st_size > 5000
     assert b"<svg" in svg.read_bytes()[:2000] and svg.stat().st_size > 5000
     axes = [a for a in figure.axes if a.has_data()]

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import errno
 import json
 
 import numpy as np
 import pytest
 
-from stepplan.sim import results as results_module
+from stepplan.sim import table as table_module
 from stepplan.sim.config import SimConfig, flatten, with_settings
 from stepplan.sim.cost import ConvGeometry, ProfileError, load_profile
+from stepplan.sim.outdir import OutDirError
 from stepplan.sim.results import read_results, write_results
 from stepplan.sim.run import simulate
 from stepplan.sim.workloads import parse_synthetic
@@ -134,12 +136,12 @@ def test_failed_write_leaves_nothing_behind(tmp_path, result, monkeypatch):
     write_results(result, tmp_path / "run")
     before = (tmp_path / "run" / "steps.csv").read_text()
 
-    def broken(path, columns):
-        path.write_text("half")
-        raise OSError("disk full")
+    def broken(self, columns):
+        self._handle.write("half")
+        raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(results_module, "write_csv", broken)
-    with pytest.raises(OSError, match="disk full"):
+    monkeypatch.setattr(table_module.CsvWriter, "append", broken)
+    with pytest.raises(OutDirError, match="run: no space left on the device while writing"):
         write_results(result, tmp_path / "run", overwrite=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
     assert not [p for p in (tmp_path / "run").iterdir() if p.name.startswith(".")]

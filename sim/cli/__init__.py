@@ -35,8 +35,8 @@ from .capacity_cmd import add_capacity
 from .compare import add_compare, run_compare
 from .config_cmd import add_config
 from .fidelity import add_fidelity
-from .helptext import Parser
-from .options import build_config, load_requests
+from .helptext import Parser, UsageError
+from .options import build_config
 from .profile import ERRORS as PROFILE_ERRORS
 from .profile import add_profile
 from .provenance import stepplan_version
@@ -45,6 +45,7 @@ from .report import add_report
 from .signals import Interrupted, stop_on_signals
 from .simulate import add_simulate
 from .sweep import add_sweep
+from .trace_reading import load_requests
 
 USER_ERRORS = (ConfigError, TraceError, WorkloadError, ProfileError, AcceptanceError, OSError)
 USER_ERRORS += (OutDirError, EngineProfileError)
@@ -93,7 +94,11 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``stepplan`` console script. Ctrl-C and SIGTERM end it with one
     line and exit code 130/143 (``signals.py``; handlers see them as ``args.stop``)."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except UsageError as exc:
+        print(f"stepplan: error: {exc.line}", file=sys.stderr)
+        return 2
     args.argv = argv  # what the provenance records
     try:
         with stop_on_signals() as args.stop:

@@ -24,8 +24,10 @@ from ..buckets import (
     step_demand,
 )
 from ..config import ConfigError, SimConfig, flatten, with_settings
-from ..results import SimResult, read_results
+from ..outfile import OutputFile
+from ..results import SimResult, read_step_shapes
 from ..table import ResultsError
+from .outputs import GRAPH_SIZES, SIZES_HEADER, claim_figure, save_figure
 
 if TYPE_CHECKING:
     from stepplan.plots.bucketing import Bucketing
@@ -93,23 +95,23 @@ def comparison_table(comparison: Comparison) -> ReportTable:
 
 def run_buckets(args: argparse.Namespace) -> int:
     """``stepplan buckets``: the optimizer against vLLM's and SGLang's default lists."""
-    _check_outputs(args)
-    results = read_results(args.results)
+    sizes_file, figure_file = _claim_outputs(args)
+    results = read_step_shapes(args.results)  # a chunk at a time: any run fits
     demand = run_demand(results, run_config(results), args)
     comparison = compare_to_defaults(demand, max_graphs=args.max_graphs)
     print(format_table(comparison.scores))
     best = comparison.recommended
     print(f"\n{best.label}: graph_sizes = {list(best.sizes)}")
-    if args.write:
-        _write_snippet(Path(args.write), best.sizes)
-    if args.figure:
+    if sizes_file is not None:
+        sizes_file.write(f"{SIZES_HEADER}\n{sizes_snippet(best.sizes, 'toml')}".encode())
+        print(f"wrote {sizes_file.shown}")
+    if figure_file is not None:
         from stepplan.plots.bucketing import plot_bucketing
-        from stepplan.plots.canvas import save_figure
 
         bucketings = [bucketing_of(demand, comparison.scores[0]), bucketing_of(demand, best)]
         title = f"{_run_title(results, demand)}: steps and CUDA-graph buckets"
-        save_figure(plot_bucketing(results, bucketings, title), args.figure)
-        print(f"figure: {args.figure}")
+        save_figure(plot_bucketing(results, bucketings, title), figure_file)
+        print(f"figure: {figure_file.shown}")
     return 0
 
 
@@ -122,24 +124,17 @@ def _run_title(results: SimResult, demand: StepDemand) -> str:
     )
 
 
-def _check_outputs(args: argparse.Namespace) -> None:
-    """Refuse output files the command could not write, before any work."""
-    if args.write and Path(args.write).suffix.lower() != ".toml":
-        raise BucketError(f"{args.write}: --write takes a .toml file (what --config reads)")
+def _claim_outputs(args: argparse.Namespace) -> tuple[OutputFile | None, OutputFile | None]:
+    """The files ``--write`` and ``--figure`` name, checked before any work
+    (``sim/outfile.py``'s rule)."""
+    sizes_file = figure_file = None
+    if args.write:
+        if Path(args.write).suffix.lower() != ".toml":
+            raise BucketError(f"{args.write}: --write takes a .toml file (what --config reads)")
+        sizes_file = OutputFile.claim(args.write, GRAPH_SIZES, overwrite=args.overwrite)
     if args.figure:
-        from stepplan.plots.canvas import figure_format
-
-        try:
-            figure_format(args.figure)
-        except ValueError as exc:
-            raise BucketError(f"--figure: {exc}") from None
-
-
-def _write_snippet(path: Path, sizes: tuple[int, ...]) -> None:
-    from stepplan.plots.canvas import write_atomically
-
-    write_atomically(path, sizes_snippet(sizes, "toml").encode())
-    print(f"wrote {path}")
+        figure_file = claim_figure(args.figure, args.overwrite)
+    return sizes_file, figure_file
 
 
 def add_buckets(subparsers: Any) -> None:
@@ -154,6 +149,11 @@ def add_buckets(subparsers: Any) -> None:
     parser.add_argument("--max-graphs", type=int, help="graph budget (default: vLLM's count)")
     parser.add_argument("--write", help="write the optimal sizes as a .toml config file")
     parser.add_argument("--figure", help="write the bucketing figure (.png, .svg or .pdf)")
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace --write and --figure files that stepplan wrote earlier (never others)",
+    )
     parser.add_argument("--num-spec-tokens", type=int, help="Q - 1 (default: the run's)")
     parser.add_argument(
         "--graph-mode", choices=("full", "mixed"), help="graph mode (default: the run's)"

@@ -34,6 +34,7 @@ from .tables import (
     compare_table,
     run_header,
 )
+from .trace_reading import TraceCache, read_limit
 
 SIDES = ("a", "b")
 
@@ -49,6 +50,9 @@ def _side_config(args: argparse.Namespace, side: str) -> SimConfig:
 def run_compare(args: argparse.Namespace) -> int:
     """``stepplan compare``: the same trace under two configurations, side by side."""
     configs = {side: _side_config(args, side) for side in SIDES}
+    args.traces = TraceCache()  # both runs' reads, before either runs (a pipe is read once)
+    for config in configs.values():
+        args.traces.read(args.trace, args.format, config, read_limit(config))
     key = {"trace": args.trace, "format": args.format}
     key.update({side: config.to_dict() for side, config in configs.items()})
     labels = {side: getattr(args, f"{side}_label") or side.upper() for side in configs}
@@ -70,7 +74,7 @@ def run_compare(args: argparse.Namespace) -> int:
         }
         try:
             for side, config in configs.items():
-                summaries[side] = simulate_one(args, config, folders[side], labels[side]).summary
+                summaries[side] = simulate_one(args, config, folders[side], labels[side])
             table = compare_table((labels["a"], labels["b"]), summaries["a"], summaries["b"])
             base.put(lambda stage: _write_table(stage, table), complete=False)
         finally:

@@ -42,7 +42,8 @@ from ..outdir import ResultsFolder
 from ..results import SimResult, write_results
 from ..run import StepEvent, planner_config, simulate
 from ..schema import RESULT_FILES
-from .options import add_run_command, build_config, load_requests, results_folder
+from .options import add_run_command, build_config, results_folder
+from .trace_reading import load_requests
 
 FILES = ("fidelity.json", "fidelity.png", "fidelity_steps.csv", "acceptance.jsonl")
 RUNS = ("live", "sim")

@@ -1,4 +1,4 @@
-"""``--help`` that shows every option's default.
+"""``--help`` that shows every option's default, and usage errors in one line.
 
 The setting flags default to ``None`` (an unset flag must not override the ``--config``
 file), so argparse's own defaults would all read "None"; :class:`DefaultsHelpFormatter`
@@ -9,7 +9,7 @@ shows the default of the setting a flag overrides instead, read from ``SimConfig
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import Any, NoReturn
 
 from ..config import SimConfig
 from .options import OVERRIDES
@@ -51,10 +51,36 @@ class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return f"{text} (default: {describe(value).replace('%', '%%')})"
 
 
+class UsageError(SystemExit):
+    """A command line argparse refuses: one line (:attr:`line`), ending with where
+    ``--help`` is. A ``SystemExit`` with code 2, as argparse's own errors are, for
+    callers of ``parse_args`` other than ``cli.main``."""
+
+    def __init__(self, line: str) -> None:
+        super().__init__(2)
+        self.line = line
+
+
 class Parser(argparse.ArgumentParser):
     """An ``ArgumentParser`` with :class:`DefaultsHelpFormatter`; the subcommands'
-    parsers are of its class too, so every ``--help`` shows its defaults."""
+    parsers are of its class too, so every ``--help`` shows its defaults. A bad command
+    line is a :class:`UsageError` (``cli.main`` prints it as one line, exit code 2)
+    instead of argparse's usage text."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", DefaultsHelpFormatter)
         super().__init__(*args, **kwargs)
+
+    def error(self, message: str, prog: str | None = None) -> NoReturn:
+        """Raise :class:`UsageError`: the message, then where ``--help`` is."""
+        raise UsageError(f"{message} (`{prog or self.prog} --help` lists the options)")
+
+    def parse_args(self, args: Any = None, namespace: Any = None) -> Any:  # type: ignore[override]
+        """As argparse's, but arguments no option takes are blamed on the subcommand
+        they followed (its ``--help`` lists what it takes)."""
+        namespace, extras = self.parse_known_args(args, namespace)
+        if extras:
+            command = getattr(namespace, "command", None)
+            prog = f"{self.prog} {command}" if command else self.prog
+            self.error(f"unrecognized arguments: {' '.join(extras)}", prog)
+        return namespace

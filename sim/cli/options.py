@@ -1,12 +1,12 @@
-"""What the simulating subcommands share: their options, the settings they build, the trace
-they load, and the summary table they print."""
+"""What the simulating subcommands share: their options, the settings they build, their
+results folder, running one simulation into it, and the summary table they print (the
+trace they read: ``trace_reading.py``)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 from collections.abc import Callable
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -32,20 +32,18 @@ from ..engine_profile import read_engine_profile
 from ..live import check_live, engine_setup
 from ..outdir import ResultsFolder, claim_new, config_digest
 from ..progress import Progress, ProgressBar, ProgressLines, live_warning
-from ..results import SimResult, parquet_available, write_results
-from ..run import planner_config, prepare_requests, simulate
+from ..run import planner_config, run_steps
 from ..schema import RESULT_FILES
 from ..summary import summary_rows
-from ..traces import FORMATS, RequestTable, load_trace
-from ..workloads import SYNTHETIC_PREFIX, parse_synthetic
-from .provenance import provenance, trace_identity, with_provenance
+from ..traces import FORMATS
+from ..traces.source import STDIN
+from ..workloads import SYNTHETIC_PREFIX
+from ..writer import ResultsWriter, parquet_available
+from .provenance import provenance
 from .signals import StopRequest
 from .tables import align
+from .trace_reading import EMBEDDED_TRACE, identify, load_requests
 
-EMBEDDED_TRACE = "data/azure_llm_2023_code.csv"
-#: Requests the default run keeps of the embedded trace (its first 8.7 minutes)
-#: unless ``--limit`` says otherwise; the whole trace is 8,819 requests, 57 minutes.
-EMBEDDED_LIMIT = 1000
 #: Where runs without ``--out`` go: ``results/<name>-<digest>`` (see :func:`results_folder`).
 RESULTS_PARENT = "results"
 
@@ -154,73 +152,6 @@ def checked(config: SimConfig) -> SimConfig:
     return config
 
 
-def read_trace(trace: str | None, fmt: str | None, config: SimConfig) -> RequestTable:
-    """The trace ``trace`` names as read, before :func:`prepare_requests`: a file (of
-    format ``fmt``, ``None``: detected), a synthetic spec, or (``None``) the embedded
-    trace's first requests."""
-    if trace is None:
-        with resources.as_file(resources.files("stepplan.sim").joinpath(EMBEDDED_TRACE)) as path:
-            table = load_trace(path, "azure")
-        return table.limit(EMBEDDED_LIMIT) if config.workload.limit is None else table
-    if trace.startswith(SYNTHETIC_PREFIX):
-        return parse_synthetic(trace, seed=config.seed)
-    return load_trace(trace, fmt, rate=config.workload.rate, seed=config.seed)
-
-
-def load_requests(args: argparse.Namespace, config: SimConfig) -> RequestTable:
-    """The trace ``args.trace`` names (the embedded trace's first requests when absent),
-    prepared."""
-    prepared = prepare_requests(read_trace(args.trace, args.format, config), config)
-    for note in trace_notes(prepared, config):  # once nothing can fail: an error is one line
-        print(f"stepplan: note: {note}", file=sys.stderr)
-    return prepared
-
-
-def trace_notes(table: RequestTable, config: SimConfig) -> list[str]:
-    """What the user should know about how ``table`` was read: dropped and rejected
-    requests, missing arrival times, out-of-order rows."""
-    source, notes = table.source, []
-    if table.skipped:
-        rows = "row" if table.skipped == 1 else "rows"
-        notes.append(f"{source}: dropped {table.skipped} {rows} with zero prompt or output tokens")
-    if table.rejected:
-        notes.append(
-            f"{source}: rejected {table.rejected} request(s) longer than model.max_model_len = "
-            f"{config.model.resolved().max_model_len} tokens (prompt + output)"
-        )
-    if table.arrivals == "none":
-        notes.append(
-            f"{source}: no arrival times: all requests arrive at t = 0 (--rate R "
-            "gives Poisson arrivals at R req/s)"
-        )
-    elif table.arrivals == "poisson":
-        notes.append(
-            f"{source}: no arrival times: Poisson arrivals at {config.workload.rate:g} req/s "
-            f"(seed {config.seed})"
-        )
-    elif config.workload.rate is not None and table.format != "synthetic":
-        notes.append(
-            f"{source}: has arrival times, so --rate is ignored (--rate-scale speeds them up)"
-        )
-    if table.unsorted_line is not None:
-        notes.append(
-            f"{source}:{table.unsorted_line}: arrives before the row above it; requests "
-            "sorted by arrival time"
-        )
-    return notes
-
-
-def identify_trace(args: argparse.Namespace) -> dict[str, Any]:
-    """The trace :func:`load_requests` reads, as the provenance records it."""
-    return identify(args.trace)
-
-
-def identify(trace: str | None) -> dict[str, Any]:
-    """The trace :func:`read_trace` reads for ``trace``, as the provenance records it."""
-    with resources.as_file(resources.files("stepplan.sim").joinpath(EMBEDDED_TRACE)) as path:
-        return trace_identity(trace, path)
-
-
 def run_name(args: argparse.Namespace, config: SimConfig) -> str:
     if config.name:
         return config.name
@@ -228,6 +159,8 @@ def run_name(args: argparse.Namespace, config: SimConfig) -> str:
         return Path(EMBEDDED_TRACE).stem
     if args.trace.startswith(SYNTHETIC_PREFIX):
         return "synthetic"
+    if args.trace == STDIN:
+        return "stdin"
     return Path(args.trace).stem
 
 
@@ -244,8 +177,9 @@ def _add_trace_options(parser: argparse.ArgumentParser, *, parquet: bool = True)
     parser.add_argument(
         "trace",
         nargs="?",
-        help="trace file (any supported format) or synthetic:key=value,...; "
-        "default: the first 1,000 requests of the embedded Azure code trace",
+        help="trace file (any supported format; - is standard input, and pipes are read "
+        "once) or synthetic:key=value,...; default: the first 1,000 requests of the "
+        "embedded Azure code trace",
     )
     parser.add_argument("--format", choices=FORMATS, help="trace format (default: detected)")
     parser.add_argument(
@@ -273,12 +207,13 @@ def add_setting_options(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
     add("--config", help="TOML settings file (`stepplan config` prints one)")
     add("--set", action="append", metavar="SECTION.KEY=VALUE", help="any setting (repeatable)")
-    add("--name", help="run name (default: the trace's file name)")
+    add("--name", help="run name: one folder name under results/ (default: the trace's name)")
     add("--seed", type=int, help="seed of the acceptance draws and of synthetic arrivals")
     add(
         "--limit",
         type=int,
-        help="keep the first N requests (default: all; 1,000 of the embedded trace)",
+        help="keep the first N requests and stop reading the trace there (default: all; "
+        "1,000 of the embedded trace)",
     )
     _add_engine_options(parser)
     _add_cost_options(parser)
@@ -410,13 +345,14 @@ def _progress(args: argparse.Namespace, total: int, label: str) -> Progress | No
 
 def simulate_one(
     args: argparse.Namespace, config: SimConfig, folder: ResultsFolder, label: str = ""
-) -> SimResult:
-    """Load the trace, simulate it and write the results into ``folder``. A first
-    Ctrl-C/SIGTERM (``args.stop``) stops the loop; the steps so far are written, then
-    :class:`~.signals.Interrupted` says where."""
+) -> dict[str, Any]:
+    """Load the trace, simulate it and write the results into ``folder`` as the run goes
+    (``writer.py``); its summary. A first Ctrl-C/SIGTERM (``args.stop``) stops the loop;
+    what is left of the results is written, then :class:`~.signals.Interrupted` says
+    where."""
     stop: StopRequest = getattr(args, "stop", None) or StopRequest()
     requests = load_requests(args, config)
-    origin = provenance(getattr(args, "argv", None), identify_trace(args), config)
+    origin = provenance(getattr(args, "argv", None), identify(args.trace, requests), config)
     if args.parquet and not parquet_available():
         print("stepplan: pyarrow is not installed; writing CSV", file=sys.stderr)
     warning = None if args.quiet else live_warning(requests, config)
@@ -424,10 +360,15 @@ def simulate_one(
         print(warning, file=sys.stderr)
     with stop.deferred() as event:
         progress = _progress(args, requests.num_requests, label)
-        result = simulate(requests, config, progress=progress, stop=event)
-        result = with_provenance(result, origin)
-        write_results(result, folder, parquet=args.parquet)
-    summary = result.summary
+        parquet = args.parquet and parquet_available()
+        with ResultsWriter(folder, parquet=parquet, stop=event) as writer:
+            end = run_steps(
+                requests, config, writer, progress=progress, stop=event, keep_gaps=False
+            )
+            if end.summary["steps"]["count"] == 0 and event.is_set():
+                stop.raise_if_stopped("stopped before the first step, nothing written")
+            summary = {**end.summary, "provenance": origin}
+            writer.finish(summary, end.rows)
     if summary["complete"]:
         stop.raise_if_stopped(f"the run had finished: results in {folder.shown}/")
     stop.raise_if_stopped(
@@ -435,7 +376,7 @@ def simulate_one(
         f"{summary['requests']:,} requests finished: partial results in {folder.shown}/ "
         '(summary.json "complete": false)'
     )
-    return result
+    return summary
 
 
 def add_run_command(

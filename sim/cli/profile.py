@@ -11,66 +11,24 @@ engine profile itself.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import platform
 import sys
-import tempfile
 import time
 from importlib import metadata
-from pathlib import Path
 from typing import Any
 
 import attrs
 
 from ..config import ConfigError, SimConfig
-from ..engine_profile import FORMAT, EngineProfile, EngineProfileError
+from ..engine_profile import PROFILE_FILE, EngineProfile, EngineProfileError, write_engine_profile
 from ..live import engine_setup, length_limit, make_runner
+from ..outfile import OutputFile
 from ..profiler import CONTEXT_LEVELS, GridLimits, measure, profile_batches, token_grid
 from ..run import planner_config
 from .options import add_setting_options, build_config
 
 #: The grid draws contexts up to this multiple of its largest context level.
 _CONTEXT_ROOM = 1.5
-
-
-def profile_output(path: str, overwrite: bool) -> Path:
-    """``path`` once it may be written (checked before any work): a new file in a writable
-    folder, or with ``overwrite`` an earlier engine profile."""
-    target = Path(path)
-    if target.is_dir():
-        raise ConfigError(f"{path}: is a folder; the profile is one JSON file")
-    folder = target.parent
-    if not folder.is_dir():
-        raise ConfigError(f"{path}: its folder {folder} does not exist")
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise ConfigError(f"{path}: its folder {folder} is not writable")
-    if target.exists():
-        if not overwrite:
-            raise ConfigError(f"{path}: exists; --overwrite replaces an earlier profile")
-        try:
-            is_profile = json.loads(target.read_bytes()).get("format") == FORMAT
-        except (OSError, ValueError, AttributeError):
-            is_profile = False
-        if not is_profile:
-            raise ConfigError(f"{path}: is not an engine profile; stepplan leaves it alone")
-    return target
-
-
-def write_profile(profile: EngineProfile, target: Path) -> None:
-    """Write atomically, with the user's umask."""
-    handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
-    try:
-        with os.fdopen(handle, "w") as file:
-            json.dump(profile.to_json(), file, indent=1)
-            file.write("\n")
-        mask = os.umask(0)
-        os.umask(mask)
-        os.chmod(temporary, 0o666 & ~mask)
-        os.replace(temporary, target)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
 
 
 def grid_limits(config: SimConfig) -> GridLimits:
@@ -102,7 +60,7 @@ def run_profile(args: argparse.Namespace) -> int:
         raise ConfigError(f"--repeats: must be at least 1, got {args.repeats}")
     config = build_config(args)
     config = attrs.evolve(config, live=attrs.evolve(config.live, enabled=True))
-    target = profile_output(args.out, args.overwrite)
+    target = OutputFile.claim(args.out, PROFILE_FILE, overwrite=args.overwrite)
     from stepplan.executor.model import sample_positions
 
     started = time.perf_counter()
@@ -128,7 +86,7 @@ def run_profile(args: argparse.Namespace) -> int:
     )
     preset, planner_setup = engine_setup(config, planner)
     profile = EngineProfile(
-        source=str(target),
+        source=target.shown,
         device=_device(runner),
         versions=_versions(),
         preset=preset,
@@ -137,7 +95,7 @@ def run_profile(args: argparse.Namespace) -> int:
         token_grid=token_grid(limits),
         points=tuple(points),
     )
-    write_profile(profile, target)
+    write_engine_profile(profile, target)
     if not args.quiet:
         print(_report(profile, time.perf_counter() - started))
     return 0

@@ -11,7 +11,6 @@ the files are written.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import platform
 import shlex
@@ -27,11 +26,12 @@ import numpy as np
 from ..config import SimConfig
 from ..config_toml import config_toml
 from ..results import SimResult
+from ..traces import RequestTable
+from ..traces.source import STDIN, STDIN_NAME
 from ..workloads import SYNTHETIC_PREFIX
 
 #: How long one git call may take before the commit is left out.
 _GIT_TIMEOUT_S = 10
-_CHUNK = 1 << 20
 
 
 def stepplan_version() -> str:
@@ -42,25 +42,20 @@ def stepplan_version() -> str:
         return "unknown"
 
 
-def file_identity(path: str | Path) -> dict[str, Any]:
-    """``{"path" (absolute), "bytes", "sha256"}`` of a file."""
-    path = Path(path).resolve()
-    digest, size = hashlib.sha256(), 0
-    with path.open("rb") as handle:
-        while chunk := handle.read(_CHUNK):
-            digest.update(chunk)
-            size += len(chunk)
-    return {"path": str(path), "bytes": size, "sha256": digest.hexdigest()}
-
-
-def trace_identity(trace: str | None, embedded: Path) -> dict[str, Any]:
+def trace_identity(trace: str | None, table: RequestTable, embedded: Path) -> dict[str, Any]:
     """The trace a run read: ``trace`` as given on the command line (``None`` for the
-    embedded trace, whose file is ``embedded``)."""
+    embedded trace, whose file is ``embedded``), the size and sha256 of its bytes from
+    ``table`` (the read hashed them: a pipe is never read twice). A file's path is
+    absolute, links resolved; a pipe's as given; standard input is ``<stdin>``."""
     if trace is not None and trace.startswith(SYNTHETIC_PREFIX):
         return {"source": "synthetic", "spec": trace}
+    read = {"bytes": table.size_bytes, "sha256": table.sha256}
     if trace is None:
-        return {"source": "embedded", **file_identity(embedded)}
-    return {"source": "file", **file_identity(trace)}
+        return {"source": "embedded", "path": str(embedded.resolve()), **read}
+    if trace == STDIN:
+        return {"source": "stdin", "path": STDIN_NAME, **read}
+    path = Path(trace).resolve() if Path(trace).is_file() else Path(os.path.abspath(trace))
+    return {"source": "file", "path": str(path), **read}
 
 
 def _git(folder: Path, *arguments: str) -> str | None:

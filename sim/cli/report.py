@@ -8,18 +8,20 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import attrs
 import numpy as np
 
 from stepplan.planner import ExecutionPlan, StepBatch, compile_plan
 
 from ..buckets import BucketError, compare_to_defaults
 from ..config import ConfigError, SimConfig
-from ..results import SimResult, read_results
+from ..outfile import OutputFile
+from ..results import SimResult
 from ..run import planner_config
 from ..schema import KIND_ROWS, KIND_TOKENS, RESULT_FILES
 from ..table import ResultsError
 from .buckets import bucketing_of, comparison_table, run_config, run_demand
+from .outputs import REPORT
+from .report_reading import ReportRun, read_latency, read_report_run
 from .tables import compare_table
 
 if TYPE_CHECKING:
@@ -71,28 +73,43 @@ def _spread(tokens: int, rows: int) -> np.ndarray:
 
 
 def build_run_report(
-    results: SimResult,
-    path: Path,
+    run: ReportRun,
+    out: OutputFile,
     others: tuple[SimResult, ...] = (),
     max_graphs: int | None = None,
     **page: Any,
 ) -> Path:
-    """Write the HTML report of ``results``: its figures, with the optimal sizes beside
-    the run's own, and the bucket comparison table; ``others`` join the latency CDFs;
-    ``page`` goes to ``write_report`` (``title``, ``leading_tables``)."""
+    """Write the HTML report of ``run`` into ``out``: its figures, with the optimal
+    sizes beside the run's own, and the bucket comparison table; ``others`` join the
+    latency CDFs; ``page`` goes to ``build_report`` (``title``, ``leading_tables``)."""
     from stepplan.plots.bucketing import run_bucketing
-    from stepplan.plots.report import report_figures, write_report
+    from stepplan.plots.report import build_report, report_figures
 
-    config = run_config(results)
-    tables, bucketings = [], [run_bucketing(results)]
+    config = run_config(run.shapes)
+    tables, bucketings = [], [run_bucketing(run.shapes)]
     if config.planner.graph_mode != "none":
-        demand = run_demand(results, config)
+        demand = run_demand(run.shapes, config)
         comparison = compare_to_defaults(demand, max_graphs=max_graphs)
         tables.append(comparison_table(comparison))
         bucketings.append(bucketing_of(demand, comparison.recommended))
-    plan = example_plan(results, config)
-    figures = report_figures(results, bucketings=bucketings, others=others, plan=plan)
-    return write_report(results, path, figures=figures, tables=tables, **page)
+    plan = example_plan(run.richest, config)
+    figures = report_figures(
+        run.latency,
+        bucketings=bucketings,
+        others=others,
+        plan=plan,
+        head=run.head,
+        sample=run.sample,
+        shapes=run.shapes,
+    )
+    notes = []
+    if run.every > 1:
+        notes.append(
+            f"The host-time and KV-cache figures draw every {run.every:,}th step and each "
+            f"{run.every:,} steps' peaks; the bucket figure and tables count every step."
+        )
+    text = build_report(run.latency, figures=figures, tables=tables, notes=notes, **page)
+    return out.write(text.encode())
 
 
 def is_compare_folder(folder: Path) -> bool:
@@ -116,18 +133,16 @@ def compare_labels(folder: Path) -> tuple[str, str]:
 
 
 def build_compare_report(
-    folder: Path, path: Path, others: tuple[SimResult, ...] = (), max_graphs: int | None = None
+    folder: Path, out: OutputFile, others: tuple[SimResult, ...] = (), max_graphs: int | None = None
 ) -> Path:
     """One page of both runs of a compare folder: their table with its differences on
     top, then run A's report with run B beside it in the latency CDFs."""
     labels = compare_labels(folder)
-    a, b = (
-        attrs.evolve(read_results(folder / side), name=label)
-        for side, label in zip(SIDES, labels, strict=True)
-    )
-    lead = _compare_report_table(a, b)
-    title = f"{a.label} vs {b.label}"
-    return build_run_report(a, path, (b, *others), max_graphs, title=title, leading_tables=(lead,))
+    a = read_report_run(folder / SIDES[0], labels[0])
+    b = read_latency(folder / SIDES[1], labels[1])
+    lead = _compare_report_table(a.latency, b)
+    title = f"{a.latency.label} vs {b.label}"
+    return build_run_report(a, out, (b, *others), max_graphs, title=title, leading_tables=(lead,))
 
 
 def _compare_report_table(a: SimResult, b: SimResult) -> ReportTable:
@@ -144,18 +159,24 @@ def _compare_report_table(a: SimResult, b: SimResult) -> ReportTable:
 def run_report(args: argparse.Namespace) -> int:
     """``stepplan report``: one self-contained HTML page for a results or compare folder."""
     folder = Path(args.results)
-    others = tuple(read_results(other) for other in args.compare or ())
-    path = Path(args.out) if args.out else folder / "report.html"
-    if any((folder / name).exists() for name in RESULT_FILES):
-        build_run_report(read_results(folder), path, others, args.max_graphs)
-    elif is_compare_folder(folder):
-        build_compare_report(folder, path, others, args.max_graphs)
-    elif folder.is_dir():
-        raise ResultsError(f"{folder}: not a results folder; {EXPECTS}")
-    else:
+    if not folder.is_dir():
         raise ResultsError(f"{folder}: not a results folder (no such directory); {EXPECTS}")
-    print(f"report: {path}")
+    is_run = any((folder / name).exists() for name in RESULT_FILES)
+    if not is_run and not is_compare_folder(folder):
+        raise ResultsError(f"{folder}: not a results folder; {EXPECTS}")
+    out = claim_report(args.out or folder / "report.html", args.overwrite)
+    others = tuple(read_latency(Path(other)) for other in args.compare or ())
+    if is_run:
+        build_run_report(read_report_run(folder), out, others, args.max_graphs)
+    else:
+        build_compare_report(folder, out, others, args.max_graphs)
+    print(f"report: {out.shown}")
     return 0
+
+
+def claim_report(path: str | Path, overwrite: bool) -> OutputFile:
+    """The report's file, checked before any work (``sim/outfile.py``'s rule)."""
+    return OutputFile.claim(path, REPORT, overwrite=overwrite)
 
 
 def add_report(subparsers: Any) -> None:
@@ -173,6 +194,11 @@ def add_report(subparsers: Any) -> None:
         "(both runs on one page)",
     )
     parser.add_argument("--out", help="HTML file (default: RESULTS_DIR/report.html)")
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace a report stepplan wrote earlier at that path (never another file)",
+    )
     parser.add_argument("--compare", nargs="+", metavar="DIR", help="more runs for the CDFs")
     parser.add_argument(
         "--max-graphs",
@@ -193,9 +219,9 @@ def add_report_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def report_after_simulation(result: SimResult, out: Path, report: str | None) -> Path | None:
-    """Write the report of a simulation just run when ``--report`` asked for it."""
+def report_after_simulation(folder: Path, report: OutputFile | None) -> Path | None:
+    """Write the report of the simulation just written into ``folder`` into ``report``,
+    the file ``--report`` claimed before the run (nothing without it)."""
     if report is None:
         return None
-    path = Path(report) if report else out / "report.html"
-    return build_run_report(attrs.evolve(result, path=out), path)
+    return build_run_report(read_report_run(folder), report)

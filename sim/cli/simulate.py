@@ -14,7 +14,7 @@ from .options import (
     run_name,
     simulate_one,
 )
-from .report import add_report_option, report_after_simulation
+from .report import add_report_option, claim_report, report_after_simulation
 from .tables import run_header
 
 
@@ -24,13 +24,16 @@ def run_simulate(args: argparse.Namespace) -> int:
     name = run_name(args, config)
     key = {"trace": args.trace, "format": args.format, "config": config.to_dict()}
     with results_folder(args, config, key) as folder:
-        result = simulate_one(args, config, folder)
-        report = report_after_simulation(result, folder.path, args.report)
+        report_file = None
+        if args.report is not None:  # checked with the folder, before the run
+            report_file = claim_report(args.report or folder.path / "report.html", args.overwrite)
+        summary = simulate_one(args, config, folder)
+        report = report_after_simulation(folder.path, report_file)
     if not args.quiet:
-        print(run_header(result.summary))
-        print(format_table([(name, result.summary)]) + "\n")
+        print(run_header(summary))
+        print(format_table([(name, summary)]) + "\n")
     if not args.quiet or not args.out:  # a folder stepplan named is always said
-        wall_s = result.summary[MEASURED]["run"]["wall_s"]
+        wall_s = summary[MEASURED]["run"]["wall_s"]
         print(f"results: {folder.shown}/ (wall {wall_s:.1f} s)")
     if report is not None and not args.quiet:
         print(f"report: {report}")

@@ -42,9 +42,10 @@ from ..sweep.runner import (
 from ..sweep.spec import SweepError, TraceEntry, describe
 from ..traces import RequestTable, TraceError
 from ..workloads import WorkloadError
-from .options import RESULTS_PARENT, identify, read_trace
+from .options import RESULTS_PARENT
 from .provenance import provenance, with_provenance
 from .signals import StopRequest
+from .trace_reading import TraceCache, identify
 
 #: Runs tasks, handing each finished point to ``done``, until all ran or the event is set;
 #: the last argument is the caller's work meanwhile (``runner.py``).
@@ -76,7 +77,7 @@ class TraceReader:
 
     def __init__(self, origin: str | None = None) -> None:
         self._origin = origin
-        self._tables: dict[tuple[Any, ...], RequestTable] = {}
+        self._cache = TraceCache()
 
     def _fail(self, entry: TraceEntry, exc: Exception) -> Exception:
         if self._origin is None:
@@ -84,16 +85,8 @@ class TraceReader:
         return SweepError(f"{self._origin}: {entry.where}: {exc}")
 
     def _read(self, entry: TraceEntry, config: SimConfig) -> RequestTable:
-        workload = config.workload
-        read = (entry.spec, entry.format, workload.limit is None, workload.rate is None)
-        drawn = (*read, workload.rate, config.seed)
-        for key in (read, drawn):
-            if key in self._tables:
-                return self._tables[key]
-        table = read_trace(entry.spec, entry.format, config)
-        random = table.format == "synthetic" or table.arrivals == "poisson"
-        self._tables[drawn if random else read] = table
-        return table
+        # Whole traces: points differ in their limits and windows (prepare cuts them).
+        return self._cache.read(entry.spec, entry.format, config, None)
 
     def requests(self, entry: TraceEntry, config: SimConfig) -> RequestTable:
         """The trace of ``entry`` prepared for ``config`` (window, limit, rate scale)."""
@@ -103,10 +96,10 @@ class TraceReader:
             raise self._fail(entry, exc) from None
 
     def identity(self, entry: TraceEntry) -> dict[str, Any]:
-        """The trace's identity (a file's sha256)."""
+        """The trace's identity (a file's sha256), from reading it."""
         try:
-            return identify(entry.spec)
-        except OSError as exc:
+            return identify(entry.spec, self._read(entry, SimConfig()))
+        except (TraceError, WorkloadError, OSError) as exc:
             raise self._fail(entry, exc) from None
 
 

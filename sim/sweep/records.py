@@ -23,9 +23,9 @@ import numpy as np
 from ..config import SimConfig
 from ..config_toml import toml_value
 from ..outdir import config_digest
-from ..results import parquet_available, write_parquet
 from ..schema import FLOAT, INT, SWEEP, SWEEP_MEASURED, SWEEP_PATHS, TEXT, Column, TableSchema
 from ..table import ResultsError, Table, write_csv
+from ..writer import parquet_available, write_parquet
 
 #: Sub-folders of a sweep folder: the points' records, and ``--keep-runs``' results folders.
 RECORDS, RUNS = "points", "runs"

@@ -28,6 +28,7 @@ import numpy as np
 
 from .formats import BY_NAME, FORMATS, TraceFormat, detect
 from .request_table import RequestTable, TraceError, frozen
+from .source import open_trace, shown_name
 
 _DECOMPRESS: dict[bytes, tuple[str, Callable[[BinaryIO], BinaryIO]]] = {
     b"\x1f\x8b": ("gzip", lambda raw: gzip.GzipFile(fileobj=raw)),
@@ -40,32 +41,36 @@ _REFUSED = {
     b"PAR1": "is a Parquet file: traces are read as CSV, TSV or JSON Lines",
 }
 _LFS = "version https://git-lfs.github.com/spec/v1"
+#: The largest token count a trace may give (2**53: above it a count is no real request,
+#: and sums of counts could leave int64).
+MAX_TOKENS = 2**53
+#: The largest block id (int64's largest value).
+MAX_BLOCK_ID = 2**63 - 1
+#: Arrival days (of a wall clock, or whole days of a count) further than this from day 0
+#: are no time a trace can mean; spans are bounded later, by ``run.MAX_SPAN_S``.
+MAX_DAYS = 2**31
 _DECOMPRESS_ERRORS = (OSError, EOFError, zlib.error, lzma.LZMAError)
 
 
-def _lines(path: Path) -> Iterator[str]:
-    """The file's text lines, each with its line ending (see the module docstring)."""
+def _lines(path: str, raw: io.BufferedReader) -> Iterator[str]:
+    """The text lines of the bytes ``raw`` gives, each with its line ending (see the
+    module docstring); ``path`` names them in errors."""
+    head = raw.peek(8)[:8]
+    refused = next((why for magic, why in _REFUSED.items() if head.startswith(magic)), None)
+    if refused is not None:
+        raise TraceError(path, None, refused)
+    kind, opener = next(
+        (entry for magic, entry in _DECOMPRESS.items() if head.startswith(magic)),
+        ("", lambda stream: stream),
+    )
     try:
-        raw = path.open("rb")
-    except OSError as exc:
-        raise TraceError(path, None, f"cannot open ({exc.strerror})") from None
-    with raw:
-        head = raw.peek(8)[:8]
-        refused = next((why for magic, why in _REFUSED.items() if head.startswith(magic)), None)
-        if refused is not None:
-            raise TraceError(path, None, refused)
-        kind, opener = next(
-            (entry for magic, entry in _DECOMPRESS.items() if head.startswith(magic)),
-            ("", lambda stream: stream),
-        )
-        try:
-            with opener(raw) as stream:
-                yield from _decoded(path, stream)
-        except _DECOMPRESS_ERRORS as exc:
-            raise TraceError(path, None, f"cannot read it as {kind or 'a file'} ({exc})") from None
+        stream = opener(raw)
+        yield from _decoded(path, stream)
+    except _DECOMPRESS_ERRORS as exc:
+        raise TraceError(path, None, f"cannot read it as {kind or 'a file'} ({exc})") from None
 
 
-def _decoded(path: Path, stream: BinaryIO) -> Iterator[str]:
+def _decoded(path: str, stream: BinaryIO) -> Iterator[str]:
     if stream.peek(2)[:2] in (b"\xff\xfe", b"\xfe\xff"):  # UTF-16, as spreadsheets save it
         try:
             yield from io.TextIOWrapper(stream, encoding="utf-16", newline="")
@@ -106,7 +111,7 @@ class _Source:
     key: Callable[[str], Any]
 
 
-def _source(path: Path, lines: Iterator[str]) -> _Source:
+def _source(path: str, lines: Iterator[str]) -> _Source:
     before = 0
     for first in lines:
         if first.strip():
@@ -128,7 +133,7 @@ def _source(path: Path, lines: Iterator[str]) -> _Source:
     return _delimited_source(path, first, lines, before)
 
 
-def _json_source(path: Path, first: str, lines: Iterator[str], before: int) -> _Source:
+def _json_source(path: str, first: str, lines: Iterator[str], before: int) -> _Source:
     record = _json_record(path, before + 1, first)
 
     def rows() -> Iterator[tuple[int, Any]]:
@@ -140,7 +145,7 @@ def _json_source(path: Path, first: str, lines: Iterator[str], before: int) -> _
     return _Source(tuple(record), True, before + 1, rows(), lambda name: name)
 
 
-def _json_record(path: Path, line: int, text: str) -> dict:
+def _json_record(path: str, line: int, text: str) -> dict:
     try:
         record = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -150,7 +155,7 @@ def _json_record(path: Path, line: int, text: str) -> dict:
     return record
 
 
-def _delimited_source(path: Path, first: str, lines: Iterator[str], before: int) -> _Source:
+def _delimited_source(path: str, first: str, lines: Iterator[str], before: int) -> _Source:
     delimiter = max(",\t;", key=first.count)  # ties: the comma
     reader = csv.reader(itertools.chain([first], lines), delimiter=delimiter)
     header = tuple(name.strip() for name in next(reader))
@@ -175,7 +180,7 @@ def _delimited_source(path: Path, first: str, lines: Iterator[str], before: int)
     return _Source(header, False, before + 1, rows(), header.index)
 
 
-def _detected(path: Path, source: _Source) -> TraceFormat:
+def _detected(path: str, source: _Source) -> TraceFormat:
     entry = detect(source.names, source.json_lines)
     if entry is None:
         what = "JSON trace keys" if source.json_lines else "trace header"
@@ -191,13 +196,14 @@ def _detected(path: Path, source: _Source) -> TraceFormat:
 def detect_format(path: str | Path) -> str:
     """The format of ``path`` from its header line or its first JSON object (see
     ``formats.py`` for the rule)."""
-    path = Path(path)
-    with closing(_lines(path)) as lines:
-        return _detected(path, _source(path, lines)).name
+    shown = shown_name(path)
+    with open_trace(path) as (raw, _), closing(_lines(shown, raw)) as lines:
+        return _detected(shown, _source(shown, lines)).name
 
 
-def _count(value: object) -> int:
-    """A non-negative integer from a JSON number or CSV text (``12``, ``12.0``)."""
+def _count(value: object, largest: int = MAX_TOKENS) -> int:
+    """A non-negative integer up to ``largest`` from a JSON number or CSV text (``12``,
+    ``12.0``)."""
     number: object = value
     if isinstance(value, str):
         text = value.strip()
@@ -212,10 +218,24 @@ def _count(value: object) -> int:
         number = int(number)
     if not isinstance(number, int) or isinstance(number, bool) or number < 0:
         raise ValueError("is not a non-negative integer")
+    if number > largest:
+        raise ValueError(f"is too large (at most {largest:,})")
     return number
 
 
-def _field(path: Path, line: int, record: Any, key: Any, name: str, parse: Callable) -> Any:
+def _arrival(parse: Callable[[object], tuple[int, float]]) -> Callable[[object], tuple]:
+    """``parse`` of a clock, refusing a time too far from day 0 to be one."""
+
+    def bounded(value: object) -> tuple[int, float]:
+        day, second = parse(value)
+        if abs(day) > MAX_DAYS:
+            raise ValueError(f"is too far from any date a trace can mean (day {day:.3g})")
+        return day, second
+
+    return bounded
+
+
+def _field(path: str, line: int, record: Any, key: Any, name: str, parse: Callable) -> Any:
     """``parse(record[key])``, or a :class:`TraceError` naming the line and column."""
     try:
         value = record[key]
@@ -230,10 +250,10 @@ def _field(path: Path, line: int, record: Any, key: Any, name: str, parse: Calla
 def _block_ids(value: object) -> list[int]:
     if not isinstance(value, list):
         raise ValueError("must be a list of integers")
-    return [_count(v) for v in value]
+    return [_count(v, MAX_BLOCK_ID) for v in value]
 
 
-@attrs.frozen
+@attrs.define
 class _Rows:
     """Parsed rows in file order (parallel lists)."""
 
@@ -243,9 +263,11 @@ class _Rows:
     output: list[int] = attrs.Factory(list)
     line: list[int] = attrs.Factory(list)
     prefix: list[list[int]] | None = None
+    kept: int = 0  # rows with tokens, counted only while a limit is to stop the parse
+    stopped_at: int | None = None  # the line the parse stopped after (a limit reached)
 
 
-def _parse(path: Path, source: _Source, entry: TraceFormat) -> _Rows:
+def _parse(path: str, source: _Source, entry: TraceFormat, limit: int | None = None) -> _Rows:
     columns = entry.columns(source.names)
     if columns is None:
         needed = [c for c in (entry.time, *entry.lengths[0]) if c is not None]
@@ -264,7 +286,7 @@ def _parse(path: Path, source: _Source, entry: TraceFormat) -> _Rows:
     time_key, prompt_key, output_key = (key(time) if time else None), key(prompt), key(output)
     for line, record in source.rows:
         if time_key is not None and entry.clock is not None:
-            day, second = _field(path, line, record, time_key, time, entry.clock.parse)
+            day, second = _field(path, line, record, time_key, time, _arrival(entry.clock.parse))
             rows.day.append(day)
             rows.second.append(second)
         rows.prompt.append(_field(path, line, record, prompt_key, prompt, _count))
@@ -273,6 +295,11 @@ def _parse(path: Path, source: _Source, entry: TraceFormat) -> _Rows:
         if rows.prefix is not None:  # a record without the key has no prefix blocks
             ids = _field(path, line, record, prefix, prefix, _block_ids) if prefix in record else []
             rows.prefix.append(ids)
+        if limit is not None and rows.prompt[-1] and rows.output[-1]:
+            rows.kept += 1
+            if rows.kept >= limit:
+                rows.stopped_at = line
+                break
     return rows
 
 
@@ -282,24 +309,32 @@ def load_trace(
     *,
     rate: float | None = None,
     seed: int = 0,
+    limit: int | None = None,
 ) -> RequestTable:
-    """Read a trace file into a :class:`RequestTable` (see the package docstring).
+    """Read a trace into a :class:`RequestTable` (see the package docstring), in one
+    pass: a file, a pipe, or standard input (``-``); the bytes are hashed on the way
+    (:attr:`RequestTable.sha256`), the whole input even when ``limit`` stops the parse.
 
     Args:
-        path: the file.
+        path: the file (``-``: standard input).
         fmt: one of :data:`FORMATS`, or ``None`` to detect it.
         rate: requests per second for a trace without arrival times (Poisson
             arrivals drawn with ``seed``); ``None`` puts them all at time 0.
         seed: seed of those arrivals.
+        limit: stop after this many requests (rows with tokens; ``None``: all). The rows
+            read are then all the table knows of (:attr:`RequestTable.read_to_line`).
     """
-    path = Path(path)
+    shown = shown_name(path)
     if fmt is not None and fmt not in BY_NAME:
-        raise TraceError(path, None, f"unknown format {fmt!r} (known: {', '.join(FORMATS)})")
-    with closing(_lines(path)) as lines:
-        source = _source(path, lines)
-        entry = BY_NAME[fmt] if fmt is not None else _detected(path, source)
-        rows = _parse(path, source, entry)
-    return _table(path, rows, entry, rate, seed)
+        raise TraceError(shown, None, f"unknown format {fmt!r} (known: {', '.join(FORMATS)})")
+    with open_trace(path) as (raw, hashed):
+        with closing(_lines(shown, raw)) as lines:
+            source = _source(shown, lines)
+            entry = BY_NAME[fmt] if fmt is not None else _detected(shown, source)
+            rows = _parse(shown, source, entry, limit)
+        hashed.drain()
+    table = _table(shown, rows, entry, rate, seed)
+    return attrs.evolve(table, size_bytes=hashed.size, sha256=hashed.sha256)
 
 
 def _arrivals(rows: _Rows, entry: TraceFormat, rate: float | None, seed: int) -> np.ndarray:
@@ -314,7 +349,7 @@ def _arrivals(rows: _Rows, entry: TraceFormat, rate: float | None, seed: int) ->
 
 
 def _table(
-    path: Path, rows: _Rows, entry: TraceFormat, rate: float | None, seed: int
+    path: str, rows: _Rows, entry: TraceFormat, rate: float | None, seed: int
 ) -> RequestTable:
     count = len(rows.prompt)
     if count == 0:
@@ -345,4 +380,6 @@ def _table(
         skipped=count - kept.size,
         arrivals="trace" if entry.time is not None else no_times,
         unsorted_line=rows.line[kept[late[0] + 1]] if late.size else None,
+        lines=frozen(np.asarray(rows.line, dtype=np.int64)[order]),
+        read_to_line=rows.stopped_at,
     )

@@ -48,6 +48,12 @@ class RequestTable:
             table is sorted all the same), or ``None``.
         rejected: requests dropped because prompt plus output exceeds the model's
             context (:meth:`within_model_len`).
+        lines: ``[N], int64`` the file line of each request, or ``None`` (a synthetic
+            workload): where an error about one request points.
+        read_to_line: the line reading stopped after (a read limit), or ``None`` when
+            the whole trace was read: notes about the rows are then about those read.
+        size_bytes, sha256: the size and sha256 of the trace's bytes (of the file as
+            stored, compressed or not), or ``None`` (not read from a file).
     """
 
     arrival_s: np.ndarray = attrs.field(converter=lambda v: frozen(np.array(v, np.float64)))
@@ -61,6 +67,10 @@ class RequestTable:
     arrivals: str = attrs.field(default="trace", validator=attrs.validators.in_(ARRIVALS))
     unsorted_line: int | None = None
     rejected: int = 0
+    lines: np.ndarray | None = attrs.field(default=None, eq=False)
+    read_to_line: int | None = None
+    size_bytes: int | None = None
+    sha256: str | None = None
 
     def __attrs_post_init__(self) -> None:
         n = self.arrival_s.shape[0]
@@ -97,7 +107,16 @@ class RequestTable:
             output_tokens=self.output_tokens[index],
             prefix_offsets=offsets,
             prefix_blocks=blocks,
+            lines=None if self.lines is None else frozen(self.lines[index]),
         )
+
+    def where(self, index: int) -> tuple[str, int | None, str]:
+        """Where request ``index`` is, for a :class:`TraceError`: ``(source, line, what)``,
+        the file and line of a trace's row (``what`` empty), else the source and the
+        request's number."""
+        if self.lines is not None:
+            return self.source, int(self.lines[index]), ""
+        return self.source, None, f"request {index} "
 
     def limit(self, count: int) -> RequestTable:
         """The first ``count`` requests."""

@@ -6,10 +6,10 @@ import csv
 import gzip
 import io
 import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
+from ..outfile import FileKind, OutputFile
 from .formats import BY_NAME, FORMATS, TraceFormat
 from .request_table import RequestTable
 
@@ -42,8 +42,14 @@ def trace_text(table: RequestTable, entry: TraceFormat) -> str:
     return buffer.getvalue()
 
 
+#: A trace as one file stepplan writes: its formats are other programs', with no room for
+#: a mark, so ``sim/outfile.py``'s rule never replaces an existing file with one.
+TRACE_FILE = FileKind("a trace", lambda sample: False)
+
+
 def write_trace(table: RequestTable, path: str | Path, fmt: str) -> None:
-    """Write ``table`` as a ``fmt`` trace, gzip-compressed when ``path`` ends in ``.gz``.
+    """Write ``table`` as a ``fmt`` trace, gzip-compressed when ``path`` ends in ``.gz``,
+    to a new file (:data:`TRACE_FILE`).
 
     Azure timestamps count from 2023-11-16 00:00; integer timestamps are rounded to
     the format's unit (ms for Mooncake, ns for LLMServingSim). The file appears whole
@@ -52,12 +58,7 @@ def write_trace(table: RequestTable, path: str | Path, fmt: str) -> None:
     if fmt not in BY_NAME:
         raise ValueError(f"unknown format {fmt!r} (known: {', '.join(FORMATS)})")
     data = trace_text(table, BY_NAME[fmt]).encode()
-    path = Path(path)
-    if path.suffix == ".gz":
+    out = OutputFile.claim(path, TRACE_FILE)
+    if Path(path).suffix == ".gz":
         data = gzip.compress(data, mtime=0)  # no timestamp: equal tables, equal bytes
-    partial = path.with_name(f".{path.name}.partial")
-    try:
-        partial.write_bytes(data)
-        os.replace(partial, path)  # readers never see a half-written trace
-    finally:
-        partial.unlink(missing_ok=True)
+    out.write(data)

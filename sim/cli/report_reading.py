@@ -1,0 +1,148 @@
+"""What a report reads of a results folder: one pass over its steps, a chunk at a time, so
+that a run of any length fits in memory.
+
+Of the steps it keeps the first :data:`HEAD_STEPS` (the step timeline), every ``k``-th
+step with each block of ``k`` steps' peaks of KV usage, queue and preemptions (the
+host-time and memory figures: ``k`` makes about :data:`FIGURE_STEPS` steps, 1 for a
+shorter run), the distinct step shapes with their counts (the bucketing figure and the
+bucket comparison, exact) and the richest step (the op graph); of the requests, the
+latency columns.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import attrs
+import numpy as np
+
+from ..results import (
+    SHAPE_COLUMNS,
+    SimResult,
+    StepShapes,
+    empty_table,
+    iter_steps,
+    iter_table,
+    read_summary,
+)
+from ..schema import KIND_ROWS, REQUESTS, STEPS_IN_MEMORY
+from ..table import Table, join_tables
+
+#: The steps the step timeline draws (``plots.timeline``'s window).
+HEAD_STEPS = 400
+#: About how many steps the per-step figures draw of a longer run.
+FIGURE_STEPS = 100_000
+#: Step columns whose peaks every block of the thinned steps keeps.
+PEAK_COLUMNS = ("kv_usage", "num_waiting", "num_preempted")
+#: Request columns the latency figure reads.
+LATENCY_COLUMNS = ("request_id", "ttft_s", "tpot_s")
+#: Step columns the figures read (the timeline, host time, memory, op graph; the shapes).
+STEP_COLUMNS = (
+    "step",
+    "start_s",
+    "duration_s",
+    "num_rows",
+    "num_tokens",
+    "plan_us",
+    *PEAK_COLUMNS,
+    *SHAPE_COLUMNS,
+)
+
+
+@attrs.frozen(eq=False)
+class ReportRun:
+    """A results folder as a report reads it (see the module docstring); each part is a
+    :class:`SimResult` with the run's summary, path and name.
+
+    Attributes:
+        head: the first steps, every column. sample: every ``every``-th step and each
+        block's peaks. shapes: the distinct step shapes. richest: the richest step.
+        latency: the requests' latency columns (no steps). every: the sample's stride.
+    """
+
+    head: SimResult
+    sample: SimResult
+    shapes: SimResult
+    richest: SimResult
+    latency: SimResult
+    every: int
+
+
+def read_latency(folder: Path, name: str | None = None) -> SimResult:
+    """The folder's summary and its requests' latency columns."""
+    summary = read_summary(folder)
+    chunks = list(iter_table(folder, REQUESTS, LATENCY_COLUMNS))
+    steps = empty_table(STEPS_IN_MEMORY)
+    return SimResult(
+        steps, join_tables(chunks, REQUESTS), np.zeros(0), summary, path=folder, name=name
+    )
+
+
+def read_report_run(folder: Path, name: str | None = None) -> ReportRun:
+    """:class:`ReportRun` of ``folder`` (``name``: the run's name in legends)."""
+    latency = read_latency(folder, name)
+    steps = int(latency.summary.get("steps", {}).get("count", 0) or 0)
+    every = max(1, math.ceil(steps / FIGURE_STEPS))
+    head: list[Table] = []
+    sample: list[Table] = []
+    shapes, richest = StepShapes(), _Richest()
+    for chunk in iter_steps(folder, STEP_COLUMNS):
+        if sum(c.num_rows for c in head) < HEAD_STEPS:
+            head.append(_rows(chunk, np.arange(min(chunk.num_rows, HEAD_STEPS))))
+        sample.append(_rows(chunk, _thinned(chunk, every)))
+        shapes.add(chunk)
+        richest.add(chunk)
+
+    def part(table: Table) -> SimResult:
+        return attrs.evolve(latency, steps=table, requests=empty_table(REQUESTS))
+
+    head_table = _rows(join_tables(head, STEPS_IN_MEMORY), np.arange(HEAD_STEPS))
+    return ReportRun(
+        head=part(head_table),
+        sample=part(join_tables(sample, STEPS_IN_MEMORY)),
+        shapes=part(shapes.table()),
+        richest=part(richest.table or head_table),
+        latency=latency,
+        every=every,
+    )
+
+
+def _rows(table: Table, index: np.ndarray) -> Table:
+    """Rows ``index`` of ``table`` (those past its end left out)."""
+    index = index[index < table.num_rows]
+    return Table.from_columns(table.name, {k: v[index] for k, v in table.items()})
+
+
+def _thinned(steps: Table, every: int) -> np.ndarray:
+    """``[k], int64`` the rows of a chunk the figures draw: every ``every``-th step and,
+    in each block of ``every`` steps, the first step of each peak column's maximum."""
+    step = steps.column("step")
+    keep = step % every == 0
+    if every > 1:
+        block = step // every
+        for name in PEAK_COLUMNS:
+            if name in steps:
+                order = np.lexsort((-steps[name], block))
+                first = np.r_[True, block[order][1:] != block[order][:-1]]
+                keep[order[first]] = True
+    return np.flatnonzero(keep)
+
+
+class _Richest:
+    """The run's richest step (most kinds of rows, then most rows; the first of equals),
+    kept as its chunks go by."""
+
+    def __init__(self) -> None:
+        self.table: Table | None = None
+        self._key = (-1, -1)
+
+    def add(self, steps: Table) -> None:
+        if steps.num_rows == 0:
+            return
+        kinds = sum((steps.column(name) > 0).astype(np.int64) for name in KIND_ROWS.values())
+        rows = steps.column("num_rows")
+        row = int(np.lexsort((-rows, -kinds))[0])
+        key = (int(kinds[row]), int(rows[row]))
+        if key > self._key:
+            self._key, self.table = key, _rows(steps, np.array([row]))
