@@ -197,9 +197,9 @@ def instance_maker(
     attributes ``names`` to a tuple's values, in order, and ``nones`` to ``None``.
 
     Made for these names as :mod:`dataclasses` makes an ``__init__``: from source, one
-    attribute store per name, which Python runs as specialized instructions. On this
-    project's VM, for vLLM 0.33's metadata as slots: 0.4 µs a build, against 1.6 µs
-    for a ``__dict__`` built of the values and 1.2 µs for the dataclass's ``__init__``.
+    attribute store per name, which Python runs as specialized instructions. For vLLM
+    0.33's metadata, its fields slots, 0.5 µs a build on this project's VM, as much as the
+    duck-typed builder's named tuple, against 1.6 µs for a ``__dict__`` of the values.
     """
     for name in (*names, *nones):
         if not name.isidentifier() or keyword.iskeyword(name):
