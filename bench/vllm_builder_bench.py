@@ -5,8 +5,9 @@ Where vLLM is installed, each batch (drawn afresh every step) first runs through
 (``vllm_plugged.py``): stepplan's builder as vLLM's plugin loader hands it out
 (``StepplanPleBuilder``, one layer group, ``idle`` and ``busy``), beside vLLM 0.33's own
 ``PleShortConvAttentionMetadataBuilder`` on the same steps, in the same rounds, both fed
-vLLM's own ``CommonAttentionMetadata``; then the synchronizations per build of each, a
-check that every field equals vLLM's, and on a GPU a CUDA graph of vLLM's ``ple_conv``
+vLLM's own ``CommonAttentionMetadata``; then the synchronizations per build of each,
+how many of stepplan's opening launches were replayed as CUDA graphs and what one costs,
+a check that every field equals vLLM's, and on a GPU a CUDA graph of vLLM's ``ple_conv``
 captured over ``build_for_cudagraph_capture``'s fields and replayed after later builds.
 The ratio table gives vLLM's p50 over stepplan's. The cases below are the duck-typed
 ``PlanMetadataBuilder`` (seed revision), as measured for issue 21.
@@ -33,8 +34,9 @@ Each measurement runs in rounds; each round starts with a host-speed check (p50 
 fixed pure-Python loop, ``runtime_bench.fixed_work``). A round is *quiet* when its
 speed is within 1.25x of the best round's (the lent hosts have phases that slow every
 host cost about 4x); the table gives the p50 over the quiet rounds and lists the slow
-rounds with their speed. Then, per batch: the launch alone (replayed as a graph, past
-Triton's dispatch, and through it), the synchronizations per build under
+rounds with their speed. Then, per batch: how many launches were replayed as graphs, the
+launch alone (replayed as a graph, past Triton's dispatch, and through it), the
+synchronizations per build under
 ``torch.cuda.set_sync_debug_mode("warn")`` (with a positive control: reading a device
 tensor the old way counts), and a check of the fields against the host oracle.
 
@@ -43,6 +45,11 @@ transport and builds on vLLM's base builder; its figures are quoted in bench/RES
 
     python3 bench/vllm_builder_bench.py [--rounds 12] [--builds 200] [--no-vllm]
     python3 bench/vllm_builder_bench.py --smoke   # tiny, on the CPU too: no timing claims
+    python3 bench/vllm_builder_bench.py --host-only   # the host's work alone, on the CPU
+
+``--host-only`` leaves every build's device half out (stepplan's builder through vLLM
+too, without vLLM's own builder, all of whose work is host work there): on one core
+(``taskset -c 1``), what the host pays per build, free of any GPU host's launch costs.
 """
 
 from __future__ import annotations
@@ -328,7 +335,7 @@ class Case:
         self.pool = batch_steps(self.rng, *self.batch, recurring) if recurring else None
         self.share = StepShare(config, device, num_groups=GROUPS)
         if host_only:
-            self.share.buffer.open = self.share.buffer.slots = lambda *args: None
+            leave_device_half_out(self.share)
         self.builders = [
             PlanMetadataBuilder(config, device, share=self.share, group=g) for g in range(GROUPS)
         ]
@@ -347,6 +354,12 @@ class Case:
 
 
 MODES = ("idle", "busy", "4 groups", "busy 4 gr.", "further")
+
+
+def leave_device_half_out(share: StepShare) -> None:
+    """``share``'s builds without their launches (or, on the CPU, the torch operations
+    that stand in for them): the host's work alone."""
+    share.buffer.open = share.buffer.slots = lambda *args: None
 
 
 def make_cases(device: str, batches: dict, config: PlannerConfig, host_only: bool) -> dict:
@@ -383,10 +396,18 @@ def main(argv: list[str] | None = None) -> None:
     if args.host_only:
         print("# host only: the device half (the gathers) left out of every build")
     cases = make_cases(device, batches, config, args.host_only)
-    plugged = None if args.no_vllm or args.host_only else vllm_part()
+    plugged = None if args.no_vllm else vllm_part()
     if plugged is not None:
         builder_cls = plugged.plugged_builder_class()
-        cases = plugged.make_cases(device, batches, batch_draw, SPEC_TOKENS, builder_cls) | cases
+        # Host only: stepplan's builder through vLLM, without vLLM's own (all of whose
+        # work is host work on the CPU).
+        found = plugged.make_cases(
+            device, batches, batch_draw, SPEC_TOKENS, builder_cls, own=not args.host_only
+        )
+        if args.host_only:
+            for case in found.values():
+                leave_device_half_out(case.builders[0].stepplan.share)
+        cases = found | cases
     freeze_startup_objects()
     try:
         report(cases, rounds, builds, device, config, args.host_only)
@@ -429,14 +450,15 @@ def report(cases: dict, rounds: int, builds: int, device: str, config, host_only
     print_ratios(results)
     for label, case in cases.items():
         if not isinstance(case, Case):
-            if label.endswith("in vLLM"):
-                theirs = cases[label.replace("in vLLM", "vLLM 0.33")]
-                print(plugged_line(label, case, theirs, device))
+            theirs = cases.get(label.replace("in vLLM", "vLLM 0.33"))
+            if label.endswith("in vLLM") and theirs is not None:
+                print(plugged_line(label, case, theirs, device, builds))
             continue
         share, builders, engine = case.share, case.builders, case.engine
         line = [f"{label:<22} compiles {share.num_compiles} for {share.num_steps} steps"]
         step = case.steps(1)[0]
         if device == "cuda":
+            line.append(replays(share))
             parts = launch_parts(share, engine, step, builds)
             line += [f"{part} {us:.1f} µs" for part, us in parts.items()]
             metadata, kwargs = engine.step(step)
@@ -464,12 +486,23 @@ def print_ratios(results: dict) -> None:
                 )
 
 
-def plugged_line(label: str, ours, theirs, device: str) -> str:
-    """Syncs per build of both builders (GPU) and stepplan's fields against vLLM's."""
+def replays(share: StepShare) -> str:
+    """How many of ``share``'s launches so far were replayed as CUDA graphs."""
+    launcher = share.buffer._launcher
+    return f"launches replayed {launcher.num_replays} ({share.num_steps} steps)"
+
+
+def plugged_line(label: str, ours, theirs, device: str, builds: int) -> str:
+    """Syncs per build of both builders (GPU), how many of stepplan's opening launches were
+    replayed as graphs and what one costs (GPU), and stepplan's fields against vLLM's."""
     step = ours.steps(1)[0]
     theirs.steps(1)  # the pair draws alike
     line = [f"{label:<32}"]
     if device == "cuda":
+        share = ours.builders[0].stepplan.share
+        line.append(replays(share))
+        parts = launch_parts(share, ours.engine, step, builds)
+        line += [f"{part} {us:.1f} µs" for part, us in parts.items()]
         for name, case in (("stepplan", ours), ("vLLM", theirs)):
             metadata, kwargs = case.engine.step(step)
             syncs = count_syncs(functools.partial(build_all, case.builders, metadata, kwargs))

@@ -174,17 +174,22 @@ class PluggedCase:
         return self._draw(self.rng, count)
 
 
-def make_cases(device: str, batches: dict, draw: Any, spec_tokens: int, plugged: type) -> dict:
+def make_cases(
+    device: str, batches: dict, draw: Any, spec_tokens: int, plugged: type, *, own: bool = True
+) -> dict:
     """Per batch whose steps are drawn afresh, stepplan's builder through vLLM's subclass
-    and vLLM's own, each on the same steps (``draw(rng, batch, count)``, the same seed)."""
+    and (``own``) vLLM's own, each on the same steps (``draw(rng, batch, count)``, the
+    same seed)."""
     batches = {name: batch for name, batch in batches.items() if not batch[4]}
     rows = max(spec + decode + len(prefills) for spec, decode, prefills, *_ in batches.values())
     config, spec = engine_config(spec_tokens, max(rows, 8)), kv_cache_spec(spec_tokens)
     cases = {}
     for index, (name, batch) in enumerate(batches.items()):
         engine = VllmEngine(device, rows, spec_tokens)
-        own = PleShortConvAttentionMetadataBuilder
-        for label, kind in (("in vLLM", plugged), ("vLLM 0.33", own)):
+        kinds = {"in vLLM": plugged}
+        if own:
+            kinds["vLLM 0.33"] = PleShortConvAttentionMetadataBuilder
+        for label, kind in kinds.items():
             builder = kind(spec, ["model.layers.0.ple"], config, torch.device(device))
             cases[f"{name} | {label}"] = PluggedCase(
                 builder, engine, lambda rng, count, batch=batch: draw(rng, batch, count), index

@@ -27,6 +27,7 @@ from stepplan.executor.vllm import (
     host_array,
     host_inputs,
     plan_from_common_metadata,
+    vllm_split,
 )
 from stepplan.planner import (
     PlanError,
@@ -581,3 +582,37 @@ def test_flat_int32_tensors_are_read_in_place_and_the_rest_through_numpy():
         found = share.host_bytes(starts, None, 2, None)  # None: not contiguous, read apart
         assert found is None if name == "strided" else found[2] == 3, name
         assert host_inputs.host_types(starts, None)[0] == tensor.numpy().dtype, name
+
+
+def split_row_by_row(starts, rows, tokens, prefilling, upper) -> tuple[int, int, int]:
+    """vLLM 0.33's split of a step without spec rows, one row at a time: the first row of
+    more than one token, or still prefilling unless vLLM updates it as a decode (one token
+    with state before it), opens the prefills."""
+    for row in range(rows):
+        length = int(starts[row + 1] - starts[row])
+        updated = length == 1 and upper[row] > 1
+        if length > 1 or (prefilling[row] and not updated):
+            longest = max(int(starts[r + 1] - starts[r]) for r in range(row, rows))
+            return row, int(starts[row]), longest
+    return rows, tokens, 0
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 4), min_size=1, max_size=40),
+    extra=st.integers(0, 3),
+    data=st.data(),
+    dtype=st.sampled_from([np.int32, np.int64]),
+)
+def test_vllm_split_follows_its_rule_row_by_row(lengths, extra, data, dtype):
+    """The split of steps of one-token, empty and longer rows, any of them still
+    prefilling, with or without state before them; arrays longer than ``num_reqs``."""
+    rows = len(lengths)
+    size = rows + extra
+    starts = np.concatenate([[0], np.cumsum(lengths + [0] * extra)]).astype(dtype)
+    prefilling = np.array(data.draw(st.lists(st.booleans(), min_size=size, max_size=size)))
+    upper = np.array(data.draw(st.lists(st.integers(0, 5), min_size=size, max_size=size)))
+    tokens = int(starts[rows]) + data.draw(st.integers(0, 3))
+    got = vllm_split(starts, rows, tokens, prefilling, upper)
+    assert got == split_row_by_row(starts, rows, tokens, prefilling, upper)
+    assert all(type(value) is int for value in got)

@@ -22,6 +22,7 @@ from vllm.v1.attention.backends.short_conv_attn import (
     PleShortConvAttentionMetadataBuilder,
     ShortConvAttentionMetadataBuilder,
 )
+from vllm.v1.worker.utils import AttentionGroup
 
 from stepplan.executor.vllm import VLLM_0_33, PlanMetadataBuilder, plugin, revision_for_vllm
 from stepplan.executor.vllm.vllm_builder import field_differences
@@ -153,6 +154,52 @@ def test_capture_builds_equal_vllms_own(builders, seed, setup, data):
     want = theirs.build_for_cudagraph_capture(m)
     got = ours.build_for_cudagraph_capture(m)
     assert field_differences(got, want) == []
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), setup=st.sampled_from(runner.SETUPS))
+def test_vllms_own_call_paths_reach_the_builder(plugged, seed, setup):
+    """Through vLLM's ``AttentionGroup``, as its runner and its drafters call builders
+    (``build_metadata`` with the runner's keyword arguments, ``..._for_cudagraph_capture``,
+    ``..._for_drafting``, which passes ``fast_build``): the same fields as vLLM's own
+    builder through the same calls."""
+    config, spec = setup.vllm_config(), setup.kv_cache_spec()
+    groups = []
+    for backend_builder in (plugged, PleShortConvAttentionMetadataBuilder):
+        group = AttentionGroup(PleShortConvAttentionBackend, ["ple"], spec, 0)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(
+                PleShortConvAttentionBackend,
+                "get_builder_cls",
+                staticmethod(lambda b=backend_builder: b),
+            )
+            group.create_metadata_builders(config, torch.device("cpu"))
+        groups.append(group)
+    ours, theirs = groups
+    assert type(ours.get_metadata_builder()) is plugged
+    rng = np.random.default_rng(seed)
+    batch = runner.runner_batch(rng, setup, int(rng.integers(1, 30)), (3, 2, 1))
+    m, kwargs = batch.common_metadata(), batch.build_kwargs()
+    assert (
+        field_differences(
+            ours.build_metadata(m, 0, **kwargs), theirs.build_metadata(m, 0, **kwargs)
+        )
+        == []
+    )
+    assert (
+        field_differences(
+            ours.build_metadata_for_drafting(m, 0), theirs.build_metadata_for_drafting(m, 0)
+        )
+        == []
+    )
+    capture = runner.capture_batch(rng, setup, 2).common_metadata()
+    assert (
+        field_differences(
+            ours.build_metadata_for_cudagraph_capture(capture),
+            theirs.build_metadata_for_cudagraph_capture(capture),
+        )
+        == []
+    )
 
 
 def test_limits_equal_vllms_own(builders):

@@ -193,14 +193,24 @@ def vllm_split(
     Returns:
         ``(num_decodes, num_decode_tokens, max_prefill_query_len)``.
     """
-    starts = np.asarray(query_start)[: rows + 1].astype(np.int64)
-    lengths = np.diff(starts)
-    prefilling = np.asarray(is_prefilling)[:rows].astype(bool)
-    updated = (np.asarray(seq_lens_upper)[:rows] > lengths) & (lengths == 1)
-    prefill = (lengths > 1) | (prefilling & ~updated)
-    if not prefill.any():
+    # A handful of numpy calls whatever the rows: each costs about a microsecond here,
+    # so the rule is applied to the few rows that can change the answer, not to all.
+    starts = np.asarray(query_start)[: rows + 1]
+    lengths = starts[1:] - starts[:-1]
+    longer = lengths > 1
+    first = int(longer.argmax())
+    if not longer[first]:
+        first = rows
+    # Before the first longer row, only a row still prefilling (one token or none) can be
+    # a prefill: unless vLLM updates it as a decode.
+    waiting = np.asarray(is_prefilling)[:first].nonzero()[0]
+    if waiting.size:
+        upper = np.asarray(seq_lens_upper)[waiting]
+        found = waiting[(lengths[waiting] != 1) | (upper <= 1)]
+        if found.size:
+            first = int(found[0])
+    if first == rows:
         return rows, tokens, 0
-    first = int(prefill.argmax())
     return first, int(starts[first]), int(lengths[first:].max())
 
 
