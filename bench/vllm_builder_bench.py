@@ -106,8 +106,13 @@ class Metadata:
 class Engine:
     """Persistent device buffers as vLLM keeps them, and one step's metadata per group."""
 
-    def __init__(self, device: str, rows: int, rng: np.random.Generator) -> None:
+    def __init__(
+        self, device: str, rows: int, rng: np.random.Generator, *, uploads: bool = False
+    ) -> None:
         self.device = torch.device(device)
+        # ``uploads``: every step uploads its device values from pinned memory in stream
+        # order before the builds, as vLLM's runner (and ``vllm_plugged.VllmEngine``) does.
+        self.uploads = uploads
         self.query_start = torch.zeros(rows + 1, dtype=torch.int32, device=device)
         self.seq_lens = torch.zeros(rows, dtype=torch.int32, device=device)
         self.accepted = torch.ones(rows, dtype=torch.int32, device=device)
@@ -121,7 +126,20 @@ class Engine:
         build's keyword arguments; ``upload`` also writes the device values (for checks)."""
         rows = len(inputs["query_lens"])
         starts = np.concatenate([[0], np.cumsum(inputs["query_lens"])]).astype(np.int32)
-        if upload:
+        if self.uploads:
+            computed = inputs["num_computed_tokens"] + inputs["query_lens"]
+            pairs = [
+                (self.query_start[: rows + 1], starts),
+                (self.seq_lens[:rows], computed),
+                (self.accepted[:rows], inputs["num_accepted_tokens"]),
+            ]
+            pairs += [(t[:rows, 0], inputs["slots"][g]) for g, t in enumerate(self.tables)]
+            for target, values in pairs:
+                source = torch.from_numpy(np.ascontiguousarray(values, dtype=np.int32))
+                if self.device.type == "cuda":
+                    source = source.pin_memory()
+                target.copy_(source, non_blocking=True)
+        elif upload:
             self.query_start[: rows + 1] = torch.from_numpy(starts)
             computed = inputs["num_computed_tokens"] + inputs["query_lens"]
             self.seq_lens[:rows] = torch.from_numpy(computed)
@@ -329,7 +347,9 @@ def check_fields(builders, engine: Engine, inputs: dict, config: PlannerConfig) 
 class Case:
     """One batch's four builders on one share, its engine and how its steps are drawn."""
 
-    def __init__(self, config, device, batch, seed: int, host_only: bool, tables: bool) -> None:
+    def __init__(
+        self, config, device, batch, seed: int, host_only: bool, tables: bool, uploads=False
+    ) -> None:
         self.batch, self.rng = batch[:4], np.random.default_rng(seed)
         spec, decode, prefills, _, recurring = batch
         self.pool = batch_steps(self.rng, *self.batch, recurring) if recurring else None
@@ -339,10 +359,12 @@ class Case:
         self.builders = [
             PlanMetadataBuilder(config, device, share=self.share, group=g) for g in range(GROUPS)
         ]
-        self.engine = Engine(device, spec + decode + len(prefills), self.rng)
+        self.engine = Engine(device, spec + decode + len(prefills), self.rng, uploads=uploads)
         if tables:
             self.share.register_block_tables(self.engine.tables)
         self.modes = ("4 groups", "further", "busy 4 gr.") if tables else MODES
+        if uploads:
+            self.modes = ("idle", "busy")
 
     def steps(self, count: int) -> list[dict]:
         """``count`` steps: drawn afresh, or in turn from the pool of recurring ones (their
@@ -362,13 +384,18 @@ def leave_device_half_out(share: StepShare) -> None:
     share.buffer.open = share.buffer.slots = lambda *args: None
 
 
-def make_cases(device: str, batches: dict, config: PlannerConfig, host_only: bool) -> dict:
+def make_cases(
+    device: str, batches: dict, config: PlannerConfig, host_only: bool, uploads: bool = False
+) -> dict:
     """Per batch a :class:`Case`, and one more whose share has the engine's block tables
     registered (``+tables``); with ``host_only`` (CPU only) the device half of every
-    build is left out."""
+    build is left out; ``uploads`` adds one whose engine uploads each step's device values
+    before its builds, as vLLM's runner does (``+uploads``)."""
     cases = {}
     for index, (name, batch) in enumerate(batches.items()):
         cases[name] = Case(config, device, batch, index, host_only, False)
+        if uploads:
+            cases[f"{name} +uploads"] = Case(config, device, batch, index, host_only, False, True)
         cases[f"{name} +tables"] = Case(config, device, batch, index, host_only, True)
     return cases
 
@@ -382,11 +409,26 @@ def main(argv: list[str] | None = None) -> None:
         "--host-only", action="store_true", help="CPU: leave the device half of builds out"
     )
     parser.add_argument("--no-vllm", action="store_true", help="leave vLLM's cases out")
+    parser.add_argument(
+        "--batches", help="comma-separated batch names to run (default: every batch)"
+    )
+    parser.add_argument(
+        "--uploads-apart",
+        action="store_true",
+        help="add stepplan's builder through vLLM on an engine that uploads nothing between "
+        "builds, and the duck-typed builder on one that uploads as vLLM's runner does",
+    )
     args = parser.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() and not args.host_only else "cpu"
     batches, rounds, builds = BATCHES, args.rounds, args.builds
     if args.smoke:
         batches, rounds, builds = SMOKE_BATCHES, 2, 8
+    if args.batches:
+        wanted = [name.strip() for name in args.batches.split(",")]
+        unknown = [name for name in wanted if name not in batches]
+        if unknown:
+            parser.error(f"--batches: unknown {unknown[0]!r} (known: {', '.join(batches)})")
+        batches = {name: batches[name] for name in wanted}
     config = PlannerConfig(num_spec_tokens=SPEC_TOKENS, graph_mode="full")
     name = torch.cuda.get_device_name() if device == "cuda" else platform.processor() or "cpu"
     print(
@@ -395,14 +437,20 @@ def main(argv: list[str] | None = None) -> None:
     )
     if args.host_only:
         print("# host only: the device half (the gathers) left out of every build")
-    cases = make_cases(device, batches, config, args.host_only)
+    cases = make_cases(device, batches, config, args.host_only, args.uploads_apart)
     plugged = None if args.no_vllm else vllm_part()
     if plugged is not None:
         builder_cls = plugged.plugged_builder_class()
         # Host only: stepplan's builder through vLLM, without vLLM's own (all of whose
         # work is host work on the CPU).
         found = plugged.make_cases(
-            device, batches, batch_draw, SPEC_TOKENS, builder_cls, own=not args.host_only
+            device,
+            batches,
+            batch_draw,
+            SPEC_TOKENS,
+            builder_cls,
+            own=not args.host_only,
+            without_uploads=args.uploads_apart,
         )
         if args.host_only:
             for case in found.values():

@@ -106,8 +106,11 @@ class VllmEngine:
     the block table, accepted counts, the slot mapping), and each step's own
     ``CommonAttentionMetadata`` over them."""
 
-    def __init__(self, device: str, rows: int, spec_tokens: int) -> None:
+    def __init__(self, device: str, rows: int, spec_tokens: int, *, uploads: bool = True) -> None:
         self.device = torch.device(device)
+        # Without ``uploads`` a step leaves the device values as they were (stepplan's
+        # builder reads only host values): it shows what the runner's uploads cost the build.
+        self.uploads = uploads
         self.query_start = torch.zeros(rows + 1, dtype=torch.int32, device=device)
         self.seq_lens = torch.zeros(rows, dtype=torch.int32, device=device)
         self.accepted = torch.ones(rows, dtype=torch.int32, device=device)
@@ -124,8 +127,8 @@ class VllmEngine:
         self, inputs: dict, *, upload: bool = False, padded_tokens: int | None = None
     ) -> tuple[list[CommonAttentionMetadata], dict]:
         """The step's metadata (one group) and the build's keyword arguments, as vLLM's
-        runner passes them, its device values uploaded (``upload`` is accepted for the
-        bench's other engine's signature)."""
+        runner passes them, its device values uploaded (always, unless the engine was made
+        without ``uploads``; ``upload`` asks for them regardless, for checks)."""
         q = inputs["query_lens"]
         rows = len(q)
         starts = np.concatenate([[0], np.cumsum(q)]).astype(np.int32)
@@ -133,11 +136,11 @@ class VllmEngine:
         # vLLM's own builder reads the device query starts, so every step uploads them,
         # as the runner does before its builds: from pinned memory, in stream order, so a
         # busy GPU keeps the host free and each build still sees its own step's values.
-        del upload
-        self._put(self.query_start[: rows + 1], starts)
-        self._put(self.seq_lens[:rows], seq_lens)
-        self._put(self.accepted[:rows], inputs["num_accepted_tokens"])
-        self._put(self.table[:rows, 0], inputs["slots"][0])
+        if upload or self.uploads:
+            self._put(self.query_start[: rows + 1], starts)
+            self._put(self.seq_lens[:rows], seq_lens)
+            self._put(self.accepted[:rows], inputs["num_accepted_tokens"])
+            self._put(self.table[:rows, 0], inputs["slots"][0])
         tokens = padded_tokens or int(starts[-1])
         drafts = inputs["num_draft_tokens"]
         m = CommonAttentionMetadata(
@@ -175,24 +178,35 @@ class PluggedCase:
 
 
 def make_cases(
-    device: str, batches: dict, draw: Any, spec_tokens: int, plugged: type, *, own: bool = True
+    device: str,
+    batches: dict,
+    draw: Any,
+    spec_tokens: int,
+    plugged: type,
+    *,
+    own: bool = True,
+    without_uploads: bool = False,
 ) -> dict:
     """Per batch whose steps are drawn afresh, stepplan's builder through vLLM's subclass
     and (``own``) vLLM's own, each on the same steps (``draw(rng, batch, count)``, the
-    same seed)."""
+    same seed); ``without_uploads`` adds stepplan's through vLLM on an engine that
+    uploads nothing between builds."""
     batches = {name: batch for name, batch in batches.items() if not batch[4]}
     rows = max(spec + decode + len(prefills) for spec, decode, prefills, *_ in batches.values())
     config, spec = engine_config(spec_tokens, max(rows, 8)), kv_cache_spec(spec_tokens)
     cases = {}
     for index, (name, batch) in enumerate(batches.items()):
         engine = VllmEngine(device, rows, spec_tokens)
-        kinds = {"in vLLM": plugged}
+        kinds = {"in vLLM": (plugged, engine)}
         if own:
-            kinds["vLLM 0.33"] = PleShortConvAttentionMetadataBuilder
-        for label, kind in kinds.items():
+            kinds["vLLM 0.33"] = (PleShortConvAttentionMetadataBuilder, engine)
+        if without_uploads:
+            quiet = VllmEngine(device, rows, spec_tokens, uploads=False)
+            kinds["in vLLM, no uploads"] = (plugged, quiet)
+        for label, (kind, its_engine) in kinds.items():
             builder = kind(spec, ["model.layers.0.ple"], config, torch.device(device))
             cases[f"{name} | {label}"] = PluggedCase(
-                builder, engine, lambda rng, count, batch=batch: draw(rng, batch, count), index
+                builder, its_engine, lambda rng, count, batch=batch: draw(rng, batch, count), index
             )
     return cases
 
