@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import attrs
 import numpy as np
 import torch
 
@@ -43,17 +44,23 @@ def dense_greedy(
 
 
 def tensor_parallel_generate(
-    rank: int, world_size: int, backend: str, device: str, new_tokens: int = NEW_TOKENS
+    rank: int,
+    world_size: int,
+    backend: str,
+    device: str,
+    new_tokens: int = NEW_TOKENS,
+    dtype: str = MODEL.dtype,
 ) -> tuple[list[list[int]], torch.Tensor]:
     """One tensor-parallel rank (:func:`~stepplan.executor.engine.launch_ranks`'s worker):
     the engine's ``new_tokens`` greedy tokens for :data:`PROMPTS` at ``world_size`` ranks
     (spec steps and chunked prefill on), then ``[4, V]`` logits after each prompt, every
-    prompt prefilled in one step."""
+    prompt prefilled in one step; the tiny model in ``dtype`` (half precision on CUDA takes
+    flash attention and CUDA graphs)."""
     if device == "cuda":
         device = f"cuda:{rank}"
     planner = PlannerConfig(num_spec_tokens=3, graph_mode="mixed", max_num_seqs=8)
     runner = HybridModelRunner(
-        MODEL,
+        attrs.evolve(MODEL, dtype=dtype),
         planner,
         num_slots=5,
         max_len=MAX_LEN,

@@ -34,11 +34,18 @@ def free_port() -> int:
 
 
 def launch_ranks(
-    world_size: int, worker: Callable[..., Any], args: tuple[Any, ...], device_type: str
+    world_size: int,
+    worker: Callable[..., Any],
+    args: tuple[Any, ...],
+    device_type: str,
+    threads_per_rank: int | None = None,
 ) -> list[Any]:
     """Run ``worker(rank, *args)`` in ``world_size`` spawned processes joined by a process
     group (NCCL for ``device_type = "cuda"``, rank ``r`` on GPU ``r``; gloo for ``"cpu"``)
     on a free localhost port; returns each rank's result, by rank.
+
+    ``threads_per_rank``: each rank's torch intra-op threads; default the host's cores
+    split evenly between the ranks (the ranks must not starve each other).
 
     ``worker``, ``args`` and the results must pickle (``worker`` a module-level function).
     A rank that raises makes this raise (``torch.multiprocessing.ProcessRaisedException``
@@ -48,10 +55,13 @@ def launch_ranks(
         raise ValueError(f"device_type: must be one of {tuple(BACKENDS)}, got {device_type!r}")
     if not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size: must be a positive integer, got {world_size!r}")
+    if threads_per_rank is not None and threads_per_rank < 1:
+        raise ValueError(f"threads_per_rank: must be at least 1, got {threads_per_rank}")
+    threads = threads_per_rank or max(1, (os.cpu_count() or 1) // world_size)
     with tempfile.TemporaryDirectory(prefix="stepplan-ranks-") as folder:
         torch.multiprocessing.spawn(
             _rank_main,
-            args=(world_size, free_port(), device_type, folder, worker, args),
+            args=(world_size, free_port(), device_type, threads, folder, worker, args),
             nprocs=world_size,
             join=True,
         )
@@ -65,17 +75,16 @@ def _rank_main(
     world_size: int,
     port: int,
     device_type: str,
+    threads: int,
     folder: str,
     worker: Callable[..., Any],
     args: tuple[Any, ...],
 ) -> None:
     """One rank's process: join the group, run ``worker``, leave its result in ``folder``."""
     distributed = torch.distributed
+    torch.set_num_threads(threads)
     if device_type == "cuda":
         torch.cuda.set_device(rank)
-    else:
-        # The ranks share the host's cores: one rank's threads must not starve another's.
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
     distributed.init_process_group(
         BACKENDS[device_type],
         init_method=f"tcp://127.0.0.1:{port}",
