@@ -173,6 +173,8 @@ def main(argv: list[str] | None = None) -> None:
         "tp1_generated_tokens_per_s": generated / single["wall_s"],
         f"tp{args.tensor}_generated_tokens_per_s": generated / max(r["wall_s"] for r in ranks),
         "mismatched_requests": mismatched,
+        # Two row-parallel projections a layer (the mixer's, the MLP's): one sum each.
+        "all_reduces_per_step": 2 * len(MODEL_PRESETS[args.preset]["layer_kinds"]),
     }
     record = {
         "benchmark": "tp_live",
