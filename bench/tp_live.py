@@ -136,6 +136,12 @@ def device_info(device: str) -> dict:
     }
 
 
+def shown(path: Path) -> str:
+    """``path`` relative to the repository where it lies inside it."""
+    path = path.resolve()
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
 def commit() -> dict:
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout
@@ -149,7 +155,11 @@ def commit() -> dict:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.tensor < 2:
-        raise SystemExit(f"tp_live: --tensor must be at least 2, got {args.tensor}")
+        print(f"tp_live: --tensor must be at least 2, got {args.tensor}", file=sys.stderr)
+        raise SystemExit(2)
+    if args.backend == "triton" and args.device == "cpu" and not os.environ.get("TRITON_INTERPRET"):
+        print("tp_live: --backend triton on the CPU needs TRITON_INTERPRET=1", file=sys.stderr)
+        raise SystemExit(2)
     lengths = trace_slice(args.trace, args.requests, args.max_prompt, args.max_new)
     runs = {
         t: launch_ranks(t, serve, (t, args, lengths), args.device, args.threads)
@@ -176,17 +186,18 @@ def main(argv: list[str] | None = None) -> None:
         # Two row-parallel projections a layer (the mixer's, the MLP's): one sum each.
         "all_reduces_per_step": 2 * len(MODEL_PRESETS[args.preset]["layer_kinds"]),
     }
+    interpreted = ["TRITON_INTERPRET=1"] if os.environ.get("TRITON_INTERPRET") else []
     record = {
         "benchmark": "tp_live",
         "date": dt.date.today().isoformat(),
         "device": device_info(args.device),
-        "command": " ".join(["python", "bench/tp_live.py", *sys.argv[1:]]),
+        "command": " ".join([*interpreted, "python", "bench/tp_live.py", *sys.argv[1:]]),
         **commit(),
         "settings": {
             "preset": args.preset,
             "backend": args.backend,
             "device": args.device,
-            "trace": str(args.trace),
+            "trace": shown(args.trace),
             "max_prompt": args.max_prompt,
             "max_new": args.max_new,
             "process_group": "nccl" if args.device == "cuda" else "gloo",
