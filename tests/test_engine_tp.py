@@ -6,6 +6,7 @@ all-reduce's summation order. The NCCL run of the same on two GPUs is
 
 from __future__ import annotations
 
+import attrs
 import pytest
 import torch
 from engine_cases import MODEL, NEW_TOKENS, PROMPTS, tensor_parallel_generate
@@ -13,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stepplan.executor.engine import launch_ranks
-from stepplan.executor.model import HybridModelRunner, make_weights
+from stepplan.executor.model import HybridModelRunner, ModelShape, make_weights
 from stepplan.executor.model.parallel import TensorShard
 from stepplan.planner import PlannerConfig
 
@@ -26,10 +27,10 @@ def single_process() -> tuple[list[list[int]], torch.Tensor]:
     return tensor_parallel_generate(0, 1, "reference", "cpu")
 
 
-def _joined(size: int) -> list[torch.Tensor]:
+def _joined(shape: ModelShape, size: int) -> list[torch.Tensor]:
     """Every rank's weights, each tensor's blocks joined back along the dim it was cut."""
-    ranks = [make_weights(MODEL, "cpu", TensorShard(rank, size)).tensors() for rank in range(size)]
-    whole = make_weights(MODEL, "cpu").tensors()
+    ranks = [make_weights(shape, "cpu", TensorShard(rank, size)).tensors() for rank in range(size)]
+    whole = make_weights(shape, "cpu").tensors()
     joined = []
     for index, full in enumerate(whole):
         parts = [tensors[index] for tensors in ranks]
@@ -57,11 +58,12 @@ def _rows(parts: list[torch.Tensor], full: torch.Tensor) -> torch.Tensor:
     raise AssertionError(f"no way of joining the row blocks gives the whole {tuple(full.shape)}")
 
 
-@settings(max_examples=3, deadline=None)
-@given(size=st.sampled_from([1, 2]))
-def test_rank_blocks_join_into_the_single_process_weights(size):
-    whole = make_weights(MODEL, "cpu").tensors()
-    joined = _joined(size)
+@settings(max_examples=6, deadline=None)
+@given(size=st.sampled_from([1, 2]), seed=st.integers(0, 2**31 - 1))
+def test_rank_blocks_join_into_the_single_process_weights(size, seed):
+    shape = attrs.evolve(MODEL, seed=seed)
+    whole = make_weights(shape, "cpu").tensors()
+    joined = _joined(shape, size)
     assert all(torch.equal(a, b) for a, b in zip(joined, whole, strict=True))
 
 

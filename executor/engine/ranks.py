@@ -16,14 +16,15 @@ import os
 import pickle
 import socket
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import torch
 
 #: Process-group backends by device type: NCCL between GPUs, gloo between CPU processes.
-BACKENDS = {"cuda": "nccl", "cpu": "gloo"}
+BACKENDS: Mapping[str, str] = MappingProxyType({"cuda": "nccl", "cpu": "gloo"})
 
 
 def free_port() -> int:

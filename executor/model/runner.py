@@ -294,6 +294,8 @@ class HybridModelRunner:
         self, batch: StepBatch, token_ids: np.ndarray, sample_index: np.ndarray
     ) -> np.ndarray:
         """Plan ``batch`` and run it: :meth:`run_plan` of ``self.planner.compile(batch)``."""
+        # Every tensor-parallel rank compiles this plan itself, with no broadcast: the plan
+        # is a pure function of a batch that every rank derives from the same tokens.
         return self.run_plan(self.planner.compile(batch), token_ids, sample_index)
 
     def run_plan(
