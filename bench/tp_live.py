@@ -74,12 +74,16 @@ def trace_slice(path: Path, requests: int, max_prompt: int, max_new: int) -> lis
     return lengths
 
 
+def prompts_of(shape: ModelShape, lengths: list[tuple[int, int]]) -> list[list[int]]:
+    """Seeded random prompt ids of the slice's prompt lengths (the same on every rank)."""
+    rng = np.random.default_rng(0)
+    return [rng.integers(0, shape.vocab_size, n).tolist() for n, _ in lengths]
+
+
 def serve(rank: int, tensor: int, args: argparse.Namespace, lengths: list) -> dict:
     """One rank: build the engine at ``tensor`` ranks, serve the slice twice, time the second."""
     shape = ModelShape(**MODEL_PRESETS[args.preset], seed=0)
-    rng = np.random.default_rng(0)
-    prompts = [rng.integers(0, shape.vocab_size, n).tolist() for n, _ in lengths]
-    new = [n for _, n in lengths]
+    prompts, new = prompts_of(shape, lengths), [n for _, n in lengths]
     device = f"cuda:{rank}" if args.device == "cuda" else "cpu"
     planner = PlannerConfig(num_spec_tokens=SPEC_TOKENS, graph_mode="mixed", max_num_seqs=8)
     runner = HybridModelRunner(

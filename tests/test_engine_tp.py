@@ -17,6 +17,7 @@ from stepplan.executor.engine import launch_ranks
 from stepplan.executor.model import HybridModelRunner, ModelShape, make_weights
 from stepplan.executor.model.parallel import TensorShard
 from stepplan.planner import PlannerConfig
+from stepplan.sim.presets import MODEL_PRESETS
 
 LOGITS_TOLERANCE = 1e-4  # fp32 logits of O(1): far below the greedy choices' leads
 
@@ -72,6 +73,21 @@ def test_rank_weights_have_the_rank_shapes_parameter_count():
     weights = make_weights(MODEL, "cpu", shard)
     assert weights.num_params() == shard.rank_shape(MODEL).num_params
     assert weights.layers[0].mixer.in_proj.untyped_storage().nbytes() == 32 * 32 * 4  # not a view
+
+
+@pytest.mark.parametrize("preset", sorted(MODEL_PRESETS))
+def test_ranks_hold_the_split_parameters_once_and_the_rest_each(preset):
+    """Per rank: embedding, LM head and norms whole, every other parameter a 1/N share."""
+    shape = ModelShape(**MODEL_PRESETS[preset])
+    hidden = shape.hidden_size
+    whole_on_each = 2 * shape.vocab_size * hidden + hidden + 2 * hidden * shape.num_layers
+    for size in (1, 2, 4, 8):
+        if shape.num_kv_heads % size:
+            with pytest.raises(ValueError, match=f"tensor_parallel: {size} ranks must divide"):
+                TensorShard(0, size).rank_shape(shape)
+            continue
+        split = shape.num_params - whole_on_each
+        assert TensorShard(0, size).rank_shape(shape).num_params == whole_on_each + split // size
 
 
 def test_world_size_one_needs_no_process_group(single_process):
