@@ -54,7 +54,7 @@ def test_engine_on_gpu_generates_the_dense_oracles_tokens(monkeypatch):
     monkeypatch.setattr(
         runner_module,
         "make_weights",
-        lambda shape, device: _moved(make_weights(shape, "cpu"), device),
+        lambda shape, device, shard=None: _moved(make_weights(shape, "cpu", shard), device),
     )
     requests = prompts(MODEL.vocab_size)
     oracle, lead = dense_greedy(make_weights(MODEL, "cpu"), MODEL, requests, NEW_TOKENS)

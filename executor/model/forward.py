@@ -9,6 +9,10 @@ Each layer is pre-norm: ``h += mixer(rms_norm(h))``, then ``h += mlp(rms_norm(h)
   flat entry; causal attention over the row's ``seqused_k`` keys; ``o_proj``.
 - MLP: SwiGLU, ``down(silu(gate(x)) * up(x))``.
 
+Under tensor parallelism (:mod:`.parallel`) ``shape`` is one rank's (its channels, heads
+and MLP width), and the outputs of ``out_proj``, ``o_proj`` and ``down`` are partial sums
+that one all-reduce each completes before the residual add.
+
 Logits are computed only for the sampled tokens. Everything reads the step through
 :class:`StepTensors` (device) and, for the per-row reference attention only,
 :class:`StepHost`: with flash attention the forward makes no host decision from the
@@ -25,6 +29,7 @@ import torch.nn.functional as F
 from .attention import flash_attention, sdpa_attention
 from .kv_cache import KVCache
 from .metadata import StepHost, StepTensors
+from .parallel import TensorShard
 from .shape import ModelShape
 from .weights import AttentionMixer, ConvMixer, LayerWeights, ModelWeights
 
@@ -55,7 +60,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 
 def swiglu(x: torch.Tensor, layer: LayerWeights) -> torch.Tensor:
-    """``down(silu(gate(x)) * up(x))``."""
+    """``down(silu(gate(x)) * up(x))`` (a partial sum when the weights are a shard)."""
     gate, up = F.linear(x, layer.gate_up).chunk(2, dim=-1)
     return F.linear(F.silu(gate) * up, layer.down)
 
@@ -64,13 +69,14 @@ class ModelForward:
     """The forward of one model on its executor and KV cache.
 
     Args:
-        shape: the model's dimensions.
-        weights: its weights.
+        shape: the model's dimensions (one rank's under tensor parallelism).
+        weights: its weights (``shape``'s).
         executor: runs the conv layers; conv layer ``i`` is its layer ``i``. A plan must be
             prepared (or, in a graph capture, graph-prepared) before each forward.
         cache: the KV cache, attention layer ``i`` its layer ``i``.
         attention: ``"flash"`` or ``"sdpa"`` (:mod:`.attention`).
         max_len: positions of the RoPE tables (the cache's ``max_len``).
+        shard: this rank's place; default the whole model.
     """
 
     def __init__(
@@ -81,8 +87,10 @@ class ModelForward:
         cache: KVCache,
         attention: str,
         max_len: int,
+        shard: TensorShard | None = None,
     ) -> None:
         self.shape, self.weights, self.executor, self.cache = shape, weights, executor, cache
+        self.shard = shard or TensorShard()
         self.attention = attention
         device = weights.embedding.device
         self.cos, self.sin = rope_tables(
@@ -109,7 +117,7 @@ class ModelForward:
                 hidden += self._conv(index, layer.mixer, x)
             else:
                 hidden += self._attend(index, layer.mixer, x, cos, sin, meta, host)
-            hidden += swiglu(rms_norm(hidden, layer.mlp_norm), layer)
+            hidden += self.shard.all_reduce(swiglu(rms_norm(hidden, layer.mlp_norm), layer))
         picked = hidden.index_select(0, meta.sample_index)
         return F.linear(rms_norm(picked, w.final_norm), w.lm_head)
 
@@ -121,7 +129,7 @@ class ModelForward:
         u = F.linear(x, mixer.in_proj)
         y = u.clone()
         self.executor.conv(index, u, y)  # y = u + silu(conv(u)), the state advanced
-        return F.linear(y, mixer.out_proj)
+        return self.shard.all_reduce(F.linear(y, mixer.out_proj))
 
     def _attend(
         self,
@@ -147,4 +155,5 @@ class ModelForward:
             if host is None:
                 raise RuntimeError("sdpa attention needs the host's metadata (not graph-safe)")
             out = sdpa_attention(q, self.cache.keys[index], self.cache.values[index], host)
-        return F.linear(out.reshape(tokens, heads * shape.head_dim), mixer.o_proj)
+        out = F.linear(out.reshape(tokens, heads * shape.head_dim), mixer.o_proj)
+        return self.shard.all_reduce(out)

@@ -6,6 +6,9 @@ numpy (:mod:`.metadata`), uploads it in one copy into a persistent device buffer
 bucket (``StepGraphs``: the plan's own upload is the graph's first node, then the whole
 forward). A graph plan has its bucket's sizes either way, so eager and graphed steps of
 one plan run the same shapes.
+
+Under tensor parallelism one runner runs in each rank's process; each holds its shard of
+the weights, KV cache and conv state (:mod:`.parallel`) and runs every step.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from .attention import ATTENTION_BACKENDS
 from .forward import ModelForward
 from .kv_cache import KVCache, MemoryNeed, check_memory, device_free_bytes, kv_cache_bytes
 from .metadata import LiveRows, StepHost, StepShape, StepTensors
+from .parallel import process_group_shard
 from .shape import ModelShape
 from .weights import make_weights
 
@@ -86,6 +90,10 @@ class HybridModelRunner:
             triton with flash attention on CUDA.
         attention: ``"flash"`` (CUDA, bf16/fp16) or ``"sdpa"`` (per-row reference);
             default flash on CUDA for a bf16/fp16 model, else sdpa.
+        tensor_parallel: ranks the model is split over; above 1 each rank's process builds
+            its runner inside an initialised ``torch.distributed`` process group of that
+            many processes (NCCL on GPUs, gloo on the CPU) and runs the same plans with the
+            same inputs; every rank returns the same greedy tokens.
     """
 
     def __init__(
@@ -100,8 +108,12 @@ class HybridModelRunner:
         backend: str = "reference",
         use_graphs: bool | None = None,
         attention: str | None = None,
+        tensor_parallel: int = 1,
     ) -> None:
         self.shape, self.num_slots, self.max_len = shape, num_slots, max_len
+        #: This process's rank among ``tensor_parallel`` and the dimensions it holds.
+        self.shard = process_group_shard(shape, tensor_parallel)
+        self.rank_shape = self.shard.rank_shape(shape)
         self.device = torch.device(device)
         on_cuda = self.device.type == "cuda"
         # FlashAttention needs half precision: a float32 model takes the reference on CUDA too.
@@ -120,7 +132,13 @@ class HybridModelRunner:
         )
         self._allocate_model(planner, num_groups, backend, use_graphs)
         self.forward = ModelForward(
-            shape, self.weights, self.executor, self.cache, self.attention, max_len
+            self.rank_shape,
+            self.weights,
+            self.executor,
+            self.cache,
+            self.attention,
+            max_len,
+            self.shard,
         )
         upload_bytes = max(self._graph_capacity.nbytes, _eager_capacity(planner).nbytes)
         self._upload = PinnedUpload(upload_bytes, self.device)
@@ -141,9 +159,10 @@ class HybridModelRunner:
     def _allocate_model(
         self, planner: PlannerConfig, num_groups: int, backend: str, use_graphs: bool
     ) -> None:
-        """Weights, KV cache, conv state and the executor over it (memory checked already)."""
-        shape = self.shape
-        self.weights = make_weights(shape, self.device)
+        """This rank's weights, KV cache, conv state and the executor over it (memory checked
+        already)."""
+        shape = self.rank_shape
+        self.weights = make_weights(self.shape, self.device, self.shard)
         self.cache = KVCache(
             num_layers=len(shape.attention_layers),
             num_slots=self.num_slots,
@@ -215,8 +234,9 @@ class HybridModelRunner:
         return StepShape(tokens, rows, samples, tokens, self.max_len)
 
     def memory_need(self, planner: PlannerConfig, num_groups: int) -> MemoryNeed:
-        """Bytes this runner allocates (the workspace an estimate for the largest graph)."""
-        shape, graph = self.shape, self._largest_graph(planner, num_groups)
+        """Bytes this runner allocates (the workspace an estimate for the largest graph);
+        one rank's under tensor parallelism."""
+        shape, graph = self.rank_shape, self._largest_graph(planner, num_groups)
         tokens = max(graph.num_tokens, 1)
         per_token = 4 * shape.hidden_size + 3 * shape.conv_channels + 3 * shape.mlp_size
         activations = tokens * (per_token + shape.qkv_size) * shape.dtype_bytes
@@ -238,8 +258,9 @@ class HybridModelRunner:
         )
 
     def _conv_state_memory(self, query_len_max: int) -> torch.Tensor:
-        """Zeroed conv state in vLLM's default ``[slot, W, C]`` memory layout."""
-        shape = self.shape
+        """Zeroed conv state in vLLM's default ``[slot, W, C]`` memory layout (``C`` this
+        rank's channels)."""
+        shape = self.rank_shape
         return torch.zeros(
             len(shape.conv_layers),
             self.num_slots,
@@ -273,6 +294,8 @@ class HybridModelRunner:
         self, batch: StepBatch, token_ids: np.ndarray, sample_index: np.ndarray
     ) -> np.ndarray:
         """Plan ``batch`` and run it: :meth:`run_plan` of ``self.planner.compile(batch)``."""
+        # Every tensor-parallel rank compiles this plan itself, with no broadcast: the plan
+        # is a pure function of a batch that every rank derives from the same tokens.
         return self.run_plan(self.planner.compile(batch), token_ids, sample_index)
 
     def run_plan(

@@ -11,6 +11,11 @@ logits spread wide enough that greedy choices are far from ties, so fp32 roundin
 flips one and greedy tokens do not depend on the schedule.
 
 Projection weights are stored ``[out, in]``, ``F.linear``'s layout.
+
+Under tensor parallelism every rank draws every tensor whole, in the same order, and
+keeps its block (:class:`~.parallel.TensorShard`), one tensor at a time: the ranks'
+blocks are exactly the single-process weights cut apart, and no rank holds more than
+its shard and the one tensor being drawn.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 import attrs
 import torch
 
+from .parallel import TensorShard
 from .shape import ModelShape
 
 _HEAD_SCALE = 4.0
@@ -117,8 +123,14 @@ class _Drawer:
         return self.normal(size, scale=_NORM_JITTER, mean=1.0)
 
 
-def make_weights(shape: ModelShape, device: torch.device | str) -> ModelWeights:
-    """The model's weights, seeded by ``shape.seed``, in ``shape.dtype`` on ``device``."""
+def make_weights(
+    shape: ModelShape, device: torch.device | str, shard: TensorShard | None = None
+) -> ModelWeights:
+    """The model's weights, seeded by ``shape.seed``, in ``shape.dtype`` on ``device``:
+    whole, or ``shard``'s block of each split tensor (its shapes those of
+    ``shard.rank_shape(shape)``)."""
+    shard = shard or TensorShard()
+    shard.rank_shape(shape)  # refuses a degree that does not divide the model
     draw = _Drawer(shape.seed, shape.torch_dtype, torch.device(device))
     hidden, channels = shape.hidden_size, shape.conv_channels
     layers = []
@@ -126,24 +138,31 @@ def make_weights(shape: ModelShape, device: torch.device | str) -> ModelWeights:
         mixer: ConvMixer | AttentionMixer
         if kind == "conv":
             mixer = ConvMixer(
-                in_proj=draw.linear(channels, hidden),
-                conv=draw.normal(
-                    channels, shape.conv_kernel_size, scale=shape.conv_kernel_size**-0.5
+                in_proj=shard.block(draw.linear(channels, hidden), 0),
+                conv=shard.block(
+                    draw.normal(
+                        channels, shape.conv_kernel_size, scale=shape.conv_kernel_size**-0.5
+                    ),
+                    0,
                 ),
-                out_proj=draw.linear(hidden, channels),
+                out_proj=shard.block(draw.linear(hidden, channels), 1),
             )
         else:
             heads = shape.num_heads * shape.head_dim
+            kv = shape.num_kv_heads * shape.head_dim
             mixer = AttentionMixer(
-                qkv=draw.linear(shape.qkv_size, hidden), o_proj=draw.linear(hidden, heads)
+                qkv=shard.blocks(draw.linear(shape.qkv_size, hidden), (heads, kv, kv)),
+                o_proj=shard.block(draw.linear(hidden, heads), 1),
             )
         layers.append(
             LayerWeights(
                 mixer_norm=draw.norm(hidden),
                 mixer=mixer,
                 mlp_norm=draw.norm(hidden),
-                gate_up=draw.linear(2 * shape.mlp_size, hidden),
-                down=draw.linear(hidden, shape.mlp_size),
+                gate_up=shard.blocks(
+                    draw.linear(2 * shape.mlp_size, hidden), (shape.mlp_size, shape.mlp_size)
+                ),
+                down=shard.block(draw.linear(hidden, shape.mlp_size), 1),
             )
         )
     return ModelWeights(
