@@ -19,6 +19,9 @@ A TOML file has one table per section, each key a field of that section's class:
     [gpu]               # a preset of gpus.py (docs/presets.md)
     name = "A100"
 
+    [parallel]          # tensor parallelism per replica (parallel.py)
+    tensor = 2
+
     [cost]
     host_cost = "seed"
 
@@ -70,8 +73,11 @@ from .config_values import (
     _text,
 )
 from .gpus import find_preset
+from .parallel import split_problem
 
 HOST_COSTS = ("model", "measured", "seed")
+#: Most tensor-parallel ranks: the GPUs of one NVLink node.
+MAX_TENSOR_RANKS = 8
 ACCEPTANCE_MODELS = ("per-position", "fixed", "replay")
 
 
@@ -102,6 +108,13 @@ class SchedulerConfig:
     def slots(self) -> int:
         """Usable slots, never ``None``."""
         return self.max_num_seqs if self.slot_capacity is None else self.slot_capacity
+
+
+def _tensor_ranks(instance: object, attribute: attrs.Attribute, value: int) -> None:
+    if not 1 <= value <= MAX_TENSOR_RANKS:
+        raise ConfigError(
+            f"{attribute.name}: must be 1 to {MAX_TENSOR_RANKS} (the GPUs of one node), got {value}"
+        )
 
 
 def _fraction(instance: object, attribute: attrs.Attribute, value: float) -> None:
@@ -171,6 +184,11 @@ class GpuConfig:
     ``None`` come from the preset, and given override it (``name = "custom"`` needs
     all three). :meth:`resolved` fills them in.
 
+    ``link_bw_bytes_s`` (per direction) and ``link_latency_us`` (per ring step) time
+    tensor parallelism's all-reduces; ``price_per_hour`` (US dollars per GPU-hour) prices
+    the run; each left ``None`` is the preset's (a custom GPU without them has no
+    all-reduce time to give and no price).
+
     Launch numbers (chosen, not measured; see ``cost.py``): replaying one CUDA graph
     of a whole forward costs ``graph_launch_us`` of host time; without a full graph a
     step launches ``eager_launches_per_layer`` times per layer (vLLM's piecewise mode:
@@ -188,6 +206,15 @@ class GpuConfig:
     peak_flops: float | None = attrs.field(
         default=None, converter=_optional(_real), validator=_positive
     )
+    link_bw_bytes_s: float | None = attrs.field(
+        default=None, converter=_optional(_real), validator=_positive
+    )
+    link_latency_us: float | None = attrs.field(
+        default=None, converter=_optional(_real), validator=_non_negative
+    )
+    price_per_hour: float | None = attrs.field(
+        default=None, converter=_optional(_real), validator=_non_negative
+    )
     graph_launch_us: float = attrs.field(default=15.0, converter=REAL, validator=_non_negative)
     kernel_launch_us: float = attrs.field(default=5.0, converter=REAL, validator=_non_negative)
     eager_launches_per_layer: int = attrs.field(default=3, converter=INT, validator=_non_negative)
@@ -203,17 +230,23 @@ class GpuConfig:
         preset = find_preset(self.name)
         if preset is None:
             return self
+        figures = {name: getattr(self, name) for name in _GPU_FIGURES}
         return attrs.evolve(
             self,
             name=preset.name,
-            memory_gb=preset.memory_gb if self.memory_gb is None else self.memory_gb,
-            memory_bw_bytes_s=(
-                preset.memory_bw_bytes_s
-                if self.memory_bw_bytes_s is None
-                else self.memory_bw_bytes_s
-            ),
-            peak_flops=preset.peak_flops if self.peak_flops is None else self.peak_flops,
+            **{k: getattr(preset, k) if v is None else v for k, v in figures.items()},
         )
+
+
+#: The figures a GPU preset gives and a setting overrides.
+_GPU_FIGURES = (
+    "memory_gb",
+    "memory_bw_bytes_s",
+    "peak_flops",
+    "link_bw_bytes_s",
+    "link_latency_us",
+    "price_per_hour",
+)
 
 
 @attrs.frozen
@@ -299,6 +332,19 @@ class SloConfig:
     tpot_ms: float = attrs.field(default=50.0, converter=REAL, validator=_positive)
 
 
+@attrs.frozen
+class ParallelConfig:
+    """How one replica spreads over GPUs (``parallel.py``).
+
+    Attributes:
+        tensor: tensor-parallel ranks, one GPU each (at most 8, one NVLink domain):
+            weights, KV cache and conv states split across them, two all-reduces per
+            layer. Every rank runs the same batch: the planner's batch is the replica's.
+    """
+
+    tensor: int = attrs.field(default=1, converter=INT, validator=_tensor_ranks)
+
+
 SECTIONS: dict[str, type] = {
     "scheduler": SchedulerConfig,
     "memory": MemoryConfig,
@@ -310,6 +356,7 @@ SECTIONS: dict[str, type] = {
     "workload": WorkloadConfig,
     "slo": SloConfig,
     "live": LiveConfig,
+    "parallel": ParallelConfig,
 }
 
 
@@ -329,6 +376,7 @@ class SimConfig:
     workload: WorkloadConfig = attrs.Factory(WorkloadConfig)
     slo: SloConfig = attrs.Factory(SloConfig)
     live: LiveConfig = attrs.Factory(LiveConfig)
+    parallel: ParallelConfig = attrs.Factory(ParallelConfig)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready dict (tuples become lists)."""
@@ -413,6 +461,30 @@ def read_text(path: str | Path, error: type[ValueError] = ConfigError) -> str:
         raise error(f"{path}:{line}: not UTF-8 text (byte 0x{byte:02x})") from None
 
 
+def check_tensor_parallel(config: SimConfig) -> None:
+    """Refuse ``parallel.tensor > 1`` where the model does not split over the ranks, the
+    GPU has no link figures, or a single-GPU measurement would time the steps."""
+    ranks = config.parallel.tensor
+    problem = split_problem(config.model, ranks)
+    if problem is not None:
+        raise ConfigError(problem)
+    gpu = config.gpu.resolved()
+    if gpu.link_bw_bytes_s is None or gpu.link_latency_us is None:
+        raise ConfigError(
+            f"gpu.link_bw_bytes_s: a custom GPU at parallel.tensor = {ranks} needs "
+            "gpu.link_bw_bytes_s and gpu.link_latency_us (its all-reduces' link)"
+        )
+    for where, given in (
+        ("cost.profile", config.cost.profile),
+        ("live.enabled", config.live.enabled),
+    ):
+        if given:
+            raise ConfigError(
+                f"parallel.tensor: {ranks} with {where}: that measures one GPU; "
+                "tensor parallelism is simulated on the roofline only"
+            )
+
+
 def check_config(config: SimConfig) -> SimConfig:
     """``config``, once the rules across settings hold; checked on the final settings
     (a file's graph sizes may need the budget a later flag raises). Every limit that
@@ -438,4 +510,6 @@ def check_config(config: SimConfig) -> SimConfig:
     start, end = config.workload.start_s, config.workload.end_s
     if start is not None and end is not None and start >= end:
         raise ConfigError(f"workload.start_s: {start} is not before workload.end_s = {end}")
+    if config.parallel.tensor > 1:
+        check_tensor_parallel(config)
     return config

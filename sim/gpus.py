@@ -1,4 +1,5 @@
-"""GPU presets: memory, memory bandwidth and dense bf16 FLOP/s of the GPUs a run can name.
+"""GPU presets: memory, memory bandwidth, dense bf16 FLOP/s, the GPU-to-GPU link and the
+hourly price of the GPUs a run can name.
 
 ``gpu.name`` picks a preset (``GpuConfig``); explicit ``gpu.*`` figures override it.
 Each preset holds its vendor datasheet figures (``docs/presets.md`` names the
@@ -8,6 +9,12 @@ a large bf16 matmul, SPEC §4), so the H200 keeps those two measured figures exa
 and every other preset is its datasheet figure times the fraction the H200 achieved
 of its own datasheet figure (:data:`ACHIEVED_BW_FRACTION`,
 :data:`ACHIEVED_FLOPS_FRACTION`): an estimate, until someone measures that GPU.
+
+The link (NVLink, or PCIe for a GPU without it) times tensor parallelism's all-reduces
+(``parallel.py``): its datasheet bandwidth per direction, and a latency per ring step
+(datasheets give none: NCCL's own cost model's figure). The hourly price is one
+provider's list price for one GPU (``docs/presets.md`` names it and its date); it only
+turns a run's GPU time into dollars.
 """
 
 from __future__ import annotations
@@ -27,6 +34,11 @@ class GpuPreset:
         datasheet_flops: dense (no sparsity) bf16 tensor FLOP/s, datasheet.
         measured_bw_bytes_s, measured_flops: stepplan's own measurements on this GPU,
             or ``None`` (then derived, see the module docstring).
+        link: the GPU-to-GPU link, in words (``NVLink 4``).
+        link_bw_bytes_s: the link's datasheet bandwidth per direction (half the
+            bidirectional total a datasheet states).
+        link_latency_us: the latency of one step of a ring all-reduce over that link.
+        price_per_hour: US dollars per GPU-hour (``docs/presets.md``: source and date).
     """
 
     name: str
@@ -34,6 +46,10 @@ class GpuPreset:
     memory_gb: float
     datasheet_bw_bytes_s: float
     datasheet_flops: float
+    link: str
+    link_bw_bytes_s: float
+    link_latency_us: float
+    price_per_hour: float
     measured_bw_bytes_s: float | None = None
     measured_flops: float | None = None
 
@@ -62,12 +78,26 @@ class GpuPreset:
         )
 
 
+#: Where the presets' hourly prices come from (``docs/presets.md`` has the table).
+PRICE_SOURCE = (
+    "RunPod's list price per GPU (docs.runpod.io/serverless/pricing, active worker, "
+    "per second x 3600), read 2026-12-06"
+)
+#: NCCL's cost model (``src/graph/tuning.cc``, ``hwLat``, ring, LL128) charges each step
+#: of a ring 1.9 µs over NVLink and 2.5 µs over PCIe.
+NVLINK_STEP_US = 1.9
+PCIE_STEP_US = 2.5
+
 _H200 = GpuPreset(
     "H200",
     "H200 SXM 141 GB",
     memory_gb=141.0,
     datasheet_bw_bytes_s=4.8e12,
     datasheet_flops=989.5e12,  # 1,979 TFLOPS with sparsity, half without
+    link="NVLink 4",
+    link_bw_bytes_s=450e9,  # 900 GB/s bidirectional
+    link_latency_us=NVLINK_STEP_US,
+    price_per_hour=4.464,
     measured_bw_bytes_s=4.26e12,  # copy ceiling (SPEC §4)
     measured_flops=790e12,  # bf16 matmul
 )
@@ -79,11 +109,51 @@ ACHIEVED_FLOPS_FRACTION = 790e12 / 989.5e12
 GPU_PRESETS: dict[str, GpuPreset] = {
     preset.name: preset
     for preset in (
-        GpuPreset("H100", "H100 SXM 80 GB", 80.0, 3.35e12, 989.5e12),
+        GpuPreset(
+            "H100",
+            "H100 SXM 80 GB",
+            80.0,
+            3.35e12,
+            989.5e12,
+            "NVLink 4",
+            450e9,
+            NVLINK_STEP_US,
+            3.348,
+        ),
         _H200,
-        GpuPreset("B200", "B200 (HGX B200, per GPU)", 180.0, 8.0e12, 2250e12),
-        GpuPreset("A100", "A100 SXM 80 GB", 80.0, 2.039e12, 312e12),
-        GpuPreset("L40S", "L40S 48 GB", 48.0, 0.864e12, 362.05e12),
+        GpuPreset(
+            "B200",
+            "B200 (HGX B200, per GPU)",
+            180.0,
+            8.0e12,
+            2250e12,
+            "NVLink 5",
+            900e9,
+            NVLINK_STEP_US,
+            6.84,
+        ),
+        GpuPreset(
+            "A100",
+            "A100 SXM 80 GB",
+            80.0,
+            2.039e12,
+            312e12,
+            "NVLink 3",
+            300e9,
+            NVLINK_STEP_US,
+            2.16,
+        ),
+        GpuPreset(
+            "L40S",
+            "L40S 48 GB",
+            48.0,
+            0.864e12,
+            362.05e12,
+            "PCIe Gen4 x16",
+            32e9,
+            PCIE_STEP_US,
+            1.332,
+        ),
     )
 }
 #: A ``gpu.name`` with no preset: every figure must then be given.

@@ -109,6 +109,7 @@ _COST = {
     "host": "host time of the step's conv metadata (``cost.host_cost``)",
     "launch": "kernel-launch time not hidden behind the GPU's work",
     "engine": "a profiled engine's whole step (``cost.profile``); 0 for other steps",
+    "allreduce": "tensor parallelism's all-reduces, two per layer (0 on one GPU)",
 }
 _check_named("cost terms", _COST, COST_TERMS)
 #: ``steps.csv``'s cost columns, ``<term>_s``: ``duration_s`` is their sum.
@@ -232,8 +233,8 @@ SUMMARY = (
     ),
     SummaryKey(
         "goodput",
-        "the SLOs (``ttft_ms``, ``tpot_ms``), good requests per second and their share",
-        "slo requests_per_s share",
+        "the SLOs (``ttft_ms``, ``tpot_ms``), good requests, per second and their share",
+        "slo requests requests_per_s share",
     ),
     SummaryKey(
         "latency_ms",
@@ -260,6 +261,12 @@ SUMMARY = (
     SummaryKey("memory", "the KV cache: budget, capacity, usage, preemptions (docs/memory.md)"),
     SummaryKey("gpu", "the GPU's figures the run used and where they came from"),
     SummaryKey("cost", "where the step times came from: profile, roofline or measured"),
+    SummaryKey(
+        "dollars",
+        "the deployment's GPUs at the GPU's hourly price (``pricing.py``): per hour, for the "
+        "run, per million output tokens, good requests per dollar (``null``: no price)",
+        "price_per_gpu_hour gpus per_hour run per_million_output_tokens good_requests_per_dollar",
+    ),
     SummaryKey("live", "true when a real model ran every step (``live.py``)"),
     SummaryKey("live_run", "live runs only: backend, device, dtype, time, model, graphs"),
     SummaryKey("provenance", "how to get the results again: command, version, git, trace"),
@@ -370,6 +377,18 @@ _SWEEP_METRICS: tuple[tuple[Column, tuple[str, ...]], ...] = (
         ("memory", "prefix_cache_hit_rate"),
     ),
     (Column("busy_s", FLOAT, "s", "simulated time with a step running"), ("time_s", "busy")),
+    (
+        Column("usd_per_hour", FLOAT, "$/h", "the deployment's GPUs per hour"),
+        ("dollars", "per_hour"),
+    ),
+    (
+        Column("usd_per_m_output_tokens", FLOAT, "$", "dollars per million output tokens"),
+        ("dollars", "per_million_output_tokens"),
+    ),
+    (
+        Column("good_requests_per_usd", FLOAT, "req/$", "requests meeting the SLO per dollar"),
+        ("dollars", "good_requests_per_dollar"),
+    ),
 )
 _SWEEP_MEASURED_METRICS = (
     (Column("wall_s", FLOAT, "s", "the point's wall time"), (MEASURED, "run", "wall_s")),
