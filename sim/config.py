@@ -55,6 +55,7 @@ from .config_live import (  # noqa: F401 (re-exported: every setting imports fro
     LiveConfig,
 )
 from .config_model import ModelConfig
+from .config_parallel import ParallelConfig, check_tensor_parallel
 from .config_values import (
     INT,
     REAL,
@@ -73,11 +74,8 @@ from .config_values import (
     _text,
 )
 from .gpus import find_preset
-from .parallel import split_problem
 
 HOST_COSTS = ("model", "measured", "seed")
-#: Most tensor-parallel ranks: the GPUs of one NVLink node.
-MAX_TENSOR_RANKS = 8
 ACCEPTANCE_MODELS = ("per-position", "fixed", "replay")
 
 
@@ -108,13 +106,6 @@ class SchedulerConfig:
     def slots(self) -> int:
         """Usable slots, never ``None``."""
         return self.max_num_seqs if self.slot_capacity is None else self.slot_capacity
-
-
-def _tensor_ranks(instance: object, attribute: attrs.Attribute, value: int) -> None:
-    if not 1 <= value <= MAX_TENSOR_RANKS:
-        raise ConfigError(
-            f"{attribute.name}: must be 1 to {MAX_TENSOR_RANKS} (the GPUs of one node), got {value}"
-        )
 
 
 def _fraction(instance: object, attribute: attrs.Attribute, value: float) -> None:
@@ -332,19 +323,6 @@ class SloConfig:
     tpot_ms: float = attrs.field(default=50.0, converter=REAL, validator=_positive)
 
 
-@attrs.frozen
-class ParallelConfig:
-    """How one replica spreads over GPUs (``parallel.py``).
-
-    Attributes:
-        tensor: tensor-parallel ranks, one GPU each (at most 8, one NVLink domain):
-            weights, KV cache and conv states split across them, two all-reduces per
-            layer. Every rank runs the same batch: the planner's batch is the replica's.
-    """
-
-    tensor: int = attrs.field(default=1, converter=INT, validator=_tensor_ranks)
-
-
 SECTIONS: dict[str, type] = {
     "scheduler": SchedulerConfig,
     "memory": MemoryConfig,
@@ -461,30 +439,6 @@ def read_text(path: str | Path, error: type[ValueError] = ConfigError) -> str:
         raise error(f"{path}:{line}: not UTF-8 text (byte 0x{byte:02x})") from None
 
 
-def check_tensor_parallel(config: SimConfig) -> None:
-    """Refuse ``parallel.tensor > 1`` where the model does not split over the ranks, the
-    GPU has no link figures, or a single-GPU measurement would time the steps."""
-    ranks = config.parallel.tensor
-    problem = split_problem(config.model, ranks)
-    if problem is not None:
-        raise ConfigError(problem)
-    gpu = config.gpu.resolved()
-    if gpu.link_bw_bytes_s is None or gpu.link_latency_us is None:
-        raise ConfigError(
-            f"gpu.link_bw_bytes_s: a custom GPU at parallel.tensor = {ranks} needs "
-            "gpu.link_bw_bytes_s and gpu.link_latency_us (its all-reduces' link)"
-        )
-    for where, given in (
-        ("cost.profile", config.cost.profile),
-        ("live.enabled", config.live.enabled),
-    ):
-        if given:
-            raise ConfigError(
-                f"parallel.tensor: {ranks} with {where}: that measures one GPU; "
-                "tensor parallelism is simulated on the roofline only"
-            )
-
-
 def check_config(config: SimConfig) -> SimConfig:
     """``config``, once the rules across settings hold; checked on the final settings
     (a file's graph sizes may need the budget a later flag raises). Every limit that
@@ -511,5 +465,9 @@ def check_config(config: SimConfig) -> SimConfig:
     if start is not None and end is not None and start >= end:
         raise ConfigError(f"workload.start_s: {start} is not before workload.end_s = {end}")
     if config.parallel.tensor > 1:
-        check_tensor_parallel(config)
+        gpu = config.gpu.resolved()
+        has_link = gpu.link_bw_bytes_s is not None and gpu.link_latency_us is not None
+        measured = "cost.profile" if config.cost.profile is not None else None
+        measured = "live.enabled" if config.live.enabled else measured
+        check_tensor_parallel(config.parallel.tensor, config.model, has_link, measured)
     return config

@@ -377,18 +377,6 @@ _SWEEP_METRICS: tuple[tuple[Column, tuple[str, ...]], ...] = (
         ("memory", "prefix_cache_hit_rate"),
     ),
     (Column("busy_s", FLOAT, "s", "simulated time with a step running"), ("time_s", "busy")),
-    (
-        Column("usd_per_hour", FLOAT, "$/h", "the deployment's GPUs per hour"),
-        ("dollars", "per_hour"),
-    ),
-    (
-        Column("usd_per_m_output_tokens", FLOAT, "$", "dollars per million output tokens"),
-        ("dollars", "per_million_output_tokens"),
-    ),
-    (
-        Column("good_requests_per_usd", FLOAT, "req/$", "requests meeting the SLO per dollar"),
-        ("dollars", "good_requests_per_dollar"),
-    ),
 )
 _SWEEP_MEASURED_METRICS = (
     (Column("wall_s", FLOAT, "s", "the point's wall time"), (MEASURED, "run", "wall_s")),
