@@ -13,6 +13,13 @@ from __future__ import annotations
 from typing import Any
 
 SECONDS_PER_HOUR = 3600.0
+#: The sweep and capacity tables' dollar columns: (column, unit, key of the summary's
+#: ``dollars``, meaning); ``schema.py`` declares them from this.
+SWEEP_DOLLAR_COLUMNS = (
+    ("usd_per_hour", "$/h", "per_hour", "the deployment's GPUs per hour"),
+    ("usd_per_m_output_tokens", "$", "per_million_output_tokens", "per million output tokens"),
+    ("good_requests_per_usd", "req/$", "good_requests_per_dollar", "good requests per dollar"),
+)
 
 
 def deployment_dollars(

@@ -19,6 +19,7 @@ import attrs
 import numpy as np
 
 from .cost import COST_TERMS
+from .pricing import SWEEP_DOLLAR_COLUMNS
 from .scheduler.step import StepMemory
 
 INT, FLOAT, TEXT = "int64", "float64", "text"
@@ -263,8 +264,7 @@ SUMMARY = (
     SummaryKey("cost", "where the step times came from: profile, roofline or measured"),
     SummaryKey(
         "dollars",
-        "the deployment's GPUs at the GPU's hourly price (``pricing.py``): per hour, for the "
-        "run, per million output tokens, good requests per dollar (``null``: no price)",
+        "the deployment's cost at the GPU's hourly price (``pricing.py``; ``null``: no price)",
         "price_per_gpu_hour gpus per_hour run per_million_output_tokens good_requests_per_dollar",
     ),
     SummaryKey("live", "true when a real model ran every step (``live.py``)"),
@@ -377,6 +377,10 @@ _SWEEP_METRICS: tuple[tuple[Column, tuple[str, ...]], ...] = (
         ("memory", "prefix_cache_hit_rate"),
     ),
     (Column("busy_s", FLOAT, "s", "simulated time with a step running"), ("time_s", "busy")),
+    *(
+        (Column(name, FLOAT, unit, meaning), ("dollars", key))
+        for name, unit, key, meaning in SWEEP_DOLLAR_COLUMNS
+    ),
 )
 _SWEEP_MEASURED_METRICS = (
     (Column("wall_s", FLOAT, "s", "the point's wall time"), (MEASURED, "run", "wall_s")),

@@ -28,6 +28,7 @@ from stepplan.sim.gpus import GPU_PRESETS
 from stepplan.sim.parallel import split_model, split_problem
 from stepplan.sim.pricing import deployment_dollars
 from stepplan.sim.run import simulate
+from stepplan.sim.sweep.records import metric
 
 WORKLOAD = "synthetic:n=60,rate=40,prompt=uniform:16:3000,output=uniform:1:60"
 HYBRID_8B = presets.MODEL_PRESETS["hybrid-8b"]
@@ -290,3 +291,11 @@ def test_cost_per_million_output_tokens_is_price_gpus_hours_over_tokens(
     assert dollars["good_requests_per_dollar"] == pytest.approx(
         good / (price * gpus * wall_hours), rel=1e-12
     )
+
+
+def test_the_sweep_table_has_the_dollars():
+    summary = run({"parallel.tensor": 2, "gpu.name": "A100"}).summary
+    dollars = summary["dollars"]
+    assert metric(summary, "usd_per_hour") == dollars["per_hour"] == 2 * 2.16
+    assert metric(summary, "usd_per_m_output_tokens") == dollars["per_million_output_tokens"]
+    assert metric(summary, "good_requests_per_usd") == dollars["good_requests_per_dollar"]
