@@ -280,10 +280,8 @@ def gpu_summary(gpu: GpuConfig, profile_device: str, conv_scale: float) -> dict[
         "short_conv_profile_device": profile_device,
         "short_conv_scale": conv_scale,
         "short_conv_note": profile,
-        "link": preset.link if preset is not None else "custom",
-        "price_source": "given"
-        if gpu.price_per_hour is not None or preset is None
-        else PRICE_SOURCE,
+        "link": preset.link.name if preset is not None else "custom",
+        "price_source": PRICE_SOURCE if preset and gpu.price_per_hour is None else "given",
         **{name: getattr(resolved, name) for name in _LINK_AND_PRICE},
     }
 

@@ -3,13 +3,12 @@ kernels, host time and launch overhead -- or one measured engine's time.
 
 ``duration = model_s + conv_s + host_s + launch_s + engine_s + allreduce_s`` (the host
 plans the step before the GPU runs it; vLLM v1 without async scheduling serializes the
-two). Each term
-is a field of :class:`StepCost` and a ``<term>_s`` column of ``steps.csv``; a new term is
-a new field here and its meaning in ``schema.py``.
+two). Each term is a field of :class:`StepCost` and a ``<term>_s`` column of
+``steps.csv``; a new term is a new field here and its meaning in ``schema.py``.
 
 **engine_s** -- with ``cost.profile`` (an engine profile, :mod:`.engine_profile`), a step
 the profile covers takes what its fit predicts for the profiled engine, and only that;
-other steps keep the four modelled terms.
+other steps keep the modelled terms.
 
 **model_s** -- a roofline of everything but the short convolution:
 ``max(bytes / memory_bw, flops / peak_flops)`` with
