@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stepplan.planner import PlannerConfig, StepBatch, compile_plan
+from stepplan.plots.report import build_report, format_value
 from stepplan.sim import cli, presets
 from stepplan.sim.capacity import model_footprint
 from stepplan.sim.config import (
@@ -299,3 +300,13 @@ def test_the_sweep_table_has_the_dollars():
     assert metric(summary, "usd_per_hour") == dollars["per_hour"] == 2 * 2.16
     assert metric(summary, "usd_per_m_output_tokens") == dollars["per_million_output_tokens"]
     assert metric(summary, "good_requests_per_usd") == dollars["good_requests_per_dollar"]
+
+
+def test_the_report_shows_the_dollars():
+    result = run({"parallel.tensor": 2})
+    page = build_report(result, figures={})
+    dollars = result.summary["dollars"]
+    assert "<h2>Dollars</h2>" in page
+    cell = format_value(dollars["per_million_output_tokens"])
+    assert f"<td>per_million_output_tokens</td><td>{cell}</td>" in page
+    assert "<td>link</td><td>NVLink 4</td>" in page
