@@ -33,6 +33,11 @@ class ParallelConfig:
 
     tensor: int = attrs.field(default=1, converter=INT, validator=_tensor_ranks)
 
+    @property
+    def gpus_per_replica(self) -> int:
+        """The GPUs one replica holds (what its price counts)."""
+        return self.tensor
+
 
 def check_tensor_parallel(
     ranks: int, model: ModelConfig, has_link: bool, measured_by: str | None

@@ -123,7 +123,7 @@ def run_summary(
     output = int(finished["output_tokens"].sum())
     summary["dollars"] = deployment_dollars(
         config.gpu.resolved().price_per_hour,
-        config.parallel.tensor,
+        config.parallel.gpus_per_replica,
         summary["duration_s"],
         output,
         summary["goodput"]["requests"],
