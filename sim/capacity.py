@@ -142,10 +142,14 @@ def _budget(config: SimConfig, footprint: ModelFootprint) -> tuple[float, str]:
     usable = gpu.memory_gb * 1e9 * memory.gpu_memory_utilization
     budget = usable - footprint.weights_bytes
     if budget <= 0:
+        ranks = config.parallel.tensor
+        weights = (
+            f"a GPU's weights at parallel.tensor = {ranks}" if ranks > 1 else "the model's weights"
+        )
         raise ConfigError(
-            f"memory: the model's weights ({footprint.weights_bytes / 1e9:.1f} GB) leave no "
-            f"cache in {memory.gpu_memory_utilization:g} x {gpu.memory_gb:g} GB of the "
-            f"{gpu.name}; raise memory.gpu_memory_utilization or set memory.kv_cache_gib"
+            f"memory: {weights} ({footprint.weights_bytes / 1e9:.1f} GB) leave no cache in "
+            f"{memory.gpu_memory_utilization:g} x {gpu.memory_gb:g} GB of the {gpu.name}; "
+            "raise memory.gpu_memory_utilization or parallel.tensor, or set memory.kv_cache_gib"
         )
     return budget, "gpu"
 

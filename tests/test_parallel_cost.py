@@ -113,6 +113,15 @@ def test_a_model_too_large_for_one_gpu_fits_on_two_when_the_arithmetic_says_so(c
     with pytest.raises(ConfigError, match=r"weights \(44\.0 GB\) leave no cache"):
         run(big)
     summary = run({**big, "parallel.tensor": 2}).summary
+    too_big = {"gpu.name": "L40S", "model.params": 4.4e10, "parallel.tensor": 2}
+    with pytest.raises(ConfigError) as refused:
+        run(too_big)
+    # the refusal names the figures: a rank's weights against the GPU's usable memory
+    assert str(refused.value).startswith(
+        "memory: a GPU's weights at parallel.tensor = 2 (44.0 GB) leave no cache in "
+        "0.9 x 48 GB of the L40S; raise memory.gpu_memory_utilization or parallel.tensor"
+    )
+    assert run({**too_big, "parallel.tensor": 4}).summary["memory"]["capacity_blocks"] > 0
     assert summary["memory"]["weights_gib"] * 2**30 == pytest.approx(
         model_footprint(ModelConfig(params=2.2e10), 3, 2).weights_bytes
     )
