@@ -319,3 +319,48 @@ def test_the_report_shows_the_dollars():
     cell = format_value(dollars["per_million_output_tokens"])
     assert f"<td>per_million_output_tokens</td><td>{cell}</td>" in page
     assert "<td>link</td><td>NVLink 4</td>" in page
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.sampled_from([1, 2, 4, 8]),
+    st.sampled_from([1, 2, 4, 8, 16]),
+    st.integers(1, 8),
+    st.integers(0, 8),
+    st.sampled_from([64, 128]),
+)
+def test_the_ranks_shards_and_the_copies_add_up_to_the_model(ranks, kv_heads, attention, conv, dim):
+    """Against a count of each weight by hand: every rank's shard once, the norms and the
+    copied KV heads on every rank."""
+    hidden, heads = 1024, 16
+    figures = {
+        "model.name": "custom",
+        "model.layers": attention + conv,
+        "model.conv_layers": conv,
+        "model.hidden_size": hidden,
+        "model.params": 5e8,
+        "model.dtype_bytes": 2,
+        "model.kv_bytes_per_token": attention * 2 * kv_heads * dim * 2,
+        "model.conv_channels": 2048,
+        "model.conv_kernel_size": 4,
+        "model.conv_dilation": 3,
+        "model.max_model_len": 4096,
+        "model.num_heads": heads,
+        "model.num_kv_heads": kv_heads,
+    }
+    model = with_settings(SimConfig(), figures).model
+    assert split_problem(model, ranks) is None  # powers of two: one divides the other
+    share = split_model(model, ranks)
+    norms = (2 * (attention + conv) + 1) * hidden
+    kv_proj = attention * 2 * hidden * kv_heads * dim
+    holders = min(ranks, kv_heads)
+    # a rank: its shard of the rest, the norms whole, its KV heads (1 / holders of them)
+    rest = 5e8 - norms - kv_proj
+    assert share.params == pytest.approx(rest / ranks + norms + kv_proj / holders, rel=1e-12)
+    assert share.kv_bytes_per_token * holders == pytest.approx(attention * 2 * kv_heads * dim * 2)
+    # together: the model once, plus every further copy of the norms and of the KV heads
+    copies = (ranks - 1) * norms + kv_proj * (ranks / holders - 1)
+    assert share.params * ranks == pytest.approx(5e8 + copies, rel=1e-12)
+    assert share.copied_bytes == pytest.approx(
+        2 * (norms + kv_proj * (1 / holders - 1 / ranks)) if ranks > 1 else 2 * 5e8
+    )
