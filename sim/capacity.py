@@ -2,7 +2,10 @@
 the states kept for cached prefixes (``docs/memory.md``).
 
 The cache's budget is ``memory.kv_cache_gib`` when given, else
-``gpu.memory_gb * memory.gpu_memory_utilization`` less the model's weights. The
+``gpu.memory_gb * memory.gpu_memory_utilization`` less the model's weights. With
+``parallel.tensor = n`` every figure is one rank's (``parallel.py``): its GPU, its share of
+the weights, of each KV block and of each conv state; each rank holds every block's and
+every slot's share, so the counts are the replica's. The
 conv-state slot pool is reserved first -- ``min(scheduler.slots, budget // slot
 bytes)`` slots, allocated once as the executor's slot pool is -- and the rest is cut
 into KV blocks of ``memory.block_size`` tokens. A request's blocks hold its attention
@@ -23,7 +26,8 @@ import attrs
 import numpy as np
 
 from .config import ConfigError, GpuConfig, ModelConfig, SimConfig
-from .gpus import find_preset
+from .gpus import PRICE_SOURCE, find_preset
+from .parallel import split_model
 from .traces import RequestTable
 
 if TYPE_CHECKING:
@@ -36,7 +40,7 @@ UNBOUNDED_BLOCKS = 2**62
 
 @attrs.frozen
 class ModelFootprint:
-    """What the served model puts in GPU memory.
+    """What the served model puts in one GPU's memory (one tensor-parallel rank's share).
 
     Attributes:
         weights_bytes: the weights.
@@ -53,14 +57,16 @@ class ModelFootprint:
     kept_state_bytes: int
 
 
-def model_footprint(model: ModelConfig, num_spec_tokens: int) -> ModelFootprint:
-    """The model's memory figures (the one place they are computed)."""
+def model_footprint(model: ModelConfig, num_spec_tokens: int, tensor: int = 1) -> ModelFootprint:
+    """The model's memory figures on one of ``tensor`` tensor-parallel ranks (the one place
+    they are computed; the split is ``parallel.split_model``'s)."""
     model = model.resolved()
+    share = split_model(model, tensor)
     reach = (model.conv_kernel_size - 1) * model.conv_dilation
-    per_entry = model.conv_layers * model.conv_channels * model.dtype_bytes
+    per_entry = model.conv_layers * share.conv_channels * model.dtype_bytes
     return ModelFootprint(
-        weights_bytes=model.params * model.dtype_bytes,
-        kv_bytes_per_token=model.kv_bytes_per_token,
+        weights_bytes=share.weights_bytes,
+        kv_bytes_per_token=share.kv_bytes_per_token,
         slot_bytes=per_entry * (reach + num_spec_tokens),
         kept_state_bytes=per_entry * reach,
     )
@@ -136,10 +142,14 @@ def _budget(config: SimConfig, footprint: ModelFootprint) -> tuple[float, str]:
     usable = gpu.memory_gb * 1e9 * memory.gpu_memory_utilization
     budget = usable - footprint.weights_bytes
     if budget <= 0:
+        ranks = config.parallel.tensor
+        weights = (
+            f"a GPU's weights at parallel.tensor = {ranks}" if ranks > 1 else "the model's weights"
+        )
         raise ConfigError(
-            f"memory: the model's weights ({footprint.weights_bytes / 1e9:.1f} GB) leave no "
-            f"cache in {memory.gpu_memory_utilization:g} x {gpu.memory_gb:g} GB of the "
-            f"{gpu.name}; raise memory.gpu_memory_utilization or set memory.kv_cache_gib"
+            f"memory: {weights} ({footprint.weights_bytes / 1e9:.1f} GB) leave no cache in "
+            f"{memory.gpu_memory_utilization:g} x {gpu.memory_gb:g} GB of the {gpu.name}; "
+            "raise memory.gpu_memory_utilization or parallel.tensor, or set memory.kv_cache_gib"
         )
     return budget, "gpu"
 
@@ -148,7 +158,7 @@ def plan_memory(config: SimConfig, table: RequestTable, *, live: bool = False) -
     """The cache split for ``config`` on ``table``; a :class:`ConfigError` when the
     cache cannot hold a slot or the longest request (see the module docstring)."""
     memory, scheduler = config.memory, config.scheduler
-    footprint = model_footprint(config.model, scheduler.num_spec_tokens)
+    footprint = model_footprint(config.model, scheduler.num_spec_tokens, config.parallel.tensor)
     budget, source = _budget(config, footprint)
     allowed = budget // footprint.slot_bytes if footprint.slot_bytes else scheduler.slots
     slots = int(min(scheduler.slots, allowed))
@@ -252,7 +262,7 @@ def gpu_summary(gpu: GpuConfig, profile_device: str, conv_scale: float) -> dict[
     resolved, preset = gpu.resolved(), find_preset(gpu.name)
     explicit = [
         name
-        for name in ("memory_gb", "memory_bw_bytes_s", "peak_flops")
+        for name in ("memory_gb", "memory_bw_bytes_s", "peak_flops", *_LINK_AND_PRICE)
         if getattr(gpu, name) is not None
     ]
     figures = preset.figures if preset is not None else "custom"
@@ -274,4 +284,11 @@ def gpu_summary(gpu: GpuConfig, profile_device: str, conv_scale: float) -> dict[
         "short_conv_profile_device": profile_device,
         "short_conv_scale": conv_scale,
         "short_conv_note": profile,
+        "link": preset.link.name if preset is not None else "custom",
+        "price_source": PRICE_SOURCE if preset and gpu.price_per_hour is None else "given",
+        **{name: getattr(resolved, name) for name in _LINK_AND_PRICE},
     }
+
+
+#: The ``gpu`` figures beyond the roofline's: the link of the all-reduces, and the price.
+_LINK_AND_PRICE = ("link_bw_bytes_s", "link_latency_us", "price_per_hour")

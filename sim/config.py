@@ -19,6 +19,9 @@ A TOML file has one table per section, each key a field of that section's class:
     [gpu]               # a preset of gpus.py (docs/presets.md)
     name = "A100"
 
+    [parallel]          # tensor parallelism per replica (parallel.py)
+    tensor = 2
+
     [cost]
     host_cost = "seed"
 
@@ -52,6 +55,7 @@ from .config_live import (  # noqa: F401 (re-exported: every setting imports fro
     LiveConfig,
 )
 from .config_model import ModelConfig
+from .config_parallel import ParallelConfig, check_tensor_parallel
 from .config_values import (
     INT,
     REAL,
@@ -171,6 +175,11 @@ class GpuConfig:
     ``None`` come from the preset, and given override it (``name = "custom"`` needs
     all three). :meth:`resolved` fills them in.
 
+    ``link_bw_bytes_s`` (per direction) and ``link_latency_us`` (per ring step) time
+    tensor parallelism's all-reduces; ``price_per_hour`` (US dollars per GPU-hour) prices
+    the run; each left ``None`` is the preset's (a custom GPU without them has no
+    all-reduce time to give and no price).
+
     Launch numbers (chosen, not measured; see ``cost.py``): replaying one CUDA graph
     of a whole forward costs ``graph_launch_us`` of host time; without a full graph a
     step launches ``eager_launches_per_layer`` times per layer (vLLM's piecewise mode:
@@ -188,6 +197,15 @@ class GpuConfig:
     peak_flops: float | None = attrs.field(
         default=None, converter=_optional(_real), validator=_positive
     )
+    link_bw_bytes_s: float | None = attrs.field(
+        default=None, converter=_optional(_real), validator=_positive
+    )
+    link_latency_us: float | None = attrs.field(
+        default=None, converter=_optional(_real), validator=_non_negative
+    )
+    price_per_hour: float | None = attrs.field(
+        default=None, converter=_optional(_real), validator=_non_negative
+    )
     graph_launch_us: float = attrs.field(default=15.0, converter=REAL, validator=_non_negative)
     kernel_launch_us: float = attrs.field(default=5.0, converter=REAL, validator=_non_negative)
     eager_launches_per_layer: int = attrs.field(default=3, converter=INT, validator=_non_negative)
@@ -203,17 +221,23 @@ class GpuConfig:
         preset = find_preset(self.name)
         if preset is None:
             return self
+        figures = {name: getattr(self, name) for name in _GPU_FIGURES}
         return attrs.evolve(
             self,
             name=preset.name,
-            memory_gb=preset.memory_gb if self.memory_gb is None else self.memory_gb,
-            memory_bw_bytes_s=(
-                preset.memory_bw_bytes_s
-                if self.memory_bw_bytes_s is None
-                else self.memory_bw_bytes_s
-            ),
-            peak_flops=preset.peak_flops if self.peak_flops is None else self.peak_flops,
+            **{k: getattr(preset, k) if v is None else v for k, v in figures.items()},
         )
+
+
+#: The figures a GPU preset gives and a setting overrides.
+_GPU_FIGURES = (
+    "memory_gb",
+    "memory_bw_bytes_s",
+    "peak_flops",
+    "link_bw_bytes_s",
+    "link_latency_us",
+    "price_per_hour",
+)
 
 
 @attrs.frozen
@@ -310,6 +334,7 @@ SECTIONS: dict[str, type] = {
     "workload": WorkloadConfig,
     "slo": SloConfig,
     "live": LiveConfig,
+    "parallel": ParallelConfig,
 }
 
 
@@ -329,6 +354,7 @@ class SimConfig:
     workload: WorkloadConfig = attrs.Factory(WorkloadConfig)
     slo: SloConfig = attrs.Factory(SloConfig)
     live: LiveConfig = attrs.Factory(LiveConfig)
+    parallel: ParallelConfig = attrs.Factory(ParallelConfig)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready dict (tuples become lists)."""
@@ -438,4 +464,10 @@ def check_config(config: SimConfig) -> SimConfig:
     start, end = config.workload.start_s, config.workload.end_s
     if start is not None and end is not None and start >= end:
         raise ConfigError(f"workload.start_s: {start} is not before workload.end_s = {end}")
+    if config.parallel.tensor > 1:
+        gpu = config.gpu.resolved()
+        has_link = gpu.link_bw_bytes_s is not None and gpu.link_latency_us is not None
+        measured = "cost.profile" if config.cost.profile is not None else None
+        measured = "live.enabled" if config.live.enabled else measured
+        check_tensor_parallel(config.parallel.tensor, config.model, has_link, measured)
     return config

@@ -27,6 +27,9 @@ class ModelConfig:
     and the live engine share; a field given here overrides the preset's (``custom``
     needs them all). Fields left ``None`` take the preset's: :meth:`resolved` fills them.
 
+    ``num_heads`` and ``num_kv_heads`` (attention's query and KV heads) matter only to
+    tensor parallelism (``parallel.py``), so a custom model may leave them out.
+
     ``params`` and ``kv_bytes_per_token`` follow from the preset's dimensions
     (``presets.num_params``, ``presets.kv_bytes_per_token``). ``max_model_len`` is the
     context in tokens: a request whose prompt plus output exceeds it is rejected before
@@ -64,6 +67,12 @@ class ModelConfig:
     max_model_len: int | None = attrs.field(
         default=None, converter=_optional(_integer), validator=_positive
     )
+    num_heads: int | None = attrs.field(
+        default=None, converter=_optional(_integer), validator=_positive
+    )
+    num_kv_heads: int | None = attrs.field(
+        default=None, converter=_optional(_integer), validator=_positive
+    )
 
     def __attrs_post_init__(self) -> None:
         figures = self._figures()
@@ -76,10 +85,14 @@ class ModelConfig:
         """Every figure: the explicit ones, else the preset's (``custom``: all explicit)."""
         preset = model_figures(self.name)
         given = {name: getattr(self, name) for name in _MODEL_FIGURES}
-        missing = [name for name, value in given.items() if value is None and name not in preset]
+        missing = [
+            name
+            for name, value in given.items()
+            if value is None and name not in preset and name not in _OPTIONAL_FIGURES
+        ]
         if missing:
             raise ConfigError(f"model: a custom model needs {', '.join(missing)}")
-        return {k: preset[k] if v is None else v for k, v in given.items()}
+        return {k: preset.get(k) if v is None else v for k, v in given.items()}
 
     def resolved(self) -> ModelConfig:
         """This model with every figure given: the explicit ones, else the preset's."""
@@ -89,3 +102,5 @@ class ModelConfig:
 
 
 _MODEL_FIGURES = tuple(f.name for f in attrs.fields(ModelConfig) if f.name != "name")
+#: Figures a custom model may leave out (``None`` after :meth:`ModelConfig.resolved`).
+_OPTIONAL_FIGURES = ("num_heads", "num_kv_heads")

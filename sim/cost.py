@@ -1,14 +1,14 @@
 """Step time as named terms (:class:`StepCost`): a roofline of the model, the short-conv
 kernels, host time and launch overhead -- or one measured engine's time.
 
-``duration = model_s + conv_s + host_s + launch_s + engine_s`` (the host plans the step
-before the GPU runs it; vLLM v1 without async scheduling serializes the two). Each term
-is a field of :class:`StepCost` and a ``<term>_s`` column of ``steps.csv``; a new term is
-a new field here and its meaning in ``schema.py``.
+``duration = model_s + conv_s + host_s + launch_s + engine_s + allreduce_s`` (the host
+plans the step before the GPU runs it; vLLM v1 without async scheduling serializes the
+two). Each term is a field of :class:`StepCost` and a ``<term>_s`` column of
+``steps.csv``; a new term is a new field here and its meaning in ``schema.py``.
 
 **engine_s** -- with ``cost.profile`` (an engine profile, :mod:`.engine_profile`), a step
 the profile covers takes what its fit predicts for the profiled engine, and only that;
-other steps keep the four modelled terms.
+other steps keep the modelled terms.
 
 **model_s** -- a roofline of everything but the short convolution:
 ``max(bytes / memory_bw, flops / peak_flops)`` with
@@ -16,6 +16,14 @@ other steps keep the four modelled terms.
 ``+ kv_bytes_per_token * (sum(num_computed + q) + num_tokens)`` (KV read and written;
 activations ignored) and ``flops = 2 * params * graph_tokens`` (a CUDA graph computes
 its padding too) ``+ 4 * hidden * attention_layers * sum(q * (num_computed + (q+1)/2))``.
+
+With ``parallel.tensor = n`` (``parallel.py``) every term is one rank's: the roofline
+reads that rank's weights and KV share and does ``1 / n`` of the FLOPs (its ``params``
+share; attention's query heads split), and the short conv runs on ``C / n`` channels.
+
+**allreduce_s** -- tensor parallelism's all-reduces: two per layer, each a ring over
+the GPU's link (``gpu.link_bw_bytes_s`` per direction, ``gpu.link_latency_us`` per
+step) of the padded batch's ``[graph_tokens, hidden]`` output; 0 on one rank.
 
 **conv_s** -- the short conv of every conv layer, from a kernel profile table
 (:class:`KernelProfile`): per batch kind, time is interpolated piecewise-linearly
@@ -47,7 +55,7 @@ a preset of ``gpus.py``) has its times scaled by the two GPUs' bandwidth ratio.
 **launch_s** -- a graph replay costs ``graph_launch_us``; an eager step launches
 ``eager_launches_per_layer`` kernels per layer at ``kernel_launch_us`` each, and
 only the part not hidden behind the GPU's work is charged:
-``max(0, launches * kernel_launch_us - model_s - conv_s)``.
+``max(0, launches * kernel_launch_us - model_s - conv_s - allreduce_s)``.
 """
 
 from __future__ import annotations
@@ -65,6 +73,7 @@ from .config import CostConfig, GpuConfig, ModelConfig, read_text
 from .engine_fit import step_shape
 from .engine_profile import EngineProfile, read_engine_profile
 from .gpus import profile_scale
+from .parallel import ALLREDUCES_PER_LAYER, RankShare, ring_allreduce_s, split_model
 
 KINDS = ("spec", "decode", "prefill", "mixed")
 SEED_UNIFORM_US = 250.0
@@ -241,6 +250,7 @@ class StepCost:
     host: float = 0.0
     launch: float = 0.0
     engine: float = 0.0
+    allreduce: float = 0.0
 
     @property
     def total(self) -> float:
@@ -267,6 +277,10 @@ class CostModel:
     num_groups: int = 1
     conv_scale: float = 1.0  # profile times -> the simulated GPU's (bandwidth ratio)
     engine: EngineProfile | None = None
+    # one tensor-parallel rank's part of the model (by default the whole model, one rank)
+    share: RankShare = attrs.field(
+        default=attrs.Factory(lambda self: split_model(self.model, 1), takes_self=True)
+    )
     # conv_s by the step's rows and tokens per kind (a pure function of them): light
     # traces repeat a few shapes, and the profile's interpolation is the dear part
     _conv_memo: dict[tuple[int, ...], float] = attrs.field(
@@ -275,14 +289,21 @@ class CostModel:
 
     @classmethod
     def create(
-        cls, model: ModelConfig, gpu: GpuConfig, cost: CostConfig, num_groups: int = 1
+        cls,
+        model: ModelConfig,
+        gpu: GpuConfig,
+        cost: CostConfig,
+        num_groups: int = 1,
+        tensor: int = 1,
     ) -> CostModel:
         """The cost model with the profile ``cost.kernel_profile`` names, applied to
-        ``model``'s conv geometry and, when it was measured on another GPU than
-        ``gpu`` (resolved to its figures), scaled by their memory-bandwidth ratio."""
+        ``model``'s conv geometry (one of ``tensor`` ranks' channels) and, when it was
+        measured on another GPU than ``gpu`` (resolved to its figures), scaled by their
+        memory-bandwidth ratio."""
         gpu, model = gpu.resolved(), model.resolved()
+        share = split_model(model, tensor)
         geometry = ConvGeometry(
-            model.conv_channels,  # type: ignore[arg-type]
+            share.conv_channels,
             model.conv_kernel_size,  # type: ignore[arg-type]
             model.conv_dilation,  # type: ignore[arg-type]
             model.dtype_bytes,  # type: ignore[arg-type]
@@ -290,20 +311,32 @@ class CostModel:
         profile = load_profile(cost.kernel_profile).rescaled(geometry)
         scale = profile_scale(profile.device, gpu.memory_bw_bytes_s)  # type: ignore[arg-type]
         engine = None if cost.profile is None else read_engine_profile(cost.profile)
-        return cls(model, gpu, cost, profile, num_groups, scale, engine)
+        return cls(model, gpu, cost, profile, num_groups, scale, engine, share)
 
     def model_s(self, plan: ExecutionPlan, load: StepLoad) -> float:
         """Roofline time of the model's non-conv work for the step."""
         return self._roofline(plan, load.kv_tokens, load.attention_pairs)
 
     def _roofline(self, plan: ExecutionPlan, kv_tokens: int, attention_pairs: float) -> float:
-        m = self.model
+        m, share = self.model, self.share
         tokens = plan.num_tokens
-        memory = m.params * m.dtype_bytes + m.kv_bytes_per_token * (kv_tokens + tokens)
+        memory = share.weights_bytes + share.kv_bytes_per_token * (kv_tokens + tokens)
         attention_layers = m.layers - m.conv_layers
-        flops = 2.0 * m.params * plan.padded_tokens
-        flops += 4.0 * m.hidden_size * attention_layers * attention_pairs
+        flops = 2.0 * share.params * plan.padded_tokens
+        # query heads split over the ranks (a copied KV head adds no query-key pairs)
+        flops += 4.0 * m.hidden_size * attention_layers * attention_pairs / share.ranks
         return max(memory / self.gpu.memory_bw_bytes_s, flops / self.gpu.peak_flops)
+
+    def allreduce_s(self, plan: ExecutionPlan) -> float:
+        """The step's tensor-parallel all-reduces: two per layer of the padded batch's
+        ``[padded_tokens, hidden]`` output, each a ring over the GPU's link; 0 on one rank."""
+        ranks = self.share.ranks
+        if ranks == 1:
+            return 0.0
+        m, gpu = self.model, self.gpu
+        message = plan.padded_tokens * m.hidden_size * m.dtype_bytes
+        one = ring_allreduce_s(message, ranks, gpu.link_bw_bytes_s, gpu.link_latency_us)
+        return ALLREDUCES_PER_LAYER * m.layers * one
 
     def conv_s(self, plan: ExecutionPlan) -> float:
         """Short-conv time of every conv layer."""
@@ -336,13 +369,13 @@ class CostModel:
 
     def terms(
         self, plan: ExecutionPlan, kv_tokens: int, attention_pairs: float, plan_us: float
-    ) -> tuple[float, float, float, float, float]:
+    ) -> tuple[float, float, float, float, float, float]:
         """:meth:`step`'s terms in :data:`COST_TERMS` order, for the simulation loop (one
         call, no :class:`StepLoad` or :class:`StepCost` to build)."""
         if self.engine is not None:
             predicted_us = self.engine.fit.predict_us(step_shape(plan))
             if predicted_us is not None:
-                return 0.0, 0.0, 0.0, 0.0, predicted_us * 1e-6
+                return 0.0, 0.0, 0.0, 0.0, predicted_us * 1e-6, 0.0
         model_s = self._roofline(plan, kv_tokens, attention_pairs)
         key = (
             plan.num_spec_rows,
@@ -357,5 +390,7 @@ class CostModel:
             if len(self._conv_memo) >= _MEMO_SIZE:
                 self._conv_memo.clear()
             conv_s = self._conv_memo[key] = self.conv_s(plan)
-        host_s, launch_s = self.host_s(plan, plan_us), self.launch_s(plan, model_s + conv_s)
-        return model_s, conv_s, host_s, launch_s, 0.0
+        allreduce_s = self.allreduce_s(plan)
+        busy_s = model_s + conv_s + allreduce_s
+        host_s, launch_s = self.host_s(plan, plan_us), self.launch_s(plan, busy_s)
+        return model_s, conv_s, host_s, launch_s, 0.0, allreduce_s

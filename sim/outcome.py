@@ -15,6 +15,7 @@ import numpy as np
 
 from .capacity import memory_summary
 from .config import SimConfig
+from .pricing import deployment_dollars
 from .records import STEP_RECORD, RequestLog, RequestRows, step_columns
 from .schema import MEASURED, STEPS_IN_MEMORY
 from .summary import FINISHED_COLUMNS, StepTotals, summarize
@@ -119,6 +120,14 @@ def run_summary(
     if scheduler.pool is not None:
         summary["memory"] = memory_summary(scheduler.pool.layout, totals, requests)
     summary.update(extra or {})
+    output = int(finished["output_tokens"].sum())
+    summary["dollars"] = deployment_dollars(
+        config.gpu.resolved().price_per_hour,
+        config.parallel.gpus_per_replica,
+        summary["duration_s"],
+        output,
+        summary["goodput"]["requests"],
+    )
     summary["cost"] = _cost_sources(config, totals, live)
     summary["live"] = live is not None
     if live is not None:

@@ -168,4 +168,6 @@ def model_figures(name: str) -> dict[str, float | int]:
         "conv_kernel_size": _int(preset, "conv_kernel_size"),
         "conv_dilation": _int(preset, "conv_dilation"),
         "max_model_len": _int(preset, "max_model_len"),
+        "num_heads": _int(preset, "num_heads"),
+        "num_kv_heads": _int(preset, "num_kv_heads"),
     }

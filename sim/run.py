@@ -309,7 +309,8 @@ class _Loop:
             raise ValueError("live: a stepper was given but config.live.enabled is false")
         if config.live.enabled and live is None:
             live = LiveStepper.create(config, plan_config, table)
-        cost = CostModel.create(config.model, config.gpu, config.cost, config.scheduler.num_groups)
+        groups, tensor = config.scheduler.num_groups, config.parallel.tensor
+        cost = CostModel.create(config.model, config.gpu, config.cost, groups, tensor)
         if cost.engine is not None:  # a profile of another model or planner would mislead
             cost.engine.check_setup(*engine_setup(config, plan_config))
         acceptance = acceptance or make_acceptance(config.acceptance, config.seed)

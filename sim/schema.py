@@ -19,6 +19,7 @@ import attrs
 import numpy as np
 
 from .cost import COST_TERMS
+from .pricing import SWEEP_DOLLAR_COLUMNS
 from .scheduler.step import StepMemory
 
 INT, FLOAT, TEXT = "int64", "float64", "text"
@@ -109,6 +110,7 @@ _COST = {
     "host": "host time of the step's conv metadata (``cost.host_cost``)",
     "launch": "kernel-launch time not hidden behind the GPU's work",
     "engine": "a profiled engine's whole step (``cost.profile``); 0 for other steps",
+    "allreduce": "tensor parallelism's all-reduces, two per layer (0 on one GPU)",
 }
 _check_named("cost terms", _COST, COST_TERMS)
 #: ``steps.csv``'s cost columns, ``<term>_s``: ``duration_s`` is their sum.
@@ -232,8 +234,8 @@ SUMMARY = (
     ),
     SummaryKey(
         "goodput",
-        "the SLOs (``ttft_ms``, ``tpot_ms``), good requests per second and their share",
-        "slo requests_per_s share",
+        "the SLOs (``ttft_ms``, ``tpot_ms``), good requests, per second and their share",
+        "slo requests requests_per_s share",
     ),
     SummaryKey(
         "latency_ms",
@@ -260,6 +262,11 @@ SUMMARY = (
     SummaryKey("memory", "the KV cache: budget, capacity, usage, preemptions (docs/memory.md)"),
     SummaryKey("gpu", "the GPU's figures the run used and where they came from"),
     SummaryKey("cost", "where the step times came from: profile, roofline or measured"),
+    SummaryKey(
+        "dollars",
+        "the deployment's cost at the GPU's hourly price (``pricing.py``; ``null``: no price)",
+        "price_per_gpu_hour gpus per_hour run per_million_output_tokens good_requests_per_dollar",
+    ),
     SummaryKey("live", "true when a real model ran every step (``live.py``)"),
     SummaryKey("live_run", "live runs only: backend, device, dtype, time, model, graphs"),
     SummaryKey("provenance", "how to get the results again: command, version, git, trace"),
@@ -370,6 +377,10 @@ _SWEEP_METRICS: tuple[tuple[Column, tuple[str, ...]], ...] = (
         ("memory", "prefix_cache_hit_rate"),
     ),
     (Column("busy_s", FLOAT, "s", "simulated time with a step running"), ("time_s", "busy")),
+    *(
+        (Column(name, FLOAT, unit, meaning), ("dollars", key))
+        for name, unit, key, meaning in SWEEP_DOLLAR_COLUMNS
+    ),
 )
 _SWEEP_MEASURED_METRICS = (
     (Column("wall_s", FLOAT, "s", "the point's wall time"), (MEASURED, "run", "wall_s")),

@@ -96,7 +96,7 @@ class Stepper:
     ) -> None:
         """Finish the step in ``scheduler.rows``, which ends at ``end_s``: ``record`` is
         its ``steps.csv`` record up to the memory row (``records.STEP_RECORD``'s first
-        19 fields). ``accepted`` (``[R], int64``) replaces the acceptance model's draw
+        20 fields). ``accepted`` (``[R], int64``) replaces the acceptance model's draw
         (live mode; its spec counts are then logged by the caller)."""
         compiled = self._compiled
         given = accepted is not None

@@ -19,6 +19,7 @@ import numpy as np
 
 from .capacity import memory_rows
 from .cost import COST_TERMS
+from .pricing import dollar_rows
 from .schema import COST_COLUMNS, MEASURED, TIME_NAMES
 
 
@@ -123,7 +124,12 @@ def _goodput(finished: Mapping[str, np.ndarray], slo: dict[str, float], duration
     tpot_ok = np.isnan(tpot) | (tpot * 1e3 <= slo["tpot_ms"])
     good = int((ttft_ok & tpot_ok).sum())
     n = finished["ttft_s"].size
-    return {"slo": dict(slo), "requests_per_s": _ratio(good, duration), "share": _ratio(good, n)}
+    return {
+        "slo": dict(slo),
+        "requests": good,
+        "requests_per_s": _ratio(good, duration),
+        "share": _ratio(good, n),
+    }
 
 
 def _step_summary(steps: StepTotals) -> dict[str, Any]:
@@ -246,7 +252,7 @@ def _measured(plan_us: np.ndarray, wall_s: float) -> dict[str, Any]:
 
 
 #: The ``time_s`` terms the summary table prints (``engine``: an engine profile's time).
-TIME_TERMS = ("model", "short_conv", "host", "launch", "engine", "idle")
+TIME_TERMS = ("model", "short_conv", "host", "launch", "engine", "allreduce", "idle")
 
 
 def _cell(value: float | None, digits: int) -> str:
@@ -281,6 +287,7 @@ def summary_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
         ("throughput req/s", _cell(summary["throughput"]["requests_per_s"], 3)),
         ("output tok/s", _cell(summary["throughput"]["output_tokens_per_s"], 1)),
         ("goodput share", _cell(summary["goodput"]["share"], 3)),
+        *dollar_rows(summary),
     ]
     for name in ("ttft", "tpot", "itl", "e2e"):
         for stat in ("mean", "p50", "p99"):

@@ -24,7 +24,7 @@ from stepplan.sim.schema import (
 )
 
 #: Each cost column's share of a step's duration (``COST_COLUMNS`` order).
-COST_SHARES = (0.9, 0.05, 0.03, 0.02, 0.0)
+COST_SHARES = (0.9, 0.05, 0.03, 0.02, 0.0, 0.0)
 
 
 def in_schema(schema: TableSchema, columns: dict) -> dict[str, np.ndarray]:

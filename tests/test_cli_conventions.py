@@ -173,6 +173,9 @@ _OPTIONAL_KINDS = {
     "gpu.memory_gb": _FLOATS,
     "gpu.memory_bw_bytes_s": _FLOATS,
     "gpu.peak_flops": _FLOATS,
+    "gpu.link_bw_bytes_s": _FLOATS,
+    "gpu.link_latency_us": _FLOATS,
+    "gpu.price_per_hour": _FLOATS,
     "memory.kv_cache_gib": _FLOATS,
     **{f"model.{name}": _FLOATS for name in ("params", "kv_bytes_per_token")},
     **{
@@ -180,10 +183,12 @@ _OPTIONAL_KINDS = {
         for name in ("layers", "hidden_size", "conv_layers", "dtype_bytes", "conv_channels")
     },
     **{f"model.{name}": _INTS for name in ("conv_kernel_size", "conv_dilation", "max_model_len")},
+    **{f"model.{name}": _INTS for name in ("num_heads", "num_kv_heads")},
 }
 _SPECIAL["gpu.name"] = st.sampled_from(["H100", "H200", "B200", "A100", "L40S"])
 _SPECIAL["model.name"] = st.sampled_from(["hybrid-8b", "hybrid-1b", "tiny"])
 _SPECIAL["memory.gpu_memory_utilization"] = st.floats(0.05, 1.0)
+_SPECIAL["parallel.tensor"] = st.integers(1, 8)
 
 
 def _strategy(key: str, default: object) -> st.SearchStrategy:

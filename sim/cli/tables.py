@@ -34,6 +34,10 @@ METRIC_PATHS: Mapping[str, tuple[str, ...]] = {
     "throughput req/s": ("throughput", "requests_per_s"),
     "output tok/s": ("throughput", "output_tokens_per_s"),
     "goodput share": ("goodput", "share"),
+    "GPUs": ("dollars", "gpus"),
+    "$ per hour": ("dollars", "per_hour"),
+    "$ per M output tokens": ("dollars", "per_million_output_tokens"),
+    "good requests per $": ("dollars", "good_requests_per_dollar"),
     **_LATENCY,
     "steps": ("steps", "count"),
     "graph hit rate": ("steps", "graph_hit_rate"),
@@ -55,8 +59,10 @@ def run_header(summary: Mapping[str, Any]) -> str:
     embedded = source == "embedded"
     name = Path(trace["path"]).name if embedded else trace["path"]
     requests = f"{'embedded, ' if embedded else ''}{trace['requests']:,} requests"
+    ranks = config.get("parallel", {}).get("tensor", 1)
+    gpus = f" x {ranks} (tensor parallel)" if ranks > 1 else ""
     return (
-        f"model {config['model']['name']}, GPU {config['gpu']['name']}, "
+        f"model {config['model']['name']}, GPU {config['gpu']['name']}{gpus}, "
         f"Q = {config['scheduler']['num_spec_tokens'] + 1}, "
         f"graph mode {config['planner']['graph_mode']}, trace {name} ({requests})"
     )

@@ -127,7 +127,7 @@ static int commit(Stepper *self, Py_ssize_t rows, double end, int given, uint8_t
 
 PyObject *stepper_finish(Stepper *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 3 || !PyTuple_Check(args[1]) || PyTuple_GET_SIZE(args[1]) != RECORD_FIELDS) {
-        PyErr_SetString(PyExc_TypeError, "finish(end_s, record: 19-tuple, given: bool)");
+        PyErr_SetString(PyExc_TypeError, "finish(end_s, record: 20-tuple, given: bool)");
         return NULL;
     }
     double end = PyFloat_AsDouble(args[0]);

@@ -15,7 +15,7 @@ enum { ACCEPT_PYTHON, ACCEPT_PER_POSITION, ACCEPT_FIXED, ACCEPT_REPLAY };
 /* finish's answers: done, the step needs Python's acceptance model (nothing changed), a
  * buffer is full (nothing changed). */
 enum { FINISH_DONE, FINISH_PYTHON, FINISH_GROW };
-#define RECORD_FIELDS 19 /* the loop's part of a step record; the memory row follows */
+#define RECORD_FIELDS 20 /* the loop's part of a step record; the memory row follows */
 #define MEMORY_FIELDS 5
 #define MAX_BUFFERS 48
 
