@@ -43,6 +43,7 @@ import tomllib
 
 from stepplan.planner import GRAPH_MODES
 
+from .admission import POLICY_NAMES
 from .config_live import (  # noqa: F401 (re-exported: every setting imports from here)
     LIVE_ATTENTION,
     LIVE_BACKENDS,
@@ -88,6 +89,10 @@ class SchedulerConfig:
             slot 0 is NULL). ``None`` means ``max_num_seqs``. The cache's memory may
             allow fewer (``capacity.py``).
         num_groups: layer groups; each gives a request the same slot index in its pool.
+        policy: the order waiting requests are admitted in, a name of
+            ``admission.POLICIES`` (``fcfs``: first come first served).
+        policy_age_limit_s: a request waiting longer than this goes before the policy's
+            order, the oldest first (``None``: no limit).
     """
 
     max_num_seqs: int = attrs.field(default=256, converter=INT, validator=_positive)
@@ -97,6 +102,10 @@ class SchedulerConfig:
         default=None, converter=_optional(_integer), validator=_positive
     )
     num_groups: int = attrs.field(default=1, converter=INT, validator=_positive)
+    policy: str = attrs.field(default="fcfs", validator=_one_of(POLICY_NAMES))
+    policy_age_limit_s: float | None = attrs.field(
+        default=None, converter=_optional(_real), validator=_non_negative
+    )
 
     @property
     def slots(self) -> int:
