@@ -15,6 +15,7 @@ import tomllib
 from stepplan.planner import GRAPH_MODES
 
 from ..acceptance import DEEPSEEK_MTP_PROBS, EAGLE3_PROBS, load_replay
+from ..admission import POLICIES
 from ..config import (
     ACCEPTANCE_MODELS,
     HOST_COSTS,
@@ -55,6 +56,8 @@ OVERRIDES = {
     "slot_capacity": "scheduler.slot_capacity",
     "max_model_len": "model.max_model_len",
     "num_groups": "scheduler.num_groups",
+    "policy": "scheduler.policy",
+    "policy_age_limit_s": "scheduler.policy_age_limit_s",
     "graph_mode": "planner.graph_mode",
     "graph_sizes": "planner.graph_sizes",
     "host_cost": "cost.host_cost",
@@ -229,6 +232,18 @@ def _add_engine_options(parser: argparse.ArgumentParser) -> None:
     add("--max-num-batched-tokens", type=int, help="token budget per step, lookahead included")
     add("--slot-capacity", type=int, help="conv-state slots (default: max-num-seqs)")
     add("--num-groups", type=int, help="layer groups")
+    orders = "; ".join(f"{name}: {policy.description}" for name, policy in POLICIES.items())
+    add(
+        "--policy",
+        choices=tuple(POLICIES),
+        help=f"admission order of waiting requests ({orders}; ties in arrival order)",
+    )
+    add(
+        "--policy-age-limit-s",
+        type=float,
+        help="a request waiting longer than this many seconds is admitted first, the "
+        "oldest first (default: no limit)",
+    )
     add(
         "--max-model-len",
         type=int,
