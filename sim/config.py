@@ -87,7 +87,7 @@ class SchedulerConfig:
             speculative decoding off.
         slot_capacity: conv-state slots usable by requests (slots ``1..capacity``;
             slot 0 is NULL). ``None`` means ``max_num_seqs``. The cache's memory may
-            allow fewer (``capacity.py``).
+            allow fewer (``memory_sizing.py``).
         num_groups: layer groups; each gives a request the same slot index in its pool.
         policy: the order waiting requests are admitted in, a name of
             ``admission.POLICIES`` (``fcfs``: first come first served).
@@ -120,7 +120,7 @@ def _fraction(instance: object, attribute: attrs.Attribute, value: float) -> Non
 
 @attrs.frozen
 class MemoryConfig:
-    """The KV cache, the conv-state slots and the prefix cache (``capacity.py``,
+    """The KV cache, the conv-state slots and the prefix cache (``memory_sizing.py``,
     ``memory.py``; ``docs/memory.md``).
 
     Attributes:

@@ -25,11 +25,11 @@ import numpy as np
 from stepplan.planner import ExecutionPlan, PlanError, Planner, PlannerConfig, StepBatch
 
 from .acceptance import AcceptanceModel, make_acceptance
-from .capacity import gpu_summary, plan_memory
 from .config import ConfigError, SimConfig
 from .cost import CostModel, StepCost, StepLoad
 from .live import LiveOutcome, LiveStepper, engine_setup
 from .memory import BlockPool
+from .memory_sizing import gpu_summary, plan_memory
 from .outcome import MemoryStore, RunEnd, StepStore, run_summary
 from .progress import Progress
 from .records import RequestLog, RequestRows, StepTable, step_columns
