@@ -59,7 +59,14 @@ def run_case(case: str, settings: list[str]) -> dict:
     the command line's own parsing: an API every version of stepplan has."""
     from stepplan.planner import Planner
     from stepplan.sim import cli
-    from stepplan.sim.run import planner_config, simulate
+    from stepplan.sim.run import simulate
+
+    try:  # older trees made the planner's config in run.py
+        from stepplan.sim.run import planner_config  # type: ignore[attr-defined]
+    except ImportError:
+
+        def planner_config(config):
+            return config.plan
 
     extra = [word for setting in settings for word in ("--set", setting)]
     args = cli.build_parser().parse_args(["simulate", _trace_of(case), *extra])

@@ -35,13 +35,16 @@ class is in ``config_live.py`` (re-exported here).
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import attrs
 import tomllib
 
-from stepplan.planner import GRAPH_MODES
+from stepplan.planner import GRAPH_MODES, PlanError, PlannerConfig
 
 from .admission import POLICY_NAMES
 from .config_live import (  # noqa: F401 (re-exported: every setting imports from here)
@@ -322,9 +325,24 @@ SECTIONS: dict[str, type] = {
 }
 
 
+#: Each field of the planner's ``PlannerConfig`` and the one setting (section, key) it
+#: comes from: :attr:`SimConfig.plan` is made from these, and a value the planner refuses
+#: is named by its setting.
+PLANNER_SETTINGS: Mapping[str, tuple[str, str]] = MappingProxyType(
+    {
+        "num_spec_tokens": ("scheduler", "num_spec_tokens"),
+        "max_num_seqs": ("scheduler", "max_num_seqs"),
+        "graph_mode": ("planner", "graph_mode"),
+        "graph_sizes": ("planner", "graph_sizes"),
+        "prefill_tile_tokens": ("planner", "prefill_tile_tokens"),
+    }
+)
+
+
 @attrs.frozen
 class SimConfig:
-    """Every setting of one simulation (written whole into ``summary.json``)."""
+    """Every setting of one simulation (written whole into ``summary.json``), and the
+    planner's config they make (:attr:`plan`)."""
 
     name: str = attrs.field(default="", validator=_run_name)
     seed: int = attrs.field(default=0, converter=INT, validator=_non_negative)
@@ -342,6 +360,21 @@ class SimConfig:
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready dict (tuples become lists)."""
         return attrs.asdict(self)
+
+    @functools.cached_property
+    def plan(self) -> PlannerConfig:
+        """The ``PlannerConfig`` every step is compiled with, made from the settings
+        :data:`PLANNER_SETTINGS` names; a value the planner refuses is a
+        :class:`ConfigError` naming its setting (``scheduler.num_spec_tokens: ...``)."""
+        values = {
+            field: getattr(getattr(self, section), key)
+            for field, (section, key) in PLANNER_SETTINGS.items()
+        }
+        try:
+            return PlannerConfig(**values)
+        except PlanError as exc:
+            section, key = PLANNER_SETTINGS[exc.field]
+            raise ConfigError(f"{section}.{key}{str(exc)[len(exc.field) :]}") from None
 
 
 def _section(name: str, base: object, values: dict[str, Any]) -> object:

@@ -22,10 +22,10 @@ from typing import Any
 import attrs
 import numpy as np
 
-from stepplan.planner import ExecutionPlan, PlanError, Planner, PlannerConfig, StepBatch
+from stepplan.planner import ExecutionPlan, Planner, StepBatch
 
 from .acceptance import AcceptanceModel, make_acceptance
-from .config import ConfigError, SimConfig
+from .config import SimConfig
 from .cost import CostModel, StepCost, StepLoad
 from .live import LiveOutcome, LiveStepper, engine_setup
 from .memory import BlockPool
@@ -44,22 +44,6 @@ _GRAPH_CODES = {kind: code for code, kind in enumerate(GRAPH_KINDS)}  # steps.cs
 #: The longest span of arrivals a run takes: 30 days. Longer is a broken row (a date of
 #: another year, a time in the wrong unit) or a rate scale far off, not a workload.
 MAX_SPAN_S = 30 * 86400
-
-
-def planner_config(config: SimConfig) -> PlannerConfig:
-    """The ``PlannerConfig`` the simulation compiles every step with; a setting the
-    planner refuses is a :class:`ConfigError` naming it (``scheduler.num_spec_tokens``)."""
-    try:
-        return PlannerConfig(
-            num_spec_tokens=config.scheduler.num_spec_tokens,
-            graph_mode=config.planner.graph_mode,
-            graph_sizes=config.planner.graph_sizes,
-            max_num_seqs=config.scheduler.max_num_seqs,
-            prefill_tile_tokens=config.planner.prefill_tile_tokens,
-        )
-    except PlanError as exc:
-        section = "scheduler" if exc.field in ("num_spec_tokens", "max_num_seqs") else "planner"
-        raise ConfigError(f"{section}.{exc}") from None
 
 
 def prepare_requests(table: RequestTable, config: SimConfig) -> RequestTable:
@@ -303,7 +287,7 @@ class _Loop:
         """The loop's parts for ``simulate``'s arguments, every setting checked."""
         layout = plan_memory(config, table, live=config.live.enabled)
         scheduler = Scheduler(table, config.scheduler, BlockPool(layout, table))
-        plan_config = planner_config(config)
+        plan_config = config.plan
         planner = Planner(plan_config)  # compile_plan's plans, keeping what repeats between steps
         if live is not None and not config.live.enabled:
             raise ValueError("live: a stepper was given but config.live.enabled is false")

@@ -33,7 +33,7 @@ from ..engine_profile import read_engine_profile
 from ..live import check_live, engine_setup
 from ..outdir import ResultsFolder, claim_new, config_digest
 from ..progress import Progress, ProgressBar, ProgressLines, live_warning
-from ..run import planner_config, run_steps
+from ..run import run_steps
 from ..schema import RESULT_FILES
 from ..summary import summary_rows
 from ..traces import FORMATS
@@ -144,11 +144,11 @@ def checked(config: SimConfig) -> SimConfig:
     files it names (kernel profile, acceptance trace) read, so that every refusal comes
     before anything runs or is written."""
     check_config(config)
-    planner_config(config)
+    plan = config.plan  # the planner's refusals, before anything runs
     load_profile(config.cost.kernel_profile)
     if config.cost.profile is not None:
         engine = read_engine_profile(config.cost.profile)
-        engine.check_setup(*engine_setup(config, planner_config(config)))
+        engine.check_setup(*engine_setup(config, plan))
     check_live(config)
     if config.acceptance.model == "replay" and config.acceptance.trace:
         load_replay(config.acceptance.trace)
