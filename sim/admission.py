@@ -68,6 +68,14 @@ POLICIES: dict[str, AdmissionPolicy] = {
 POLICY_NAMES: tuple[str, ...] = tuple(POLICIES)
 
 
+def check_policy(requests: RequestTable, policy: str) -> None:
+    """Refuse (:class:`ConfigError`) a policy that ``requests`` lack the key of, before
+    anything runs; cheap (the keys are the table's own columns)."""
+    key = POLICIES[policy].key
+    if key is not None:
+        key(requests)
+
+
 def admission_rank(requests: RequestTable, policy: str) -> np.ndarray | None:
     """Each request's place in ``policy``'s order: ``[N], int64``, a permutation of
     ``0..N-1`` (0 is admitted first; ties in arrival order), or ``None`` for arrival

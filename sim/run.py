@@ -25,6 +25,7 @@ import numpy as np
 from stepplan.planner import ExecutionPlan, Planner, StepBatch
 
 from .acceptance import AcceptanceModel, make_acceptance
+from .admission import check_policy
 from .config import SimConfig
 from .cost import CostModel, StepCost, StepLoad
 from .live import LiveOutcome, LiveStepper, engine_setup
@@ -49,7 +50,8 @@ MAX_SPAN_S = 30 * 86400
 def prepare_requests(table: RequestTable, config: SimConfig) -> RequestTable:
     """The trace after the workload's window and limit, less the requests longer than
     ``model.max_model_len``, rate-scaled (in that order); a :class:`TraceError` when
-    nothing is left."""
+    nothing is left, a :class:`ConfigError` when the admission policy orders by what the
+    trace lacks."""
     workload = config.workload
     if workload.start_s is not None or workload.end_s is not None:
         window = table.window(workload.start_s, workload.end_s)
@@ -87,6 +89,7 @@ def prepare_requests(table: RequestTable, config: SimConfig) -> RequestTable:
                 f"{_SPAN_BOUND}: use a rate scale of at least {table.span_s / MAX_SPAN_S:.3g}",
             )
         table = scaled
+    check_policy(table, config.scheduler.policy)
     return table
 
 

@@ -249,6 +249,23 @@ def test_bad_policy_settings_are_one_line(argv, message, tmp_path, capsys):
     assert not out.exists()
 
 
+@pytest.mark.parametrize("command", ["capacity", "sweep"])
+def test_a_policy_the_trace_cannot_order_is_refused_before_the_runs(command, tmp_path, capsys):
+    out = tmp_path / "run"
+    argv = [command, "--limit", "20", "--policy", "priority", "--out", str(out)]
+    if command == "sweep":
+        sweep = tmp_path / "sweep.toml"
+        sweep.write_text(
+            '[settings]\nworkload.limit = 20\nscheduler.policy = "priority"\n'
+            "[grid]\nworkload.rate_scale = [1.0, 2.0]\n"
+        )
+        argv = [command, str(sweep), "--out", str(out)]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "scheduler.policy: priority needs priorities" in err, err
+    assert len(err.strip().splitlines()) == 1 and not out.exists()
+
+
 def test_the_policy_has_one_home_in_toml(tmp_path):
     path = tmp_path / "run.toml"
     path.write_text('[scheduler]\npolicy = "shortest-prompt"\npolicy_age_limit_s = 2.5\n')
