@@ -28,9 +28,9 @@ ONE_AT_A_TIME = {
 }
 
 
-def admission_order(table: RequestTable, policy: str, **more) -> list[int]:
-    config = with_settings(SimConfig(), {**ONE_AT_A_TIME, "scheduler.policy": policy, **more})
-    result = simulate(table, config, native=False)
+def admission_order(table: RequestTable, policy: str, native: bool = False) -> list[int]:
+    config = with_settings(SimConfig(), {**ONE_AT_A_TIME, "scheduler.policy": policy})
+    result = simulate(table, config, native=native)
     return np.argsort(result.requests["first_token_s"], kind="stable").tolist()
 
 
@@ -56,6 +56,7 @@ HAND_BUILT = RequestTable(
 )
 
 
+@pytest.mark.parametrize("native", [False, pytest.param(True, marks=needs_compiled)])
 @pytest.mark.parametrize(
     ("policy", "order"),
     [
@@ -64,8 +65,8 @@ HAND_BUILT = RequestTable(
         ("shortest-prompt", [3, 1, 2, 0, 4]),
     ],
 )
-def test_each_policy_admits_in_its_order(policy, order):
-    assert admission_order(HAND_BUILT, policy) == order
+def test_each_policy_admits_in_its_order(policy, order, native):
+    assert admission_order(HAND_BUILT, policy, native) == order
 
 
 def test_every_policy_has_a_hand_built_order():
@@ -92,7 +93,7 @@ def test_shortest_prompt_first_starves_a_long_prompt_without_an_age_limit():
     assert order[-1] == 1
 
 
-@pytest.mark.parametrize("native", [False, True])
+@pytest.mark.parametrize("native", [False, pytest.param(True, marks=needs_compiled)])
 def test_the_age_limit_bounds_the_wait_by_one_step(native):
     table = starving_trace()
     limit = 0.02  # several steps: shorter prompts pass the long one over until then
