@@ -16,7 +16,7 @@ from stepplan.sim import cli
 from stepplan.sim.admission import POLICIES, admission_rank
 from stepplan.sim.config import ConfigError, SimConfig, with_settings
 from stepplan.sim.run import simulate
-from stepplan.sim.traces import RequestTable, TraceError, load_trace
+from stepplan.sim.traces import FORMATS, RequestTable, TraceError, load_trace, write_trace
 from stepplan.sim.workloads import parse_synthetic
 
 #: One request runs at a time and finishes in the step that admits it (one output token),
@@ -215,6 +215,14 @@ def test_a_trace_column_gives_the_priorities(tmp_path):
     jsonl.write_text('{"timestamp": 0, "input_length": 9, "output_length": 1, "priority": 1}\n')
     assert load_trace(jsonl).priority.tolist() == [1]
     assert load_trace(tmp_path / "trace.csv").limit(2).priority.tolist() == [-2, 2]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_priorities_survive_writing_and_reading_every_format(fmt, tmp_path):
+    table = parse_synthetic("synthetic:n=30,rate=2,priority=5", seed=4)
+    path = tmp_path / f"trace.{fmt}"
+    write_trace(table, path, fmt)
+    np.testing.assert_array_equal(load_trace(path, fmt).priority, table.priority)
 
 
 def test_a_bad_priority_names_the_line(tmp_path):
