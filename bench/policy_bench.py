@@ -30,12 +30,17 @@ ROOT = Path(__file__).resolve().parents[1]
 PRIORITY_CASE = "synthetic:n=8000,rate=3,cv2=2,prompt=zipf:1.1:6000,output=zipf:1.1:800,priority=4"
 
 
-def configurations(old: Path | None, case: str, age_limit_s: float) -> list[tuple]:
+def configurations(
+    old: Path | None, case: str, age_limit_s: float, fcfs_only: bool = False
+) -> list[tuple]:
     """``(label, tree, case, settings)`` of every run: the old tree and this one on the
-    default settings, then this one under each policy with an age limit."""
+    default settings, then (unless ``fcfs_only``) this one under each policy with an age
+    limit."""
     runs: list[tuple] = []
     if old is not None:
         runs += [("old_fcfs", old, case, []), ("new_fcfs", None, case, [])]
+    if fcfs_only:
+        return runs
     limit = f"scheduler.policy_age_limit_s={age_limit_s}"
     for policy, trace, label in (
         ("fcfs", case, "fcfs_aged"),
@@ -53,6 +58,7 @@ def main() -> None:
     parser.add_argument("--case", default="bundled", help="a sim_bench case, trace or spec")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--age-limit-s", type=float, default=30.0)
+    parser.add_argument("--fcfs-only", action="store_true", help="only the two trees' fcfs runs")
     parser.add_argument("--record", type=Path, default=ROOT / "bench" / "results")
     args = parser.parse_args()
     record = {
@@ -65,7 +71,7 @@ def main() -> None:
     }
     figures: dict[str, dict] = {}
     old = None if args.vs_tree is None else args.vs_tree.resolve()
-    runs = configurations(old, args.case, args.age_limit_s)
+    runs = configurations(old, args.case, args.age_limit_s, args.fcfs_only)
     with tempfile.TemporaryDirectory(prefix="policy-bench-") as scratch:
         shims = Path(scratch)
         if old is not None:
