@@ -11,23 +11,13 @@ from stepplan.sim.table import ResultsError
 from .canvas import COLORS, new_figure
 from .latency import cdf_points
 
-#: The seed builder's host time per step *per layer group* on the H200 machine's CPU
-#: (SPEC §4): a pure-spec batch, and a mixed spec/decode/prefill batch.
-SEED_PURE_SPEC_US = 250.0
-SEED_MIXED_US = 900.0
-
 
 def seed_host_us(results: SimResult, num_groups: int) -> np.ndarray:
-    """``[S], float64``: what the seed builder would spend on each step, in µs.
-
-    Pure-spec steps cost :data:`SEED_PURE_SPEC_US` per group; every other step the
-    mixed figure, :data:`SEED_MIXED_US` (SPEC §4 measures only these two kinds).
-    """
+    """``[S], float64``: what the seed builder would spend on each step, in µs, by the
+    cost model's rule (``SimResult.seed_host_us``: SPEC §4's figures)."""
     if num_groups < 1:
         raise ResultsError(f"num_groups must be positive, got {num_groups}")
-    rows = results.steps.column("num_rows")
-    pure_spec = (results.steps.column("num_spec_rows") == rows) & (rows > 0)
-    return np.where(pure_spec, SEED_PURE_SPEC_US, SEED_MIXED_US) * num_groups
+    return results.seed_host_us(num_groups)
 
 
 def run_num_groups(results: SimResult) -> int:

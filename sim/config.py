@@ -38,14 +38,18 @@ class is in ``config_live.py`` (re-exported here).
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import attrs
 import tomllib
 
-from stepplan.planner import GRAPH_MODES
+from stepplan.planner import GRAPH_MODES, PlanError, PlannerConfig
 
+from .admission import POLICY_NAMES
 from .config_live import (  # noqa: F401 (re-exported: every setting imports from here)
     LIVE_ATTENTION,
     LIVE_BACKENDS,
@@ -90,8 +94,12 @@ class SchedulerConfig:
             speculative decoding off.
         slot_capacity: conv-state slots usable by requests (slots ``1..capacity``;
             slot 0 is NULL). ``None`` means ``max_num_seqs``. The cache's memory may
-            allow fewer (``capacity.py``).
+            allow fewer (``memory_sizing.py``).
         num_groups: layer groups; each gives a request the same slot index in its pool.
+        policy: the order waiting requests are admitted in, a name of
+            ``admission.POLICIES`` (``fcfs``: first come first served).
+        policy_age_limit_s: a request waiting longer than this goes before the policy's
+            order, the oldest first (``None``: no limit).
     """
 
     max_num_seqs: int = attrs.field(default=256, converter=INT, validator=_positive)
@@ -101,6 +109,10 @@ class SchedulerConfig:
         default=None, converter=_optional(_integer), validator=_positive
     )
     num_groups: int = attrs.field(default=1, converter=INT, validator=_positive)
+    policy: str = attrs.field(default="fcfs", validator=_one_of(POLICY_NAMES))
+    policy_age_limit_s: float | None = attrs.field(
+        default=None, converter=_optional(_real), validator=_non_negative
+    )
 
     @property
     def slots(self) -> int:
@@ -115,7 +127,7 @@ def _fraction(instance: object, attribute: attrs.Attribute, value: float) -> Non
 
 @attrs.frozen
 class MemoryConfig:
-    """The KV cache, the conv-state slots and the prefix cache (``capacity.py``,
+    """The KV cache, the conv-state slots and the prefix cache (``memory_sizing.py``,
     ``memory.py``; ``docs/memory.md``).
 
     Attributes:
@@ -338,9 +350,24 @@ SECTIONS: dict[str, type] = {
 }
 
 
+#: Each field of the planner's ``PlannerConfig`` and the one setting (section, key) it
+#: comes from: :attr:`SimConfig.plan` is made from these, and a value the planner refuses
+#: is named by its setting.
+PLANNER_SETTINGS: Mapping[str, tuple[str, str]] = MappingProxyType(
+    {
+        "num_spec_tokens": ("scheduler", "num_spec_tokens"),
+        "max_num_seqs": ("scheduler", "max_num_seqs"),
+        "graph_mode": ("planner", "graph_mode"),
+        "graph_sizes": ("planner", "graph_sizes"),
+        "prefill_tile_tokens": ("planner", "prefill_tile_tokens"),
+    }
+)
+
+
 @attrs.frozen
 class SimConfig:
-    """Every setting of one simulation (written whole into ``summary.json``)."""
+    """Every setting of one simulation (written whole into ``summary.json``), and the
+    planner's config they make (:attr:`plan`)."""
 
     name: str = attrs.field(default="", validator=_run_name)
     seed: int = attrs.field(default=0, converter=INT, validator=_non_negative)
@@ -359,6 +386,21 @@ class SimConfig:
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready dict (tuples become lists)."""
         return attrs.asdict(self)
+
+    @functools.cached_property
+    def plan(self) -> PlannerConfig:
+        """The ``PlannerConfig`` every step is compiled with, made from the settings
+        :data:`PLANNER_SETTINGS` names; a value the planner refuses is a
+        :class:`ConfigError` naming its setting (``scheduler.num_spec_tokens: ...``)."""
+        values = {
+            field: getattr(getattr(self, section), key)
+            for field, (section, key) in PLANNER_SETTINGS.items()
+        }
+        try:
+            return PlannerConfig(**values)
+        except PlanError as exc:
+            section, key = PLANNER_SETTINGS[exc.field]
+            raise ConfigError(f"{section}.{key}{str(exc)[len(exc.field) :]}") from None
 
 
 def _section(name: str, base: object, values: dict[str, Any]) -> object:

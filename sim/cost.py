@@ -66,6 +66,7 @@ from importlib import resources
 from pathlib import Path
 
 import attrs
+import numpy as np
 
 from stepplan.planner import ExecutionPlan
 
@@ -76,9 +77,21 @@ from .gpus import profile_scale
 from .parallel import ALLREDUCES_PER_LAYER, RankShare, ring_allreduce_s, split_model
 
 KINDS = ("spec", "decode", "prefill", "mixed")
+#: The seed builder's host time per step per layer group (SPEC §4): a uniform batch (pure
+#: spec; pure decode is taken as uniform too), and any other batch.
 SEED_UNIFORM_US = 250.0
 SEED_MIXED_US = 900.0
 _MEMO_SIZE = 4096  # conv_s values kept; all are let go when this many are kept
+
+
+def seed_host_us(
+    num_rows: np.ndarray | int, num_spec_rows: np.ndarray | int, num_decode_rows: np.ndarray | int
+) -> np.ndarray:
+    """The seed builder's host time per layer group of each step, in µs: the one rule
+    that ``host_cost = "seed"`` charges and the host-time figure draws (through
+    ``SimResult.seed_host_us``). Arguments: ``[S], int64`` each (or one step's ints)."""
+    uniform = (num_rows == num_spec_rows) | (num_rows == num_decode_rows)
+    return np.where(uniform, SEED_UNIFORM_US, SEED_MIXED_US)
 
 
 class ProfileError(ValueError):
@@ -349,9 +362,10 @@ class CostModel:
         cost = self.cost
         if cost.host_cost == "measured":
             return plan_us * 1e-6
-        uniform = plan.num_rows in (plan.num_spec_rows, plan.num_decode_rows)
         if cost.host_cost == "seed":
-            return (SEED_UNIFORM_US if uniform else SEED_MIXED_US) * self.num_groups * 1e-6
+            rows = (plan.num_rows, plan.num_spec_rows, plan.num_decode_rows)
+            return float(seed_host_us(*rows)) * self.num_groups * 1e-6
+        uniform = plan.num_rows in (plan.num_spec_rows, plan.num_decode_rows)
         mixed_us = 0.0 if uniform else cost.host_mixed_us
         return (cost.host_base_us + cost.host_per_row_us * plan.num_rows + mixed_us) * 1e-6
 

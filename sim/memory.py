@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .capacity import MemoryLayout, cacheable_blocks
+from .memory_sizing import MemoryLayout, cacheable_blocks
 from .traces import RequestTable
 
 #: Rows up to which :meth:`BlockPool.grow_all` loops in Python: on a few rows numpy's

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 import attrs
 import numpy as np
 
-from .capacity import memory_summary
 from .config import SimConfig
+from .memory_sizing import memory_summary
 from .pricing import deployment_dollars
 from .records import STEP_RECORD, RequestLog, RequestRows, step_columns
 from .schema import MEASURED, STEPS_IN_MEMORY

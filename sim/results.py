@@ -17,6 +17,7 @@ from typing import Any
 import attrs
 import numpy as np
 
+from .cost import seed_host_us
 from .outdir import ResultsFolder
 from .records import CHUNK_STEPS
 from .schema import (
@@ -96,6 +97,13 @@ class SimResult:
         """The run's settings from the summary, by section (empty when absent)."""
         config = self.summary.get("config", {})
         return config if isinstance(config, Mapping) else {}
+
+    def seed_host_us(self, num_groups: int) -> np.ndarray:
+        """``[S], float64`` what the seed builder would spend on each step, in µs, over
+        ``num_groups`` layer groups: the cost model's rule (``cost.seed_host_us``)."""
+        steps = self.steps
+        columns = ("num_rows", "num_spec_rows", "num_decode_rows")
+        return seed_host_us(*(steps.column(name) for name in columns)) * num_groups
 
 
 # ----------------------------------------------------------------------------- writing

@@ -22,14 +22,15 @@ from typing import Any
 import attrs
 import numpy as np
 
-from stepplan.planner import ExecutionPlan, PlanError, Planner, PlannerConfig, StepBatch
+from stepplan.planner import ExecutionPlan, Planner, StepBatch
 
 from .acceptance import AcceptanceModel, make_acceptance
-from .capacity import gpu_summary, plan_memory
-from .config import ConfigError, SimConfig
+from .admission import check_policy
+from .config import SimConfig
 from .cost import CostModel, StepCost, StepLoad
 from .live import LiveOutcome, LiveStepper, engine_setup
 from .memory import BlockPool
+from .memory_sizing import gpu_summary, plan_memory
 from .outcome import MemoryStore, RunEnd, StepStore, run_summary
 from .progress import Progress
 from .records import RequestLog, RequestRows, StepTable, step_columns
@@ -46,26 +47,11 @@ _GRAPH_CODES = {kind: code for code, kind in enumerate(GRAPH_KINDS)}  # steps.cs
 MAX_SPAN_S = 30 * 86400
 
 
-def planner_config(config: SimConfig) -> PlannerConfig:
-    """The ``PlannerConfig`` the simulation compiles every step with; a setting the
-    planner refuses is a :class:`ConfigError` naming it (``scheduler.num_spec_tokens``)."""
-    try:
-        return PlannerConfig(
-            num_spec_tokens=config.scheduler.num_spec_tokens,
-            graph_mode=config.planner.graph_mode,
-            graph_sizes=config.planner.graph_sizes,
-            max_num_seqs=config.scheduler.max_num_seqs,
-            prefill_tile_tokens=config.planner.prefill_tile_tokens,
-        )
-    except PlanError as exc:
-        section = "scheduler" if exc.field in ("num_spec_tokens", "max_num_seqs") else "planner"
-        raise ConfigError(f"{section}.{exc}") from None
-
-
 def prepare_requests(table: RequestTable, config: SimConfig) -> RequestTable:
     """The trace after the workload's window and limit, less the requests longer than
     ``model.max_model_len``, rate-scaled (in that order); a :class:`TraceError` when
-    nothing is left."""
+    nothing is left, a :class:`ConfigError` when the admission policy orders by what the
+    trace lacks."""
     workload = config.workload
     if workload.start_s is not None or workload.end_s is not None:
         window = table.window(workload.start_s, workload.end_s)
@@ -103,6 +89,7 @@ def prepare_requests(table: RequestTable, config: SimConfig) -> RequestTable:
                 f"{_SPAN_BOUND}: use a rate scale of at least {table.span_s / MAX_SPAN_S:.3g}",
             )
         table = scaled
+    check_policy(table, config.scheduler.policy)
     return table
 
 
@@ -303,7 +290,7 @@ class _Loop:
         """The loop's parts for ``simulate``'s arguments, every setting checked."""
         layout = plan_memory(config, table, live=config.live.enabled)
         scheduler = Scheduler(table, config.scheduler, BlockPool(layout, table))
-        plan_config = planner_config(config)
+        plan_config = config.plan
         planner = Planner(plan_config)  # compile_plan's plans, keeping what repeats between steps
         if live is not None and not config.live.enabled:
             raise ValueError("live: a stepper was given but config.live.enabled is false")

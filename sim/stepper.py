@@ -187,6 +187,7 @@ class Stepper:
             "has_pool": int(scheduler.pool is not None),
         }
         fields.update(_pool_fields(scheduler))
+        fields.update(_queue_fields(scheduler))
         fields.update(_acceptance_fields(self.acceptance, config.num_spec_tokens))
         return fields
 
@@ -215,6 +216,20 @@ def _pool_fields(scheduler: Scheduler) -> dict[str, Any]:
         fields["prefix_offsets"] = np.ascontiguousarray(pool.prefix_offsets, np.int64)
         fields["hashes"] = np.ascontiguousarray(pool.prefix_hashes, np.int64)
     return fields
+
+
+def _queue_fields(scheduler: Scheduler) -> dict[str, Any]:
+    """The admission policy's waiting queue (``ordered`` 0: arrival order, none)."""
+    queue = scheduler.queue
+    if queue is None:
+        return {"ordered": 0}
+    return {
+        "ordered": 1,
+        "rank": queue.rank,
+        "heap": queue.heap,
+        "admitted": queue.admitted,
+        "age_limit_s": float(queue.age_limit_s),
+    }
 
 
 def _acceptance_fields(model: AcceptanceModel, num_spec_tokens: int) -> dict[str, Any]:

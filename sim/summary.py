@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from .capacity import memory_rows
 from .cost import COST_TERMS
+from .memory_sizing import memory_rows
 from .pricing import dollar_rows
 from .schema import COST_COLUMNS, MEASURED, TIME_NAMES
 

@@ -8,7 +8,8 @@ A workload is written as one spec string (the ``TRACE`` argument of the CLI)::
 coefficient of variation ``cv2`` (burstiness: 1 is Poisson, above 1 burstier, below 1
 smoother). Lengths are ``fixed:N``, ``uniform:LOW:HIGH`` (inclusive), ``zipf:A:MAX``
 (``P(x) ~ x**-A`` on ``1..MAX``) or ``empirical:PATH`` (resampled from that trace's
-prompt or output column).
+prompt or output column). ``priority=LEVELS`` gives each request a priority drawn
+uniformly from ``0..LEVELS-1`` (for the ``priority`` admission policy; none without it).
 """
 
 from __future__ import annotations
@@ -116,29 +117,37 @@ def synthetic_table(
     cv2: float = 1.0,
     seed: int = 0,
     source: str = "synthetic",
+    priority_levels: int | None = None,
 ) -> RequestTable:
     """``count`` synthetic requests (see the module docstring); same seed, same table."""
-    arrival_rng, prompt_rng, output_rng = np.random.default_rng(seed).spawn(3)
+    # a fourth stream for the priorities leaves the first three as they were
+    arrival_rng, prompt_rng, output_rng, priority_rng = np.random.default_rng(seed).spawn(4)
+    priority = None
+    if priority_levels is not None:
+        priority = priority_rng.integers(0, priority_levels, count, dtype=np.int64)
     return RequestTable(
         arrival_s=arrival_times(count, rate, cv2, arrival_rng),
         prompt_tokens=prompt.sample(count, prompt_rng),
         output_tokens=output.sample(count, output_rng),
         source=source,
         format="synthetic",
+        priority=priority,
     )
 
 
 def parse_synthetic(spec: str, seed: int = 0, limit: int | None = None) -> RequestTable:
     """The table of a ``synthetic:key=value,...`` spec (keys ``n``, ``rate``, ``cv2``,
-    ``prompt``, ``output``; defaults ``n=1000, rate=4, cv2=1, prompt=uniform:128:2048,
-    output=uniform:16:512``); with ``limit``, only its first ``limit`` requests (each draw
-    is a stream of its own, so they are the whole workload's first requests)."""
+    ``prompt``, ``output``, ``priority``; defaults ``n=1000, rate=4, cv2=1,
+    prompt=uniform:128:2048, output=uniform:16:512``, no priorities); with ``limit``,
+    only its first ``limit`` requests (each draw is a stream of its own, so they are the
+    whole workload's first requests)."""
     fields = {
         "n": "1000",
         "rate": "4",
         "cv2": "1",
         "prompt": "uniform:128:2048",
         "output": "uniform:16:512",
+        "priority": "",
     }
     body = spec.removeprefix(SYNTHETIC_PREFIX)
     for item in filter(None, body.split(",")):
@@ -152,7 +161,17 @@ def parse_synthetic(spec: str, seed: int = 0, limit: int | None = None) -> Reque
         raise WorkloadError(f"{spec!r}: n, rate and cv2 must be numbers") from None
     if not 1 <= count <= MAX_REQUESTS:
         raise WorkloadError(f"n: must be 1 to {MAX_REQUESTS:,} requests, got {count:,}")
+    levels = None
+    if fields["priority"]:
+        try:
+            levels = int(fields["priority"])
+        except ValueError:
+            levels = 0
+        if not 1 <= levels <= MAX_LENGTH:
+            raise WorkloadError(f"priority: {fields['priority']!r} is not a number of levels >= 1")
     prompt = parse_length(fields["prompt"], "prompt")
     output = parse_length(fields["output"], "output")
     count = count if limit is None else min(count, limit)
-    return synthetic_table(count, rate, prompt, output, cv2=cv2, seed=seed, source=spec)
+    return synthetic_table(
+        count, rate, prompt, output, cv2=cv2, seed=seed, source=spec, priority_levels=levels
+    )

@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 
 from stepplan.planner import GRAPH_MODES
 from stepplan.sim import cli
+from stepplan.sim.admission import POLICY_NAMES
 from stepplan.sim.cli.helptext import DefaultsHelpFormatter
 from stepplan.sim.cli.provenance import git_state
 from stepplan.sim.cli.tables import METRIC_PATHS
@@ -147,6 +148,7 @@ _CHOICES = {
     "acceptance.model": ACCEPTANCE_MODELS,
     "live.device": LIVE_DEVICES,
     "live.time": LIVE_TIMES,
+    "scheduler.policy": POLICY_NAMES,
 }
 _TEXT = st.text(st.characters(blacklist_categories=("Cs",)), max_size=12)
 _INTS = st.integers(1, 2**40)
@@ -161,6 +163,7 @@ _SPECIAL = {
 }
 _OPTIONAL_KINDS = {
     "scheduler.slot_capacity": _INTS,
+    "scheduler.policy_age_limit_s": _FLOATS,
     "cost.kernel_profile": _TEXT,
     "acceptance.trace": _TEXT,
     "workload.limit": _INTS,

@@ -234,14 +234,13 @@ def test_the_shipped_mixed_profile_fits_its_settings_file():
 
     from stepplan.sim.config import load_config
     from stepplan.sim.live import engine_setup
-    from stepplan.sim.run import planner_config
 
     root = Path(__file__).resolve().parents[1]
     shipped = read_engine_profile(
         root / "sim" / "data" / "engine_profile_hybrid-8b_h200_mixed.json"
     )
     config = load_config(root / "docs" / "fidelity_h200.toml")
-    shipped.check_setup(*engine_setup(config, planner_config(config)))
+    shipped.check_setup(*engine_setup(config, config.plan))
     predicted = [shipped.fit.predict_us(point.shape) for point in shipped.points]
     assert None not in predicted
     measured = np.array([point.wall_us for point in shipped.points])

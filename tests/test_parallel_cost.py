@@ -14,7 +14,6 @@ from hypothesis import strategies as st
 from stepplan.planner import PlannerConfig, StepBatch, compile_plan
 from stepplan.plots.report import build_report, format_value
 from stepplan.sim import cli, presets
-from stepplan.sim.capacity import model_footprint
 from stepplan.sim.config import (
     ConfigError,
     CostConfig,
@@ -26,6 +25,7 @@ from stepplan.sim.config import (
 )
 from stepplan.sim.cost import CostModel
 from stepplan.sim.gpus import GPU_PRESETS
+from stepplan.sim.memory_sizing import model_footprint
 from stepplan.sim.parallel import split_model, split_problem
 from stepplan.sim.pricing import deployment_dollars
 from stepplan.sim.run import simulate

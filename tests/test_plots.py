@@ -13,11 +13,12 @@ from synthetic_results import synthetic_requests, synthetic_steps, write_synthet
 from stepplan.planner import PlannerConfig, StepBatch, compile_plan
 from stepplan.plots.bucketing import Bucketing, plot_bucketing, run_bucketing
 from stepplan.plots.canvas import figure_bytes, is_figure
-from stepplan.plots.host import SEED_MIXED_US, SEED_PURE_SPEC_US, plot_host_time, seed_host_us
+from stepplan.plots.host import plot_host_time, seed_host_us
 from stepplan.plots.latency import plot_latency_cdfs
 from stepplan.plots.opgraph import plot_op_graph
 from stepplan.plots.timeline import plot_timeline
 from stepplan.sim.config import SimConfig, with_settings
+from stepplan.sim.cost import SEED_MIXED_US, SEED_UNIFORM_US
 from stepplan.sim.results import SimResult, read_results, write_results
 from stepplan.sim.run import simulate
 from stepplan.sim.table import ResultsError, Table
@@ -107,9 +108,28 @@ def test_bucketing_compares_several_lists(synthetic, tmp_path):
 def test_host_time_uses_the_seed_figures_per_group(synthetic):
     seed = seed_host_us(synthetic, num_groups=3)
     rows = synthetic.steps.column("num_rows")
-    pure_spec = synthetic.steps.column("num_spec_rows") == rows
-    assert np.all(seed[pure_spec] == 3 * SEED_PURE_SPEC_US)
-    assert np.all(seed[~pure_spec] == 3 * SEED_MIXED_US)
+    uniform = (synthetic.steps.column("num_spec_rows") == rows) | (
+        synthetic.steps.column("num_decode_rows") == rows
+    )
+    assert np.all(seed[uniform] == 3 * SEED_UNIFORM_US)
+    assert np.all(seed[~uniform] == 3 * SEED_MIXED_US)
+
+
+@pytest.mark.parametrize("spec_tokens", [0, 3])  # 0: pure decode steps, where they differed
+def test_the_figure_draws_what_the_seed_host_cost_charges(spec_tokens):
+    config = with_settings(
+        SimConfig(),
+        {
+            "cost.host_cost": "seed",
+            "scheduler.num_groups": 2,
+            "scheduler.num_spec_tokens": spec_tokens,
+        },
+    )
+    table = parse_synthetic("synthetic:n=60,rate=20,prompt=uniform:8:600,output=uniform:1:90")
+    result = simulate(table, config)
+    kinds = result.steps.column("num_decode_rows") == result.steps.column("num_rows")
+    assert kinds.any() == (spec_tokens == 0)
+    np.testing.assert_array_equal(seed_host_us(result, 2) * 1e-6, result.steps.column("host_s"))
 
 
 def in_memory(steps, requests, summary):

@@ -17,7 +17,7 @@ from stepplan.executor.model.dense import dense_logits
 from stepplan.sim import cli
 from stepplan.sim.config import ConfigError, SimConfig, with_settings
 from stepplan.sim.live import LiveStepper, pad_drafts, request_prompt
-from stepplan.sim.run import planner_config, prepare_requests, simulate
+from stepplan.sim.run import prepare_requests, simulate
 from stepplan.sim.workloads import parse_synthetic
 
 # Prompts longer than the token budget (chunked prefill), outputs long enough for spec steps.
@@ -38,7 +38,7 @@ GPU_SETTINGS = {"live.backend": "triton", "live.device": "cuda", "live.dtype": "
 def live_run(seed: int = 0, **settings):
     config = with_settings(SimConfig(seed=seed), {**SETTINGS, **settings})
     table = prepare_requests(parse_synthetic(WORKLOAD, seed=4), config)
-    live = LiveStepper.create(config, planner_config(config), table)
+    live = LiveStepper.create(config, config.plan, table)
     return table, live, simulate(table, config, live=live)
 
 
@@ -146,7 +146,7 @@ def test_a_warm_start_changes_no_token(reference_run):
     """The warm start's steps write junk into slots before serving; no request reads it."""
     table, live, _ = reference_run
     config = with_settings(SimConfig(seed=0), SETTINGS)
-    warmed = LiveStepper.create(config, planner_config(config), table)
+    warmed = LiveStepper.create(config, config.plan, table)
     warmed.warm_start(SETTINGS["scheduler.max_num_batched_tokens"])
     assert warmed.warm_start_steps > 0
     simulate(table, config, live=warmed)

@@ -40,7 +40,7 @@ from ..fidelity import StepErrors, StepRecord, end_to_end, step_errors
 from ..live import engine_setup, length_limit
 from ..outdir import ResultsFolder
 from ..results import SimResult, write_results
-from ..run import StepEvent, planner_config, simulate
+from ..run import StepEvent, simulate
 from ..schema import RESULT_FILES
 from .options import add_run_command, build_config, results_folder
 from .trace_reading import load_requests
@@ -195,7 +195,7 @@ def _configs(args: argparse.Namespace) -> tuple[SimConfig, SimConfig, EngineProf
     live = with_settings(base, {"live.enabled": True, "live.time": "measured"})
     live = _profiled_positions(live, profile)
     simulated = with_settings(base, {"live.enabled": False, "cost.profile": str(profile_path)})
-    profile.check_setup(*engine_setup(live, planner_config(live)))
+    profile.check_setup(*engine_setup(live, live.plan))
     return live, simulated, profile
 
 

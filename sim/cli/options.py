@@ -15,6 +15,7 @@ import tomllib
 from stepplan.planner import GRAPH_MODES
 
 from ..acceptance import DEEPSEEK_MTP_PROBS, EAGLE3_PROBS, load_replay
+from ..admission import POLICIES
 from ..config import (
     ACCEPTANCE_MODELS,
     HOST_COSTS,
@@ -32,7 +33,7 @@ from ..engine_profile import read_engine_profile
 from ..live import check_live, engine_setup
 from ..outdir import ResultsFolder, claim_new, config_digest
 from ..progress import Progress, ProgressBar, ProgressLines, live_warning
-from ..run import planner_config, run_steps
+from ..run import run_steps
 from ..schema import RESULT_FILES
 from ..summary import summary_rows
 from ..traces import FORMATS
@@ -55,6 +56,8 @@ OVERRIDES = {
     "slot_capacity": "scheduler.slot_capacity",
     "max_model_len": "model.max_model_len",
     "num_groups": "scheduler.num_groups",
+    "policy": "scheduler.policy",
+    "policy_age_limit_s": "scheduler.policy_age_limit_s",
     "graph_mode": "planner.graph_mode",
     "graph_sizes": "planner.graph_sizes",
     "host_cost": "cost.host_cost",
@@ -141,11 +144,11 @@ def checked(config: SimConfig) -> SimConfig:
     files it names (kernel profile, acceptance trace) read, so that every refusal comes
     before anything runs or is written."""
     check_config(config)
-    planner_config(config)
+    plan = config.plan  # the planner's refusals, before anything runs
     load_profile(config.cost.kernel_profile)
     if config.cost.profile is not None:
         engine = read_engine_profile(config.cost.profile)
-        engine.check_setup(*engine_setup(config, planner_config(config)))
+        engine.check_setup(*engine_setup(config, plan))
     check_live(config)
     if config.acceptance.model == "replay" and config.acceptance.trace:
         load_replay(config.acceptance.trace)
@@ -229,6 +232,18 @@ def _add_engine_options(parser: argparse.ArgumentParser) -> None:
     add("--max-num-batched-tokens", type=int, help="token budget per step, lookahead included")
     add("--slot-capacity", type=int, help="conv-state slots (default: max-num-seqs)")
     add("--num-groups", type=int, help="layer groups")
+    orders = "; ".join(f"{name}: {policy.description}" for name, policy in POLICIES.items())
+    add(
+        "--policy",
+        choices=tuple(POLICIES),
+        help=f"admission order of waiting requests ({orders}; ties in arrival order)",
+    )
+    add(
+        "--policy-age-limit-s",
+        type=float,
+        help="a request waiting longer than this many seconds is admitted first, the "
+        "oldest first (default: no limit)",
+    )
     add(
         "--max-model-len",
         type=int,

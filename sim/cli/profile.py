@@ -24,7 +24,6 @@ from ..engine_profile import PROFILE_FILE, EngineProfile, EngineProfileError, wr
 from ..live import engine_setup, length_limit, make_runner
 from ..outfile import OutputFile
 from ..profiler import CONTEXT_LEVELS, GridLimits, measure, profile_batches, token_grid
-from ..run import planner_config
 from .options import add_setting_options, build_config
 
 #: The grid draws contexts up to this multiple of its largest context level.
@@ -65,7 +64,7 @@ def run_profile(args: argparse.Namespace) -> int:
 
     started = time.perf_counter()
     limits = grid_limits(config)
-    planner = planner_config(config)
+    planner = config.plan
     runner = make_runner(config, planner, limits.max_len)
     batches = profile_batches(planner, limits, seed=config.seed)
     if not args.quiet:

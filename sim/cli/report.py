@@ -16,7 +16,6 @@ from ..buckets import BucketError, compare_to_defaults
 from ..config import ConfigError, SimConfig
 from ..outfile import OutputFile
 from ..results import SimResult
-from ..run import planner_config
 from ..schema import KIND_ROWS, KIND_TOKENS, RESULT_FILES
 from ..table import ResultsError
 from .buckets import bucketing_of, comparison_table, run_config, run_demand
@@ -60,7 +59,7 @@ def example_plan(results: SimResult, config: SimConfig) -> ExecutionPlan:
         num_draft_tokens=np.concatenate([lengths[0] - 1, np.full(decode + prefill, -1)]),
         num_accepted_tokens=np.ones(live, dtype=np.int64),
     )
-    return compile_plan(batch, planner_config(config))
+    return compile_plan(batch, config.plan)
 
 
 def _spread(tokens: int, rows: int) -> np.ndarray:

@@ -14,8 +14,8 @@ from typing import Any
 import attrs
 import numpy as np
 
-from ..capacity import plan_memory
 from ..config import ConfigError, SimConfig
+from ..memory_sizing import plan_memory
 from ..outdir import ResultsFolder, claim_new
 from ..progress import CountBar, CountLines, CountProgress
 from ..results import SimResult, write_results

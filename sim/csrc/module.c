@@ -101,7 +101,25 @@ static int bind_state(Stepper *self, PyObject *f) {
     self->num_spec = get_int(f, "num_spec_tokens", &failed);
     self->has_pool = (int)get_int(f, "has_pool", &failed);
     self->accept_kind = (int)get_int(f, "accept_kind", &failed);
+    self->ordered = (int)get_int(f, "ordered", &failed);
     return failed ? -1 : 0;
+}
+
+/* An admission policy's queue (scheduler/queue.py), where it is not arrival order. */
+static int bind_queue(Stepper *self, PyObject *f) {
+    PyObject *limit = PyDict_GetItemString(f, "age_limit_s");
+    self->age_limit = limit == NULL ? -1.0 : PyFloat_AsDouble(limit);
+    if (limit == NULL || PyErr_Occurred()) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_KeyError, "stepper: no float age_limit_s");
+        return -1;
+    }
+    if (bind_ro(self, f, "rank", 'q', 8, (void **)&self->rank, NULL) < 0 ||
+        I64("heap", heap) < 0 ||
+        bind(self, f, "admitted", 'B', 1, (void **)&self->admitted, NULL) < 0) {
+        return -1;
+    }
+    return 0;
 }
 
 static int bind_pool(Stepper *self, PyObject *f) {
@@ -191,6 +209,7 @@ static PyObject *stepper_new(PyTypeObject *type, PyObject *args, PyObject *Py_UN
         return NULL;
     }
     if (bind_state(self, fields) < 0 || (self->has_pool && bind_pool(self, fields) < 0) ||
+        (self->ordered && bind_queue(self, fields) < 0) ||
         bind_acceptance(self, fields) < 0) {
         Py_DECREF(self);
         return NULL;

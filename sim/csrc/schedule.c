@@ -1,8 +1,9 @@
 /* Stepper.schedule: Scheduler._schedule_rows (sim/scheduler/core.py, its specification)
  * on the scheduler's arrays: the running requests' rows (growing their blocks, evicting
- * cached entries or preempting when the pool is short), then admissions, first come
- * first served (one request at a time when preempted requests wait or the prefix cache
- * is looked up), then the rows' inputs, their load and the memory row. */
+ * cached entries or preempting when the pool is short), then admissions in the policy's
+ * order (one request at a time when preempted requests wait, the prefix cache is looked
+ * up or the policy is not arrival order: queue.c), then the rows' inputs, their load and
+ * the memory row. */
 #include <string.h>
 
 #include "pool.h"
@@ -173,19 +174,26 @@ static Py_ssize_t admit_batch(Stepper *self, Py_ssize_t rows, int64_t room, int6
         self->free_blocks[0] -= blocks;
     }
     self->counters[NEXT_ADMIT] = first + count;
+    self->counters[ADMITTED] += count;
     start(self, rows, count);
     return count;
 }
 
-/* Scheduler._admit_each: preempted requests first, then new ones, each after its prefix
- * cache hit, until one does not fit. */
-static Py_ssize_t admit_each(Stepper *self, Py_ssize_t rows, int64_t room, int64_t budget) {
+/* Scheduler._admit_each: preempted requests first, then new ones in the policy's order,
+ * each after its prefix cache hit, until one does not fit. */
+static Py_ssize_t admit_each(Stepper *self, Py_ssize_t rows, int64_t room, int64_t budget,
+                             double now) {
     int64_t *counters = self->counters;
     Py_ssize_t count = 0;
     while (room > 0 && budget > 0) {
         int64_t resumed = counters[RESUMED], request;
         if (resumed) {
             request = self->resumed[0];
+        } else if (self->ordered) {
+            request = queue_first(self, now, counters[ARRIVED]);
+            if (request < 0) {
+                break;
+            }
         } else if (counters[NEXT_ADMIT] < counters[ARRIVED]) {
             request = counters[NEXT_ADMIT];
         } else {
@@ -198,7 +206,7 @@ static Py_ssize_t admit_each(Stepper *self, Py_ssize_t rows, int64_t room, int64
         }
         int64_t begin = hits * self->prefix_tokens;
         int64_t q = target - begin < budget ? target - begin : budget;
-        int admitted = admit_one(self, request, hits, begin + q);
+        int admitted = self->has_pool ? admit_one(self, request, hits, begin + q) : 1;
         if (admitted <= 0) {
             if (admitted < 0) {
                 return -1;
@@ -208,8 +216,11 @@ static Py_ssize_t admit_each(Stepper *self, Py_ssize_t rows, int64_t room, int64
         if (resumed) {
             memmove(self->resumed, self->resumed + 1, (size_t)(resumed - 1) * sizeof(int64_t));
             counters[RESUMED] = resumed - 1;
+        } else if (self->ordered) {
+            queue_take(self, request);
         } else {
             counters[NEXT_ADMIT] += 1;
+            counters[ADMITTED] += 1;
         }
         int64_t lost = self->lost[request];
         self->recomputed[request] += lost > begin ? lost - begin : 0;
@@ -244,7 +255,7 @@ static PyObject *finish_rows(Stepper *self, Py_ssize_t rows) {
     double *info = self->info;
     int64_t *counters = self->counters;
     info[KV_TOKENS] = (double)kv, info[ATTENTION_PAIRS] = pairs;
-    info[WAITING] = (double)(counters[ARRIVED] - counters[NEXT_ADMIT] + counters[RESUMED]);
+    info[WAITING] = (double)(counters[ARRIVED] - counters[ADMITTED] + counters[RESUMED]);
     info[NUM_PREEMPTED] = info[USED] = info[CACHED] = info[USAGE] = 0.0;
     if (self->has_pool) {
         int64_t cached = cached_blocks(self);
@@ -274,8 +285,8 @@ PyObject *stepper_schedule(Stepper *self, PyObject *now_obj) {
     room = counters[NUM_FREE] < room ? counters[NUM_FREE] : room;
     if (!counters[PREEMPTED] && room > 0 && budget > 0) { /* a step that preempted admits none */
         Py_ssize_t admitted;
-        if (counters[RESUMED] || (self->has_pool && self->caching)) {
-            admitted = admit_each(self, rows, room, budget);
+        if (counters[RESUMED] || self->ordered || (self->has_pool && self->caching)) {
+            admitted = admit_each(self, rows, room, budget, now);
         } else {
             admitted = counters[NEXT_ADMIT] < counters[ARRIVED]
                            ? admit_batch(self, rows, room, budget)

@@ -8,7 +8,8 @@
 #include <stdint.h>
 
 /* sim/scheduler/state.py's indices and bits, and the acceptance models covered. */
-enum { RUNNING, NEXT_ADMIT, FINISHED, NUM_FREE, ARRIVED, PREEMPTED, RESUMED, ROWS };
+enum { RUNNING, NEXT_ADMIT, FINISHED, NUM_FREE, ARRIVED, PREEMPTED, RESUMED, ROWS, ADMITTED,
+       QUEUED, PUSHED };
 enum { SPEC = 1, DECODING = 2, EMITS_FIRST = 4 };
 enum { KV_TOKENS, ATTENTION_PAIRS, WAITING, NUM_PREEMPTED, USED, CACHED, USAGE };
 enum { ACCEPT_PYTHON, ACCEPT_PER_POSITION, ACCEPT_FIXED, ACCEPT_REPLAY };
@@ -17,7 +18,7 @@ enum { ACCEPT_PYTHON, ACCEPT_PER_POSITION, ACCEPT_FIXED, ACCEPT_REPLAY };
 enum { FINISH_DONE, FINISH_PYTHON, FINISH_GROW };
 #define RECORD_FIELDS 20 /* the loop's part of a step record; the memory row follows */
 #define MEMORY_FIELDS 5
-#define MAX_BUFFERS 48
+#define MAX_BUFFERS 56
 
 typedef struct {
     PyObject_HEAD
@@ -33,6 +34,12 @@ typedef struct {
     int64_t *counters, *running, *resumed;
     int32_t *free_slots;
     int64_t max_batched, max_seqs, num_spec;
+    /* an admission policy's waiting queue (scheduler/queue.py; ordered 0: arrival order) */
+    int ordered;
+    const int64_t *rank;
+    int64_t *heap;
+    uint8_t *admitted;
+    double age_limit;
     /* the block pool (has_pool 0: none) */
     int has_pool, caching;
     int64_t *held, *hashed, *registered, *free_blocks;
@@ -60,6 +67,8 @@ typedef struct {
 
 PyObject *stepper_schedule(Stepper *self, PyObject *now);
 PyObject *stepper_finish(Stepper *self, PyObject *const *args, Py_ssize_t nargs);
+int64_t queue_first(Stepper *self, double now, int64_t arrived);
+void queue_take(Stepper *self, int64_t request);
 int64_t accepted_drafts(const Stepper *self, int64_t request, int64_t drafts, int64_t width);
 
 #endif

@@ -18,9 +18,11 @@ Each step (:meth:`Scheduler.schedule`):
    waiting queue with ``num_computed = 0``; when admitted again it prefills its
    prompt *and* the tokens it emitted (its new ``target``), and the step completing
    that prefill emits its next token. A step that preempted admits nobody.
-3. **Then waiting requests**, preempted ones first, then new ones first come first
-   served (no request overtakes an earlier one), while budget, ``max_num_seqs``, a
-   free slot and the blocks for its first chunk remain. A prefix-cache hit makes
+3. **Then waiting requests**, preempted ones first, then new ones in the admission
+   policy's order (``scheduler.policy``, ``sim/admission.py``: first come first served
+   by default; with an age limit, a request that waited longer goes first), while
+   budget, ``max_num_seqs``, a free slot and the blocks for its first chunk remain; no
+   request overtakes the one the policy puts first. A prefix-cache hit makes
    the cached prompt blocks computed at admission (leaving at least one token). A
    request takes a slot of the pool (``1..slot capacity``; 0 is NULL) when admitted
    and gives it back when it finishes or is preempted.

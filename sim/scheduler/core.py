@@ -8,11 +8,14 @@ import numpy as np
 
 from stepplan.planner import StepBatch
 
+from ..admission import admission_rank
 from ..config import SchedulerConfig
 from ..memory import BlockPool
 from ..traces import RequestTable
 from . import state
+from .queue import WaitingQueue
 from .state import (
+    ADMITTED,
     ARRIVED,
     DECODING,
     EMITS_FIRST,
@@ -50,7 +53,8 @@ class Scheduler:
     Per-request state lives in ``[N]`` arrays indexed by request id (the table's
     row); the running set is an ``[n], int64`` array of ids in admission order.
     ``pool`` is the memory model (``None``: memory never binds, no slot limit but
-    ``config.slots``).
+    ``config.slots``). ``queue`` orders the new requests waiting by ``config.policy``
+    (``None``: first come first served, the arrived requests from :attr:`next_admit` on).
     """
 
     def __init__(
@@ -82,8 +86,15 @@ class Scheduler:
         self._num_free = capacity
         self.rows = StepRows(most)  # the step being run
         self.native = None  # the compiled stepper, where run.py attaches one
+        rank = admission_rank(requests, config.policy)
+        limit = config.policy_age_limit_s
+        self.queue = None
+        if rank is not None:
+            age_limit = np.inf if limit is None else float(limit)
+            self.queue = WaitingQueue(self.arrival, rank, age_limit, self.counters.values)
 
-    next_admit = _counter(NEXT_ADMIT, "First request never admitted (admission is FCFS).")
+    next_admit = _counter(NEXT_ADMIT, "First request never admitted (by arrival).")
+    _admitted = _counter(ADMITTED, "New requests admitted so far.")
     num_finished = _counter(FINISHED, "Requests finished.")
     _num_free = _counter(NUM_FREE, "Free slots (the top of ``_free_slots``).")
     _arrived = _counter(ARRIVED, "Requests arrived by the current step.")
@@ -123,9 +134,10 @@ class Scheduler:
     def next_arrival_s(self) -> float:
         """Arrival of the first request never admitted (``inf`` when none is left, or
         when a preempted request waits: it never waits on an arrival)."""
-        if self.next_admit >= self.arrival.size or self.counters.values[RESUMED]:
+        first = self.next_admit if self.queue is None else self.queue.oldest(self.arrival.size)
+        if first >= self.arrival.size or self.counters.values[RESUMED]:
             return np.inf
-        return float(self.arrival[self.next_admit])
+        return float(self.arrival[first])
 
     def schedule(self, now_s: float) -> ScheduledStep | None:
         """The next step at time ``now_s``, or ``None`` when nothing can run."""
@@ -154,7 +166,7 @@ class Scheduler:
         run_ids, run_q, prefilling = self._running_rows(budget)
         # as vLLM v1: a step that preempted admits nothing
         used = int(run_q.sum())
-        new_ids, new_q = (_EMPTY, _EMPTY) if self._preempted else self._admit(budget - used)
+        new_ids, new_q = (_EMPTY, _EMPTY) if self._preempted else self._admit(budget - used, now_s)
         count = run_ids.size + new_ids.size
         self.counters.values[ROWS] = count
         if count == 0:
@@ -272,13 +284,14 @@ class Scheduler:
         self._preempted += 1
         self._resume_first(request)
 
-    def _admit(self, budget: int) -> tuple[np.ndarray, np.ndarray]:
+    def _admit(self, budget: int, now_s: float) -> tuple[np.ndarray, np.ndarray]:
         """Waiting requests admitted this step (taking slots) and their first chunk."""
         room = min(self.config.max_num_seqs - self.running.size, self._num_free)
         if room <= 0 or budget <= 0:
             return _EMPTY, _EMPTY
-        if self.counters.values[RESUMED] or (self.pool is not None and self.pool.caching):
-            return self._admit_each(room, budget)
+        each = self.counters.values[RESUMED] or self.queue is not None
+        if each or (self.pool is not None and self.pool.caching):
+            return self._admit_each(room, budget, now_s)
         first = self.next_admit
         room = min(room, self._arrived - first)
         if room <= 0:
@@ -292,17 +305,24 @@ class Scheduler:
             count = self.pool.admit_all(ids, chunk)
             ids, chunk = ids[:count], chunk[:count]
         self.next_admit = first + count
+        self._admitted += count
         self._start(ids)
         return ids, chunk
 
-    def _admit_each(self, room: int, budget: int) -> tuple[np.ndarray, np.ndarray]:
+    def _admit_each(self, room: int, budget: int, now_s: float) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`_admit` one request at a time: preempted requests first, then new
-        ones, each starting after its prefix-cache hit, until one does not fit."""
+        ones in the policy's order, each starting after its prefix-cache hit, until one
+        does not fit."""
         ids, chunks = [], []
+        queue = self.queue
         while room > 0 and budget > 0:
             resumed = self.counters.values[RESUMED]
             if resumed:
                 request = int(self._resumed[0])
+            elif queue is not None:
+                request = queue.first(now_s, self._arrived)
+                if request < 0:
+                    break
             elif self.next_admit < self._arrived:
                 request = self.next_admit
             else:
@@ -315,8 +335,11 @@ class Scheduler:
                 break
             if resumed:
                 self._pop_resumed()
+            elif queue is not None:
+                queue.take(request)
             else:
                 self.next_admit += 1
+                self._admitted += 1
             lost = int(self.lost[request])
             self.recomputed[request] += max(0, lost - start)
             self.cached[request] += max(0, start - lost)
@@ -335,7 +358,7 @@ class Scheduler:
         self.running = np.concatenate((self.running, ids))
 
     def _memory(self) -> StepMemory:
-        waiting = self._arrived - self.next_admit + int(self.counters.values[RESUMED])
+        waiting = self._arrived - self._admitted + int(self.counters.values[RESUMED])
         pool = self.pool
         if pool is None:
             return StepMemory(waiting, 0, 0, 0, 0.0)

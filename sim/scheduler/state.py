@@ -12,9 +12,11 @@ import numpy as np
 
 #: Indices of :attr:`Counters.values`: running requests, the first request never admitted,
 #: finished requests, free slots, requests arrived by the step, preemptions while
-#: scheduling the step, preempted requests waiting, and the step's rows.
+#: scheduling the step, preempted requests waiting, the step's rows, new requests admitted,
+#: and a policy's waiting queue (``queue.py``): its heap's size, the requests pushed.
 RUNNING, NEXT_ADMIT, FINISHED, NUM_FREE, ARRIVED, PREEMPTED, RESUMED, ROWS = range(8)
-NUM_COUNTERS = 8
+ADMITTED, QUEUED, PUSHED = range(8, 11)
+NUM_COUNTERS = 11
 
 #: Bits of :attr:`StepRows.flags`.
 SPEC, DECODING, EMITS_FIRST = 1, 2, 4

@@ -247,6 +247,20 @@ def _field(path: str, line: int, record: Any, key: Any, name: str, parse: Callab
         raise TraceError(path, line, f"{name}: {value!r} {exc}") from None
 
 
+def _priority(value: object) -> int:
+    """A priority: an integer of at most ``2**53`` either side of 0 (``-3``, ``2.0``)."""
+    text = value.strip() if isinstance(value, str) else value
+    sign = 1
+    if isinstance(text, str) and text.startswith("-"):
+        sign, text = -1, text[1:]
+    elif isinstance(text, (int, float)) and not isinstance(text, bool) and text < 0:
+        sign, text = -1, -text
+    try:
+        return sign * _count(text)
+    except ValueError:
+        raise ValueError("is not an integer priority") from None
+
+
 def _block_ids(value: object) -> list[int]:
     if not isinstance(value, list):
         raise ValueError("must be a list of integers")
@@ -263,6 +277,7 @@ class _Rows:
     output: list[int] = attrs.Factory(list)
     line: list[int] = attrs.Factory(list)
     prefix: list[list[int]] | None = None
+    priority: list[int] | None = None  # the trace's priority column, where it has one
     kept: int = 0  # rows with tokens, counted only while a limit is to stop the parse
     stopped_at: int | None = None  # the line the parse stopped after (a limit reached)
 
@@ -283,6 +298,10 @@ def _parse(path: str, source: _Source, entry: TraceFormat, limit: int | None = N
         prefix = spelt.get(entry.prefix.lower(), entry.prefix)
     rows = _Rows(prefix=[] if prefix is not None else None)
     key = source.key
+    priority = next((name for name in source.names if name.strip().lower() == "priority"), None)
+    priority_key = key(priority) if priority is not None else None
+    if priority is not None:
+        rows.priority = []
     time_key, prompt_key, output_key = (key(time) if time else None), key(prompt), key(output)
     for line, record in source.rows:
         if time_key is not None and entry.clock is not None:
@@ -295,6 +314,8 @@ def _parse(path: str, source: _Source, entry: TraceFormat, limit: int | None = N
         if rows.prefix is not None:  # a record without the key has no prefix blocks
             ids = _field(path, line, record, prefix, prefix, _block_ids) if prefix in record else []
             rows.prefix.append(ids)
+        if rows.priority is not None:
+            rows.priority.append(_field(path, line, record, priority_key, priority, _priority))
         if limit is not None and rows.prompt[-1] and rows.output[-1]:
             rows.kept += 1
             if rows.kept >= limit:
@@ -382,4 +403,5 @@ def _table(
         unsorted_line=rows.line[kept[late[0] + 1]] if late.size else None,
         lines=frozen(np.asarray(rows.line, dtype=np.int64)[order]),
         read_to_line=rows.stopped_at,
+        priority=None if rows.priority is None else np.asarray(rows.priority, np.int64)[order],
     )

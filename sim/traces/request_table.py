@@ -54,6 +54,9 @@ class RequestTable:
             the whole trace was read: notes about the rows are then about those read.
         size_bytes, sha256: the size and sha256 of the trace's bytes (of the file as
             stored, compressed or not), or ``None`` (not read from a file).
+        priority: ``[N], int64`` each request's priority (lower first, for the
+            ``priority`` admission policy: ``sim/admission.py``), or ``None`` (the trace
+            has no priority column).
     """
 
     arrival_s: np.ndarray = attrs.field(converter=lambda v: frozen(np.array(v, np.float64)))
@@ -71,6 +74,9 @@ class RequestTable:
     read_to_line: int | None = None
     size_bytes: int | None = None
     sha256: str | None = None
+    priority: np.ndarray | None = attrs.field(
+        default=None, converter=lambda v: None if v is None else frozen(np.array(v, np.int64))
+    )
 
     def __attrs_post_init__(self) -> None:
         n = self.arrival_s.shape[0]
@@ -80,6 +86,8 @@ class RequestTable:
             raise ValueError("arrival_s must be sorted")
         if n and min(self.prompt_tokens.min(), self.output_tokens.min()) < 1:
             raise ValueError("prompt_tokens and output_tokens must be >= 1")
+        if self.priority is not None and self.priority.shape != (n,):
+            raise ValueError("priority must be [N]")
 
     @property
     def num_requests(self) -> int:
@@ -108,6 +116,7 @@ class RequestTable:
             prefix_offsets=offsets,
             prefix_blocks=blocks,
             lines=None if self.lines is None else frozen(self.lines[index]),
+            priority=None if self.priority is None else self.priority[index],
         )
 
     def where(self, index: int) -> tuple[str, int | None, str]:

@@ -29,15 +29,20 @@ def _requests(table: RequestTable) -> Iterator[tuple[float, int, int, list[int]]
 
 
 def trace_text(table: RequestTable, entry: TraceFormat) -> str:
-    """The whole trace file's text in format ``entry``."""
-    rows = (entry.row(*request) for request in _requests(table))
+    """The whole trace file's text in format ``entry``, with a last column ``priority``
+    where the table has priorities."""
+    header, rows = entry.header, (entry.row(*request) for request in _requests(table))
+    if table.priority is not None:
+        header = (*header, "priority")
+        priorities = table.priority.tolist()
+        rows = ([*row, priority] for row, priority in zip(rows, priorities, strict=True))
     if entry.layout == "jsonl":
-        return "".join(json.dumps(dict(zip(entry.header, r, strict=True))) + "\n" for r in rows)
+        return "".join(json.dumps(dict(zip(header, r, strict=True))) + "\n" for r in rows)
     buffer = io.StringIO()
     writer = csv.writer(
         buffer, delimiter="\t" if entry.layout == "tsv" else ",", lineterminator="\n"
     )
-    writer.writerow(entry.header)
+    writer.writerow(header)
     writer.writerows(rows)
     return buffer.getvalue()
 
