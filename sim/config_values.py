@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -155,3 +156,22 @@ def _optional(convert: Any) -> Any:
 
 INT = attrs.Converter(_integer, takes_field=True)
 REAL = attrs.Converter(_real, takes_field=True)
+
+
+def read_text(path: str | Path, error: type[ValueError] = ConfigError) -> str:
+    """A settings file's UTF-8 text (a byte-order mark dropped): a file that can't be
+    read or is not UTF-8 text is an ``error`` naming it (and the line)."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise error(f"{path}: cannot read ({exc.strerror})") from None
+    if data.startswith(b"\x1f\x8b"):
+        raise error(f"{path}: is gzip-compressed, not a text file: decompress it first")
+    if data.startswith(b"version https://git-lfs.github.com/spec/v1"):
+        raise error(f"{path}: is a Git LFS pointer, not the file: run git lfs pull")
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        byte = data[exc.start]
+        raise error(f"{path}:{line}: not UTF-8 text (byte 0x{byte:02x})") from None

@@ -70,7 +70,8 @@ import numpy as np
 
 from stepplan.planner import ExecutionPlan
 
-from .config import CostConfig, GpuConfig, ModelConfig, read_text
+from .config import CostConfig, GpuConfig, ModelConfig
+from .config_values import read_text
 from .engine_fit import step_shape
 from .engine_profile import EngineProfile, read_engine_profile
 from .gpus import profile_scale
