@@ -72,6 +72,10 @@ from .config_values import (
 from .gpus import find_preset
 
 HOST_COSTS = ("model", "measured", "seed")
+#: Whose decisions schedule the steps: stepplan's scheduler (``sim/scheduler/core.py``) or
+#: the installed vLLM's (``sim/scheduler/vllm_engine_scheduler.py``); ``make_scheduler``
+#: in ``sim/scheduler/implementations.py`` holds one entry per name.
+SCHEDULER_IMPLEMENTATIONS = ("stepplan", "vllm")
 ACCEPTANCE_MODELS = ("per-position", "fixed", "replay")
 
 
@@ -88,6 +92,8 @@ class SchedulerConfig:
             slot 0 is NULL). ``None`` means ``max_num_seqs``. The cache's memory may
             allow fewer (``capacity.py``).
         num_groups: layer groups; each gives a request the same slot index in its pool.
+        implementation: whose decisions schedule the steps (``--scheduler``): stepplan's
+            own scheduler, or the installed vLLM's (``docs/scheduler_vllm.md``).
     """
 
     max_num_seqs: int = attrs.field(default=256, converter=INT, validator=_positive)
@@ -97,6 +103,9 @@ class SchedulerConfig:
         default=None, converter=_optional(_integer), validator=_positive
     )
     num_groups: int = attrs.field(default=1, converter=INT, validator=_positive)
+    implementation: str = attrs.field(
+        default="stepplan", validator=_one_of(SCHEDULER_IMPLEMENTATIONS)
+    )
 
     @property
     def slots(self) -> int:

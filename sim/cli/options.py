@@ -21,6 +21,7 @@ from ..config import (
     LIVE_BACKENDS,
     LIVE_DEVICES,
     LIVE_TIMES,
+    SCHEDULER_IMPLEMENTATIONS,
     ConfigError,
     SimConfig,
     check_config,
@@ -33,6 +34,7 @@ from ..live import check_live, engine_setup
 from ..outdir import ResultsFolder, claim_new, config_digest
 from ..progress import Progress, ProgressBar, ProgressLines, live_warning
 from ..run import planner_config, run_steps
+from ..scheduler.vllm_engine_scheduler import check_vllm
 from ..schema import RESULT_FILES
 from ..summary import summary_rows
 from ..traces import FORMATS
@@ -55,6 +57,7 @@ OVERRIDES = {
     "slot_capacity": "scheduler.slot_capacity",
     "max_model_len": "model.max_model_len",
     "num_groups": "scheduler.num_groups",
+    "scheduler": "scheduler.implementation",
     "graph_mode": "planner.graph_mode",
     "graph_sizes": "planner.graph_sizes",
     "host_cost": "cost.host_cost",
@@ -147,6 +150,8 @@ def checked(config: SimConfig) -> SimConfig:
         engine = read_engine_profile(config.cost.profile)
         engine.check_setup(*engine_setup(config, planner_config(config)))
     check_live(config)
+    if config.scheduler.implementation == "vllm":
+        check_vllm()
     if config.acceptance.model == "replay" and config.acceptance.trace:
         load_replay(config.acceptance.trace)
     return config
@@ -229,6 +234,12 @@ def _add_engine_options(parser: argparse.ArgumentParser) -> None:
     add("--max-num-batched-tokens", type=int, help="token budget per step, lookahead included")
     add("--slot-capacity", type=int, help="conv-state slots (default: max-num-seqs)")
     add("--num-groups", type=int, help="layer groups")
+    add(
+        "--scheduler",
+        choices=SCHEDULER_IMPLEMENTATIONS,
+        help="whose decisions schedule the steps: stepplan's own scheduler, or the installed "
+        "vLLM's (docs/scheduler_vllm.md). Default: stepplan",
+    )
     add(
         "--max-model-len",
         type=int,
