@@ -254,12 +254,25 @@ class VllmEngineScheduler:
         computed = self.computed[ids]
         decoding = computed >= self.target[ids]
         is_spec = decoding if self.config.num_spec_tokens else np.zeros(count, bool)
-        emits_first = ~decoding & (computed + q == self.target[ids])
+        prompt_q = q - self._placeholders(out, ids, decoding)
+        emits_first = ~decoding & (computed + prompt_q == self.target[ids])
         flags = (is_spec * SPEC + decoding * DECODING + emits_first * EMITS_FIRST).astype(np.uint8)
         rows = self.rows
         rows.fill(ids, q, computed, flags, self.slot[ids], self.last_accepted[ids])
         rows.info[WAITING:] = self._memory_row(len(out.preempted_req_ids or ()))
         return count, int(rows.info[0]), float(rows.info[1])
+
+    @staticmethod
+    def _placeholders(out: Any, ids: np.ndarray, decoding: np.ndarray) -> np.ndarray:
+        """``[R], int64`` placeholder drafts of prefill rows: vLLM pads an admitted
+        request with one token left to ``1 + num_spec_tokens`` rows when others run
+        (its full-graph padding); they are rejected, the row samples one token."""
+        padded = np.zeros(ids.size, np.int64)
+        drafts = out.scheduled_spec_decode_tokens
+        if drafts:
+            for row in np.flatnonzero(~decoding).tolist():
+                padded[row] = len(drafts.get(str(ids[row]), ()))
+        return padded
 
     def _admitted(self, request: int, computed_after: int) -> None:
         """``request`` was admitted (new or resumed) this step: a slot, and the tokens
