@@ -60,6 +60,8 @@ def agreement(path: str, limit: int, settings: dict) -> dict:
 
 
 def speed(limit: int) -> dict:
+    import vllm.v1.core.sched.scheduler  # noqa: F401  the import (seconds) is not stepping
+
     config = with_settings(SimConfig(), {"scheduler.implementation": "vllm"})
     table = _table(EMBEDDED, limit, config)
     built = vllm_engine_scheduler._engine
