@@ -10,6 +10,8 @@ import pytest
 
 pytest.importorskip("vllm")
 
+from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
+
 from stepplan.sim.acceptance import make_acceptance
 from stepplan.sim.capacity import plan_memory
 from stepplan.sim.config import SimConfig, with_settings
@@ -34,8 +36,10 @@ SMALL_CACHE = {
     "scheduler.max_num_batched_tokens": 1024,
 }
 
-#: The embedded trace's 7,435-token prompts in a cache of about 500 blocks.
+#: The embedded trace's 7,435-token prompts in a cache of about 500 blocks, attention
+#: only (a hybrid model's conv states share vLLM's pool: another memory split).
 PREEMPTING = {
+    "model.conv_layers": 0,
     "memory.kv_cache_gib": 0.6,
     "scheduler.max_num_seqs": 32,
     "scheduler.max_num_batched_tokens": 2048,
@@ -60,9 +64,13 @@ def _drive(table, config: SimConfig):
     """Run ``table`` on the vLLM path step by step, checking the accounting each step;
     the scheduler at the end."""
     layout = plan_memory(config, table)
-    scheduler = VllmEngineScheduler(table, config.scheduler, layout, 1 << 16)
+    scheduler = VllmEngineScheduler(table, config.scheduler, layout, config.model)
     acceptance = make_acceptance(config.acceptance, config.seed)
-    engine, size = scheduler.engine, layout.block_size
+    engine = scheduler.engine
+    specs = [group.kv_cache_spec for group in engine.kv_cache_config.kv_cache_groups]
+    attention = next(i for i, spec in enumerate(specs) if isinstance(spec, FullAttentionSpec))
+    states = [i for i, spec in enumerate(specs) if isinstance(spec, MambaSpec)]
+    size = specs[attention].block_size
     clock, steps = 0.0, 0
     while not scheduler.done:
         found = scheduler.schedule_rows(clock)
@@ -80,8 +88,10 @@ def _drive(table, config: SimConfig):
         last = table.prompt_tokens[ids] + table.output_tokens[ids] - 1
         assert (reach - padded <= last).all(), "past the last token"
         for request, positions in zip(ids.tolist(), reach.tolist(), strict=True):
-            blocks = engine.kv_cache_manager.get_block_ids(str(request))[0]
-            assert len(blocks) == -(-positions // size), "blocks cover the positions"
+            held = engine.kv_cache_manager.get_block_ids(str(request))
+            assert len(held[attention]) == -(-positions // size), "blocks cover the positions"
+            for group in states:  # one conv state, and one per draft (vLLM's baseline)
+                assert len(held[group]) == 1 + config.scheduler.num_spec_tokens
         slots = scheduler.slot[scheduler.slot > 0]
         assert np.unique(slots).size == slots.size, "slots shared"
         spec = (rows.flags[:count] & SPEC) != 0
@@ -107,7 +117,7 @@ def test_every_request_finishes_with_its_output_length(spec_tokens):
     assert (scheduler.slot == 0).all()
     # every block back in vLLM's pool (the null block aside)
     pool = scheduler.engine.kv_cache_manager.block_pool
-    assert pool.get_num_free_blocks() == scheduler.pool.layout.num_blocks
+    assert pool.get_num_free_blocks() == pool.num_gpu_blocks - 1
 
 
 def test_simulation_results_on_the_vllm_path():
@@ -156,9 +166,9 @@ def test_preemption_agrees_once_vllm_admits_by_first_chunk(monkeypatch):
     built = vllm_engine_scheduler._engine
 
     def by_first_chunk(*args):
-        engine = built(*args)
+        engine, *rest = built(*args)
         engine.scheduler_reserve_full_isl = False
-        return engine
+        return (engine, *rest)
 
     monkeypatch.setattr(vllm_engine_scheduler, "_engine", by_first_chunk)
     diff = compare_schedulers(table, config, _vllm(config))

@@ -20,8 +20,7 @@ def _stepplan(table: RequestTable, config: SimConfig, layout: MemoryLayout) -> S
 def _vllm(table: RequestTable, config: SimConfig, layout: MemoryLayout) -> Any:
     from .vllm_engine_scheduler import VllmEngineScheduler  # imports vLLM: only when chosen
 
-    max_model_len = config.model.resolved().max_model_len
-    return VllmEngineScheduler(table, config.scheduler, layout, max_model_len)
+    return VllmEngineScheduler(table, config.scheduler, layout, config.model)
 
 
 #: name -> a scheduler over a trace, its settings and its memory layout.

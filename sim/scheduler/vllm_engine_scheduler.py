@@ -31,6 +31,7 @@ import numpy as np
 
 from ..capacity import MemoryLayout
 from ..config import ConfigError, SchedulerConfig
+from ..config_model import ModelConfig
 from ..traces import RequestTable
 from .core import Scheduler
 from .state import DECODING, EMITS_FIRST, FINISHED, ROWS, SPEC, WAITING, Counters, StepRows
@@ -90,14 +91,12 @@ def prompt_tokens(table: RequestTable, request: int, block_tokens: int) -> list[
     return tokens
 
 
-def _engine(config: SchedulerConfig, layout: MemoryLayout, max_model_len: int, folder: str) -> Any:
-    """vLLM's scheduler for ``config`` over ``layout``'s blocks."""
-    import torch
+def _vllm_config(
+    config: SchedulerConfig, layout: MemoryLayout, max_model_len: int, folder: str
+) -> Any:
+    """vLLM's ``VllmConfig`` for ``config`` (no environment variable read or set)."""
     from transformers import LlamaConfig
     from vllm import config as vllm_config
-    from vllm.v1.core.sched.scheduler import Scheduler as VllmScheduler
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
-    from vllm.v1.structured_output import StructuredOutputManager
 
     # the smallest Llama: vLLM reads a model folder's config, never its weights
     LlamaConfig(
@@ -131,22 +130,106 @@ def _engine(config: SchedulerConfig, layout: MemoryLayout, max_model_len: int, f
             prompt_lookup_max=1,
             prompt_lookup_min=1,
         )
-    whole = vllm_config.VllmConfig(
+    return vllm_config.VllmConfig(
         model_config=model,
         scheduler_config=scheduler,
         cache_config=cache,
         speculative_config=spec,
         device_config=vllm_config.DeviceConfig(device="cpu"),
     )
-    blocks = layout.num_blocks + 1  # vLLM keeps block 0 as its null block
-    cache.num_gpu_blocks = blocks
-    attention = FullAttentionSpec(
-        block_size=layout.block_size, num_kv_heads=1, head_size=64, dtype=torch.float16
+
+
+def _kv_cache_config(whole: Any, layout: MemoryLayout, model: ModelConfig, spec_tokens: int) -> Any:
+    """The KV-cache config as vLLM builds it for ``model``: one attention group of the
+    layout's blocks; for a hybrid model (conv layers beside attention) the attention
+    layers and the short-conv state layers (``MambaSpec``) in vLLM's groups of one
+    shared pool, the attention block made as large as a conv-state page and that page
+    padded to it (vLLM's hybrid alignment), the memory divided by vLLM's planner."""
+    import torch
+    from vllm.v1.core import kv_cache_planning
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+
+    dtype = {1: torch.int8, 2: torch.float16, 4: torch.float32}[model.dtype_bytes]
+    hybrid = 0 < model.conv_layers < model.layers
+    attention_layers = model.layers - model.conv_layers if hybrid else model.layers
+    per_token = model.kv_bytes_per_token / attention_layers  # one layer's K and V
+    head = max(1, int(per_token // (2 * model.dtype_bytes)))
+    if not hybrid:
+        attention = FullAttentionSpec(
+            block_size=layout.block_size, num_kv_heads=1, head_size=head, dtype=dtype
+        )
+        groups = [KVCacheGroupSpec(["model.layers.0.attn"], attention)]
+        blocks = layout.num_blocks + 1  # vLLM keeps block 0 as its null block
+        return KVCacheConfig(num_blocks=blocks, kv_cache_tensors=[], kv_cache_groups=groups)
+    specs = _hybrid_specs(whole, layout, model, spec_tokens, head, dtype)
+    # what vLLM's engine core settles before it plans a hybrid model's cache
+    whole.scheduler_config.disable_hybrid_kv_cache_manager = False
+    whole.cache_config.kv_cache_layout = "LBHNC"
+    groups = kv_cache_planning.get_kv_cache_groups(whole, specs)
+    return kv_cache_planning.get_kv_cache_config_from_groups(
+        whole, groups, int(layout.budget_bytes)
     )
-    groups = [KVCacheGroupSpec(["model.layers.0.self_attn.attn"], attention)]
-    kv_config = KVCacheConfig(num_blocks=blocks, kv_cache_tensors=[], kv_cache_groups=groups)
-    outputs = StructuredOutputManager(whole)
-    return VllmScheduler(whole, kv_config, outputs, block_size=layout.block_size, log_stats=True)
+
+
+def _hybrid_specs(
+    whole: Any, layout: MemoryLayout, model: ModelConfig, spec_tokens: int, head: int, dtype: Any
+) -> dict[str, Any]:
+    """Every layer's cache spec of a hybrid model, sized as vLLM sizes them."""
+    from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
+
+    reach = (model.conv_kernel_size - 1) * model.conv_dilation
+    state_page = model.conv_channels * reach * model.dtype_bytes
+    token_page = 2 * head * model.dtype_bytes
+    align = layout.block_size
+    block = align * -(-state_page // (align * token_page))  # attention page >= state page
+    cache = whole.cache_config
+    # prefix caching keeps a conv state at every block boundary: vLLM's "align" mode
+    mode = "align" if layout.prefix_caching else "none"
+    cache.block_size, cache.mamba_cache_mode = block, mode
+    cache.mamba_block_size = block if layout.prefix_caching else whole.model_config.max_model_len
+    attention = FullAttentionSpec(block_size=block, num_kv_heads=1, head_size=head, dtype=dtype)
+    conv = MambaSpec(
+        block_size=cache.mamba_block_size,
+        shapes=((model.conv_channels, reach),),
+        dtypes=(dtype,),
+        page_size_padded=block * token_page,
+        mamba_type=MambaAttentionBackendEnum.SHORT_CONV,
+        mamba_cache_mode=mode,
+        num_speculative_blocks=spec_tokens,  # one state per draft, as vLLM's baseline
+        tp_replicated=True,
+    )
+    attention_layers = model.layers - model.conv_layers
+    specs = {f"model.layers.{i}.attn": attention for i in range(attention_layers)}
+    specs.update({f"model.layers.{i}.conv": conv for i in range(model.conv_layers)})
+    return specs
+
+
+def _engine(
+    config: SchedulerConfig, layout: MemoryLayout, model: ModelConfig, folder: str
+) -> tuple[Any, int | None, int]:
+    """vLLM's scheduler for ``config`` over ``layout``'s memory, the index of its
+    conv-state group (``None``: no such group) and the tokens its block hashes cover."""
+    from vllm.v1.core.kv_cache_utils import resolve_kv_cache_block_sizes
+    from vllm.v1.core.sched.scheduler import Scheduler as VllmScheduler
+    from vllm.v1.kv_cache_interface import MambaSpec
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    whole = _vllm_config(config, layout, model.max_model_len, folder)
+    kv_config = _kv_cache_config(whole, layout, model, config.num_spec_tokens)
+    whole.cache_config.num_gpu_blocks = kv_config.num_blocks
+    specs = [group.kv_cache_spec for group in kv_config.kv_cache_groups]
+    state = next((i for i, s in enumerate(specs) if isinstance(s, MambaSpec)), None)
+    block_size, hash_block_size = resolve_kv_cache_block_sizes(kv_config, whole)
+    engine = VllmScheduler(
+        whole,
+        kv_config,
+        StructuredOutputManager(whole),
+        block_size=block_size,
+        hash_block_size=hash_block_size,
+        log_stats=True,
+    )
+    return engine, state, hash_block_size
 
 
 class VllmEngineScheduler:
@@ -159,7 +242,7 @@ class VllmEngineScheduler:
         requests: RequestTable,
         config: SchedulerConfig,
         layout: MemoryLayout,
-        max_model_len: int,
+        model: ModelConfig,
     ) -> None:
         check_vllm()
         from vllm.sampling_params import SamplingParams
@@ -171,11 +254,17 @@ class VllmEngineScheduler:
         n = requests.num_requests
         self.config, self.table = config, requests
         self._folder = tempfile.TemporaryDirectory(prefix="stepplan-vllm-")
-        self.engine = _engine(config, layout, max_model_len, self._folder.name)
+        self.engine, self._state_group, block_size = _engine(
+            config, layout, model.resolved(), self._folder.name
+        )
+        self._moving_states = self._state_group is not None and layout.prefix_caching
         self.pool = VllmCache(layout, self.engine.kv_cache_manager)
         hash_fn = get_hash_fn_by_name("sha256")
         init_none_hash(hash_fn)  # as vLLM's engine core does before its first request
-        self._hasher = get_request_block_hasher(layout.block_size, hash_fn)
+        # without prefix caching no block is ever looked up: hashing would be wasted
+        self._hasher = (
+            get_request_block_hasher(block_size, hash_fn) if layout.prefix_caching else None
+        )
         self._request, self._sampling = Request, SamplingParams
         self._output, self._drafts = ModelRunnerOutput, DraftTokenIds
         self.arrival, self.prompt = requests.arrival_s, requests.prompt_tokens
@@ -198,6 +287,7 @@ class VllmEngineScheduler:
         self._added = 0  # requests handed to vLLM (those arrived)
         self._live: dict[int, Any] = {}  # vLLM's Request of every unfinished request added
         self._scheduled: Any = None  # the step's SchedulerOutput
+        self._names: list[str] = []  # its requests as vLLM names them, in row order
         self._block_tokens = layout.prefix_block_tokens
         self.prefix_hits = 0  # prompt tokens vLLM's prefix cache gave at admissions
 
@@ -247,10 +337,13 @@ class VllmEngineScheduler:
         if count == 0:
             self.engine.update_from_output(out, self._runner_output([], []))
             return None
-        ids = np.fromiter(map(int, out.num_scheduled_tokens), np.int64, count)
+        self._names = list(out.num_scheduled_tokens)
+        ids = np.array([int(name) for name in self._names], np.int64)
         q = np.fromiter(out.num_scheduled_tokens.values(), np.int64, count)
         for request in ids[self.slot[ids] == 0].tolist():
             self._admitted(request, self._live[request].num_computed_tokens)
+        if self._moving_states:
+            self._follow_states(ids)
         computed = self.computed[ids]
         decoding = computed >= self.target[ids]
         is_spec = decoding if self.config.num_spec_tokens else np.zeros(count, bool)
@@ -278,7 +371,11 @@ class VllmEngineScheduler:
         """``request`` was admitted (new or resumed) this step: a slot, and the tokens
         its prefix-cache hit saved or its preemption lost."""
         start = computed_after - self._scheduled.num_scheduled_tokens[str(request)]
-        self.slot[request] = self._free_slots.pop()
+        if self._state_group is None:
+            self.slot[request] = self._free_slots.pop()
+        elif not self._moving_states:  # its one conv-state block is its slot
+            blocks = self.engine.kv_cache_manager.get_block_ids(str(request))
+            self.slot[request] = blocks[self._state_group][0]
         lost = int(self.lost[request])
         self.recomputed[request] += max(0, lost - start)
         self.cached[request] += max(0, start - lost)
@@ -287,19 +384,33 @@ class VllmEngineScheduler:
 
     def _preempted(self, request: int) -> None:
         """vLLM preempted ``request`` (by recompute) while scheduling this step."""
-        self._free_slots.append(int(self.slot[request]))
-        self.slot[request] = 0
+        self._release_slot(request)
         self.lost[request] = self.computed[request]
         self.computed[request] = 0
         self.target[request] = self.prompt[request] + self.emitted[request]
         self.last_accepted[request] = 1
         self.preemptions[request] += 1
 
+    def _follow_states(self, ids: np.ndarray) -> None:
+        """Slots of the step's rows where vLLM keeps a conv state per block ("align"
+        mode): the newest state block of each (its list holds NULL for states freed)."""
+        blocks_of = self.engine.kv_cache_manager.get_block_ids
+        group = self._state_group
+        for request in ids.tolist():
+            held = blocks_of(str(request))[group]
+            self.slot[request] = next((block for block in reversed(held) if block), 0)
+
+    def _release_slot(self, request: int) -> None:
+        if self._state_group is None:
+            self._free_slots.append(int(self.slot[request]))
+        self.slot[request] = 0
+
     def _memory_row(self, preempted: int) -> tuple[int, int, int, int, float]:
         """The step's ``StepMemory`` fields: vLLM's queue and its block pool."""
         _, waiting = self.engine.get_request_counts()
-        blocks = self.pool.layout.num_blocks
-        used = blocks - self.engine.kv_cache_manager.block_pool.get_num_free_blocks() + 1
+        pool = self.engine.kv_cache_manager.block_pool
+        blocks = pool.num_gpu_blocks - 1  # the null block is never handed out
+        used = blocks - pool.get_num_free_blocks()
         return (waiting, preempted, used, 0, used / blocks)
 
     def commit_rows(self, accepted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -308,38 +419,36 @@ class VllmEngineScheduler:
         drafts. Returns ``(emitted [R] int64, finished [R] bool)``."""
         rows, count = self.rows, int(self.counters.values[ROWS])
         ids = rows.ids[:count].copy()
+        listed, names, live = ids.tolist(), self._names, self._live
         flags = rows.flags[:count]
         spec, decoding = (flags & SPEC) != 0, (flags & DECODING) != 0
         emitted = np.where(decoding, 1 + accepted, (flags & EMITS_FIRST) != 0).astype(np.int64)
-        names = [str(request) for request in ids.tolist()]
-        tokens = [
-            [request] * int(k) for request, k in zip(ids.tolist(), emitted.tolist(), strict=True)
-        ]
+        tokens = [[request] * k for request, k in zip(listed, emitted.tolist(), strict=True)]
         self.engine.update_from_output(self._scheduled, self._runner_output(names, tokens))
         self.emitted[ids] += emitted
-        for request in ids.tolist():
-            self.computed[request] = self._live[request].num_computed_tokens
+        self.computed[ids] = [live[request].num_computed_tokens for request in listed]
         if spec.any():
             self.last_accepted[ids[spec]] = 1 + accepted[spec]
             self.spec_steps[ids[spec]] += 1
-        finished = self.emitted[ids] >= self.output[ids]
-        for request in ids[finished].tolist():
-            self._free_slots.append(int(self.slot[request]))
-            self.slot[request] = 0
-            del self._live[request]
-        self.counters.values[FINISHED] += int(finished.sum())
+        left = self.output[ids] - self.emitted[ids]
+        finished = left <= 0
+        if finished.any():
+            for request in ids[finished].tolist():
+                self._release_slot(request)
+                del live[request]
+            self.counters.values[FINISHED] += int(finished.sum())
         if self.config.num_spec_tokens:
-            self._propose(ids[~finished])
+            self._propose(listed, names, (left - 1).tolist())
         return emitted, finished
 
-    def _propose(self, ids: np.ndarray) -> None:
-        """Drafts for the rows still running: ``num_spec_tokens``, fewer near the end of
-        the output so no step overshoots it (stepplan's rule, ``scheduler/__init__``)."""
-        left = self.output[ids] - self.emitted[ids] - 1
-        k = np.minimum(self.config.num_spec_tokens, left).tolist()
-        names = [str(request) for request in ids.tolist()]
-        drafts = [[request] * size for request, size in zip(ids.tolist(), k, strict=True)]
-        self.engine.update_draft_token_ids(self._drafts(names, drafts))
+    def _propose(self, ids: list[int], names: list[str], left: list[int]) -> None:
+        """Drafts for the rows still running (``left``: output tokens each may still
+        draft): ``num_spec_tokens``, fewer near the end of the output so no step
+        overshoots it (stepplan's rule, ``scheduler/__init__``)."""
+        most = self.config.num_spec_tokens
+        kept = [row for row, room in enumerate(left) if room >= 0]
+        drafts = [[ids[row]] * min(most, left[row]) for row in kept]
+        self.engine.update_draft_token_ids(self._drafts([names[row] for row in kept], drafts))
 
     def _runner_output(self, names: list[str], tokens: list[list[int]]) -> Any:
         index = {name: row for row, name in enumerate(names)}
