@@ -3,14 +3,14 @@ step-by-step comparison with stepplan's (``docs/scheduler_vllm.md``)."""
 
 from __future__ import annotations
 
+import importlib.util
+import json
+import subprocess
+import sys
 from importlib import resources
 
 import numpy as np
 import pytest
-
-pytest.importorskip("vllm")
-
-from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
 
 from stepplan.sim.acceptance import make_acceptance
 from stepplan.sim.capacity import plan_memory
@@ -28,6 +28,10 @@ from stepplan.sim.scheduler_diff import compare_schedulers
 from stepplan.sim.traces import load_trace
 from stepplan.sim.workloads import parse_synthetic
 
+#: The tests that drive vLLM (CI installs it); the rest check the refusals without it.
+requires_vllm = pytest.mark.skipif(
+    importlib.util.find_spec("vllm") is None, reason="vLLM is not installed"
+)
 WORKLOAD = "synthetic:n=80,rate=30,cv2=3,prompt=zipf:1.1:3000,output=uniform:1:60"
 #: A cache small enough that stepplan's scheduler preempts (prompts up to 3,000 tokens).
 SMALL_CACHE = {
@@ -63,6 +67,8 @@ def _vllm(config: SimConfig) -> SimConfig:
 def _drive(table, config: SimConfig):
     """Run ``table`` on the vLLM path step by step, checking the accounting each step;
     the scheduler at the end."""
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
+
     layout = plan_memory(config, table)
     scheduler = VllmEngineScheduler(table, config.scheduler, layout, config.model)
     acceptance = make_acceptance(config.acceptance, config.seed)
@@ -106,6 +112,7 @@ def _drive(table, config: SimConfig):
     return scheduler, steps
 
 
+@requires_vllm
 @pytest.mark.parametrize("spec_tokens", [0, 3])
 def test_every_request_finishes_with_its_output_length(spec_tokens):
     table = _table()
@@ -120,6 +127,7 @@ def test_every_request_finishes_with_its_output_length(spec_tokens):
     assert pool.get_num_free_blocks() == pool.num_gpu_blocks - 1
 
 
+@requires_vllm
 def test_simulation_results_on_the_vllm_path():
     table = _table()
     result = simulate(table, _vllm(SimConfig()))
@@ -128,6 +136,7 @@ def test_simulation_results_on_the_vllm_path():
     np.testing.assert_array_equal(requests["output_tokens"], table.output_tokens)
 
 
+@requires_vllm
 @pytest.mark.parametrize(
     "settings",
     [
@@ -142,6 +151,7 @@ def test_stepplan_agrees_with_vllm(settings):
     assert diff.sides[0]["ttft_ms_mean"] == pytest.approx(diff.sides[1]["ttft_ms_mean"])
 
 
+@requires_vllm
 def test_one_token_prompts_are_padded_by_vllm():
     """vLLM pads an admitted request with one token left to ``1 + num_spec_tokens``
     rows when others run; stepplan schedules the one token: the first divergence."""
@@ -156,6 +166,7 @@ def test_one_token_prompts_are_padded_by_vllm():
     assert padded & short, lines
 
 
+@requires_vllm
 def test_preemption_agrees_once_vllm_admits_by_first_chunk(monkeypatch):
     """Under a small cache the two differ by one admission rule (vLLM's full-prompt
     gate, ``scheduler_reserve_full_isl``); with it off they agree step for step,
@@ -177,6 +188,7 @@ def test_preemption_agrees_once_vllm_admits_by_first_chunk(monkeypatch):
     assert gated.sides[1]["preemptions"] < gated.sides[0]["preemptions"]
 
 
+@requires_vllm
 def test_a_perturbed_budget_is_caught_at_its_first_divergent_step():
     """Negative control: vLLM with one token less of budget must part from stepplan
     exactly at the first step where stepplan fills its whole budget."""
@@ -219,3 +231,40 @@ def test_an_unsupported_vllm_is_one_line(monkeypatch):
     monkeypatch.setattr(vllm_engine_scheduler, "vllm_version", lambda: None)
     with pytest.raises(VllmUnavailable, match="not installed: pip install"):
         check_vllm()
+
+
+def test_without_vllm_the_command_says_how_to_install_it(monkeypatch, capsys, tmp_path):
+    from stepplan.sim import cli
+
+    monkeypatch.setattr(vllm_engine_scheduler, "vllm_version", lambda: None)
+    out = tmp_path / "run"
+    assert cli.main(["simulate", "--scheduler", "vllm", "--limit", "5", "--out", str(out)]) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert error == [
+        "stepplan: error: --scheduler vllm needs vLLM, which is not installed: "
+        "pip install 'vllm==0.33.*' einops"
+    ]
+    assert not out.exists()
+
+
+def test_the_package_imports_without_loading_vllm():
+    code = (
+        "import sys, stepplan.sim.cli, stepplan.sim.scheduler_diff;"
+        "print(any(name.split('.')[0] in ('vllm', 'torch') for name in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "False"
+
+
+@requires_vllm
+def test_summary_names_the_vllm_that_scheduled(tmp_path):
+    from stepplan.sim import cli
+
+    out = tmp_path / "run"
+    assert (
+        cli.main(["simulate", "--quiet", "--scheduler", "vllm", "--limit", "20", "--out", str(out)])
+        == 0
+    )
+    document = json.loads((out / "summary.json").read_text())
+    assert document["provenance"]["vllm"] == vllm_engine_scheduler.vllm_version()
+    assert document["config"]["scheduler"]["implementation"] == "vllm"
