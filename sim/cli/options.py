@@ -89,7 +89,7 @@ GRAPH_SIZES_HELP = (
     "Default: vLLM's list for this Q and max-num-seqs"
 )
 #: ``compare``'s per-side flags (``--a-host-cost``, ...), each overriding its ``OVERRIDES`` key.
-SIDE_FLAGS = ("host_cost", "graph_mode", "graph_sizes")
+SIDE_FLAGS = ("host_cost", "graph_mode", "graph_sizes", "scheduler")
 #: ``--acceptance`` choices: a model, or a preset of per-position probabilities.
 ACCEPTANCE_PRESETS = {"deepseek-mtp": DEEPSEEK_MTP_PROBS, "eagle3": EAGLE3_PROBS}
 
