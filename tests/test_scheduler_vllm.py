@@ -77,6 +77,20 @@ def _drive(table, config: SimConfig):
     attention = next(i for i, spec in enumerate(specs) if isinstance(spec, FullAttentionSpec))
     states = [i for i, spec in enumerate(specs) if isinstance(spec, MambaSpec)]
     size = specs[attention].block_size
+    vllm_counts = {"drafts": 0, "accepted": 0}  # vLLM's own SpecDecodingStats, summed
+    update = engine.update_from_output
+
+    def counted(*inputs):
+        outputs = update(*inputs)
+        for output in outputs.values():
+            stats = output.scheduler_stats and output.scheduler_stats.spec_decoding_stats
+            if stats:
+                vllm_counts["drafts"] += stats.num_draft_tokens
+                vllm_counts["accepted"] += stats.num_accepted_tokens
+        return outputs
+
+    engine.update_from_output = counted
+    drafted = accepted_total = placeholders = 0
     clock, steps = 0.0, 0
     while not scheduler.done:
         found = scheduler.schedule_rows(clock)
@@ -93,6 +107,7 @@ def _drive(table, config: SimConfig):
         padded = scheduler._placeholders(scheduler._scheduled, ids, (rows.flags[:count] & 2) != 0)
         last = table.prompt_tokens[ids] + table.output_tokens[ids] - 1
         assert (reach - padded <= last).all(), "past the last token"
+        placeholders += int(padded.sum())
         for request, positions in zip(ids.tolist(), reach.tolist(), strict=True):
             held = engine.kv_cache_manager.get_block_ids(str(request))
             assert len(held[attention]) == -(-positions // size), "blocks cover the positions"
@@ -105,10 +120,16 @@ def _drive(table, config: SimConfig):
         if spec.any():
             drafts = rows.drafts[:count][spec].astype(np.int64)
             accepted[spec] = acceptance.draw(ids[spec], scheduler.spec_steps[ids[spec]], drafts)
+            drafted += int(drafts.sum())
+            accepted_total += int(accepted.sum())
         scheduler.commit_rows(accepted)
         assert int(scheduler.counters.values[ROWS]) == count
         clock += 0.01
         steps += 1
+    # vLLM counted the same drafts and acceptances as the loop, its padded
+    # placeholder drafts (all rejected) among the drafts
+    assert vllm_counts["accepted"] == accepted_total
+    assert vllm_counts["drafts"] == drafted + placeholders
     return scheduler, steps
 
 
