@@ -9,6 +9,9 @@ KV block count. The step's rows are written into the same :class:`StepRows` that
 stepplan's scheduler fills, so the planner, the stepper's finish and every result
 column work unchanged (``docs/scheduler_vllm.md``).
 
+A hybrid model's cache is the one vLLM would build for it: attention groups and the
+short-conv state group (``MambaSpec``) in one pool, a request's state block its slot.
+
 vLLM is imported when this class is built, never at package import. Its configuration
 is built from values (a ``DeviceConfig`` of ``cpu`` in place of ``VLLM_TARGET_DEVICE``,
 a local model folder in place of the hub), so no environment variable is set.
@@ -244,12 +247,18 @@ class VllmEngineScheduler:
         layout: MemoryLayout,
         model: ModelConfig,
     ) -> None:
-        check_vllm()
-        from vllm.sampling_params import SamplingParams
-        from vllm.utils.hashing import get_hash_fn_by_name
-        from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
-        from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
-        from vllm.v1.request import Request
+        version = check_vllm()
+        try:
+            from vllm.sampling_params import SamplingParams
+            from vllm.utils.hashing import get_hash_fn_by_name
+            from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+            from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
+            from vllm.v1.request import Request
+        except ImportError as error:  # an install whose scheduler interface moved
+            raise VllmUnavailable(
+                f"--scheduler vllm drives vLLM {', '.join(SUPPORTED_VLLM)}; the installed "
+                f"vLLM {version} lacks its scheduler interface ({error}): {INSTALL}"
+            ) from None
 
         n = requests.num_requests
         self.config, self.table = config, requests
