@@ -10,7 +10,6 @@ A TOML file has one table per section, each key a field of that section's class:
     num_spec_tokens = 3
 
     [planner]
-    graph_mode = "mixed"
     graph_sizes = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
 
     [memory]            # KV cache, conv-state slots, prefix cache (docs/memory.md)
@@ -21,9 +20,6 @@ A TOML file has one table per section, each key a field of that section's class:
 
     [parallel]          # tensor parallelism per replica (parallel.py)
     tensor = 2
-
-    [cost]
-    host_cost = "seed"
 
     [live]              # live mode (``live.py``): a real toy model decides acceptance
     enabled = true
@@ -76,11 +72,16 @@ from .config_values import (
     _real,
     _run_name,
     _text,
+    flatten,
     read_text,
 )
 from .gpus import find_preset
 
 HOST_COSTS = ("model", "measured", "seed")
+#: Whose decisions schedule the steps: stepplan's scheduler (``sim/scheduler/core.py``) or
+#: the installed vLLM's (``sim/scheduler/vllm_engine_scheduler.py``); ``make_scheduler``
+#: in ``sim/scheduler/implementations.py`` holds one entry per name.
+SCHEDULER_IMPLEMENTATIONS = ("stepplan", "vllm")
 ACCEPTANCE_MODELS = ("per-position", "fixed", "replay")
 
 
@@ -101,6 +102,8 @@ class SchedulerConfig:
             ``admission.POLICIES`` (``fcfs``: first come first served).
         policy_age_limit_s: a request waiting longer than this goes before the policy's
             order, the oldest first (``None``: no limit).
+        implementation: whose decisions schedule the steps (``--scheduler``): stepplan's
+            own scheduler, or the installed vLLM's (``docs/scheduler_vllm.md``).
     """
 
     max_num_seqs: int = attrs.field(default=256, converter=INT, validator=_positive)
@@ -113,6 +116,9 @@ class SchedulerConfig:
     policy: str = attrs.field(default="fcfs", validator=_one_of(POLICY_NAMES))
     policy_age_limit_s: float | None = attrs.field(
         default=None, converter=_optional(_real), validator=_non_negative
+    )
+    implementation: str = attrs.field(
+        default="stepplan", validator=_one_of(SCHEDULER_IMPLEMENTATIONS)
     )
 
     @property
@@ -439,17 +445,6 @@ def with_settings(config: SimConfig, settings: dict[str, Any]) -> SimConfig:
     return attrs.evolve(config, **top)
 
 
-def flatten(table: dict[str, Any]) -> dict[str, Any]:
-    """A parsed TOML document as dotted keys; sections must be tables."""
-    flat: dict[str, Any] = {}
-    for key, value in table.items():
-        if isinstance(value, dict):
-            flat.update({f"{key}.{inner}": v for inner, v in value.items()})
-        else:
-            flat[key] = value
-    return flat
-
-
 def load_config(path: str | Path, base: SimConfig | None = None) -> SimConfig:
     """Read a TOML file over ``base`` (defaults when ``None``)."""
     path = Path(path)
@@ -488,6 +483,13 @@ def check_config(config: SimConfig) -> SimConfig:
     start, end = config.workload.start_s, config.workload.end_s
     if start is not None and end is not None and start >= end:
         raise ConfigError(f"workload.start_s: {start} is not before workload.end_s = {end}")
+    if scheduler.implementation != "stepplan" and (
+        scheduler.policy != "fcfs" or scheduler.policy_age_limit_s is not None
+    ):  # vLLM's own scheduler keeps its own admission order
+        raise ConfigError(
+            f"scheduler.policy: {scheduler.policy} (and an age limit) needs "
+            "scheduler.implementation = stepplan"
+        )
     if config.parallel.tensor > 1:
         gpu = config.gpu.resolved()
         has_link = gpu.link_bw_bytes_s is not None and gpu.link_latency_us is not None

@@ -175,3 +175,14 @@ def read_text(path: str | Path, error: type[ValueError] = ConfigError) -> str:
         line = data[: exc.start].count(b"\n") + 1
         byte = data[exc.start]
         raise error(f"{path}:{line}: not UTF-8 text (byte 0x{byte:02x})") from None
+
+
+def flatten(table: dict[str, Any]) -> dict[str, Any]:
+    """A parsed TOML document as dotted keys; sections must be tables."""
+    flat: dict[str, Any] = {}
+    for key, value in table.items():
+        if isinstance(value, dict):
+            flat.update({f"{key}.{inner}": v for inner, v in value.items()})
+        else:
+            flat[key] = value
+    return flat

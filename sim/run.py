@@ -29,13 +29,13 @@ from .admission import check_policy
 from .config import SimConfig
 from .cost import CostModel, StepCost, StepLoad
 from .live import LiveOutcome, LiveStepper, engine_setup
-from .memory import BlockPool
 from .memory_sizing import gpu_summary, plan_memory
 from .outcome import MemoryStore, RunEnd, StepStore, run_summary
 from .progress import Progress
 from .records import RequestLog, RequestRows, StepTable, step_columns
 from .results import SimResult
 from .scheduler import ScheduledStep, Scheduler
+from .scheduler.implementations import make_scheduler
 from .schema import GRAPH_KINDS
 from .stepper import Stepper
 from .summary import StepTotals
@@ -289,7 +289,9 @@ class _Loop:
     ) -> _Loop:
         """The loop's parts for ``simulate``'s arguments, every setting checked."""
         layout = plan_memory(config, table, live=config.live.enabled)
-        scheduler = Scheduler(table, config.scheduler, BlockPool(layout, table))
+        scheduler = make_scheduler(table, config, layout)
+        if config.scheduler.implementation != "stepplan":
+            native = False  # the compiled stepper binds to stepplan's scheduler's arrays
         plan_config = config.plan
         planner = Planner(plan_config)  # compile_plan's plans, keeping what repeats between steps
         if live is not None and not config.live.enabled:

@@ -32,8 +32,10 @@ ALLOWED = {
     "sim": {"planner", "executor", "plots"},
     "plots": {"sim"},
 }
-#: Simulator modules that may import the executor (live mode), inside functions only.
+#: Simulator modules that may import the executor (live mode), inside functions only; and
+#: the one that drives vLLM's scheduler, which loads torch through vLLM when chosen.
 LIVE_MODULES = {"stepplan.sim.live", "stepplan.sim.cli.profile", "stepplan.sim.cli.fidelity"}
+LIVE_MODULES |= {"stepplan.sim.scheduler.vllm_engine_scheduler"}
 #: Simulator modules plots may import: the result types.
 RESULT_TYPES = {"stepplan.sim.schema", "stepplan.sim.results", "stepplan.sim.table"}
 #: The only modules allowed to import the plots: the command line's.

@@ -42,6 +42,7 @@ from .profile import add_profile
 from .provenance import stepplan_version
 from .report import ERRORS as REPORT_ERRORS
 from .report import add_report
+from .scheduler_diff_cmd import add_scheduler_diff
 from .signals import Interrupted, stop_on_signals
 from .simulate import add_simulate
 from .sweep import add_sweep
@@ -75,6 +76,7 @@ SUBCOMMANDS: tuple[Callable[[Any], None], ...] = (
     add_fidelity,
     add_sweep,
     add_capacity,
+    add_scheduler_diff,
 )
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from stepplan.planner import GRAPH_MODES
 
-from ..config import HOST_COSTS, SimConfig, with_settings
+from ..config import HOST_COSTS, SCHEDULER_IMPLEMENTATIONS, SimConfig, with_settings
 from ..outdir import ResultsFolder
 from ..schema import RESULT_FILES
 from .options import (
@@ -132,6 +132,12 @@ def add_compare(subparsers: Any) -> None:
             f"--{side}-graph-mode",
             choices=GRAPH_MODES,
             help=f"--graph-mode of {run} (default: the shared one)",
+        )
+        add(
+            f"--{side}-scheduler",
+            choices=SCHEDULER_IMPLEMENTATIONS,
+            help=f"--scheduler of {run}: stepplan's or vLLM's decisions (default: the shared "
+            "one; stepplan scheduler-diff compares them step by step)",
         )
         add(
             f"--{side}-graph-sizes",

@@ -22,6 +22,7 @@ from ..config import (
     LIVE_BACKENDS,
     LIVE_DEVICES,
     LIVE_TIMES,
+    SCHEDULER_IMPLEMENTATIONS,
     ConfigError,
     SimConfig,
     check_config,
@@ -34,6 +35,7 @@ from ..live import check_live, engine_setup
 from ..outdir import ResultsFolder, claim_new, config_digest
 from ..progress import Progress, ProgressBar, ProgressLines, live_warning
 from ..run import run_steps
+from ..scheduler.vllm_engine_scheduler import check_vllm
 from ..schema import RESULT_FILES
 from ..summary import summary_rows
 from ..traces import FORMATS
@@ -58,6 +60,7 @@ OVERRIDES = {
     "num_groups": "scheduler.num_groups",
     "policy": "scheduler.policy",
     "policy_age_limit_s": "scheduler.policy_age_limit_s",
+    "scheduler": "scheduler.implementation",
     "graph_mode": "planner.graph_mode",
     "graph_sizes": "planner.graph_sizes",
     "host_cost": "cost.host_cost",
@@ -89,7 +92,7 @@ GRAPH_SIZES_HELP = (
     "Default: vLLM's list for this Q and max-num-seqs"
 )
 #: ``compare``'s per-side flags (``--a-host-cost``, ...), each overriding its ``OVERRIDES`` key.
-SIDE_FLAGS = ("host_cost", "graph_mode", "graph_sizes")
+SIDE_FLAGS = ("host_cost", "graph_mode", "graph_sizes", "scheduler")
 #: ``--acceptance`` choices: a model, or a preset of per-position probabilities.
 ACCEPTANCE_PRESETS = {"deepseek-mtp": DEEPSEEK_MTP_PROBS, "eagle3": EAGLE3_PROBS}
 
@@ -150,6 +153,8 @@ def checked(config: SimConfig) -> SimConfig:
         engine = read_engine_profile(config.cost.profile)
         engine.check_setup(*engine_setup(config, plan))
     check_live(config)
+    if config.scheduler.implementation == "vllm":
+        check_vllm()
     if config.acceptance.model == "replay" and config.acceptance.trace:
         load_replay(config.acceptance.trace)
     return config
@@ -243,6 +248,12 @@ def _add_engine_options(parser: argparse.ArgumentParser) -> None:
         type=float,
         help="a request waiting longer than this many seconds is admitted first, the "
         "oldest first (default: no limit)",
+    )
+    add(
+        "--scheduler",
+        choices=SCHEDULER_IMPLEMENTATIONS,
+        help="whose decisions schedule the steps: stepplan's own scheduler, or the installed "
+        "vLLM's (docs/scheduler_vllm.md). Default: stepplan",
     )
     add(
         "--max-model-len",

@@ -26,6 +26,7 @@ import numpy as np
 from ..config import SimConfig
 from ..config_toml import config_toml
 from ..results import SimResult
+from ..scheduler.vllm_engine_scheduler import vllm_version
 from ..traces import RequestTable
 from ..traces.source import STDIN, STDIN_NAME
 from ..workloads import SYNTHETIC_PREFIX
@@ -110,6 +111,8 @@ def provenance(
         python=platform.python_version(),
         numpy=np.__version__,
     )
+    if config.scheduler.implementation == "vllm":
+        document["vllm"] = vllm_version()  # whose scheduler made the decisions
     git = git_state()
     if git is not None:
         document["git"] = git

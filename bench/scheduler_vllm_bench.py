@@ -1,0 +1,145 @@
+"""Agreement of stepplan's scheduler with the installed vLLM's, and the vLLM path's speed.
+
+Each case runs one trace under both schedulers (``sim/scheduler_diff.py``) and records
+the share of identical steps, the first divergence and the side-by-side figures; the
+speed case times ``run_steps`` on the vLLM path, its scheduler's construction (vLLM's
+configs) apart. Writes ``bench/results/scheduler_vllm-<UTC time>.json``.
+
+    python bench/scheduler_vllm_bench.py
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import sys
+import time
+from importlib import resources
+from pathlib import Path
+
+from results_bench import commit, device
+
+from stepplan.sim.config import SimConfig, with_settings
+from stepplan.sim.outcome import MemoryStore
+from stepplan.sim.run import prepare_requests, run_steps
+from stepplan.sim.scheduler import vllm_engine_scheduler
+from stepplan.sim.scheduler_diff import compare_schedulers
+from stepplan.sim.traces import load_trace
+
+ROOT = Path(__file__).resolve().parents[1]
+EMBEDDED = str(resources.files("stepplan.sim").joinpath("data/azure_llm_2023_code.csv"))
+MOONCAKE = "/work/shared/traces/mooncake_synthetic.jsonl"
+PREEMPTING = {
+    "memory.kv_cache_gib": 0.6,
+    "scheduler.max_num_seqs": 32,
+    "scheduler.max_num_batched_tokens": 2048,
+    "workload.rate_scale": 4.0,
+}
+#: The model without its conv layers: vLLM's cache then splits memory as stepplan's does.
+ATTENTION_ONLY = {"model.conv_layers": 0}
+CASES = {
+    "embedded-1000-spec3": (EMBEDDED, 1000, {}),
+    "embedded-1000-nospec-budget512": (
+        EMBEDDED,
+        1000,
+        {"scheduler.num_spec_tokens": 0, "scheduler.max_num_batched_tokens": 512},
+    ),
+    "embedded-1000-small-cache": (EMBEDDED, 1000, PREEMPTING),
+    "embedded-1000-small-cache-attention-only": (EMBEDDED, 1000, PREEMPTING | ATTENTION_ONLY),
+    "mooncake-400-prefix": (MOONCAKE, 400, {}),
+    "mooncake-400-prefix-attention-only": (MOONCAKE, 400, ATTENTION_ONLY),
+}
+
+
+def _table(path: str, limit: int, config: SimConfig):
+    return prepare_requests(load_trace(path).limit(limit), config)
+
+
+def agreement(path: str, limit: int, settings: dict) -> dict:
+    config = with_settings(SimConfig(), settings)
+    table = _table(path, limit, config)
+    vllm = with_settings(config, {"scheduler.implementation": "vllm"})
+    diff = compare_schedulers(table, config, vllm, ("stepplan", "vllm"))
+    return diff.to_dict()
+
+
+def _timed_engine(built, spent: dict):
+    """``_engine`` whose construction and vLLM calls add their CPU seconds to ``spent``."""
+
+    def build(*args):
+        start = time.process_time()
+        engine, *rest = built(*args)
+        spent["setup_cpu_s"] += time.process_time() - start
+        for name in ("schedule", "update_from_output", "update_draft_token_ids"):
+            call = getattr(engine, name)
+
+            def timed(*inputs, call=call):
+                begin = time.process_time()
+                out = call(*inputs)
+                spent["vllm_calls_cpu_s"] += time.process_time() - begin
+                return out
+
+            setattr(engine, name, timed)
+        return (engine, *rest)
+
+    return build
+
+
+def speed(limit: int, settings: dict) -> dict:
+    """Steps per second of the whole loop on the vLLM path (CPU time, which the other
+    processes on the machine do not inflate, and wall time), vLLM's calls apart."""
+    import vllm.v1.core.sched.scheduler  # noqa: F401  the import (seconds) is not stepping
+
+    config = with_settings(SimConfig(), {"scheduler.implementation": "vllm", **settings})
+    table = _table(EMBEDDED, limit, config)
+    built = vllm_engine_scheduler._engine
+    spent = {"setup_cpu_s": 0.0, "vllm_calls_cpu_s": 0.0}
+    vllm_engine_scheduler._engine = _timed_engine(built, spent)
+    try:
+        wall, cpu = time.perf_counter(), time.process_time()
+        end = run_steps(table, config, MemoryStore())
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    finally:
+        vllm_engine_scheduler._engine = built
+    steps = end.summary["steps"]["count"]
+    stepping = cpu - spent["setup_cpu_s"]
+    return {
+        "requests": limit,
+        "steps": steps,
+        "wall_s": wall,
+        "cpu_s": cpu,
+        **spent,
+        "steps_per_s_cpu": steps / stepping,
+        "vllm_calls_steps_per_s_cpu": steps / spent["vllm_calls_cpu_s"],
+        "load_average_1min": os.getloadavg()[0],
+    }
+
+
+def main() -> None:
+    figures: dict = {
+        "speed_hybrid": speed(1000, {}),
+        "speed_attention_only": speed(1000, ATTENTION_ONLY),
+    }
+    for name, (path, limit, settings) in CASES.items():
+        if Path(path).exists():
+            figures[name] = agreement(path, limit, settings)
+            print(name, figures[name]["agreement"], figures[name]["first_divergence"], flush=True)
+    print(json.dumps({k: v for k, v in figures.items() if k.startswith("speed")}))
+    now = dt.datetime.now(dt.timezone.utc)
+    record = {
+        "benchmark": "scheduler_vllm",
+        "date": now.date().isoformat(),
+        "device": device(),
+        "command": "python " + " ".join(["bench/scheduler_vllm_bench.py", *sys.argv[1:]]),
+        **commit(),
+        "vllm": vllm_engine_scheduler.vllm_version(),
+        "figures": figures,
+    }
+    out = ROOT / "bench" / "results" / f"scheduler_vllm-{now:%Y-%m-%dT%H%M%S}.json"
+    out.write_text(json.dumps(record, indent=1) + "\n")
+    print(out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,475 @@
+"""Scheduling decisions from the installed vLLM's own scheduler (``--scheduler vllm``).
+
+vLLM's ``Scheduler`` and KV-cache manager decide every step: who runs, how many tokens,
+who is preempted, which prompt blocks hit the prefix cache. This module plays vLLM's
+model runner around them, with no weights, tokenizer, GPU or network: the cost model
+times the step (in ``run.py``, as for stepplan's scheduler), the acceptance model says
+how many drafts each spec row accepted, and the memory model (``capacity.py``) gives the
+KV block count. The step's rows are written into the same :class:`StepRows` that
+stepplan's scheduler fills, so the planner, the stepper's finish and every result
+column work unchanged (``docs/scheduler_vllm.md``).
+
+A hybrid model's cache is the one vLLM would build for it: attention groups and the
+short-conv state group (``MambaSpec``) in one pool, a request's state block its slot.
+
+vLLM is imported when this class is built, never at package import. Its configuration
+is built from values (a ``DeviceConfig`` of ``cpu`` in place of ``VLLM_TARGET_DEVICE``,
+a local model folder in place of the hub), so no environment variable is set.
+
+Prompt tokens: a trace's prefix hash ``h`` (Mooncake's ``hash_ids``, one per
+``memory.prefix_block_tokens`` tokens) becomes that many tokens of id ``HASHED_TOKEN + h
+mod 2**30``, so equal hash blocks are equal tokens and vLLM's block hasher sees the
+trace's sharing; the rest of a prompt, and every output token, is the request's own
+id, shared with no other request.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from importlib import metadata
+from typing import Any
+
+import attrs
+import numpy as np
+
+from ..config import ConfigError, SchedulerConfig
+from ..config_model import ModelConfig
+from ..memory_sizing import MemoryLayout
+from ..traces import RequestTable
+from .core import Scheduler
+from .state import DECODING, EMITS_FIRST, FINISHED, ROWS, SPEC, WAITING, Counters, StepRows
+
+#: vLLM releases (``major.minor``) whose scheduler interface this module drives.
+SUPPORTED_VLLM = ("0.33",)
+INSTALL = "pip install 'vllm==0.33.*' einops"
+#: Token ids of hashed prompt blocks start here; request ids (the other tokens) are below.
+HASHED_TOKEN = 1 << 30
+
+
+class VllmUnavailable(ConfigError):
+    """vLLM is missing or of an unsupported release; the message says what to install."""
+
+
+def vllm_version() -> str | None:
+    """The installed vLLM's version, ``None`` when it is not installed."""
+    try:
+        return metadata.version("vllm")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def check_vllm() -> str:
+    """The installed vLLM's version when this module can drive it, else
+    :class:`VllmUnavailable` in one line."""
+    version = vllm_version()
+    if version is None:
+        raise VllmUnavailable(f"--scheduler vllm needs vLLM, which is not installed: {INSTALL}")
+    if ".".join(version.split(".")[:2]) not in SUPPORTED_VLLM:
+        raise VllmUnavailable(
+            f"--scheduler vllm drives vLLM {', '.join(SUPPORTED_VLLM)} only; vLLM {version} "
+            f"is installed ({INSTALL})"
+        )
+    return version
+
+
+@attrs.frozen(eq=False)
+class VllmCache:
+    """The KV cache of a vLLM-scheduled run: stepplan's layout (which set its block
+    count) and vLLM's KV-cache manager, which holds the blocks."""
+
+    layout: MemoryLayout
+    manager: Any
+
+
+def prompt_tokens(table: RequestTable, request: int, block_tokens: int) -> list[int]:
+    """Request ``request``'s prompt as token ids (see the module docstring)."""
+    length = int(table.prompt_tokens[request])
+    tokens: list[int] = []
+    if table.prefix_offsets is not None and table.prefix_blocks is not None:
+        start, end = table.prefix_offsets[request], table.prefix_offsets[request + 1]
+        for block in table.prefix_blocks[start:end].tolist():
+            tokens += [HASHED_TOKEN + block % HASHED_TOKEN] * block_tokens
+    del tokens[length:]
+    tokens += [request] * (length - len(tokens))
+    return tokens
+
+
+def _vllm_config(
+    config: SchedulerConfig, layout: MemoryLayout, max_model_len: int, folder: str
+) -> Any:
+    """vLLM's ``VllmConfig`` for ``config`` (no environment variable read or set)."""
+    from transformers import LlamaConfig
+    from vllm import config as vllm_config
+
+    # the smallest Llama: vLLM reads a model folder's config, never its weights
+    LlamaConfig(
+        hidden_size=64,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=1,
+        num_key_value_heads=1,
+        vocab_size=HASHED_TOKEN * 2,
+        max_position_embeddings=max_model_len,
+    ).save_pretrained(folder)
+    model = vllm_config.ModelConfig(
+        model=folder, skip_tokenizer_init=True, max_model_len=max_model_len
+    )
+    scheduler = vllm_config.SchedulerConfig(
+        max_num_seqs=min(config.max_num_seqs, layout.slots),
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        max_model_len=max_model_len,
+        enable_chunked_prefill=True,
+        async_scheduling=False,
+        is_encoder_decoder=False,
+    )
+    cache = vllm_config.CacheConfig(
+        block_size=layout.block_size, enable_prefix_caching=layout.prefix_caching
+    )
+    spec = None
+    if config.num_spec_tokens:  # n-gram drafting: no draft model, no lookahead slots
+        spec = vllm_config.SpeculativeConfig(
+            method="ngram",
+            num_speculative_tokens=config.num_spec_tokens,
+            prompt_lookup_max=1,
+            prompt_lookup_min=1,
+        )
+    return vllm_config.VllmConfig(
+        model_config=model,
+        scheduler_config=scheduler,
+        cache_config=cache,
+        speculative_config=spec,
+        device_config=vllm_config.DeviceConfig(device="cpu"),
+    )
+
+
+def _kv_cache_config(whole: Any, layout: MemoryLayout, model: ModelConfig, spec_tokens: int) -> Any:
+    """The KV-cache config as vLLM builds it for ``model``: one attention group of the
+    layout's blocks; for a hybrid model (conv layers beside attention) the attention
+    layers and the short-conv state layers (``MambaSpec``) in vLLM's groups of one
+    shared pool, the attention block made as large as a conv-state page and that page
+    padded to it (vLLM's hybrid alignment), the memory divided by vLLM's planner."""
+    import torch
+    from vllm.v1.core import kv_cache_planning
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+
+    dtype = {1: torch.int8, 2: torch.float16, 4: torch.float32}[model.dtype_bytes]
+    hybrid = 0 < model.conv_layers < model.layers
+    attention_layers = model.layers - model.conv_layers if hybrid else model.layers
+    per_token = model.kv_bytes_per_token / attention_layers  # one layer's K and V
+    head = max(1, int(per_token // (2 * model.dtype_bytes)))
+    if not hybrid:
+        attention = FullAttentionSpec(
+            block_size=layout.block_size, num_kv_heads=1, head_size=head, dtype=dtype
+        )
+        groups = [KVCacheGroupSpec(["model.layers.0.attn"], attention)]
+        blocks = layout.num_blocks + 1  # vLLM keeps block 0 as its null block
+        return KVCacheConfig(num_blocks=blocks, kv_cache_tensors=[], kv_cache_groups=groups)
+    specs = _hybrid_specs(whole, layout, model, spec_tokens, head, dtype)
+    # what vLLM's engine core settles before it plans a hybrid model's cache
+    whole.scheduler_config.disable_hybrid_kv_cache_manager = False
+    whole.cache_config.kv_cache_layout = "LBHNC"
+    groups = kv_cache_planning.get_kv_cache_groups(whole, specs)
+    return kv_cache_planning.get_kv_cache_config_from_groups(
+        whole, groups, int(layout.budget_bytes)
+    )
+
+
+def _hybrid_specs(
+    whole: Any, layout: MemoryLayout, model: ModelConfig, spec_tokens: int, head: int, dtype: Any
+) -> dict[str, Any]:
+    """Every layer's cache spec of a hybrid model, sized as vLLM sizes them."""
+    from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
+
+    reach = (model.conv_kernel_size - 1) * model.conv_dilation
+    state_page = model.conv_channels * reach * model.dtype_bytes
+    token_page = 2 * head * model.dtype_bytes
+    align = layout.block_size
+    block = align * -(-state_page // (align * token_page))  # attention page >= state page
+    cache = whole.cache_config
+    # prefix caching keeps a conv state at every block boundary: vLLM's "align" mode
+    mode = "align" if layout.prefix_caching else "none"
+    cache.block_size, cache.mamba_cache_mode = block, mode
+    cache.mamba_block_size = block if layout.prefix_caching else whole.model_config.max_model_len
+    attention = FullAttentionSpec(block_size=block, num_kv_heads=1, head_size=head, dtype=dtype)
+    conv = MambaSpec(
+        block_size=cache.mamba_block_size,
+        shapes=((model.conv_channels, reach),),
+        dtypes=(dtype,),
+        page_size_padded=block * token_page,
+        mamba_type=MambaAttentionBackendEnum.SHORT_CONV,
+        mamba_cache_mode=mode,
+        num_speculative_blocks=spec_tokens,  # one state per draft, as vLLM's baseline
+        tp_replicated=True,
+    )
+    attention_layers = model.layers - model.conv_layers
+    specs = {f"model.layers.{i}.attn": attention for i in range(attention_layers)}
+    specs.update({f"model.layers.{i}.conv": conv for i in range(model.conv_layers)})
+    return specs
+
+
+def _engine(
+    config: SchedulerConfig, layout: MemoryLayout, model: ModelConfig, folder: str
+) -> tuple[Any, int | None, int]:
+    """vLLM's scheduler for ``config`` over ``layout``'s memory, the index of its
+    conv-state group (``None``: no such group) and the tokens its block hashes cover."""
+    from vllm.v1.core.kv_cache_utils import resolve_kv_cache_block_sizes
+    from vllm.v1.core.sched.scheduler import Scheduler as VllmScheduler
+    from vllm.v1.kv_cache_interface import MambaSpec
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    whole = _vllm_config(config, layout, model.max_model_len, folder)
+    kv_config = _kv_cache_config(whole, layout, model, config.num_spec_tokens)
+    whole.cache_config.num_gpu_blocks = kv_config.num_blocks
+    specs = [group.kv_cache_spec for group in kv_config.kv_cache_groups]
+    state = next((i for i, s in enumerate(specs) if isinstance(s, MambaSpec)), None)
+    block_size, hash_block_size = resolve_kv_cache_block_sizes(kv_config, whole)
+    engine = VllmScheduler(
+        whole,
+        kv_config,
+        StructuredOutputManager(whole),
+        block_size=block_size,
+        hash_block_size=hash_block_size,
+        log_stats=True,
+    )
+    return engine, state, hash_block_size
+
+
+class VllmEngineScheduler:
+    """:class:`~stepplan.sim.scheduler.Scheduler`'s interface over vLLM's scheduler:
+    :meth:`schedule_rows` fills :attr:`rows`, :meth:`commit_rows` hands vLLM the
+    step's outcome. Per-request arrays are ``[N]`` by the table's row, as there."""
+
+    def __init__(
+        self,
+        requests: RequestTable,
+        config: SchedulerConfig,
+        layout: MemoryLayout,
+        model: ModelConfig,
+    ) -> None:
+        version = check_vllm()
+        try:
+            from vllm.sampling_params import SamplingParams
+            from vllm.utils.hashing import get_hash_fn_by_name
+            from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+            from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
+            from vllm.v1.request import Request
+        except ImportError as error:  # an install whose scheduler interface moved
+            raise VllmUnavailable(
+                f"--scheduler vllm drives vLLM {', '.join(SUPPORTED_VLLM)}; the installed "
+                f"vLLM {version} lacks its scheduler interface ({error}): {INSTALL}"
+            ) from None
+
+        n = requests.num_requests
+        self.config, self.table = config, requests
+        self._folder = tempfile.TemporaryDirectory(prefix="stepplan-vllm-")
+        self.engine, self._state_group, block_size = _engine(
+            config, layout, model.resolved(), self._folder.name
+        )
+        self._moving_states = self._state_group is not None and layout.prefix_caching
+        self.pool = VllmCache(layout, self.engine.kv_cache_manager)
+        hash_fn = get_hash_fn_by_name("sha256")
+        init_none_hash(hash_fn)  # as vLLM's engine core does before its first request
+        # without prefix caching no block is ever looked up: hashing would be wasted
+        self._hasher = (
+            get_request_block_hasher(block_size, hash_fn) if layout.prefix_caching else None
+        )
+        self._request, self._sampling = Request, SamplingParams
+        self._output, self._drafts = ModelRunnerOutput, DraftTokenIds
+        self.arrival, self.prompt = requests.arrival_s, requests.prompt_tokens
+        self.output = requests.output_tokens
+        self.target = np.array(requests.prompt_tokens, np.int64)
+        self.computed = np.zeros(n, np.int64)
+        self.emitted = np.zeros(n, np.int64)
+        self.slot = np.zeros(n, np.int32)
+        self.last_accepted = np.ones(n, np.int32)
+        self.spec_steps = np.zeros(n, np.int64)
+        self.preemptions = np.zeros(n, np.int64)
+        self.recomputed = np.zeros(n, np.int64)
+        self.cached = np.zeros(n, np.int64)
+        self.lost = np.zeros(n, np.int64)
+        self.counters = Counters()
+        self.slot_capacity = self.engine.max_num_running_reqs
+        self._free_slots = list(range(self.slot_capacity, 0, -1))  # a stack, top at end
+        self.rows = StepRows(self.slot_capacity)
+        self.native = None  # the compiled stepper binds to stepplan's scheduler only
+        self._added = 0  # requests handed to vLLM (those arrived)
+        self._live: dict[int, Any] = {}  # vLLM's Request of every unfinished request added
+        self._scheduled: Any = None  # the step's SchedulerOutput
+        self._names: list[str] = []  # its requests as vLLM names them, in row order
+        self._block_tokens = layout.prefix_block_tokens
+        self.prefix_hits = 0  # prompt tokens vLLM's prefix cache gave at admissions
+
+    scheduled_step = Scheduler.scheduled_step
+
+    @property
+    def num_finished(self) -> int:
+        """Requests finished."""
+        return int(self.counters.values[FINISHED])
+
+    @property
+    def done(self) -> bool:
+        """Every request has finished."""
+        return self.num_finished == self.prompt.shape[0]
+
+    def next_arrival_s(self) -> float:
+        """Arrival of the first request not yet handed to vLLM (``inf``: none left)."""
+        return float(self.arrival[self._added]) if self._added < self.arrival.size else np.inf
+
+    def _add_arrived(self, now_s: float) -> None:
+        arrived = int(np.searchsorted(self.arrival, now_s, side="right"))
+        for request in range(self._added, arrived):
+            tokens = prompt_tokens(self.table, request, self._block_tokens)
+            params = self._sampling(max_tokens=int(self.output[request]), ignore_eos=True)
+            vllm_request = self._request(
+                str(request),
+                tokens,
+                params,
+                pooling_params=None,
+                arrival_time=float(self.arrival[request]),
+                block_hasher=self._hasher,
+            )
+            self.engine.add_request(vllm_request)
+            self._live[request] = vllm_request
+        self._added = max(self._added, arrived)
+
+    def schedule_rows(self, now_s: float) -> tuple[int, int, float] | None:
+        """vLLM's next step at ``now_s`` in :attr:`rows`: ``(rows, kv_tokens,
+        attention_pairs)``, or ``None`` when it schedules nothing."""
+        self._add_arrived(now_s)
+        out = self.engine.schedule()
+        self._scheduled = out
+        for name in out.preempted_req_ids or ():
+            self._preempted(int(name))
+        count = len(out.num_scheduled_tokens)
+        self.counters.values[ROWS] = count
+        if count == 0:
+            self.engine.update_from_output(out, self._runner_output([], []))
+            return None
+        self._names = list(out.num_scheduled_tokens)
+        ids = np.array([int(name) for name in self._names], np.int64)
+        q = np.fromiter(out.num_scheduled_tokens.values(), np.int64, count)
+        for request in ids[self.slot[ids] == 0].tolist():
+            self._admitted(request, self._live[request].num_computed_tokens)
+        if self._moving_states:
+            self._follow_states(ids)
+        computed = self.computed[ids]
+        decoding = computed >= self.target[ids]
+        is_spec = decoding if self.config.num_spec_tokens else np.zeros(count, bool)
+        prompt_q = q - self._placeholders(out, ids, decoding)
+        emits_first = ~decoding & (computed + prompt_q == self.target[ids])
+        flags = (is_spec * SPEC + decoding * DECODING + emits_first * EMITS_FIRST).astype(np.uint8)
+        rows = self.rows
+        rows.fill(ids, q, computed, flags, self.slot[ids], self.last_accepted[ids])
+        rows.info[WAITING:] = self._memory_row(len(out.preempted_req_ids or ()))
+        return count, int(rows.info[0]), float(rows.info[1])
+
+    @staticmethod
+    def _placeholders(out: Any, ids: np.ndarray, decoding: np.ndarray) -> np.ndarray:
+        """``[R], int64`` placeholder drafts of prefill rows: vLLM pads an admitted
+        request with one token left to ``1 + num_spec_tokens`` rows when others run
+        (its full-graph padding); they are rejected, the row samples one token."""
+        padded = np.zeros(ids.size, np.int64)
+        drafts = out.scheduled_spec_decode_tokens
+        if drafts:
+            for row in np.flatnonzero(~decoding).tolist():
+                padded[row] = len(drafts.get(str(ids[row]), ()))
+        return padded
+
+    def _admitted(self, request: int, computed_after: int) -> None:
+        """``request`` was admitted (new or resumed) this step: a slot, and the tokens
+        its prefix-cache hit saved or its preemption lost."""
+        start = computed_after - self._scheduled.num_scheduled_tokens[str(request)]
+        if self._state_group is None:
+            self.slot[request] = self._free_slots.pop()
+        elif not self._moving_states:  # its one conv-state block is its slot
+            blocks = self.engine.kv_cache_manager.get_block_ids(str(request))
+            self.slot[request] = blocks[self._state_group][0]
+        lost = int(self.lost[request])
+        self.recomputed[request] += max(0, lost - start)
+        self.cached[request] += max(0, start - lost)
+        self.prefix_hits += start
+        self.computed[request] = start
+
+    def _preempted(self, request: int) -> None:
+        """vLLM preempted ``request`` (by recompute) while scheduling this step."""
+        self._release_slot(request)
+        self.lost[request] = self.computed[request]
+        self.computed[request] = 0
+        self.target[request] = self.prompt[request] + self.emitted[request]
+        self.last_accepted[request] = 1
+        self.preemptions[request] += 1
+
+    def _follow_states(self, ids: np.ndarray) -> None:
+        """Slots of the step's rows where vLLM keeps a conv state per block ("align"
+        mode): the newest state block of each (its list holds NULL for states freed)."""
+        blocks_of = self.engine.kv_cache_manager.get_block_ids
+        group = self._state_group
+        for request in ids.tolist():
+            held = blocks_of(str(request))[group]
+            self.slot[request] = next((block for block in reversed(held) if block), 0)
+
+    def _release_slot(self, request: int) -> None:
+        if self._state_group is None:
+            self._free_slots.append(int(self.slot[request]))
+        self.slot[request] = 0
+
+    def _memory_row(self, preempted: int) -> tuple[int, int, int, int, float]:
+        """The step's ``StepMemory`` fields: vLLM's queue and its block pool."""
+        _, waiting = self.engine.get_request_counts()
+        pool = self.engine.kv_cache_manager.block_pool
+        blocks = pool.num_gpu_blocks - 1  # the null block is never handed out
+        used = blocks - pool.get_num_free_blocks()
+        return (waiting, preempted, used, 0, used / blocks)
+
+    def commit_rows(self, accepted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Hand vLLM the step in :attr:`rows` as its model runner would: the sampled
+        tokens (``accepted`` drafts per row, ``[R], int64``, plus one), then the next
+        drafts. Returns ``(emitted [R] int64, finished [R] bool)``."""
+        rows, count = self.rows, int(self.counters.values[ROWS])
+        ids = rows.ids[:count].copy()
+        listed, names, live = ids.tolist(), self._names, self._live
+        flags = rows.flags[:count]
+        spec, decoding = (flags & SPEC) != 0, (flags & DECODING) != 0
+        emitted = np.where(decoding, 1 + accepted, (flags & EMITS_FIRST) != 0).astype(np.int64)
+        tokens = [[request] * k for request, k in zip(listed, emitted.tolist(), strict=True)]
+        self.engine.update_from_output(self._scheduled, self._runner_output(names, tokens))
+        self.emitted[ids] += emitted
+        self.computed[ids] = [live[request].num_computed_tokens for request in listed]
+        if spec.any():
+            self.last_accepted[ids[spec]] = 1 + accepted[spec]
+            self.spec_steps[ids[spec]] += 1
+        left = self.output[ids] - self.emitted[ids]
+        finished = left <= 0
+        if finished.any():
+            for request in ids[finished].tolist():
+                self._release_slot(request)
+                del live[request]
+            self.counters.values[FINISHED] += int(finished.sum())
+        if self.config.num_spec_tokens:
+            self._propose(listed, names, (left - 1).tolist())
+        return emitted, finished
+
+    def _propose(self, ids: list[int], names: list[str], left: list[int]) -> None:
+        """Drafts for the rows still running (``left``: output tokens each may still
+        draft): ``num_spec_tokens``, fewer near the end of the output so no step
+        overshoots it (stepplan's rule, ``scheduler/__init__``)."""
+        most = self.config.num_spec_tokens
+        kept = [row for row, room in enumerate(left) if room >= 0]
+        drafts = [[ids[row]] * min(most, left[row]) for row in kept]
+        self.engine.update_draft_token_ids(self._drafts([names[row] for row in kept], drafts))
+
+    def _runner_output(self, names: list[str], tokens: list[list[int]]) -> Any:
+        index = {name: row for row, name in enumerate(names)}
+        return self._output(req_ids=names, req_id_to_index=index, sampled_token_ids=tokens)
+
+    def memory_columns(self) -> dict[str, np.ndarray]:
+        """``requests.csv``'s memory columns, ``[N], int64`` each."""
+        return {
+            "num_preemptions": self.preemptions,
+            "recomputed_tokens": self.recomputed,
+            "cached_tokens": self.cached,
+        }
+
+
+__all__ = ["VllmEngineScheduler", "VllmUnavailable", "check_vllm", "vllm_version"]

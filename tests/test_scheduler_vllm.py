@@ -1,0 +1,291 @@
+"""``--scheduler vllm``: the installed vLLM's scheduler deciding the steps, and the
+step-by-step comparison with stepplan's (``docs/scheduler_vllm.md``)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from importlib import resources
+
+import numpy as np
+import pytest
+
+from stepplan.sim.acceptance import make_acceptance
+from stepplan.sim.config import SimConfig, with_settings
+from stepplan.sim.memory_sizing import plan_memory
+from stepplan.sim.run import simulate
+from stepplan.sim.scheduler import vllm_engine_scheduler
+from stepplan.sim.scheduler.state import ROWS, SPEC
+from stepplan.sim.scheduler.vllm_engine_scheduler import (
+    VllmEngineScheduler,
+    VllmUnavailable,
+    check_vllm,
+    prompt_tokens,
+)
+from stepplan.sim.scheduler_diff import compare_schedulers
+from stepplan.sim.traces import load_trace
+from stepplan.sim.workloads import parse_synthetic
+
+#: The tests that drive vLLM (CI installs it); the rest check the refusals without it.
+requires_vllm = pytest.mark.skipif(
+    importlib.util.find_spec("vllm") is None, reason="vLLM is not installed"
+)
+WORKLOAD = "synthetic:n=80,rate=30,cv2=3,prompt=zipf:1.1:3000,output=uniform:1:60"
+#: A cache small enough that stepplan's scheduler preempts (prompts up to 3,000 tokens).
+SMALL_CACHE = {
+    "memory.kv_cache_gib": 0.3,
+    "scheduler.max_num_seqs": 16,
+    "scheduler.max_num_batched_tokens": 1024,
+}
+
+#: The embedded trace's 7,435-token prompts in a cache of about 500 blocks, attention
+#: only (a hybrid model's conv states share vLLM's pool: another memory split).
+PREEMPTING = {
+    "model.conv_layers": 0,
+    "memory.kv_cache_gib": 0.6,
+    "scheduler.max_num_seqs": 32,
+    "scheduler.max_num_batched_tokens": 2048,
+}
+
+
+def _table(spec: str = WORKLOAD):
+    return parse_synthetic(spec, seed=3)
+
+
+def _embedded(limit: int = 300):
+    """The first requests of the embedded Azure code trace."""
+    path = resources.files("stepplan.sim").joinpath("data/azure_llm_2023_code.csv")
+    return load_trace(str(path)).limit(limit)
+
+
+def _vllm(config: SimConfig) -> SimConfig:
+    return with_settings(config, {"scheduler.implementation": "vllm"})
+
+
+def _drive(table, config: SimConfig):
+    """Run ``table`` on the vLLM path step by step, checking the accounting each step;
+    the scheduler at the end."""
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
+
+    layout = plan_memory(config, table)
+    scheduler = VllmEngineScheduler(table, config.scheduler, layout, config.model)
+    acceptance = make_acceptance(config.acceptance, config.seed)
+    engine = scheduler.engine
+    specs = [group.kv_cache_spec for group in engine.kv_cache_config.kv_cache_groups]
+    attention = next(i for i, spec in enumerate(specs) if isinstance(spec, FullAttentionSpec))
+    states = [i for i, spec in enumerate(specs) if isinstance(spec, MambaSpec)]
+    size = specs[attention].block_size
+    vllm_counts = {"drafts": 0, "accepted": 0}  # vLLM's own SpecDecodingStats, summed
+    update = engine.update_from_output
+
+    def counted(*inputs):
+        outputs = update(*inputs)
+        for output in outputs.values():
+            stats = output.scheduler_stats and output.scheduler_stats.spec_decoding_stats
+            if stats:
+                vllm_counts["drafts"] += stats.num_draft_tokens
+                vllm_counts["accepted"] += stats.num_accepted_tokens
+        return outputs
+
+    engine.update_from_output = counted
+    drafted = accepted_total = placeholders = 0
+    clock, steps = 0.0, 0
+    while not scheduler.done:
+        found = scheduler.schedule_rows(clock)
+        if found is None:
+            clock = scheduler.next_arrival_s()
+            assert np.isfinite(clock), "stalled"
+            continue
+        count = found[0]
+        rows = scheduler.rows
+        ids, q = rows.ids[:count].copy(), rows.query_lens[:count].astype(np.int64)
+        assert q.sum() <= config.scheduler.max_num_batched_tokens
+        assert count <= config.scheduler.max_num_seqs
+        reach = rows.computed[:count].astype(np.int64) + q
+        padded = scheduler._placeholders(scheduler._scheduled, ids, (rows.flags[:count] & 2) != 0)
+        last = table.prompt_tokens[ids] + table.output_tokens[ids] - 1
+        assert (reach - padded <= last).all(), "past the last token"
+        placeholders += int(padded.sum())
+        for request, positions in zip(ids.tolist(), reach.tolist(), strict=True):
+            held = engine.kv_cache_manager.get_block_ids(str(request))
+            assert len(held[attention]) == -(-positions // size), "blocks cover the positions"
+            for group in states:  # one conv state, and one per draft (vLLM's baseline)
+                assert len(held[group]) == 1 + config.scheduler.num_spec_tokens
+        slots = scheduler.slot[scheduler.slot > 0]
+        assert np.unique(slots).size == slots.size, "slots shared"
+        spec = (rows.flags[:count] & SPEC) != 0
+        accepted = np.zeros(count, np.int64)
+        if spec.any():
+            drafts = rows.drafts[:count][spec].astype(np.int64)
+            accepted[spec] = acceptance.draw(ids[spec], scheduler.spec_steps[ids[spec]], drafts)
+            drafted += int(drafts.sum())
+            accepted_total += int(accepted.sum())
+        scheduler.commit_rows(accepted)
+        assert int(scheduler.counters.values[ROWS]) == count
+        clock += 0.01
+        steps += 1
+    # vLLM counted the same drafts and acceptances as the loop, its padded
+    # placeholder drafts (all rejected) among the drafts
+    assert vllm_counts["accepted"] == accepted_total
+    assert vllm_counts["drafts"] == drafted + placeholders
+    return scheduler, steps
+
+
+@requires_vllm
+@pytest.mark.parametrize("spec_tokens", [0, 3])
+def test_every_request_finishes_with_its_output_length(spec_tokens):
+    table = _table()
+    config = with_settings(SimConfig(), {"scheduler.num_spec_tokens": spec_tokens, **SMALL_CACHE})
+    scheduler, steps = _drive(table, config)
+    assert steps > 0
+    np.testing.assert_array_equal(scheduler.emitted, table.output_tokens)
+    assert scheduler.engine.get_num_unfinished_requests() == 0
+    assert (scheduler.slot == 0).all()
+    # every block back in vLLM's pool (the null block aside)
+    pool = scheduler.engine.kv_cache_manager.block_pool
+    assert pool.get_num_free_blocks() == pool.num_gpu_blocks - 1
+
+
+@requires_vllm
+def test_simulation_results_on_the_vllm_path():
+    table = _table()
+    result = simulate(table, _vllm(SimConfig()))
+    requests = result.requests
+    assert not np.isnan(requests["finish_s"]).any()
+    np.testing.assert_array_equal(requests["output_tokens"], table.output_tokens)
+
+
+@requires_vllm
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {},  # speculation, chunked prefill
+        {"scheduler.num_spec_tokens": 0, "scheduler.max_num_batched_tokens": 512},
+    ],
+)
+def test_stepplan_agrees_with_vllm(settings):
+    config = with_settings(SimConfig(), settings)
+    diff = compare_schedulers(_embedded(), config, _vllm(config), ("stepplan", "vllm"))
+    assert diff.agreement >= 0.99, diff.format()
+    assert diff.sides[0]["ttft_ms_mean"] == pytest.approx(diff.sides[1]["ttft_ms_mean"])
+
+
+@requires_vllm
+def test_one_token_prompts_are_padded_by_vllm():
+    """vLLM pads an admitted request with one token left to ``1 + num_spec_tokens``
+    rows when others run; stepplan schedules the one token: the first divergence."""
+    diff = compare_schedulers(_table(), SimConfig(), _vllm(SimConfig()))
+    assert diff.first_divergence is not None
+    assert diff.agreement > 0.95
+    table = _table()
+    short = set(np.flatnonzero(table.prompt_tokens == 1).tolist())
+    step = diff.first_divergence
+    lines = [line for line in diff.context if line.startswith(f"step {step} ")]
+    padded = {int(word[1:].split(":")[0]) for word in lines[1].split() if word.endswith(":4")}
+    assert padded & short, lines
+
+
+@requires_vllm
+def test_preemption_agrees_once_vllm_admits_by_first_chunk(monkeypatch):
+    """Under a small cache the two differ by one admission rule (vLLM's full-prompt
+    gate, ``scheduler_reserve_full_isl``); with it off they agree step for step,
+    preemptions included."""
+    config = with_settings(SimConfig(), PREEMPTING)
+    table = _embedded(300).scale_rate(4.0)
+    gated = compare_schedulers(table, config, _vllm(config))
+    built = vllm_engine_scheduler._engine
+
+    def by_first_chunk(*args):
+        engine, *rest = built(*args)
+        engine.scheduler_reserve_full_isl = False
+        return (engine, *rest)
+
+    monkeypatch.setattr(vllm_engine_scheduler, "_engine", by_first_chunk)
+    diff = compare_schedulers(table, config, _vllm(config))
+    assert diff.sides[0]["preemptions"] > 0
+    assert diff.agreement == 1.0, diff.format()
+    assert gated.sides[1]["preemptions"] < gated.sides[0]["preemptions"]
+
+
+@requires_vllm
+def test_a_perturbed_budget_is_caught_at_its_first_divergent_step():
+    """Negative control: vLLM with one token less of budget must part from stepplan
+    exactly at the first step where stepplan fills its whole budget."""
+    config = with_settings(SimConfig(), {"scheduler.max_num_batched_tokens": 512})
+    table = _table()
+    steps = simulate(table, config).steps
+    tokens = (
+        steps["num_prefill_tokens"] + steps["num_decode_tokens"] + steps["num_spec_decode_tokens"]
+    )
+    expected = int(np.flatnonzero(np.asarray(tokens) == 512)[0])
+    perturbed = with_settings(_vllm(config), {"scheduler.max_num_batched_tokens": 511})
+    diff = compare_schedulers(table, config, perturbed)
+    assert diff.first_divergence == expected
+    assert diff.agreeing_steps >= expected
+    assert f"step {expected} A:" in "\n".join(diff.context)
+
+
+def test_equal_hash_blocks_give_equal_tokens():
+    table = load_trace("tests/data/mooncake_slice.jsonl")
+    offsets, blocks = table.prefix_offsets, table.prefix_blocks
+    first = [prompt_tokens(table, r, 512) for r in range(table.num_requests)]
+    for r in range(table.num_requests):
+        assert len(first[r]) == table.prompt_tokens[r]
+    for r in range(table.num_requests):
+        for s in range(r):
+            mine, theirs = blocks[offsets[r] : offsets[r + 1]], blocks[offsets[s] : offsets[s + 1]]
+            shared = 0
+            while shared < min(mine.size, theirs.size) and mine[shared] == theirs[shared]:
+                shared += 1
+            length = min(shared * 512, table.prompt_tokens[r], table.prompt_tokens[s])
+            assert first[r][:length] == first[s][:length]
+            if length < min(table.prompt_tokens[r], table.prompt_tokens[s]):
+                assert first[r][length] != first[s][length]
+
+
+def test_an_unsupported_vllm_is_one_line(monkeypatch):
+    monkeypatch.setattr(vllm_engine_scheduler, "vllm_version", lambda: "0.9.1")
+    with pytest.raises(VllmUnavailable, match=r"drives vLLM 0\.33 only; vLLM 0\.9\.1"):
+        check_vllm()
+    monkeypatch.setattr(vllm_engine_scheduler, "vllm_version", lambda: None)
+    with pytest.raises(VllmUnavailable, match="not installed: pip install"):
+        check_vllm()
+
+
+def test_without_vllm_the_command_says_how_to_install_it(monkeypatch, capsys, tmp_path):
+    from stepplan.sim import cli
+
+    monkeypatch.setattr(vllm_engine_scheduler, "vllm_version", lambda: None)
+    out = tmp_path / "run"
+    assert cli.main(["simulate", "--scheduler", "vllm", "--limit", "5", "--out", str(out)]) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert error == [
+        "stepplan: error: --scheduler vllm needs vLLM, which is not installed: "
+        "pip install 'vllm==0.33.*' einops"
+    ]
+    assert not out.exists()
+
+
+def test_the_package_imports_without_loading_vllm():
+    code = (
+        "import sys, stepplan.sim.cli, stepplan.sim.scheduler_diff;"
+        "print(any(name.split('.')[0] in ('vllm', 'torch') for name in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "False"
+
+
+@requires_vllm
+def test_summary_names_the_vllm_that_scheduled(tmp_path):
+    from stepplan.sim import cli
+
+    out = tmp_path / "run"
+    assert (
+        cli.main(["simulate", "--quiet", "--scheduler", "vllm", "--limit", "20", "--out", str(out)])
+        == 0
+    )
+    document = json.loads((out / "summary.json").read_text())
+    assert document["provenance"]["vllm"] == vllm_engine_scheduler.vllm_version()
+    assert document["config"]["scheduler"]["implementation"] == "vllm"
