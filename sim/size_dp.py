@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import attrs
 import numpy as np
 
 from stepplan.planner.buckets import smallest_at_least
@@ -160,3 +161,194 @@ def _solve(
         ends.append(j - 1)
         j, k = int(parent[k, j]), k - 1
     return ends[::-1]
+
+
+# --- The time objective ---------------------------------------------------------------
+#
+# Each step of a workload belongs to a graph *kind* (spec, decode or mixed graphs: an
+# index into the problem's rows) and has a demand on the size axis; under a list ``S``
+# it replays the kind's graph at ``s = min{s in S : s >= demand}`` and costs that
+# graph's time, or runs eagerly at its own eager time when no size holds it. The cost
+# stays separable by the smallest size holding a step, so the interval DP above solves it
+# exactly once the segment cost ``(c_i, c_j]`` is the graphs' time at ``c_j`` of the steps
+# whose demand lies there, and the steps above the list's largest size add their eager
+# time. When every kind's graph time and memory grow with the size, sizes at demands (and
+# the forced ones) suffice, as for padding; otherwise every integer size is a candidate.
+
+
+@attrs.frozen(eq=False)
+class TimeProblem:
+    """The graph-size problem with step time as the objective (see the comment above).
+
+    Attributes:
+        candidates: ``[m], int64`` ascending sizes a list may hold.
+        kind: ``[n], int64`` each step entry's graph kind (row of ``graph_us``), ``-1``
+            for a step no list gives a graph.
+        demand: ``[n], int64`` the size each entry needs (``<= candidates[-1]`` or it
+            always runs eagerly).
+        count: ``[n], float64`` steps each entry stands for.
+        unit: ``[n], float64`` padded tokens per unit of size above the demand.
+        eager_us: ``[n], float64`` one step's eager time.
+        graph_us: ``[K, m], float64`` one replay of kind ``k``'s graph at ``candidates[j]``.
+        memory_mib: ``[m], float64`` graph memory a list holding ``candidates[j]`` adds.
+        allowed: ``[m], bool`` candidates a list may hold.
+        forced: ``[m], bool`` candidates every list must hold.
+    """
+
+    candidates: np.ndarray
+    kind: np.ndarray
+    demand: np.ndarray
+    count: np.ndarray
+    unit: np.ndarray
+    eager_us: np.ndarray
+    graph_us: np.ndarray
+    memory_mib: np.ndarray
+    allowed: np.ndarray
+    forced: np.ndarray
+
+    def step_times(self, sizes: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        """``([n], [n])`` float64: each entry's time (µs per step) and padded tokens per step
+        under ``sizes`` (each a candidate)."""
+        chosen = np.asarray(sorted(int(s) for s in sizes), dtype=np.int64)
+        held = smallest_at_least(chosen, self.demand)
+        graph = (held > 0) & (self.kind >= 0)
+        at = np.searchsorted(self.candidates, np.where(graph, held, self.candidates[0]))
+        times = self.eager_us.copy()
+        times[graph] = self.graph_us[self.kind[graph], at[graph]]
+        padded = np.where(graph, (held - self.demand) * self.unit, 0.0)
+        return times, padded
+
+    def memory_of(self, sizes: Sequence[int]) -> float:
+        """Graph memory (MiB) of a list of candidate sizes."""
+        index = np.searchsorted(self.candidates, np.asarray(sorted(sizes), dtype=np.int64))
+        return float(self.memory_mib[index].sum())
+
+
+def fastest_sizes(
+    problem: TimeProblem, *, max_graphs: int, memory_weight: float = 0.0
+) -> tuple[int, ...]:
+    """The list of 1 to ``max_graphs`` candidate sizes (the forced ones among them) with
+    the least total step time plus ``memory_weight`` (µs per MiB) times its graph memory;
+    among equal times, the least padded tokens, then the fewest sizes. Exact."""
+    if max_graphs < max(1, int(problem.forced.sum())):
+        raise BucketError(f"max_graphs={max_graphs} cannot hold the forced sizes")
+    totals = _time_totals(problem, problem.eager_us, problem.graph_us)
+    return _solve_time(problem, totals, max_graphs, memory_weight)
+
+
+def percentile_sizes(
+    problem: TimeProblem, *, max_graphs: int, percentile: float, memory_weight: float = 0.0
+) -> tuple[int, ...]:
+    """The list whose ``percentile`` (0-100) of step time is least: the smallest step time
+    ``t`` for which some list leaves at most ``(1 - percentile / 100)`` of the steps slower
+    than ``t`` (a bisection over the times a step can take, each an exact DP counting the
+    slower steps)."""
+    if not 0.0 < percentile <= 100.0:
+        raise BucketError(f"percentile must lie in (0, 100], got {percentile}")
+    if max_graphs < max(1, int(problem.forced.sum())):
+        raise BucketError(f"max_graphs={max_graphs} cannot hold the forced sizes")
+    graph = problem.kind >= 0
+    used = np.unique(problem.kind[graph])
+    values = np.unique(np.concatenate([problem.eager_us, problem.graph_us[used].ravel()]))
+    values = values[np.isfinite(values)]
+    allowance = problem.count.sum() * (1.0 - percentile / 100.0) + 1e-9
+    low, high, best = 0, values.size - 1, None
+    while low <= high:
+        middle = (low + high) // 2
+        limit = values[middle]
+        eager, graph_slower = problem.eager_us > limit, problem.graph_us > limit
+        totals = _time_totals(problem, eager.astype(np.float64), graph_slower.astype(np.float64))
+        sizes = _solve_time(problem, totals, max_graphs, memory_weight)
+        times, _ = problem.step_times(sizes)
+        if float(problem.count[times > limit].sum()) <= allowance:
+            best, high = sizes, middle - 1
+        else:
+            low = middle + 1
+    assert best is not None  # the largest value leaves no step slower
+    return best
+
+
+@attrs.frozen(eq=False)
+class _Totals:
+    """What the DP reads, for costs ``eager_cost`` ``[n]`` and ``graph_cost`` ``[K, m]``:
+    per kind, the steps and their padding weight and mass at candidates ``1..j``
+    (``[K, m + 1]`` prefix sums), and the eager cost of the steps above candidate ``j``
+    (``[m + 1]``; ``j = 0``: every step)."""
+
+    steps: np.ndarray
+    weight: np.ndarray
+    mass: np.ndarray
+    eager_above: np.ndarray
+    graph_cost: np.ndarray
+
+
+def _time_totals(problem: TimeProblem, eager_cost: np.ndarray, graph_cost: np.ndarray) -> _Totals:
+    m, kinds = problem.candidates.size, problem.graph_us.shape[0]
+    graph = problem.kind >= 0
+    at = np.searchsorted(problem.candidates, problem.demand)  # m: above every candidate
+    where = (problem.kind[graph], at[graph])
+    sums = np.zeros((3, kinds, m + 1))
+    count, weight = problem.count[graph], (problem.count * problem.unit)[graph]
+    for row, values in enumerate((count, weight, weight * problem.demand[graph])):
+        np.add.at(sums[row], where, values)
+    prefix = np.concatenate([np.zeros((3, kinds, 1)), np.cumsum(sums[:, :, :m], axis=2)], axis=2)
+    eager = np.zeros(m + 1)
+    np.add.at(eager, at[graph], (problem.count * eager_cost)[graph])
+    never = float((problem.count * eager_cost)[~graph].sum())  # eager under every list
+    above = np.cumsum(eager[::-1])[::-1] + never  # [j]: the steps above candidate j
+    return _Totals(*prefix, above, np.asarray(graph_cost, dtype=np.float64))
+
+
+def _solve_time(
+    problem: TimeProblem, totals: _Totals, max_graphs: int, memory_weight: float
+) -> tuple[int, ...]:
+    """The interval DP over ``(cost, padded tokens)`` in that order (1-based inside:
+    ``best[k, j]``, ``k`` sizes, the last at candidate ``j``)."""
+    candidates, m = problem.candidates, problem.candidates.size
+    budget = min(max_graphs, m)
+    best = np.full((2, budget + 1, m + 1), np.inf)  # [0]: cost, [1]: padded tokens
+    best[:, 0, 0] = 0.0
+    parent = np.zeros((budget + 1, m + 1), dtype=np.int64)
+    last_forced = 0  # a segment (i, j] may not pass over a forced candidate
+    for j in range(1, m + 1):
+        if problem.allowed[j - 1]:
+            starts = np.arange(last_forced, j)
+            served = totals.steps[:, j, None] - totals.steps[:, starts]  # [K, starts]
+            cost = totals.graph_cost[:, j - 1, None]
+            # a kind with no step here adds nothing, even at an uncapturable (inf) size
+            time = np.multiply(served, cost, out=np.zeros_like(served), where=served > 0)
+            time = time.sum(axis=0)
+            time += memory_weight * problem.memory_mib[j - 1]
+            weight = totals.weight[:, j, None] - totals.weight[:, starts]
+            mass = totals.mass[:, j, None] - totals.mass[:, starts]
+            padded = (candidates[j - 1] * weight - mass).sum(axis=0)
+            total = best[:, :budget, last_forced:j] + np.stack([time, padded])[:, None, :]
+            pick = _first_least(total, axis=2)
+            rows = np.arange(budget)
+            best[:, 1:, j] = total[:, rows, pick]
+            parent[1:, j] = last_forced + pick
+        if problem.forced[j - 1]:
+            last_forced = j
+    final = best.copy()
+    final[0] += totals.eager_above[None, :]
+    final[:, :, : max(1, last_forced)] = np.inf  # at least one size, the forced ones held
+    flat = final.reshape(2, -1)  # k-major: among full ties, the fewest sizes
+    choice = int(_first_least(flat, axis=1))
+    k, j = divmod(choice, m + 1)
+    if not np.isfinite(flat[0, choice]):
+        raise BucketError("no size list of the budget gives every forced size a graph")
+    ends = []
+    while j > 0:
+        ends.append(j - 1)
+        j, k = int(parent[k, j]), k - 1
+    return tuple(int(candidates[e]) for e in ends[::-1])
+
+
+def _first_least(values: np.ndarray, axis: int) -> np.ndarray:
+    """Index along ``axis`` of the least ``values[0]``, ties broken by the least
+    ``values[1]`` (then the first); ``values`` is ``[2, ...]``."""
+    cost, second = values[0], values[1]
+    least = cost.min(axis=axis - 1, keepdims=True)
+    tied = cost <= least + 1e-9 * np.abs(least) + 1e-12
+    tied |= ~np.isfinite(least)
+    return np.argmin(np.where(tied, second, np.inf), axis=axis - 1)
