@@ -11,15 +11,9 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..bucket_time import (
-    Objective,
-    SizeCosts,
-    compare_times,
-    format_time_table,
-    prediction_lines,
-    size_costs,
-    time_memory_front,
-)
+from ..bucket_search import Objective, time_memory_front
+from ..bucket_table import compare_times, format_time_table, prediction_lines
+from ..bucket_time import SizeCosts, size_costs
 from ..buckets import (
     BucketError,
     Comparison,

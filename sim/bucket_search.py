@@ -1,0 +1,207 @@
+"""The search for the fastest CUDA-graph size list: the objective (total or a percentile of
+step time), every largest row size tried, the graph memory budget, and the front of time
+against memory. The step times it weighs: :mod:`stepplan.sim.bucket_time`; the exact DP
+for one largest row size: :mod:`stepplan.sim.size_dp`.
+
+A memory budget is met through a weight on memory (µs per MiB): for each weight the DP
+finds the exact optimum of time plus weight times memory, a vertex of the convex hull of
+the time-memory front; a bisection on the weight finds the least one whose list fits,
+and the best list seen that fits (the reference lists included) is kept. A list inside
+the hull (between two vertices) can be missed, so under a budget the list is the best
+of those vertices, never over the budget.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import attrs
+import numpy as np
+
+from .bucket_time import ListPrediction, SizeCosts, on_demand_points, predict, time_problem
+from .buckets import BucketError, StepDemand, sorted_sizes
+from .size_dp import TimeProblem, fastest_sizes, percentile_sizes
+
+
+@attrs.frozen
+class Objective:
+    """What the optimizer minimizes: the total step time, or a percentile of step time.
+
+    Attributes:
+        percentile: ``None`` for the total, else in ``(0, 100]``.
+    """
+
+    percentile: float | None = None
+
+    def __attrs_post_init__(self) -> None:
+        if self.percentile is not None and not 0.0 < self.percentile <= 100.0:
+            raise BucketError(f"--percentile must lie in (0, 100], got {self.percentile}")
+
+    @property
+    def name(self) -> str:
+        """How the table names it."""
+        if self.percentile is None:
+            return "total step time"
+        return f"p{self.percentile:g} step time"
+
+    def of(self, prediction: ListPrediction, counts: np.ndarray) -> float:
+        """The objective's value for one list (s for the total, µs for a percentile)."""
+        if self.percentile is None:
+            return prediction.total_s
+        order = np.argsort(prediction.step_us, kind="stable")
+        reached = np.cumsum(counts[order])
+        at = np.searchsorted(reached, reached[-1] * self.percentile / 100.0 - 1e-9)
+        return float(prediction.step_us[order][min(at, order.size - 1)])
+
+    def solve(self, problem: TimeProblem, max_graphs: int, memory_weight: float) -> tuple[int, ...]:
+        """The best list of ``problem`` under this objective."""
+        if self.percentile is None:
+            return fastest_sizes(problem, max_graphs=max_graphs, memory_weight=memory_weight)
+        return percentile_sizes(
+            problem, max_graphs=max_graphs, percentile=self.percentile, memory_weight=memory_weight
+        )
+
+
+#: The default objective: the total step time.
+TOTAL = Objective()
+
+
+def _largest_rows(
+    demand: StepDemand, costs: SizeCosts, references: Sequence[Sequence[int]]
+) -> list[int]:
+    """The largest row sizes ``R`` the search tries: one in ``full`` mode (the DP chooses
+    the largest size itself), every size up to ``max_num_seqs`` in ``mixed`` mode (fewer,
+    the demands and row counts, where sizes can move down to them: the module docstring
+    of :mod:`.size_dp`), with the references' own always among them."""
+    top = min(demand.max_num_seqs, costs.largest)
+    if demand.graph_mode != "mixed":
+        return [top]
+    full = time_problem(demand, costs, top)
+    if on_demand_points(full).candidates.size == full.candidates.size:
+        tried = set(range(1, top + 1))
+    else:
+        points = np.concatenate([demand.need, demand.rows, demand.tokens])
+        tried = {int(v) for v in points if 1 <= v <= top} | {top}
+    for sizes in references:
+        rows = [int(s) for s in sizes if s <= demand.max_num_seqs]
+        if rows and rows[-1] <= top:
+            tried.add(rows[-1])
+    return sorted(tried)
+
+
+def fastest_list(
+    demand: StepDemand,
+    costs: SizeCosts,
+    *,
+    max_graphs: int,
+    objective: Objective = TOTAL,
+    memory_weight: float = 0.0,
+    references: Sequence[Sequence[int]] = (),
+) -> tuple[int, ...]:
+    """The best list of at most ``max_graphs`` sizes for ``objective`` plus
+    ``memory_weight`` (µs per MiB) times its graph memory, over every largest row size."""
+    if max_graphs < 1:
+        raise BucketError(f"--max-graphs must be positive, got {max_graphs}")
+    best: tuple[float, tuple[int, ...]] | None = None
+    for largest_row in _largest_rows(demand, costs, references):
+        problem = on_demand_points(time_problem(demand, costs, largest_row))
+        try:
+            sizes = objective.solve(problem, max_graphs, memory_weight)
+        except BucketError:
+            continue  # no list with this largest row size gives a graph to anything
+        prediction = predict(demand, costs, sizes)
+        value = objective.of(prediction, demand.counts) * (
+            1e6 if objective.percentile is None else 1.0
+        ) + memory_weight * (prediction.memory_mib or 0.0)
+        if best is None or value < best[0] - 1e-9 * abs(best[0]):
+            best = (value, sizes)
+    if best is None:
+        raise BucketError("no size list gives any step a graph")
+    return best[1]
+
+
+def within_memory(
+    demand: StepDemand,
+    costs: SizeCosts,
+    *,
+    max_graphs: int,
+    memory_mib: float,
+    objective: Objective = TOTAL,
+    references: Sequence[Sequence[int]] = (),
+) -> tuple[int, ...]:
+    """The best list found within ``memory_mib`` of graph memory: the lists the memory
+    weight's bisection visits (each the exact optimum of time plus weight times memory,
+    a vertex of the time-memory front's convex hull) and the reference lists that fit,
+    the one of least objective. Never over the budget."""
+    if costs.graph_mib is None:
+        raise BucketError(f"--graph-memory needs graph memory figures: {costs.memory_missing}")
+    if memory_mib <= 0:
+        raise BucketError(f"--graph-memory must be positive, got {memory_mib / 1024:g} GiB")
+    found: list[tuple[int, ...]] = [
+        tuple(int(s) for s in sorted_sizes(r)) for r in references if len(set(r)) <= max_graphs
+    ]
+
+    def solve(weight: float) -> float:
+        sizes = fastest_list(
+            demand,
+            costs,
+            max_graphs=max_graphs,
+            objective=objective,
+            memory_weight=weight,
+            references=references,
+        )
+        found.append(sizes)
+        return predict(demand, costs, sizes).memory_mib or 0.0
+
+    low, high = 0.0, 1e-3
+    if solve(low) > memory_mib:
+        while solve(high) > memory_mib and high < 1e12:
+            low, high = high, high * 8.0
+        for _ in range(12):
+            middle = (low + high) / 2.0
+            if solve(middle) > memory_mib:
+                low = middle
+            else:
+                high = middle
+    fitting = [s for s in found if (predict(demand, costs, s).memory_mib or 0.0) <= memory_mib]
+    if not fitting:
+        raise BucketError(
+            f"no list of at most {max_graphs} sizes fits {memory_mib / 1024:g} GiB of graph memory"
+        )
+    return min(
+        fitting, key=lambda s: (objective.of(predict(demand, costs, s), demand.counts), len(s))
+    )
+
+
+def time_memory_front(
+    demand: StepDemand,
+    costs: SizeCosts,
+    *,
+    max_graphs: int,
+    objective: Objective = TOTAL,
+    points: int = 10,
+) -> tuple[ListPrediction, ...]:
+    """Lists on the convex hull of the time-memory front (memory weights from 0 up to
+    where one graph's memory outweighs the whole run's graph time), Pareto-optimal ones
+    only, by memory."""
+    if costs.graph_mib is None:
+        raise BucketError(
+            f"the time-memory front needs graph memory figures: {costs.memory_missing}"
+        )
+    first = predict(
+        demand, costs, fastest_list(demand, costs, max_graphs=max_graphs, objective=objective)
+    )
+    scale = first.total_s * 1e6 / max(first.memory_mib or 1.0, 1e-9)
+    weights = [0.0, *np.geomspace(scale * 1e-4, scale, points - 1)]
+    lists = {first.sizes: first}
+    for weight in weights[1:]:
+        sizes = fastest_list(
+            demand, costs, max_graphs=max_graphs, objective=objective, memory_weight=float(weight)
+        )
+        lists.setdefault(sizes, predict(demand, costs, sizes))
+    ordered = sorted(lists.values(), key=lambda p: (p.memory_mib or 0.0, p.total_s))
+    front: list[ListPrediction] = []
+    for prediction in ordered:
+        if not front or prediction.total_s < front[-1].total_s:
+            front.append(prediction)
+    return tuple(front)
