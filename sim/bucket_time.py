@@ -10,8 +10,12 @@ An eager step's time is the same call on the step's own shape. The step shapes `
 reads carry no context lengths, so both sides are predicted at zero context: attention's
 context term, which no list changes much, is left out of the totals, and a prefill row's
 pairs are those of its own chunk (the step's prefill tokens split evenly over its rows).
-A mixed graph is predicted holding one prefill row (its rows bucket is the list's row
-size for the step, which the profile's mixed model weighs little).
+A mixed graph is predicted holding the median live rows of the steps that are not
+uniform (one prefill row, spec rows beside it) in the power-of-two row bucket holding
+them: its rows bucket is the list's row size for each step, which a time per size
+cannot follow. Eager steps the profile does not cover (say, pure spec steps, which it
+measures only as graphs) take the cost model's time scaled by the median ratio of the
+profile's to the model's time over the eager steps it covers.
 
 **Graph memory** of a list is the sum over its sizes of each captured graph's memory: at
 a size up to the largest row size, a graph of each uniform kind the workload's steps use
@@ -143,26 +147,59 @@ def size_costs(demand: StepDemand, cost: CostModel, largest: int, tile_tokens: i
     from_profile = 0
     kinds = used_kinds(demand)
     modelled = cost if cost.engine is None else attrs.evolve(cost, engine=None)
+    mixed_rows = _mixed_rows(demand)
+    graph_model = np.full((3, largest), np.inf)
     for kind in kinds:
         profiled = np.zeros(largest, dtype=bool)
         model_us = np.full(largest, np.inf)
         for size in range(1, largest + 1):
-            shape = _graph_shape(kind, size, q, demand.max_num_seqs, tile_tokens)
+            shape = _graph_shape(kind, size, q, demand.max_num_seqs, mixed_rows, tile_tokens)
             if shape is not None:
                 graph_us[kind, size - 1], profiled[size - 1] = _time_us(cost, *shape)
                 model_us[size - 1] = _time_us(modelled, *shape)[0]
         from_profile += int(profiled.sum())
         graph_us[kind] = _anchored(graph_us[kind], model_us, profiled)
+        graph_model[kind] = model_us
     eager = np.zeros(demand.rows.size)
+    eager_model = np.zeros(demand.rows.size)
+    covered = np.zeros(demand.rows.size, dtype=bool)
     for i in range(eager.size):
-        rows, tokens = demand.kind_rows[:, i], _kind_tokens(demand, i)
-        eager[i], profiled = _time_us(cost, *_shape_plan(rows, tokens, tile_tokens, None))
-        from_profile += profiled
+        shape = _shape_plan(demand.kind_rows[:, i], _kind_tokens(demand, i), tile_tokens, None)
+        eager[i], covered[i] = _time_us(cost, *shape)
+        eager_model[i] = _time_us(modelled, *shape)[0] if cost.engine is not None else eager[i]
+    from_profile += int(covered.sum())
+    if cost.engine is not None:
+        _anchor_eager(demand, eager, eager_model, covered, graph_us, graph_model)
     memory, missing = _graph_memory(cost, kinds, largest)
     for array in (graph_us, eager, memory):
         if array is not None:
             array.flags.writeable = False
     return SizeCosts(graph_us, memory, eager, from_profile, missing)
+
+
+def _anchor_eager(
+    demand: StepDemand,
+    eager: np.ndarray,
+    model: np.ndarray,
+    covered: np.ndarray,
+    graph_us: np.ndarray,
+    graph_model: np.ndarray,
+) -> None:
+    """Eager times the profile does not cover, at the profile's level (in place): a
+    uniform step's is its own size's graph time plus the model's eager-minus-graph
+    difference (a profile measures uniform steps as graphs only); any other's the model's
+    time scaled by the median profile-to-model ratio of the eager steps it covers."""
+    ratio = float(np.median(eager[covered] / model[covered])) if covered.any() else 1.0
+    kind = np.where(demand.kind_rows[0] > 0, SPEC, DECODE)
+    column = np.minimum(demand.need, graph_us.shape[1]) - 1
+    uniform = ~covered & demand.uniform & (demand.need <= graph_us.shape[1])
+    at = (kind[uniform], column[uniform])
+    measured_level = np.isfinite(graph_us[at]) & np.isfinite(graph_model[at])
+    pick = np.flatnonzero(uniform)[measured_level]
+    eager[pick] = graph_us[at][measured_level] + model[pick] - graph_model[at][measured_level]
+    rest = ~covered
+    rest[pick] = False
+    eager[rest] = model[rest] * ratio
 
 
 def _anchored(times: np.ndarray, model: np.ndarray, profiled: np.ndarray) -> np.ndarray:
@@ -206,10 +243,26 @@ def _kind_tokens(demand: StepDemand, step: int) -> tuple[int, int, int]:
     return spec_tokens, decode_tokens, total - spec_tokens - decode_tokens
 
 
+def _mixed_rows(demand: StepDemand) -> tuple[int, int]:
+    """``(live rows, row bucket)`` of the mixed graph the costs stand for: the median live
+    rows of the steps that are not uniform, and the power of two holding them (up to
+    ``max_num_seqs``); a mixed graph's rows bucket is the list's row size for each step,
+    which the per-size time cannot follow."""
+    others = ~demand.uniform & (demand.rows > 0)
+    if not others.any():
+        return 1, 1
+    order = np.argsort(demand.rows[others])
+    reached = np.cumsum(demand.counts[others][order])
+    median = int(demand.rows[others][order][np.searchsorted(reached, reached[-1] / 2)])
+    bucket = 1 << max(0, (median - 1).bit_length())
+    return median, min(bucket, demand.max_num_seqs)
+
+
 def _graph_shape(
-    kind: int, size: int, q: int, max_num_seqs: int, tile_tokens: int
+    kind: int, size: int, q: int, max_num_seqs: int, mixed_rows: tuple[int, int], tile_tokens: int
 ) -> tuple[_ShapePlan, float] | None:
-    """The full bucket of kind ``kind`` at ``size``, or ``None`` where there is none."""
+    """The full bucket of kind ``kind`` at ``size`` (a mixed one holding the
+    :func:`_mixed_rows` steps), or ``None`` where there is none."""
     if kind == SPEC and size <= max_num_seqs:
         key = GraphKey("spec", size * q, size, 0)
         return _shape_plan((size, 0, 0), (size * q, 0, 0), tile_tokens, key)
@@ -217,9 +270,12 @@ def _graph_shape(
         key = GraphKey("decode", size, size, 0)
         return _shape_plan((0, size, 0), (0, size, 0), tile_tokens, key)
     if kind == MIXED and size >= 2:
-        rows = min(size, max_num_seqs)
+        live = min(mixed_rows[0], size // 2)  # one prefill row of the rest, spec rows beside
+        rows = min(size, max(mixed_rows[1], live))
         key = GraphKey("mixed", size, rows, tile_capacity(size, rows, tile_tokens))
-        return _shape_plan((0, 0, 1), (0, 0, size), tile_tokens, key)
+        spec = max(0, min(live - 1, (size - 2) // q))
+        tokens = (spec * q, 0, size - spec * q)
+        return _shape_plan((spec, 0, 1), tokens, tile_tokens, key)
     return None
 
 
