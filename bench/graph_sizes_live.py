@@ -99,6 +99,11 @@ def cli(argv: list[str]) -> None:
     from stepplan.sim.cli import main
 
     code = main(argv)
+    gc.collect()  # a live command's engine, before the next one builds its own
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
     if code != 0:
         raise SystemExit(f"graph_sizes_live: `stepplan {' '.join(argv)}` exited {code}")
 
@@ -192,7 +197,7 @@ def main() -> int:
     parser.add_argument("--start-s", type=float, default=1800.0, help="slice start (trace time)")
     parser.add_argument("--requests", type=int, default=120, help="requests in the slice")
     parser.add_argument("--num-spec-tokens", type=int, default=3)
-    parser.add_argument("--max-num-seqs", type=int, default=64)
+    parser.add_argument("--max-num-seqs", type=int, default=32)
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
     parser.add_argument("--repeats", type=int, default=3, help="profile repeats per shape")
     parser.add_argument("--profile", type=Path, help="an engine profile to use (no profiling)")
