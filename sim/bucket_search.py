@@ -102,7 +102,7 @@ def fastest_list(
     ``memory_weight`` (µs per MiB) times its graph memory, over every largest row size."""
     if max_graphs < 1:
         raise BucketError(f"--max-graphs must be positive, got {max_graphs}")
-    best: tuple[float, tuple[int, ...]] | None = None
+    best: tuple[float, float, tuple[int, ...]] | None = None
     for largest_row in _largest_rows(demand, costs, references):
         problem = on_demand_points(time_problem(demand, costs, largest_row))
         try:
@@ -113,11 +113,18 @@ def fastest_list(
         value = objective.of(prediction, demand.counts) * (
             1e6 if objective.percentile is None else 1.0
         ) + memory_weight * (prediction.memory_mib or 0.0)
-        if best is None or value < best[0] - 1e-9 * abs(best[0]):
-            best = (value, sizes)
+        key = (value, prediction.total_s)  # a percentile's ties: the least total
+        if best is None or _less(key, best[:2]):
+            best = (*key, sizes)
     if best is None:
         raise BucketError("no size list gives any step a graph")
-    return best[1]
+    return best[2]
+
+
+def _less(key: tuple[float, float], than: tuple[float, ...]) -> bool:
+    """``key`` before ``than``: a smaller first value (beyond rounding), then second."""
+    tolerance = 1e-9 * abs(than[0])
+    return key[0] < than[0] - tolerance or (key[0] <= than[0] + tolerance and key[1] < than[1])
 
 
 def within_memory(
@@ -168,9 +175,12 @@ def within_memory(
         raise BucketError(
             f"no list of at most {max_graphs} sizes fits {memory_mib / 1024:g} GiB of graph memory"
         )
-    return min(
-        fitting, key=lambda s: (objective.of(predict(demand, costs, s), demand.counts), len(s))
-    )
+
+    def rank(sizes: tuple[int, ...]) -> tuple[float, float, int]:
+        prediction = predict(demand, costs, sizes)
+        return objective.of(prediction, demand.counts), prediction.total_s, len(sizes)
+
+    return min(fitting, key=rank)
 
 
 def time_memory_front(

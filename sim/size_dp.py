@@ -242,7 +242,7 @@ def percentile_sizes(
     """The list whose ``percentile`` (0-100) of step time is least: the smallest step time
     ``t`` for which some list leaves at most ``(1 - percentile / 100)`` of the steps slower
     than ``t`` (a bisection over the times a step can take, each an exact DP counting the
-    slower steps)."""
+    slower steps, ties broken by the least total time). Step counts must be whole."""
     if not 0.0 < percentile <= 100.0:
         raise BucketError(f"percentile must lie in (0, 100], got {percentile}")
     if max_graphs < max(1, int(problem.forced.sum())):
@@ -252,12 +252,16 @@ def percentile_sizes(
     values = np.unique(np.concatenate([problem.eager_us, problem.graph_us[used].ravel()]))
     values = values[np.isfinite(values)]
     allowance = problem.count.sum() * (1.0 - percentile / 100.0) + 1e-9
+    # Steps over the limit count whole; the total time, scaled below one step, breaks ties
+    # among the lists with the fewest (step counts are whole, so the order stays exact).
+    scale = 4.0 * max(float(problem.count.sum()), 1.0) * max(float(values[-1]), 1.0)
     low, high, best = 0, values.size - 1, None
     while low <= high:
         middle = (low + high) // 2
         limit = values[middle]
-        eager, graph_slower = problem.eager_us > limit, problem.graph_us > limit
-        totals = _time_totals(problem, eager.astype(np.float64), graph_slower.astype(np.float64))
+        eager = (problem.eager_us > limit) + np.minimum(problem.eager_us, values[-1]) / scale
+        graph_slower = (problem.graph_us > limit) + np.minimum(problem.graph_us, values[-1]) / scale
+        totals = _time_totals(problem, eager, graph_slower)
         sizes = _solve_time(problem, totals, max_graphs, memory_weight)
         times, _ = problem.step_times(sizes)
         if float(problem.count[times > limit].sum()) <= allowance:

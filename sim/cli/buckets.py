@@ -134,7 +134,7 @@ def run_buckets(args: argparse.Namespace) -> int:
     if front_file is not None:
         from stepplan.plots.graph_front import plot_time_memory
 
-        budget = best.score.sizes.__len__() if args.max_graphs is None else args.max_graphs
+        budget = args.max_graphs or len(comparison.rows[0].score.sizes)  # vLLM's count
         front = time_memory_front(demand, costs, max_graphs=budget, objective=objective)
         points = [(r.score.label, r.memory_mib or 0.0, r.total_s) for r in comparison.rows]
         curve = [(p.memory_mib or 0.0, p.total_s) for p in front]
