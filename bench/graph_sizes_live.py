@@ -126,7 +126,8 @@ def measure_graph_memory(
     args: argparse.Namespace, sizes: list[int]
 ) -> dict[tuple[str, int], float]:
     """MiB of device memory each uniform graph's capture takes, ascending sizes, one
-    runner (its graph pool shared, as an engine's)."""
+    runner (its graph pool shared, as an engine's; the first capture also holds the
+    runner's one-time graph buffers, which every list pays)."""
     import torch
 
     from stepplan.sim.cli.options import build_config

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import sys
 from pathlib import Path
 
 import attrs
@@ -325,3 +326,16 @@ def test_the_command_writes_the_prediction_and_refuses_a_budget_without_figures(
     assert len(err) == 1 and "no graph memory figures for spec graphs" in err[0]
     assert main(["buckets", str(bundled_run), "--graph-memory", "1"]) == 2
     assert "--profile FILE" in capsys.readouterr().err
+
+
+def test_the_live_check_says_in_one_line_that_there_is_no_cuda_device(monkeypatch, capsys):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is here")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import graph_sizes_live
+
+    monkeypatch.setattr(sys, "argv", ["graph_sizes_live.py", "--live-device", "cuda"])
+    assert graph_sizes_live.main() == 2
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1 and "no CUDA device" in out[0]
