@@ -18,9 +18,17 @@ from collections.abc import Sequence
 import attrs
 import numpy as np
 
-from .bucket_time import ListPrediction, SizeCosts, on_demand_points, predict, time_problem
+from .bucket_time import (
+    ListPrediction,
+    SizeCosts,
+    demand_points,
+    on_demand_points,
+    predict,
+    restricted,
+    time_problem,
+)
 from .buckets import BucketError, StepDemand, sorted_sizes
-from .size_dp import TimeProblem, fastest_sizes, percentile_sizes
+from .size_dp import TimeProblem, fastest_sizes, fastest_sizes_batch, percentile_sizes
 
 
 @attrs.frozen
@@ -103,12 +111,7 @@ def fastest_list(
     if max_graphs < 1:
         raise BucketError(f"--max-graphs must be positive, got {max_graphs}")
     best: tuple[float, float, tuple[int, ...]] | None = None
-    for largest_row in _largest_rows(demand, costs, references):
-        problem = on_demand_points(time_problem(demand, costs, largest_row))
-        try:
-            sizes = objective.solve(problem, max_graphs, memory_weight)
-        except BucketError:
-            continue  # no list with this largest row size gives a graph to anything
+    for sizes in _each_largest_row(demand, costs, max_graphs, objective, memory_weight, references):
         prediction = predict(demand, costs, sizes)
         value = objective.of(prediction, demand.counts) * (
             1e6 if objective.percentile is None else 1.0
@@ -119,6 +122,41 @@ def fastest_list(
     if best is None:
         raise BucketError("no size list gives any step a graph")
     return best[2]
+
+
+#: Largest row sizes solved in one DP pass (the batch's arrays grow with it).
+_BATCH = 32
+
+
+def _each_largest_row(
+    demand: StepDemand,
+    costs: SizeCosts,
+    max_graphs: int,
+    objective: Objective,
+    memory_weight: float,
+    references: Sequence[Sequence[int]],
+) -> list[tuple[int, ...]]:
+    """The best list for each largest row size tried (those some list solves): the total
+    objective's problems a batch at a time over their common candidates, a percentile's
+    one by one."""
+    problems = [time_problem(demand, costs, r) for r in _largest_rows(demand, costs, references)]
+    if objective.percentile is not None:
+        found = []
+        for problem in problems:
+            try:
+                found.append(objective.solve(on_demand_points(problem), max_graphs, memory_weight))
+            except BucketError:
+                continue  # no list with this largest row size gives a graph to anything
+        return found
+    masks = [demand_points(p) for p in problems]
+    keep = None if any(m is None for m in masks) else np.logical_or.reduce(masks)
+    found = []
+    for start in range(0, len(problems), _BATCH):
+        chunk = [restricted(p, keep) for p in problems[start : start + _BATCH]]
+        for sizes in fastest_sizes_batch(chunk, max_graphs=max_graphs, memory_weight=memory_weight):
+            if sizes is not None:
+                found.append(sizes)
+    return found
 
 
 def _less(key: tuple[float, float], than: tuple[float, ...]) -> bool:

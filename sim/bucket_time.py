@@ -383,23 +383,31 @@ def _list_memory(demand: StepDemand, costs: SizeCosts, largest_row: int) -> np.n
     return memory
 
 
-def on_demand_points(problem: TimeProblem) -> TimeProblem:
-    """The same problem over fewer candidates where that loses nothing: when every kind's
-    time and the memory grow with the size, a size can move down to the largest demand it
-    holds, so demands, forced sizes and the first size above an excluded range suffice."""
+def demand_points(problem: TimeProblem) -> np.ndarray | None:
+    """``[m], bool`` the candidates that suffice, or ``None`` where all are needed: when
+    every kind's time and the memory grow with the size, a size can move down to the
+    largest demand it holds, so demands, forced sizes and the first size above an excluded
+    range suffice."""
     with np.errstate(invalid="ignore"):  # inf - inf: a kind without graphs there
         steps = np.diff(problem.graph_us, axis=1)
     rising = bool((np.nan_to_num(steps, nan=0.0) >= 0).all()) and bool(
         (np.diff(problem.memory_mib) >= 0).all()
     )
     if not rising:
-        return problem
+        return None
     keep = problem.forced.copy()
     keep |= np.isin(problem.candidates, problem.demand[problem.kind >= 0])
     keep[1:] |= problem.allowed[1:] & ~problem.allowed[:-1]
     keep &= problem.allowed | problem.forced
     if not keep.any():
         keep[np.argmax(problem.allowed)] = True
+    return keep
+
+
+def restricted(problem: TimeProblem, keep: np.ndarray | None) -> TimeProblem:
+    """``problem`` over the candidates ``keep`` marks (all of them for ``None``)."""
+    if keep is None:
+        return problem
     return attrs.evolve(
         problem,
         candidates=problem.candidates[keep],
@@ -408,6 +416,12 @@ def on_demand_points(problem: TimeProblem) -> TimeProblem:
         allowed=problem.allowed[keep],
         forced=problem.forced[keep],
     )
+
+
+def on_demand_points(problem: TimeProblem) -> TimeProblem:
+    """The same problem over fewer candidates where that loses nothing
+    (:func:`demand_points`)."""
+    return restricted(problem, demand_points(problem))
 
 
 def predict(demand: StepDemand, costs: SizeCosts, sizes: Sequence[int]) -> ListPrediction:

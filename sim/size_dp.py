@@ -272,6 +272,31 @@ def percentile_sizes(
     return best
 
 
+def fastest_sizes_batch(
+    problems: Sequence[TimeProblem], *, max_graphs: int, memory_weight: float = 0.0
+) -> list[tuple[int, ...] | None]:
+    """:func:`fastest_sizes` of several problems on the same candidates and graph times
+    (one DP pass over all), ``None`` for a problem no list of the budget solves."""
+    if not problems:
+        return []
+    first = problems[0]
+    if any(
+        p.candidates.size != first.candidates.size or (p.candidates != first.candidates).any()
+        for p in problems
+    ):
+        raise BucketError("a batch of problems must share its candidates")
+    every = [_time_totals(p, p.eager_us, p.graph_us) for p in problems]
+    stacked = _Totals(
+        *(np.stack([attrs.astuple(t, recurse=False)[i] for t in every]) for i in range(4)),
+        every[0].graph_cost,
+    )
+    extra = (
+        np.stack([getattr(p, name) for p in problems])
+        for name in ("memory_mib", "allowed", "forced")
+    )
+    return _solve_batch(first.candidates, stacked, *extra, max_graphs, memory_weight)
+
+
 @attrs.frozen(eq=False)
 class _Totals:
     """What the DP reads, for costs ``eager_cost`` ``[n]`` and ``graph_cost`` ``[K, m]``:
@@ -306,53 +331,83 @@ def _time_totals(problem: TimeProblem, eager_cost: np.ndarray, graph_cost: np.nd
 def _solve_time(
     problem: TimeProblem, totals: _Totals, max_graphs: int, memory_weight: float
 ) -> tuple[int, ...]:
-    """The interval DP over ``(cost, padded tokens)`` in that order (1-based inside:
-    ``best[k, j]``, ``k`` sizes, the last at candidate ``j``)."""
-    candidates, m = problem.candidates, problem.candidates.size
+    """The best list of one problem (:func:`_solve_batch` of one)."""
+    stacked = _Totals(
+        *(a[None] for a in attrs.astuple(totals, recurse=False)[:4]), totals.graph_cost
+    )
+    memory, allowed, forced = (
+        a[None] for a in (problem.memory_mib, problem.allowed, problem.forced)
+    )
+    (sizes,) = _solve_batch(
+        problem.candidates, stacked, memory, allowed, forced, max_graphs, memory_weight
+    )
+    if sizes is None:
+        raise BucketError("no size list of the budget gives every forced size a graph")
+    return sizes
+
+
+def _solve_batch(
+    candidates: np.ndarray,
+    totals: _Totals,
+    memory: np.ndarray,
+    allowed: np.ndarray,
+    forced: np.ndarray,
+    max_graphs: int,
+    memory_weight: float,
+) -> list[tuple[int, ...] | None]:
+    """The interval DP over ``(cost, padded tokens)`` in that order, for ``B`` problems on
+    the same candidates and graph costs at once (``totals``' arrays and ``memory``,
+    ``allowed``, ``forced`` with a leading ``[B]`` axis). 1-based inside: ``best[b, :, k,
+    j]``, ``k`` sizes, the last at candidate ``j``. ``None`` for a problem no list of the
+    budget solves."""
+    m, batch = candidates.size, memory.shape[0]
     budget = min(max_graphs, m)
-    best = np.full((2, budget + 1, m + 1), np.inf)  # [0]: cost, [1]: padded tokens
-    best[:, 0, 0] = 0.0
-    parent = np.zeros((budget + 1, m + 1), dtype=np.int64)
-    last_forced = 0  # a segment (i, j] may not pass over a forced candidate
+    best = np.full((batch, 2, budget + 1, m + 1), np.inf)  # [:, 0]: cost, [:, 1]: padding
+    best[:, :, 0, 0] = 0.0
+    parent = np.zeros((batch, budget + 1, m + 1), dtype=np.int64)
+    last_forced = np.zeros(batch, dtype=np.int64)  # a segment may not pass over one
     for j in range(1, m + 1):
-        if problem.allowed[j - 1]:
-            starts = np.arange(last_forced, j)
-            served = totals.steps[:, j, None] - totals.steps[:, starts]  # [K, starts]
-            cost = totals.graph_cost[:, j - 1, None]
+        active = allowed[:, j - 1]
+        if active.any():
+            served = totals.steps[:, :, j, None] - totals.steps[:, :, :j]  # [B, K, starts]
+            cost = totals.graph_cost[None, :, j - 1, None]
             # a kind with no step here adds nothing, even at an uncapturable (inf) size
             time = np.multiply(served, cost, out=np.zeros_like(served), where=served > 0)
-            time = time.sum(axis=0)
-            time += memory_weight * problem.memory_mib[j - 1]
-            weight = totals.weight[:, j, None] - totals.weight[:, starts]
-            mass = totals.mass[:, j, None] - totals.mass[:, starts]
-            padded = (candidates[j - 1] * weight - mass).sum(axis=0)
-            total = best[:, :budget, last_forced:j] + np.stack([time, padded])[:, None, :]
-            pick = _first_least(total, axis=2)
-            rows = np.arange(budget)
-            best[:, 1:, j] = total[:, rows, pick]
-            parent[1:, j] = last_forced + pick
-        if problem.forced[j - 1]:
-            last_forced = j
-    final = best.copy()
-    final[0] += totals.eager_above[None, :]
-    final[:, :, : max(1, last_forced)] = np.inf  # at least one size, the forced ones held
-    flat = final.reshape(2, -1)  # k-major: among full ties, the fewest sizes
-    choice = int(_first_least(flat, axis=1))
-    k, j = divmod(choice, m + 1)
-    if not np.isfinite(flat[0, choice]):
-        raise BucketError("no size list of the budget gives every forced size a graph")
-    ends = []
-    while j > 0:
-        ends.append(j - 1)
-        j, k = int(parent[k, j]), k - 1
-    return tuple(int(candidates[e]) for e in ends[::-1])
+            time = time.sum(axis=1) + memory_weight * memory[:, j - 1, None]
+            weight = totals.weight[:, :, j, None] - totals.weight[:, :, :j]
+            mass = totals.mass[:, :, j, None] - totals.mass[:, :, :j]
+            padded = (candidates[j - 1] * weight - mass).sum(axis=1)
+            total = best[:, :, :budget, :j] + np.stack([time, padded], axis=1)[:, :, None, :]
+            passing = np.arange(j)[None, :] < last_forced[:, None]  # [B, starts]
+            total[np.broadcast_to(passing[:, None, None, :], total.shape)] = np.inf
+            pick = _first_least(total[:, 0], total[:, 1], axis=2)  # [B, budget]
+            chosen = np.take_along_axis(total, pick[:, None, :, None], axis=3)[..., 0]
+            best[active, :, 1:, j] = chosen[active]
+            parent[active, 1:, j] = pick[active]
+        last_forced = np.where(forced[:, j - 1], j, last_forced)
+    results: list[tuple[int, ...] | None] = []
+    for b in range(batch):
+        final = best[b].copy()
+        final[0] += totals.eager_above[b][None, :]
+        final[:, :, : max(1, int(last_forced[b]))] = np.inf  # one size at least, forced held
+        flat = final.reshape(2, -1)  # k-major: among full ties, the fewest sizes
+        choice = int(_first_least(flat[0], flat[1], axis=0))
+        if not np.isfinite(flat[0, choice]):
+            results.append(None)
+            continue
+        k, j = divmod(choice, m + 1)
+        ends = []
+        while j > 0:
+            ends.append(j - 1)
+            j, k = int(parent[b, k, j]), k - 1
+        results.append(tuple(int(candidates[e]) for e in ends[::-1]))
+    return results
 
 
-def _first_least(values: np.ndarray, axis: int) -> np.ndarray:
-    """Index along ``axis`` of the least ``values[0]``, ties broken by the least
-    ``values[1]`` (then the first); ``values`` is ``[2, ...]``."""
-    cost, second = values[0], values[1]
-    least = cost.min(axis=axis - 1, keepdims=True)
+def _first_least(cost: np.ndarray, second: np.ndarray, axis: int) -> np.ndarray:
+    """Index along ``axis`` of the least ``cost``, ties broken by the least ``second``
+    (then the first)."""
+    least = cost.min(axis=axis, keepdims=True)
     tied = cost <= least + 1e-9 * np.abs(least) + 1e-12
     tied |= ~np.isfinite(least)
-    return np.argmin(np.where(tied, second, np.inf), axis=axis - 1)
+    return np.argmin(np.where(tied, second, np.inf), axis=axis)
