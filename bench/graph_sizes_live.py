@@ -1,12 +1,11 @@
 """Graph sizes on the live engine: the optimizer's predicted gain against the measured one.
 
 1. **Profile.** ``stepplan profile`` times the live engine (``--model``'s preset on
-   ``--live-device``) over its grid; then, on CUDA, every uniform graph size of the lists
-   compared is captured in ascending order and the device memory each capture takes
-   (``torch.cuda.mem_get_info`` before and after, the runner's graph pool shared as in
-   serving) is recorded in the profile's ``graph_memory`` (``docs/profile_format.md``).
-   Without CUDA there are no graphs to measure: one line says so and the lists are
-   compared by graph count alone.
+   ``--live-device``) over its grid, its graph sizes the union of vLLM's and SGLang's
+   default lists; on CUDA it first captures each graph in ascending order and records
+   the device memory each capture takes in the profile's ``graph_memory``
+   (``docs/profile_format.md``). Without CUDA there are no graphs to measure: one line
+   says so and the lists are compared by graph count alone.
 2. **Choose.** The trace slice (``--start-s``, ``--requests``) is simulated with the
    profile's step times, and ``stepplan buckets``' search picks the fastest list with
    vLLM's graph count and no more graph memory than vLLM's default list.
@@ -108,65 +107,6 @@ def cli(argv: list[str]) -> None:
         raise SystemExit(f"graph_sizes_live: `stepplan {' '.join(argv)}` exited {code}")
 
 
-def uniform_batch(size: int, q: int, groups: int) -> Any:
-    """A step of ``size`` spec rows (decode rows when ``q == 1``): a uniform graph's shape."""
-    from stepplan.planner import StepBatch
-
-    slots = np.arange(1, size + 1, dtype=np.int32)
-    return StepBatch(
-        query_lens=np.full(size, q, np.int32),
-        num_computed_tokens=np.full(size, 1, np.int32),
-        slots=np.tile(slots, (groups, 1)),
-        num_draft_tokens=np.full(size, q - 1 if q > 1 else -1, np.int32),
-        num_accepted_tokens=np.ones(size, np.int32),
-    )
-
-
-def measure_graph_memory(
-    args: argparse.Namespace, sizes: list[int]
-) -> dict[tuple[str, int], float]:
-    """MiB of device memory each uniform graph's capture takes, ascending sizes, one
-    runner (its graph pool shared, as an engine's; the first capture also holds the
-    runner's one-time graph buffers, which every list pays)."""
-    import torch
-
-    from stepplan.sim.cli.options import build_config
-    from stepplan.sim.cli.profile import add_profile
-    from stepplan.sim.live import make_runner
-    from stepplan.sim.run import planner_config
-
-    parser = argparse.ArgumentParser()
-    add_profile(parser.add_subparsers())
-    parsed = parser.parse_args(["profile", "--out", "unused.json", *setting_args(args),
-                                "--graph-sizes", ",".join(map(str, sizes))])  # fmt: skip
-    config = build_config(parsed)
-    planner = planner_config(config)
-    runner = make_runner(config, planner, max_len=64)
-    q, kind = args.num_spec_tokens + 1, "spec" if args.num_spec_tokens else "decode"
-    memory: dict[tuple[str, int], float] = {}
-    for size in sorted(s for s in sizes if s <= args.max_num_seqs):
-        plan = runner.planner.compile(uniform_batch(size, q, runner.num_groups))
-        torch.cuda.synchronize()
-        free_before = torch.cuda.mem_get_info()[0]
-        runner.warm_up([plan])
-        torch.cuda.synchronize()
-        memory[kind, size] = max(0.0, (free_before - torch.cuda.mem_get_info()[0]) / 2**20)
-    del runner
-    gc.collect()  # the runner's weights and graphs, before the live runs build theirs
-    torch.cuda.empty_cache()
-    return memory
-
-
-def with_memory(profile_path: Path, memory: dict[tuple[str, int], float]) -> None:
-    """Record ``memory`` in the profile file (its ``graph_memory``), in place."""
-    import attrs
-
-    from stepplan.sim.engine_profile import read_engine_profile, write_engine_profile
-
-    profile = attrs.evolve(read_engine_profile(profile_path), graph_mib=memory)
-    write_engine_profile(profile, profile_path, overwrite=True)
-
-
 def costs_of(folder: Path, profile: Path, largest: int) -> tuple[Any, Any]:
     """A run's step demand and its step costs from ``profile``."""
     from stepplan.sim.cli.buckets import run_config, run_costs, run_demand
@@ -217,6 +157,7 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     from stepplan.planner import default_graph_sizes
     from stepplan.sim.buckets import sglang_default_graph_sizes
+    from stepplan.sim.engine_profile import read_engine_profile
 
     vllm = [s for s in default_graph_sizes(args.max_num_seqs, args.num_spec_tokens)
             if s <= args.max_num_seqs]  # fmt: skip
@@ -224,19 +165,15 @@ def main() -> int:
     profile = args.profile
     if profile is None:
         profile = args.out / "profile.json"
-        cli(["profile", "--out", str(profile), "--overwrite", "--quiet",
-             "--repeats", str(args.repeats), *setting_args(args)])  # fmt: skip
-    profile_s = time.perf_counter() - started
-    if args.live_device == "cuda":
         sglang = sglang_default_graph_sizes(args.max_num_seqs, args.num_spec_tokens > 0)
-        measured = measure_graph_memory(args, sorted({*vllm, *sglang}))
-        if args.profile is not None:
-            profile = args.out / "profile.json"
-            profile.write_bytes(args.profile.read_bytes())
-        with_memory(profile, measured)
-    else:
+        sizes = ",".join(map(str, sorted({*vllm, *sglang})))
+        cli(["profile", "--out", str(profile), "--overwrite", "--quiet", "--repeats",
+             str(args.repeats), "--graph-sizes", sizes, *setting_args(args)])  # fmt: skip
+    profile_s = time.perf_counter() - started
+    if args.live_device != "cuda":
         print("graph memory: no CUDA graphs on the cpu device; lists compared by graph count")
-    memory_s = time.perf_counter() - started - profile_s
+    elif not read_engine_profile(profile).graph_mib:
+        print(f"graph memory: {profile} has no graph_memory figures; lists compared by count")
     # 2. The slice simulated with the profile's times; the optimizer's list.
     from stepplan.sim.bucket_table import compare_times
 
@@ -281,7 +218,6 @@ def main() -> int:
             comparison.rows[len(comparison.references)].total_s - vllm_row.total_s
         ),
         "profile_wall_s": profile_s,
-        "graph_memory_wall_s": memory_s,
         "total_wall_s": time.perf_counter() - started,
     }
     record = {
@@ -299,7 +235,7 @@ def main() -> int:
             "max_num_seqs": args.max_num_seqs,
             "max_num_batched_tokens": args.max_num_batched_tokens,
             "profile": str(profile),
-            "graph_memory_measured": args.live_device == "cuda",
+            "graph_memory_measured": bool(read_engine_profile(profile).graph_mib),
         },
         "runs": runs,
         "figures": figures,

@@ -339,3 +339,29 @@ def test_the_live_check_says_in_one_line_that_there_is_no_cuda_device(monkeypatc
     assert graph_sizes_live.main() == 2
     out = capsys.readouterr().out.strip().splitlines()
     assert len(out) == 1 and "no CUDA device" in out[0]
+
+
+@pytest.mark.parametrize("mode", ["full", "mixed"])
+def test_graph_memory_is_taken_per_graph_in_ascending_sizes(mode):
+    """The profile's memory figures: each graph's capture, the free memory before less
+    after, keyed by kind and size (a fake device whose captures take size-proportional
+    memory)."""
+    from stepplan.planner import Planner, PlannerConfig
+    from stepplan.sim.profiler import graph_batches, graph_memory
+
+    config = PlannerConfig(
+        num_spec_tokens=3, graph_mode=mode, graph_sizes=[1, 2, 4, 8, 32], max_num_seqs=8
+    )
+    batches = graph_batches(config, num_groups=1)
+    free = [10_000 * 2**20]
+    captured = []
+
+    def capture(plan):
+        captured.append(plan.graph)
+        free[0] -= plan.graph.num_tokens * 2**20
+
+    memory = graph_memory(batches, Planner(config), capture, lambda: free[0])
+    spec = {("spec", s): 4.0 * s for s in (1, 2, 4, 8)}
+    mixed = {("mixed", s): float(s) for s in (2, 4, 8, 32)} if mode == "mixed" else {}
+    assert memory == spec | mixed
+    assert [g.kind for g in captured] == ["spec"] * 4 + ["mixed"] * len(mixed)
