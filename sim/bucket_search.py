@@ -28,7 +28,10 @@ from .bucket_time import (
     time_problem,
 )
 from .buckets import BucketError, StepDemand, sorted_sizes
-from .size_dp import TimeProblem, fastest_sizes, fastest_sizes_batch, percentile_sizes
+from .size_dp import (
+    fastest_sizes_batch,
+    percentile_sizes_batch,
+)
 
 
 @attrs.frozen
@@ -60,14 +63,6 @@ class Objective:
         reached = np.cumsum(counts[order])
         at = np.searchsorted(reached, reached[-1] * self.percentile / 100.0 - 1e-9)
         return float(prediction.step_us[order][min(at, order.size - 1)])
-
-    def solve(self, problem: TimeProblem, max_graphs: int, memory_weight: float) -> tuple[int, ...]:
-        """The best list of ``problem`` under this objective."""
-        if self.percentile is None:
-            return fastest_sizes(problem, max_graphs=max_graphs, memory_weight=memory_weight)
-        return percentile_sizes(
-            problem, max_graphs=max_graphs, percentile=self.percentile, memory_weight=memory_weight
-        )
 
 
 #: The default objective: the total step time.
@@ -136,26 +131,24 @@ def _each_largest_row(
     memory_weight: float,
     references: Sequence[Sequence[int]],
 ) -> list[tuple[int, ...]]:
-    """The best list for each largest row size tried (those some list solves): the total
-    objective's problems a batch at a time over their common candidates, a percentile's
-    one by one."""
+    """The best list for each largest row size tried (those some list solves), the
+    problems a batch at a time over their common candidates."""
     problems = [time_problem(demand, costs, r) for r in _largest_rows(demand, costs, references)]
-    if objective.percentile is not None:
-        found = []
-        for problem in problems:
-            try:
-                found.append(objective.solve(on_demand_points(problem), max_graphs, memory_weight))
-            except BucketError:
-                continue  # no list with this largest row size gives a graph to anything
-        return found
     masks = [demand_points(p) for p in problems]
     keep = None if any(m is None for m in masks) else np.logical_or.reduce(masks)
     found = []
     for start in range(0, len(problems), _BATCH):
         chunk = [restricted(p, keep) for p in problems[start : start + _BATCH]]
-        for sizes in fastest_sizes_batch(chunk, max_graphs=max_graphs, memory_weight=memory_weight):
-            if sizes is not None:
-                found.append(sizes)
+        if objective.percentile is None:
+            lists = fastest_sizes_batch(chunk, max_graphs=max_graphs, memory_weight=memory_weight)
+        else:
+            lists = percentile_sizes_batch(
+                chunk,
+                max_graphs=max_graphs,
+                percentile=objective.percentile,
+                memory_weight=memory_weight,
+            )
+        found += [sizes for sizes in lists if sizes is not None]
     return found
 
 

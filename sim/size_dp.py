@@ -243,33 +243,87 @@ def percentile_sizes(
     ``t`` for which some list leaves at most ``(1 - percentile / 100)`` of the steps slower
     than ``t`` (a bisection over the times a step can take, each an exact DP counting the
     slower steps, ties broken by the least total time). Step counts must be whole."""
+    (sizes,) = percentile_sizes_batch(
+        [problem], max_graphs=max_graphs, percentile=percentile, memory_weight=memory_weight
+    )
+    if sizes is None:
+        raise BucketError("no size list of the budget gives every forced size a graph")
+    return sizes
+
+
+def percentile_sizes_batch(
+    problems: Sequence[TimeProblem],
+    *,
+    max_graphs: int,
+    percentile: float,
+    memory_weight: float = 0.0,
+) -> list[tuple[int, ...] | None]:
+    """:func:`percentile_sizes` of several problems on the same candidates, their
+    bisections in step (one DP pass per round over the problems still searching)."""
     if not 0.0 < percentile <= 100.0:
         raise BucketError(f"percentile must lie in (0, 100], got {percentile}")
-    if max_graphs < max(1, int(problem.forced.sum())):
-        raise BucketError(f"max_graphs={max_graphs} cannot hold the forced sizes")
-    graph = problem.kind >= 0
-    used = np.unique(problem.kind[graph])
-    values = np.unique(np.concatenate([problem.eager_us, problem.graph_us[used].ravel()]))
+    if not problems:
+        return []
+    _check_batch(problems, max_graphs)
+    used = np.unique(np.concatenate([p.kind[p.kind >= 0] for p in problems]))
+    times = [p.eager_us for p in problems] + [problems[0].graph_us[used].ravel()]
+    values = np.unique(np.concatenate(times))
     values = values[np.isfinite(values)]
-    allowance = problem.count.sum() * (1.0 - percentile / 100.0) + 1e-9
-    # Steps over the limit count whole; the total time, scaled below one step, breaks ties
-    # among the lists with the fewest (step counts are whole, so the order stays exact).
-    scale = 4.0 * max(float(problem.count.sum()), 1.0) * max(float(values[-1]), 1.0)
-    low, high, best = 0, values.size - 1, None
-    while low <= high:
-        middle = (low + high) // 2
-        limit = values[middle]
-        eager = (problem.eager_us > limit) + np.minimum(problem.eager_us, values[-1]) / scale
-        graph_slower = (problem.graph_us > limit) + np.minimum(problem.graph_us, values[-1]) / scale
-        totals = _time_totals(problem, eager, graph_slower)
-        sizes = _solve_time(problem, totals, max_graphs, memory_weight)
-        times, _ = problem.step_times(sizes)
-        if float(problem.count[times > limit].sum()) <= allowance:
-            best, high = sizes, middle - 1
-        else:
-            low = middle + 1
-    assert best is not None  # the largest value leaves no step slower
+    top = max(float(values[-1]), 1.0) if values.size else 1.0
+    low = np.zeros(len(problems), dtype=np.int64)
+    high = np.full(len(problems), values.size - 1, dtype=np.int64)
+    best: list[tuple[int, ...] | None] = [None] * len(problems)
+    while (searching := np.flatnonzero(low <= high)).size:
+        middle = (low[searching] + high[searching]) // 2
+        every, graph_costs = [], []
+        for b, at in zip(searching.tolist(), middle.tolist(), strict=True):
+            problem, limit = problems[b], values[at]
+            # Steps over the limit count whole; the total time, scaled below one step,
+            # breaks ties among the lists with the fewest (whole counts keep the order).
+            scale = 4.0 * max(float(problem.count.sum()), 1.0) * top
+            eager = (problem.eager_us > limit) + np.minimum(problem.eager_us, top) / scale
+            graph = (problem.graph_us > limit) + np.minimum(problem.graph_us, top) / scale
+            every.append(_time_totals(problem, eager, graph))
+            graph_costs.append(graph)
+        found = _solve_batch(
+            problems[0].candidates,
+            _stacked(every, np.stack(graph_costs)),
+            *(np.stack([getattr(problems[b], n) for b in searching]) for n in _PER_PROBLEM),
+            max_graphs,
+            memory_weight,
+        )
+        for b, at, sizes in zip(searching.tolist(), middle.tolist(), found, strict=True):
+            problem, limit = problems[b], values[at]
+            slower = np.inf
+            if sizes is not None:
+                step, _ = problem.step_times(sizes)
+                slower = float(problem.count[step > limit].sum())
+            allowance = problem.count.sum() * (1.0 - percentile / 100.0) + 1e-9
+            if slower <= allowance:
+                best[b], high[b] = sizes, at - 1
+            else:
+                low[b] = at + 1
     return best
+
+
+#: The fields of a batch's problems that differ from problem to problem, as the DP reads them.
+_PER_PROBLEM = ("memory_mib", "allowed", "forced")
+
+
+def _check_batch(problems: Sequence[TimeProblem], max_graphs: int) -> None:
+    first = problems[0]
+    for p in problems:
+        if p.candidates.size != first.candidates.size or (p.candidates != first.candidates).any():
+            raise BucketError("a batch of problems must share its candidates")
+        if max_graphs < max(1, int(p.forced.sum())):
+            raise BucketError(f"max_graphs={max_graphs} cannot hold the forced sizes")
+
+
+def _stacked(every: Sequence[_Totals], graph_cost: np.ndarray) -> _Totals:
+    """The problems' totals along a leading ``[B]`` axis; ``graph_cost`` ``[K, m]`` shared
+    or ``[B, K, m]``."""
+    fields = [np.stack([attrs.astuple(t, recurse=False)[i] for t in every]) for i in range(4)]
+    return _Totals(*fields, graph_cost)
 
 
 def fastest_sizes_batch(
@@ -279,22 +333,15 @@ def fastest_sizes_batch(
     (one DP pass over all), ``None`` for a problem no list of the budget solves."""
     if not problems:
         return []
-    first = problems[0]
-    if any(
-        p.candidates.size != first.candidates.size or (p.candidates != first.candidates).any()
-        for p in problems
-    ):
-        raise BucketError("a batch of problems must share its candidates")
+    _check_batch(problems, max_graphs)
     every = [_time_totals(p, p.eager_us, p.graph_us) for p in problems]
-    stacked = _Totals(
-        *(np.stack([attrs.astuple(t, recurse=False)[i] for t in every]) for i in range(4)),
-        every[0].graph_cost,
+    return _solve_batch(
+        problems[0].candidates,
+        _stacked(every, problems[0].graph_us),
+        *(np.stack([getattr(p, n) for p in problems]) for n in _PER_PROBLEM),
+        max_graphs,
+        memory_weight,
     )
-    extra = (
-        np.stack([getattr(p, name) for p in problems])
-        for name in ("memory_mib", "allowed", "forced")
-    )
-    return _solve_batch(first.candidates, stacked, *extra, max_graphs, memory_weight)
 
 
 @attrs.frozen(eq=False)
@@ -370,7 +417,7 @@ def _solve_batch(
         active = allowed[:, j - 1]
         if active.any():
             served = totals.steps[:, :, j, None] - totals.steps[:, :, :j]  # [B, K, starts]
-            cost = totals.graph_cost[None, :, j - 1, None]
+            cost = np.broadcast_to(totals.graph_cost[..., j - 1], served.shape[:2])[:, :, None]
             # a kind with no step here adds nothing, even at an uncapturable (inf) size
             time = np.multiply(served, cost, out=np.zeros_like(served), where=served > 0)
             time = time.sum(axis=1) + memory_weight * memory[:, j - 1, None]
