@@ -41,6 +41,9 @@ class EngineProfile:
         device, versions, preset, planner, runner: the setup it was measured on.
         token_grid: the eager token grid.
         points: every measured shape.
+        graph_mib: ``(kind, size) -> MiB``: GPU memory one captured graph holds, by graph
+            kind (``spec``, ``decode``, ``mixed``) and size (rows for a uniform graph,
+            tokens for a mixed one); empty when the profile has no memory figures.
         fit: :func:`fit_points` of the points.
     """
 
@@ -52,6 +55,7 @@ class EngineProfile:
     runner: Mapping[str, Any]
     token_grid: tuple[int, ...]
     points: tuple[ProfilePoint, ...]
+    graph_mib: Mapping[tuple[str, int], float] = attrs.field(factory=lambda: MappingProxyType({}))
     fit: EngineFit = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
@@ -77,7 +81,15 @@ class EngineProfile:
                 }
                 for p in self.points
             ],
+            **({"graph_memory": self.memory_entries()} if self.graph_mib else {}),
         }
+
+    def memory_entries(self) -> list[dict[str, Any]]:
+        """:attr:`graph_mib` as the document's ``graph_memory`` list."""
+        return [
+            {"kind": kind, "size": size, "mib": mib}
+            for (kind, size), mib in sorted(self.graph_mib.items())
+        ]
 
     def check_setup(self, preset: Mapping[str, Any], planner: Mapping[str, Any]) -> None:
         """Refuse, naming the first difference, a simulation of another model or planner
@@ -158,11 +170,27 @@ def read_engine_profile(path: str | Path) -> EngineProfile:
             runner=MappingProxyType(dict(document["runner"])),
             token_grid=grid,
             points=points,
+            graph_mib=MappingProxyType(_graph_memory(document.get("graph_memory", []))),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise EngineProfileError(
             f"{path}: malformed profile ({type(exc).__name__}: {exc})"
         ) from None
+
+
+def _graph_memory(entries: Any) -> dict[tuple[str, int], float]:
+    """The optional ``graph_memory`` list: ``{"kind", "size", "mib"}`` per captured graph."""
+    if not isinstance(entries, list):
+        raise ValueError("graph_memory must be a list of {kind, size, mib}")
+    memory: dict[tuple[str, int], float] = {}
+    for entry in entries:
+        kind, size, mib = str(entry["kind"]), int(entry["size"]), float(entry["mib"])
+        if kind not in ("spec", "decode", "mixed") or size < 1 or not mib >= 0:
+            raise ValueError(
+                f"graph_memory entry {dict(entry)}: kind spec/decode/mixed, size >= 1, mib >= 0"
+            )
+        memory[kind, size] = mib
+    return memory
 
 
 def _point(entry: Mapping[str, Any]) -> ProfilePoint:

@@ -338,3 +338,55 @@ def _host_work(seconds: float) -> None:
     while time.perf_counter() < deadline:
         values = np.arange(64) * 3
         scratch[len(scratch) % 97] = values[values % 2 == 0].tolist()
+
+
+def graph_batches(config: PlannerConfig, num_groups: int) -> list[tuple[str, int, StepBatch]]:
+    """``(kind, size, batch)`` of one step per CUDA graph ``config`` can capture: a uniform
+    graph of each row size (spec rows, decode rows when ``Q == 1``) and, in graph mode
+    ``mixed``, a mixed graph of each size of two tokens or more (one prefill chunk)."""
+    if config.graph_mode == "none":
+        return []
+    q = config.query_len_max
+    found = []
+    for size in config.row_sizes:
+        slots = np.arange(1, size + 1, dtype=np.int32)
+        batch = StepBatch(
+            query_lens=np.full(size, q, np.int32),
+            num_computed_tokens=np.ones(size, np.int32),
+            slots=np.tile(slots, (num_groups, 1)),
+            num_draft_tokens=np.full(size, q - 1 if q > 1 else -1, np.int32),
+            num_accepted_tokens=np.ones(size, np.int32),
+        )
+        found.append(("spec" if q > 1 else "decode", int(size), batch))
+    if config.graph_mode == "mixed":
+        for size in (s for s in config.sizes if s >= 2):
+            batch = StepBatch(
+                query_lens=np.array([size], np.int32),
+                num_computed_tokens=np.zeros(1, np.int32),
+                slots=np.ones((num_groups, 1), np.int32),
+                num_draft_tokens=np.array([-1], np.int32),
+                num_accepted_tokens=np.ones(1, np.int32),
+            )
+            found.append(("mixed", int(size), batch))
+    return found
+
+
+def graph_memory(
+    batches: Sequence[tuple[str, int, StepBatch]],
+    planner: Planner,
+    capture: Callable[[ExecutionPlan], None],
+    free_bytes: Callable[[], int],
+) -> dict[tuple[str, int], float]:
+    """MiB of device memory each graph's capture takes (``free_bytes`` before less after
+    ``capture``), by ``(kind, size)``, captured in the order given (ascending sizes: the
+    graphs share the engine's pool, as in serving, and the first capture also holds the
+    engine's one-time graph buffers, which every list pays)."""
+    memory: dict[tuple[str, int], float] = {}
+    for kind, size, batch in batches:
+        plan = planner.compile(batch)
+        if plan.graph is None or plan.graph.kind != kind:
+            continue  # the planner gives this shape another graph: not this kind's
+        before = free_bytes()
+        capture(plan)
+        memory[kind, size] = max(0.0, (before - free_bytes()) / 2**20)
+    return memory

@@ -238,9 +238,9 @@ def test_buckets_command_prints_the_table_and_writes_a_usable_config(tmp_path, c
     assert main([*args, "--figure", str(figure)]) == 0
     out = capsys.readouterr().out
     assert "vLLM default (8)" in out and "SGLang default (8)" in out
-    assert "optimal, <= 8 up to 256" in out
+    assert "fastest, <= 8 graphs" in out and "least padding, <= 8 up to 256" in out
     written = tomllib.loads(toml_path.read_text())["planner"]["graph_sizes"]
-    assert len(written) <= 8 and written[-1] == 256
+    assert 1 <= len(written) <= 8 and written[-1] <= 256
     assert load_config(toml_path).planner.graph_sizes == tuple(written)
     assert figure.read_bytes().startswith(b"\x89PNG")
     assert main(["buckets", str(tmp_path / "missing")]) == 2

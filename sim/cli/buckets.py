@@ -11,19 +11,25 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..bucket_search import Objective, time_memory_front
+from ..bucket_table import compare_times, format_time_table, prediction_lines
+from ..bucket_time import SizeCosts, size_costs
 from ..buckets import (
     BucketError,
     Comparison,
     Score,
     StepDemand,
     assign,
-    compare_to_defaults,
-    format_table,
+    default_lists,
     graph_edges,
     sizes_snippet,
     step_demand,
+    usable_sizes,
 )
 from ..config import ConfigError, SimConfig, flatten, with_settings
+from ..cost import CostModel
+from ..engine_profile import EngineProfileError
+from ..live import engine_setup
 from ..outfile import OutputFile
 from ..results import SimResult, read_step_shapes
 from ..table import ResultsError
@@ -35,7 +41,7 @@ if TYPE_CHECKING:
 
 #: Errors these commands raise for bad input; ``cli.main`` reports them as one line
 #: (exit code 2) rather than a traceback, as it does for every subcommand.
-ERRORS = (ResultsError, BucketError, ConfigError, OSError)
+ERRORS = (ResultsError, BucketError, ConfigError, EngineProfileError, OSError)
 
 
 def run_config(results: SimResult) -> SimConfig:
@@ -94,25 +100,72 @@ def comparison_table(comparison: Comparison) -> ReportTable:
 
 
 def run_buckets(args: argparse.Namespace) -> int:
-    """``stepplan buckets``: the optimizer against vLLM's and SGLang's default lists."""
-    sizes_file, figure_file = _claim_outputs(args)
+    """``stepplan buckets``: the fastest lists against vLLM's and SGLang's default lists."""
+    objective = Objective(args.percentile)
+    if args.graph_memory is not None and not args.graph_memory > 0:
+        raise BucketError(f"--graph-memory must be positive GiB, got {args.graph_memory:g}")
+    sizes_file, figure_file, front_file = _claim_outputs(args)
     results = read_step_shapes(args.results)  # a chunk at a time: any run fits
-    demand = run_demand(results, run_config(results), args)
-    comparison = compare_to_defaults(demand, max_graphs=args.max_graphs)
-    print(format_table(comparison.scores))
+    config = run_config(results)
+    demand = run_demand(results, config, args)
+    costs, source = run_costs(demand, config, args)
+    memory = None if args.graph_memory is None else args.graph_memory * 1024.0
+    comparison = compare_times(
+        demand, costs, max_graphs=args.max_graphs, memory_mib=memory, objective=objective
+    )
+    print(f"predicted by: {source}; objective: least {objective.name}")
+    print(format_time_table(comparison))
     best = comparison.recommended
-    print(f"\n{best.label}: graph_sizes = {list(best.sizes)}")
+    print(f"\n{best.score.label}: graph_sizes = {list(best.score.sizes)}")
     if sizes_file is not None:
-        sizes_file.write(f"{SIZES_HEADER}\n{sizes_snippet(best.sizes, 'toml')}".encode())
+        notes = "".join(f"# {line}\n" for line in prediction_lines(comparison, source))
+        snippet = sizes_snippet(best.score.sizes, "toml")
+        sizes_file.write(f"{SIZES_HEADER}\n{notes}{snippet}".encode())
         print(f"wrote {sizes_file.shown}")
     if figure_file is not None:
         from stepplan.plots.bucketing import plot_bucketing
 
-        bucketings = [bucketing_of(demand, comparison.scores[0]), bucketing_of(demand, best)]
+        first = comparison.rows[0].score
+        bucketings = [bucketing_of(demand, first), bucketing_of(demand, best.score)]
         title = f"{_run_title(results, demand)}: steps and CUDA-graph buckets"
         save_figure(plot_bucketing(results, bucketings, title), figure_file)
         print(f"figure: {figure_file.shown}")
+    if front_file is not None:
+        from stepplan.plots.graph_front import plot_time_memory
+
+        budget = args.max_graphs or len(comparison.rows[0].score.sizes)  # vLLM's count
+        front = time_memory_front(demand, costs, max_graphs=budget, objective=objective)
+        points = [(r.score.label, r.memory_mib or 0.0, r.total_s) for r in comparison.rows]
+        curve = [(p.memory_mib or 0.0, p.total_s) for p in front]
+        title = f"{_run_title(results, demand)}: step time against graph memory"
+        save_figure(plot_time_memory(curve, points, title), front_file)
+        print(f"figure: {front_file.shown}")
     return 0
+
+
+def run_costs(
+    demand: StepDemand, config: SimConfig, args: argparse.Namespace
+) -> tuple[SizeCosts, str]:
+    """Graph and eager times (and graph memory) for ``demand`` from the engine profile
+    ``--profile`` names (the run's own when not given), else the cost model, and which."""
+    if args.profile is not None:
+        config = with_settings(config, {"cost.profile": args.profile})
+    cost = CostModel.create(config.model, config.gpu, config.cost, config.scheduler.num_groups)
+    if cost.engine is not None:  # a profile of another model or planner would mislead
+        cost.engine.check_setup(*engine_setup(config, config.plan))
+    largest = args.largest or _default_largest(demand)
+    if args.largest is not None and args.largest < 1:
+        raise BucketError(f"--largest must be positive, got {args.largest}")
+    costs = size_costs(demand, cost, largest, config.planner.prefill_tile_tokens)
+    source = "the cost model" if cost.engine is None else f"engine profile {cost.engine.source}"
+    return costs, source
+
+
+def _default_largest(demand: StepDemand) -> int:
+    """The largest size searched: the largest size of vLLM's or SGLang's default list the
+    planner can use."""
+    defaults = default_lists(demand.max_num_seqs, demand.num_spec_tokens)
+    return max(usable_sizes(demand, sizes)[-1] for _, sizes in defaults)
 
 
 def _run_title(results: SimResult, demand: StepDemand) -> str:
@@ -124,35 +177,63 @@ def _run_title(results: SimResult, demand: StepDemand) -> str:
     )
 
 
-def _claim_outputs(args: argparse.Namespace) -> tuple[OutputFile | None, OutputFile | None]:
-    """The files ``--write`` and ``--figure`` name, checked before any work
+def _claim_outputs(
+    args: argparse.Namespace,
+) -> tuple[OutputFile | None, OutputFile | None, OutputFile | None]:
+    """The files ``--write``, ``--figure`` and ``--front`` name, checked before any work
     (``sim/outfile.py``'s rule)."""
-    sizes_file = figure_file = None
+    sizes_file = figure_file = front_file = None
     if args.write:
         if Path(args.write).suffix.lower() != ".toml":
             raise BucketError(f"{args.write}: --write takes a .toml file (what --config reads)")
         sizes_file = OutputFile.claim(args.write, GRAPH_SIZES, overwrite=args.overwrite)
     if args.figure:
         figure_file = claim_figure(args.figure, args.overwrite)
-    return sizes_file, figure_file
+    if args.front:
+        front_file = claim_figure(args.front, args.overwrite)
+    return sizes_file, figure_file, front_file
 
 
 def add_buckets(subparsers: Any) -> None:
-    """``buckets RESULTS_DIR [--max-graphs N] [--write FILE] [--figure FILE]``."""
+    """``buckets RESULTS_DIR [--max-graphs N] [--graph-memory GIB] [--write FILE] ...``."""
     parser = subparsers.add_parser(
         "buckets",
-        help="choose CUDA-graph sizes for a simulated workload (exact optimum)",
-        description="Compare vLLM's and SGLang's default CUDA-graph sizes with the optimal "
-        "sizes for the steps of a results folder: same graph count, same largest size.",
+        help="choose CUDA-graph sizes for a simulated workload (least predicted step time)",
+        description="Find the CUDA-graph sizes with the least predicted total step time "
+        "(exact) for the steps of a results folder, within a graph count and graph memory, "
+        "and compare them with vLLM's and SGLang's default sizes.",
     )
     parser.add_argument("results", help="results folder of `stepplan simulate`")
     parser.add_argument("--max-graphs", type=int, help="graph budget (default: vLLM's count)")
-    parser.add_argument("--write", help="write the optimal sizes as a .toml config file")
+    parser.add_argument(
+        "--graph-memory",
+        type=float,
+        metavar="GIB",
+        help="graph memory budget in GiB (needs an engine profile with graph memory figures)",
+    )
+    parser.add_argument(
+        "--profile",
+        help="engine profile predicting graph and eager step times (default: the run's; "
+        "without one, the cost model)",
+    )
+    parser.add_argument(
+        "--percentile",
+        type=float,
+        help="minimize this percentile of step time (0-100) instead of the total",
+    )
+    parser.add_argument(
+        "--largest", type=int, help="largest size searched (default: the default lists' largest)"
+    )
+    parser.add_argument("--write", help="write the chosen sizes as a .toml config file")
     parser.add_argument("--figure", help="write the bucketing figure (.png, .svg or .pdf)")
+    parser.add_argument(
+        "--front", help="write the figure of step time against graph memory (.png, .svg, .pdf)"
+    )
     parser.add_argument(
         "--overwrite",
         action="store_true",
-        help="replace --write and --figure files that stepplan wrote earlier (never others)",
+        help="replace --write, --figure and --front files that stepplan wrote earlier "
+        "(never others)",
     )
     parser.add_argument("--num-spec-tokens", type=int, help="Q - 1 (default: the run's)")
     parser.add_argument(

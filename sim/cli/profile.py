@@ -4,8 +4,10 @@ The engine is the one live mode runs (``model.name``'s preset on the executor, o
 ``--live-device`` with ``--live-backend``), under the planner settings of the command
 line; the grid is :func:`stepplan.sim.profiler.profile_batches`'s. The profile is one
 JSON file (:mod:`stepplan.sim.engine_profile`) that ``--profile FILE`` hands to the cost
-model. An existing file is replaced only with ``--overwrite``, and only when it is an
-engine profile itself.
+model. On CUDA it also holds each graph's memory (``graph_memory``: every graph the
+planner settings capture, taken before the timing), which ``stepplan buckets
+--graph-memory`` reads. An existing file is replaced only with ``--overwrite``, and only
+when it is an engine profile itself.
 """
 
 from __future__ import annotations
@@ -23,7 +25,15 @@ from ..config import ConfigError, SimConfig
 from ..engine_profile import PROFILE_FILE, EngineProfile, EngineProfileError, write_engine_profile
 from ..live import engine_setup, length_limit, make_runner
 from ..outfile import OutputFile
-from ..profiler import CONTEXT_LEVELS, GridLimits, measure, profile_batches, token_grid
+from ..profiler import (
+    CONTEXT_LEVELS,
+    GridLimits,
+    graph_batches,
+    graph_memory,
+    measure,
+    profile_batches,
+    token_grid,
+)
 from .options import add_setting_options, build_config
 
 #: The grid draws contexts up to this multiple of its largest context level.
@@ -74,6 +84,14 @@ def run_profile(args: argparse.Namespace) -> int:
         _, timing = runner.timed_run(plan, ids, samples)
         return timing.wall_s, timing.gpu_s, timing.host_s
 
+    graph_mib = {}
+    if runner.device.type == "cuda":  # before timing: each capture's memory on its own
+        graph_mib = graph_memory(
+            graph_batches(planner, runner.num_groups),
+            runner.planner,
+            lambda plan: runner.warm_up([plan]),
+            lambda: _free_bytes(runner.device),
+        )
     points = measure(
         batches,
         runner.planner,
@@ -93,11 +111,20 @@ def run_profile(args: argparse.Namespace) -> int:
         runner=_runner_setup(runner, config),
         token_grid=token_grid(limits),
         points=tuple(points),
+        graph_mib=graph_mib,
     )
     write_engine_profile(profile, target)
     if not args.quiet:
         print(_report(profile, time.perf_counter() - started))
     return 0
+
+
+def _free_bytes(device: Any) -> int:
+    """Free device memory, the stream synchronized (captures are asynchronous)."""
+    import torch
+
+    torch.cuda.synchronize(device)
+    return int(torch.cuda.mem_get_info(device)[0])
 
 
 def _device(runner: Any) -> str:
@@ -136,6 +163,9 @@ def _report(profile: EngineProfile, seconds: float) -> str:
         f"{len(profile.points) - graphs} eager; {len(fit.buckets)} buckets) in {seconds:.0f} s",
         f"fit on its own points: MAPE {100 * sum(errors) / max(1, len(errors)):.2f}%",
     ]
+    if profile.graph_mib:
+        mib = sorted(profile.graph_mib.values())
+        lines.append(f"graph memory: {len(mib)} graphs, {mib[0]:.1f}-{mib[-1]:.1f} MiB each")
     if hosts:
         lines.append(f"host share of a step: median {100 * sorted(hosts)[len(hosts) // 2]:.1f}%")
     return "\n".join(lines)
