@@ -26,6 +26,10 @@ A TOML file has one table per section, each key a field of that section's class:
     enabled = true
     backend = "reference"
 
+    [deployment]        # replicas behind a router (``deployment/``)
+    replicas = 4
+    router = "prefix-aware"
+
 Unknown sections or keys are errors (a misspelt key must not be silently ignored), and
 values are checked as the flags check them (``config_values.py``: ``64.5`` is not an
 integer). Rules across sections hold on the final settings (:func:`check_config`).
@@ -69,6 +73,7 @@ from .config_values import (
     _run_name,
     _text,
 )
+from .deployment.routers import ROUTER_NAMES
 from .gpus import find_preset
 
 HOST_COSTS = ("model", "measured", "seed")
@@ -299,6 +304,29 @@ class SloConfig:
     tpot_ms: float = attrs.field(default=50.0, converter=REAL, validator=_positive)
 
 
+#: The most replicas one run takes: each holds its own arrays over the whole trace.
+MAX_REPLICAS = 1024
+
+
+def _replica_count(instance: object, attribute: attrs.Attribute, value: int) -> None:
+    if not 1 <= value <= MAX_REPLICAS:
+        raise ConfigError(f"{attribute.name}: must be 1 to {MAX_REPLICAS}, got {value}")
+
+
+@attrs.frozen
+class DeploymentConfig:
+    """Engine replicas behind a router (``deployment/``): each replica is a whole engine
+    with this config's scheduler, memory and cost; the router picks one per arrival.
+
+    Attributes:
+        replicas: engine instances (1: one engine, no ``replica`` column in the tables).
+        router: a name of ``deployment.routers.ROUTERS``.
+    """
+
+    replicas: int = attrs.field(default=1, converter=INT, validator=_replica_count)
+    router: str = attrs.field(default="round-robin", validator=_one_of(ROUTER_NAMES))
+
+
 SECTIONS: dict[str, type] = {
     "scheduler": SchedulerConfig,
     "memory": MemoryConfig,
@@ -310,6 +338,7 @@ SECTIONS: dict[str, type] = {
     "workload": WorkloadConfig,
     "slo": SloConfig,
     "live": LiveConfig,
+    "deployment": DeploymentConfig,
 }
 
 
@@ -329,6 +358,7 @@ class SimConfig:
     workload: WorkloadConfig = attrs.Factory(WorkloadConfig)
     slo: SloConfig = attrs.Factory(SloConfig)
     live: LiveConfig = attrs.Factory(LiveConfig)
+    deployment: DeploymentConfig = attrs.Factory(DeploymentConfig)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready dict (tuples become lists)."""
@@ -435,6 +465,18 @@ def check_config(config: SimConfig) -> SimConfig:
             f"acceptance.length: {acceptance.length} exceeds Q = scheduler.num_spec_tokens + 1 "
             f"= {q} (a spec step emits at most Q tokens)"
         )
+    if config.deployment.replicas > 1:
+        for setting, why in (
+            (config.live.enabled, "live.enabled: live mode runs one engine"),
+            (
+                config.acceptance.model == "replay",
+                "acceptance.model: replay reads accepted counts by a single engine's request ids",
+            ),
+        ):
+            if setting:
+                raise ConfigError(
+                    f"{why}; it takes deployment.replicas = 1, got {config.deployment.replicas}"
+                )
     start, end = config.workload.start_s, config.workload.end_s
     if start is not None and end is not None and start >= end:
         raise ConfigError(f"workload.start_s: {start} is not before workload.end_s = {end}")

@@ -334,6 +334,14 @@ class _Loop:
         KV tokens and attention pairs) that starts at ``clock``; its end."""
         if self.live is not None or self.observer is not None:
             return self._run_scheduled(self.scheduler.scheduled_step(), clock)
+        end, record = self.plan_step(found, clock)
+        self.stepper.finish(end, record)
+        return end
+
+    def plan_step(self, found: tuple[int, int, float], clock: float) -> tuple[float, tuple]:
+        """Plan and time the step in ``scheduler.rows`` that starts at ``clock``: its end
+        and its record, for :meth:`Stepper.finish` (a deployment's replica finishes it
+        when the clock reaches its end)."""
         count, kv_tokens, attention_pairs = found
         rows = self.scheduler.rows
         groups = self.scheduler.config.num_groups
@@ -352,9 +360,7 @@ class _Loop:
         if self.durations is not None:
             terms = _replayed(self.durations, len(self.table)).terms()
         record = _record(plan, clock, plan_us, terms)
-        end = clock + record[1]
-        self.stepper.finish(end, record)
-        return end
+        return clock + record[1], record
 
     def _run_scheduled(self, step: ScheduledStep, clock: float) -> float:
         """:meth:`run_step` for a live engine or an observer, on a :class:`ScheduledStep`."""
