@@ -63,9 +63,9 @@ class DeploymentEnd:
     def request_columns(self, start: int = 0, stop: int | None = None) -> dict[str, np.ndarray]:
         """``requests.csv``'s columns of rows ``start:stop``, ``replica`` after
         ``request_id`` (``[stop - start]`` each)."""
+        stop = self.rows.count if stop is None else min(stop, self.rows.count)
         columns = self.rows.columns(start, stop)
         ids = columns.pop("request_id")
-        stop = self.rows.count if stop is None else stop
         return {"request_id": ids, REPLICA_COLUMN: self.replica_of[start:stop], **columns}
 
 
