@@ -1,0 +1,108 @@
+"""A deployment's speed and memory: ``stepplan simulate --replicas N`` on one core.
+
+The trace is the conversation-sized hour of ``bench/RESULTS.md`` ("Simulator speed":
+19,366 requests at 5.38 per second, Poisson with cv2 = 2, prompts up to 2,400 tokens,
+outputs up to 420) at ``--scale`` times its rate and request count, so each of the
+``--replicas`` replicas sees about the hour's load. Each case runs the command line in
+a fresh interpreter under ``/usr/bin/time -v`` (its peak RSS) pinned to one core with
+``taskset -c 0``, writing a results folder (steps streamed to disk); the wall time is
+the run's own (``measured.json``), the RSS the process's. The record goes to
+``bench/results/replicas_bench-<UTC time>.json``::
+
+    python bench/replicas_bench.py --replicas 16 --scale 16 --router round-robin
+    python bench/replicas_bench.py --replicas 1 --scale 1     # the single engine
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+from results_bench import commit, device  # noqa: E402
+
+#: The conversation-sized hour (``bench/sim_bench.py``'s case of that name).
+HOUR_REQUESTS, HOUR_RATE = 19366, 5.38
+SHAPE = "cv2=2,prompt=uniform:16:2400,output=uniform:1:420"
+
+
+def spec(scale: float) -> str:
+    """The hour at ``scale`` times its rate and request count."""
+    return f"synthetic:n={round(HOUR_REQUESTS * scale)},rate={HOUR_RATE * scale:.6g},{SHAPE}"
+
+
+def run_case(replicas: int, scale: float, router: str, cores: str) -> dict:
+    """One run of the command line: its figures."""
+    with tempfile.TemporaryDirectory() as work:
+        folder = Path(work) / "run"
+        code = "import sys; from stepplan.sim.cli import main; sys.exit(main(sys.argv[1:]))"
+        argv = [sys.executable, "-c", code, "simulate", spec(scale), "--replicas", str(replicas)]
+        argv += ["--router", router, "--out", str(folder), "--quiet"]
+        timed = ["/usr/bin/time", "-v", "taskset", "-c", cores, *argv]
+        start = time.perf_counter()
+        done = subprocess.run(timed, capture_output=True, text=True, cwd=ROOT)
+        process_s = time.perf_counter() - start
+        if done.returncode:
+            raise SystemExit(f"the run failed ({done.returncode}): {done.stderr.strip()[-2000:]}")
+        peak_kib = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", done.stderr)[1])
+        summary = json.loads((folder / "summary.json").read_text())
+        measured = json.loads((folder / "measured.json").read_text())
+        sizes = {p.name: p.stat().st_size for p in folder.iterdir() if p.suffix == ".csv"}
+    wall_s = measured["run"]["wall_s"]
+    steps = summary["steps"]["count"]
+    deployment = summary.get("deployment", {})
+    return {
+        "trace": spec(scale),
+        "replicas": replicas,
+        "router": router,
+        "requests": summary["requests"],
+        "finished_requests": summary["finished_requests"],
+        "figures": {
+            "replica_steps": steps,
+            "run_wall_s": wall_s,
+            "process_wall_s": process_s,
+            "steps_per_s": steps / wall_s if wall_s else 0.0,
+            "peak_rss_mib": peak_kib / 1024,
+            "steps_csv_mib": sizes.get("steps.csv", 0) / 2**20,
+            "load_balance_max_over_mean": deployment.get("load_balance", 1.0),
+        },
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--replicas", type=int, default=16)
+    parser.add_argument("--scale", type=float, default=16.0, help="times the hour's rate")
+    parser.add_argument("--router", default="round-robin")
+    parser.add_argument("--cores", default="0", help="taskset's core list (default: one core)")
+    parser.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    args = parser.parse_args()
+    case = run_case(args.replicas, args.scale, args.router, args.cores)
+    now = dt.datetime.now(dt.UTC)
+    record = {
+        "benchmark": "replicas_bench",
+        "date": now.isoformat(timespec="seconds"),
+        "device": device(),
+        "command": "python " + " ".join(sys.argv),
+        **commit(),
+        **case,
+        "load_average": [float(v) for v in Path("/proc/loadavg").read_text().split()[:3]],
+    }
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"replicas_bench-{now.strftime('%Y%m%dT%H%M%SZ')}.json"
+    path.write_text(json.dumps(record, indent=2) + "\n")
+    print(json.dumps(case["figures"], indent=2))
+    print(f"record: {path}")
+
+
+if __name__ == "__main__":
+    main()
