@@ -26,7 +26,7 @@ import attrs
 import numpy as np
 
 from ..acceptance import make_acceptance
-from ..capacity import gpu_summary, plan_memory
+from ..capacity import MemoryLayout, gpu_summary, plan_memory
 from ..config import SimConfig
 from ..cost import CostModel
 from ..live import engine_setup
@@ -37,7 +37,7 @@ from ..records import RequestLog, RequestRows
 from ..run import planner_config
 from ..summary import StepTotals
 from ..traces import RequestTable
-from .replica import Replica
+from .replica import Replica, ReplicaSink
 from .routers import Router, RouterSetup, make_router
 
 #: ``requests.csv``'s and ``steps.csv``'s column of the replica (with more than one).
@@ -94,10 +94,7 @@ def run_deployment(
     wall_start = time.perf_counter()
     count = config.deployment.replicas
     layout = plan_memory(config, table)
-    plan_config = planner_config(config)
     cost = CostModel.create(config.model, config.gpu, config.cost, config.scheduler.num_groups)
-    if cost.engine is not None:  # a profile of another model or planner would mislead
-        cost.engine.check_setup(*engine_setup(config, plan_config))
     totals = StepTotals()
 
     def sink(index: int, steps: Mapping[str, np.ndarray]) -> None:
@@ -105,20 +102,7 @@ def run_deployment(
         size = steps["step"].size
         store.add_steps({REPLICA_COLUMN: np.full(size, index, np.int64), **steps})
 
-    replicas = [
-        Replica(
-            index,
-            table,
-            layout,
-            config,
-            plan_config,
-            cost,
-            make_acceptance(config.acceptance, config.seed + index),
-            sink,
-            native=native,
-        )
-        for index in range(count)
-    ]
+    replicas = _replicas(table, config, layout, cost, sink, native)
     setup = RouterSetup(count, config.seed, table.prefix_offsets, table.prefix_blocks)
     router = make_router(config.deployment.router, setup)
     stopped = _run(replicas, router, table, progress, stop)
@@ -127,7 +111,7 @@ def run_deployment(
     for replica in replicas:
         replica.flush()
     wall_s = time.perf_counter() - wall_start
-    rows, replica_of, engines = _gathered(table, replicas, layout)
+    rows, replica_of, engines = _gathered(table, replicas)
     extra = {"gpu": gpu_summary(config.gpu, cost.profile.device, cost.conv_scale)}
     summary = run_summary(
         table,
@@ -142,6 +126,35 @@ def run_deployment(
     )
     summary["deployment"] = deployment_summary(replicas, router, config, summary["duration_s"])
     return DeploymentEnd(summary, rows, replica_of)
+
+
+def _replicas(
+    table: RequestTable,
+    config: SimConfig,
+    layout: MemoryLayout,
+    cost: CostModel,
+    sink: ReplicaSink,
+    native: bool | None,
+) -> list[Replica]:
+    """The deployment's replicas; each draws acceptance with the run's seed plus its
+    index (so that replicas' draws differ)."""
+    plan_config = planner_config(config)
+    if cost.engine is not None:  # a profile of another model or planner would mislead
+        cost.engine.check_setup(*engine_setup(config, plan_config))
+    return [
+        Replica(
+            index,
+            table,
+            layout,
+            config,
+            plan_config,
+            cost,
+            make_acceptance(config.acceptance, config.seed + index),
+            sink,
+            native=native,
+        )
+        for index in range(config.deployment.replicas)
+    ]
 
 
 def _run(
@@ -192,7 +205,7 @@ def _run(
 
 
 def _gathered(
-    table: RequestTable, replicas: list[Replica], layout: Any
+    table: RequestTable, replicas: list[Replica]
 ) -> tuple[RequestRows, np.ndarray, _Engines]:
     """Every request's row in trace order from the replicas' own, the replica of each,
     and the spec steps of each."""
