@@ -210,8 +210,16 @@ def simulate(table: RequestTable, config: SimConfig, **options: Any) -> SimResul
     """Simulate ``table`` (already windowed; see :func:`prepare_requests`) under
     ``config``, every step kept in memory, as a :class:`SimResult`; ``options`` are
     :func:`run_steps`'s (``progress``, ``live``, ``stop``, ``acceptance``, ``durations``,
-    ``observer``, ``native``)."""
+    ``observer``, ``native``). With ``config.deployment.replicas`` above 1 the requests go
+    to that many replicas (``deployment/loop.py``; ``progress``, ``stop`` and ``native``
+    only), and both tables have a ``replica`` column."""
     store = MemoryStore()
+    if config.deployment.replicas > 1:
+        from .deployment.loop import run_deployment  # it builds on this module
+
+        deployed = run_deployment(table, config, store, **options)
+        itl_s = deployed.rows.log.itl_s
+        return SimResult(store.table(), deployed.request_columns(), itl_s, deployed.summary)
     end = run_steps(table, config, store, **options)
     return SimResult(store.table(), end.rows.columns(), end.log.itl_s, end.summary)
 

@@ -199,3 +199,23 @@ def test_results_folder_has_the_replica_column_only_for_a_deployment(tmp_path):
         assert len(rows) == 60
         if replicas > 1:
             assert {row["replica"] for row in rows} == {"0", "1", "2"}
+
+
+def test_a_sweep_takes_replicas_and_router_as_dimensions(tmp_path):
+    sweep = tmp_path / "s.toml"
+    sweep.write_text(
+        'traces = ["synthetic:n=80,rate=60,cv2=1,prompt=uniform:16:800,output=uniform:1:40"]\n'
+        "[grid]\n"
+        '"deployment.replicas" = [1, 3]\n'
+        '"deployment.router" = ["round-robin", "least-outstanding"]\n'
+    )
+    out = tmp_path / "out"
+    assert cli.main(["sweep", str(sweep), "--out", str(out), "--workers", "1", "--quiet"]) == 0
+    with (out / "sweep.csv").open() as file:
+        rows = list(csv.DictReader(file))
+    points = {(row["deployment.replicas"], row["deployment.router"]) for row in rows}
+    assert points == {(r, n) for r in ("1", "3") for n in ("round-robin", "least-outstanding")}
+    one = [float(r["ttft_mean_ms"]) for r in rows if r["deployment.replicas"] == "1"]
+    assert len(set(one)) == 1, "one replica: the router does not matter"
+    three = [float(r["ttft_mean_ms"]) for r in rows if r["deployment.replicas"] == "3"]
+    assert max(three) < one[0], (one, three)
