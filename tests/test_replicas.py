@@ -6,6 +6,7 @@ every replica's blocks and slots stay accounted for."""
 from __future__ import annotations
 
 import csv
+import json
 
 import numpy as np
 import pytest
@@ -219,3 +220,39 @@ def test_a_sweep_takes_replicas_and_router_as_dimensions(tmp_path):
     assert len(set(one)) == 1, "one replica: the router does not matter"
     three = [float(r["ttft_mean_ms"]) for r in rows if r["deployment.replicas"] == "3"]
     assert max(three) < one[0], (one, three)
+
+
+@settings(max_examples=200, deadline=None)
+@given(threshold=st.integers(1, 80), most=st.integers(1, 64), per_round=st.integers(1, 5))
+def test_replica_search_finds_the_fewest_that_meet(threshold, most, per_round):
+    from stepplan.sim.sweep.replica_search import replica_search
+
+    asked: list[int] = []
+
+    def evaluate(counts, round_):
+        asked.extend(counts)
+        assert len(counts) <= per_round and all(1 <= c <= most for c in counts)
+        return [c >= threshold for c in counts]
+
+    result = replica_search(evaluate, most, per_round)
+    assert len(asked) == len(set(asked)), "a count ran twice"
+    if threshold <= most:
+        assert (result.status, result.answer) == ("found", threshold)
+    else:
+        assert (result.status, result.answer) == ("above-most", None)
+    assert not result.notes
+
+
+def test_capacity_finds_the_fewest_replicas(tmp_path, capsys):
+    trace = "synthetic:n=300,rate=40,cv2=1,prompt=uniform:16:2000,output=uniform:1:100"
+    out = tmp_path / "cap"
+    argv = ["capacity", trace, "--find", "replicas", "--router", "least-outstanding"]
+    argv += ["--slo", "ttft_p99_ms=60", "--workers", "1", "--per-round", "2", "--out", str(out)]
+    assert cli.main(argv) == 0
+    document = json.loads((out / "capacity.json").read_text())
+    assert document["status"] == "found" and document["router"] == "least-outstanding"
+    answer = document["answer"]
+    curve = {point["replicas"]: point for point in document["curve"]}
+    assert curve[answer]["met"] and curve[answer]["ttft_p99_ms"] <= 60
+    assert answer - 1 in curve and not curve[answer - 1]["met"]
+    assert f"capacity: {answer} replicas behind least-outstanding" in capsys.readouterr().out
