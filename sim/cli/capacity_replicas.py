@@ -39,67 +39,86 @@ class _Stopped(Exception):
     """A signal stopped a round before all its counts ran."""
 
 
+class _ReplicaRun:
+    """The search's points: one per replica count, run through a :class:`PointRun`."""
+
+    def __init__(self, config: SimConfig, run: PointRun, entry: TraceEntry, quiet: bool) -> None:
+        self.config, self.run, self.entry, self.quiet = config, run, entry, quiet
+        self.identity = run.reader.identity(entry)
+        self.points: dict[int, Point] = {}
+        self.rounds: dict[int, int] = {}
+
+    def point(self, count: int) -> Point:
+        """The point of ``count`` replicas, checked."""
+        if count not in self.points:
+            settings = {REPLICAS_KEY: count}
+            own = checked(with_settings(self.config, settings))
+            digest = point_digest(self.identity, self.entry.format, own)
+            index = len(self.points)
+            self.points[count] = Point(index, self.entry, self.identity, settings, own, digest)
+        return self.points[count]
+
+    def evaluate(self, slo: Slo, stop: StopRequest) -> Any:
+        """The search's ``evaluate``: run a round's counts, say which met ``slo``."""
+        from .capacity_cmd import meets  # the one rule of an SLO met
+
+        def evaluate(counts: Sequence[int], round_: int) -> list[bool]:
+            chosen = [self.point(count) for count in counts]
+            for count in counts:
+                self.rounds.setdefault(count, round_)
+            self.run.run(chosen, stop)
+            records = self.run.records
+            if stop.signum is not None or any(p.digest not in records for p in chosen):
+                raise _Stopped
+            met = [meets(slo, records[p.digest].summary) for p in chosen]
+            if not self.quiet:
+                pairs = zip(counts, met, strict=True)
+                said = ", ".join(f"{c} {'met' if m else 'failed'}" for c, m in pairs)
+                print(f"stepplan: capacity: round {round_}: {said}", file=sys.stderr)
+            return met
+
+        return evaluate
+
+    def curve(self, slo: Slo) -> Table:
+        """``capacity.csv``: every count run so far, by count."""
+        from .capacity_cmd import meets
+
+        done = sorted(c for c in self.rounds if self.points[c].digest in self.run.records)
+        summaries = [self.run.records[self.points[c].digest].summary for c in done]
+        columns: dict[str, Any] = {
+            "replicas": np.array(done, np.int64),
+            "round": np.array([self.rounds[c] for c in done], np.int64),
+            "met": np.array([meets(slo, s) for s in summaries], np.int64),
+            "digest": np.array([self.points[c].digest for c in done], dtype=str),
+        }
+        columns |= metric_columns(summaries, CAPACITY.columns[4:])
+        return Table.from_columns(CAPACITY.file, columns, CAPACITY)
+
+
 def run_replica_capacity(args: argparse.Namespace, config: SimConfig, slo: Slo) -> int:
     """Search the replica count, write the curve, print it and the answer."""
-    from .capacity_cmd import meets  # the one rule of an SLO met
-
     runner, where = runner_for(args)
     per_round = args.per_round or args.workers or 2
     check_most(args.max_replicas, per_round)
     entry = TraceEntry(args.trace, args.format, run_name(args, config), "TRACE")
     stop: StopRequest = getattr(args, "stop", None) or StopRequest()
     reader = TraceReader()
-    identity = reader.identity(entry)
-    key = [identity, entry.format, config.to_dict(), slo.to_dict(), args.max_replicas]
-    stem = f"capacity-replicas-{entry.label}-{config_digest(key)}"
-    points: dict[int, Point] = {}
-    rounds: dict[int, int] = {}
-
-    def point(count: int) -> Point:
-        if count not in points:
-            settings = {REPLICAS_KEY: count}
-            own = checked(with_settings(config, settings))
-            digest = point_digest(identity, entry.format, own)
-            points[count] = Point(len(points), entry, identity, settings, own, digest)
-        return points[count]
-
+    key = [reader.identity(entry), entry.format, config.to_dict(), slo.to_dict()]
+    stem = f"capacity-replicas-{entry.label}-{config_digest([*key, args.max_replicas])}"
     with claim_folder(args, stem, "capacity", FILES) as folder:
         run = PointRun(folder, reader, runner, quiet=True, label="capacity")
-        check_points([point(1)], reader, None)
+        search = _ReplicaRun(config, run, entry, args.quiet)
+        check_points([search.point(1)], reader, None)
         run.load(args.overwrite)
         if not args.quiet:
             print(f"stepplan: capacity: {per_round} counts a round on {where}", file=sys.stderr)
-
-        def evaluate(counts: Sequence[int], round_: int) -> list[bool]:
-            chosen = [point(count) for count in counts]
-            for count in counts:
-                rounds.setdefault(count, round_)
-            run.run(chosen, stop)
-            if stop.signum is not None or any(p.digest not in run.records for p in chosen):
-                raise _Stopped
-            met = [meets(slo, run.records[p.digest].summary) for p in chosen]
-            if not args.quiet:
-                said = ", ".join(
-                    f"{c} {'met' if m else 'failed'}" for c, m in zip(counts, met, strict=True)
-                )
-                print(f"stepplan: capacity: round {round_}: {said}", file=sys.stderr)
-            return met
-
         try:
+            evaluate = search.evaluate(slo, stop)
             result: ReplicaResult | None = replica_search(evaluate, args.max_replicas, per_round)
         except _Stopped:
             result = None
-        done = sorted(c for c in rounds if points[c].digest in run.records)
-        summaries = [run.records[points[c].digest].summary for c in done]
-        columns: dict[str, Any] = {
-            "replicas": np.array(done, np.int64),
-            "round": np.array([rounds[c] for c in done], np.int64),
-            "met": np.array([meets(slo, s) for s in summaries], np.int64),
-            "digest": np.array([points[c].digest for c in done], dtype=str),
-        }
-        columns |= metric_columns(summaries, CAPACITY.columns[4:])
-        table = Table.from_columns(CAPACITY.file, columns, CAPACITY)
-        document = _document(args, config, slo, result, table, identity)
+        table = search.curve(slo)
+        document = _document(args, config, slo, result, table, search.identity)
         if not table.num_rows:
             stop.raise_if_stopped("no count had finished, nothing written")
 
