@@ -6,8 +6,9 @@ outputs up to 420) at ``--scale`` times its rate and request count, so each of t
 ``--replicas`` replicas sees about the hour's load. Each case runs the command line in
 a fresh interpreter under ``/usr/bin/time -v`` (its peak RSS) pinned to one core with
 ``taskset -c 0``, writing a results folder (steps streamed to disk); the wall time is
-the run's own (``measured.json``), the RSS the process's. The record goes to
-``bench/results/replicas_bench-<UTC time>.json``::
+the run's own (``measured.json``), the RSS and the CPU time (user + system) the
+process's: on a loaded machine the CPU time is the figure a core of its own would
+give. The record goes to ``bench/results/replicas_bench-<UTC time>.json``::
 
     python bench/replicas_bench.py --replicas 16 --scale 16 --router round-robin
     python bench/replicas_bench.py --replicas 1 --scale 1     # the single engine
@@ -39,6 +40,11 @@ def spec(scale: float) -> str:
     return f"synthetic:n={round(HOUR_REQUESTS * scale)},rate={HOUR_RATE * scale:.6g},{SHAPE}"
 
 
+def _field(report: str, name: str) -> float:
+    """A figure of ``/usr/bin/time -v``'s report."""
+    return float(re.search(name + r": ([\d.]+)", report)[1])
+
+
 def run_case(replicas: int, scale: float, router: str, cores: str) -> dict:
     """One run of the command line: its figures."""
     with tempfile.TemporaryDirectory() as work:
@@ -52,7 +58,10 @@ def run_case(replicas: int, scale: float, router: str, cores: str) -> dict:
         process_s = time.perf_counter() - start
         if done.returncode:
             raise SystemExit(f"the run failed ({done.returncode}): {done.stderr.strip()[-2000:]}")
-        peak_kib = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", done.stderr)[1])
+        peak_kib = int(_field(done.stderr, r"Maximum resident set size \(kbytes\)"))
+        cpu_s = _field(done.stderr, r"User time \(seconds\)") + _field(
+            done.stderr, r"System time \(seconds\)"
+        )
         summary = json.loads((folder / "summary.json").read_text())
         measured = json.loads((folder / "measured.json").read_text())
         sizes = {p.name: p.stat().st_size for p in folder.iterdir() if p.suffix == ".csv"}
@@ -69,6 +78,8 @@ def run_case(replicas: int, scale: float, router: str, cores: str) -> dict:
             "replica_steps": steps,
             "run_wall_s": wall_s,
             "process_wall_s": process_s,
+            "process_cpu_s": cpu_s,
+            "steps_per_cpu_s": steps / cpu_s if cpu_s else 0.0,
             "steps_per_s": steps / wall_s if wall_s else 0.0,
             "peak_rss_mib": peak_kib / 1024,
             "steps_csv_mib": sizes.get("steps.csv", 0) / 2**20,
