@@ -256,3 +256,23 @@ def test_capacity_finds_the_fewest_replicas(tmp_path, capsys):
     assert curve[answer]["met"] and curve[answer]["ttft_p99_ms"] <= 60
     assert answer - 1 in curve and not curve[answer - 1]["met"]
     assert f"capacity: {answer} replicas behind least-outstanding" in capsys.readouterr().out
+
+
+def test_the_report_of_a_deployment_has_its_replicas(tmp_path):
+    from pathlib import Path
+
+    from stepplan.sim.cli.report_reading import TIME_BINS, read_report_run
+
+    trace = "synthetic:n=90,rate=30,cv2=1,prompt=uniform:16:800,output=uniform:1:40"
+    out = tmp_path / "run"
+    argv = ["simulate", trace, "--replicas", "3", "--router", "least-kv", "--out", str(out)]
+    assert cli.main([*argv, "--quiet", "--report"]) == 0
+    page = (out / "report.html").read_text()
+    assert "3 replicas behind least-kv: load balance" in page
+    assert "Replicas: queue and KV cache over time" in page
+    series = read_report_run(Path(out)).replicas
+    assert series is not None and series.num_rows == 3 * TIME_BINS
+    summary = json.loads((out / "summary.json").read_text())["deployment"]
+    for entry in summary["per_replica"]:
+        mine = series.column("replica") == entry["replica"]
+        assert np.nanmax(series.column("kv_usage")[mine]) <= entry["peak_kv_usage"] + 1e-12
