@@ -168,11 +168,27 @@ def _run(
     arrivals = table.arrival_s.tolist()
     total, routed, steps = len(arrivals), 0, 0
     in_flight: list[tuple[float, int]] = []  # (step end, replica), a heap
-    choose, pop, push = router.choose, heapq.heappop, heapq.heappush
+    choose, pop, push, replace = router.choose, heapq.heappop, heapq.heappush, heapq.heapreplace
+    starts = [replica.start for replica in replicas]
+    commits = [replica.commit for replica in replicas]
+    inf = math.inf
     while True:
-        next_arrival = arrivals[routed] if routed < total else math.inf
+        next_arrival = arrivals[routed] if routed < total else inf
+        if in_flight and in_flight[0][0] < next_arrival and (stop is None or not stop.is_set()):
+            now, index = in_flight[0]
+            if len(in_flight) == 1 or min(in_flight[1:3])[0] != now:
+                # most steps: one replica's step ends, nothing else happens then, and
+                # that replica steps again at once
+                commits[index]()
+                end = starts[index](now)
+                if end is None:
+                    pop(in_flight)
+                else:
+                    replace(in_flight, (end, index))
+                    steps += 1
+                continue
         now = in_flight[0][0] if in_flight and in_flight[0][0] <= next_arrival else next_arrival
-        if now == math.inf:
+        if now == inf:
             break
         ready: list[int] = []
         while in_flight and in_flight[0][0] == now:
@@ -192,11 +208,11 @@ def _run(
         if len(ready) > 1:
             ready.sort()
         for index in ready:
-            replica = replicas[index]
-            if replica.start(now):
-                push(in_flight, (replica.busy_until, index))
+            end = starts[index](now)
+            if end is not None:
+                push(in_flight, (end, index))
                 steps += 1
-        if progress is not None and steps & 255 == 0:  # a sum over replicas: not every step
+        if progress is not None:  # a sum over replicas: not every step (the fast path)
             finished = sum(replica.scheduler.num_finished for replica in replicas)
             progress.update(steps, finished, now)
     if sum(replica.scheduler.num_finished for replica in replicas) != total:

@@ -105,6 +105,9 @@ class Replica:
         parts = (scheduler, Planner(plan_config), cost, acceptance, None, log, None, None)
         self._loop = _Loop(*parts, steps, stepper, StepTotals(), rows)
         self.log, self.rows = log, rows
+        # bound once: the loop calls them every step
+        self._schedule, self._plan = scheduler.schedule_rows, self._loop.plan_step
+        self._finish = stepper.finish
         self._seconds_per_token = _prefill_seconds_per_token(plan_config, cost, config)
 
     # -- what routers read (routers.ReplicaView) --------------------------------------
@@ -172,22 +175,22 @@ class Replica:
         """A step is in flight."""
         return self._pending is not None
 
-    def start(self, clock: float) -> bool:
-        """Schedule, plan and time a step at ``clock`` (:attr:`busy_until`: its end);
-        ``False`` when nothing can run."""
-        found = self.scheduler.schedule_rows(clock)
+    def start(self, clock: float) -> float | None:
+        """Schedule, plan and time a step at ``clock``: its end (also
+        :attr:`busy_until`), or ``None`` when nothing can run."""
+        found = self._schedule(clock)
         if found is None:
-            return False
-        end, record = self._loop.plan_step(found, clock)
+            return None
+        end, record = self._plan(found, clock)
         self._pending = (end, record)
         self.busy_until = end
-        return True
+        return end
 
     def commit(self) -> None:
         """Finish the step in flight: its tokens, finished requests and record."""
         assert self._pending is not None, "no step in flight"
         end, record = self._pending
-        self._loop.stepper.finish(end, record)
+        self._finish(end, record)
         self._pending = None
         self.busy_until = math.inf
 
