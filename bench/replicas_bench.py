@@ -12,6 +12,11 @@ give. The record goes to ``bench/results/replicas_bench-<UTC time>.json``::
 
     python bench/replicas_bench.py --replicas 16 --scale 16 --router round-robin
     python bench/replicas_bench.py --replicas 1 --scale 1     # the single engine
+    python bench/replicas_bench.py --replicas 4 --scale 1 --vs-split
+
+``--vs-split`` times, in one process and without files, a round-robin deployment
+against single engines (``run_steps``) on the trace split by hand the same way: the
+same steps (``tests/test_replicas.py``), so the two CPU times compare the loops.
 """
 
 from __future__ import annotations
@@ -88,6 +93,59 @@ def run_case(replicas: int, scale: float, router: str, cores: str) -> dict:
     }
 
 
+_SPLIT = """
+import json, sys, time
+import numpy as np
+from stepplan.sim.config import SimConfig, with_settings
+from stepplan.sim.deployment.loop import run_deployment
+from stepplan.sim.run import prepare_requests, run_steps
+from stepplan.sim.workloads import parse_synthetic
+
+class Discard:
+    def start(self, rows): pass
+    def add_steps(self, steps): pass
+    def add_requests(self, rows): pass
+
+spec, replicas, router = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+base = SimConfig()
+table = prepare_requests(parse_synthetic(spec), base)
+config = with_settings(base, {"deployment.replicas": replicas, "deployment.router": router})
+start = time.process_time()
+end = run_deployment(table, config, Discard())
+deployed_s = time.process_time() - start
+split_s, split_steps = 0.0, 0
+for replica in range(replicas):
+    rows = np.arange(replica, table.num_requests, replicas)
+    own = with_settings(base, {"seed": replica})
+    start = time.process_time()
+    alone = run_steps(table.take(rows), own, Discard())
+    split_s += time.process_time() - start
+    split_steps += alone.summary["steps"]["count"]
+print(json.dumps({"deployed_cpu_s": deployed_s, "deployed_steps": end.summary["steps"]["count"],
+                  "split_cpu_s": split_s, "split_steps": split_steps}))
+"""
+
+
+def split_case(replicas: int, scale: float, cores: str) -> dict:
+    """In one process, without files: the CPU time of a round-robin deployment and of
+    single engines on the trace split by hand the same way (the same steps)."""
+    argv = ["taskset", "-c", cores, sys.executable, "-c", _SPLIT, spec(scale), str(replicas)]
+    done = subprocess.run([*argv, "round-robin"], capture_output=True, text=True, cwd=ROOT)
+    if done.returncode:
+        raise SystemExit(f"the run failed ({done.returncode}): {done.stderr.strip()[-2000:]}")
+    times = json.loads(done.stdout.strip().splitlines()[-1])
+    return {
+        "trace": spec(scale),
+        "replicas": replicas,
+        "router": "round-robin",
+        "figures": {
+            **times,
+            "deployed_steps_per_cpu_s": times["deployed_steps"] / times["deployed_cpu_s"],
+            "split_steps_per_cpu_s": times["split_steps"] / times["split_cpu_s"],
+        },
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--replicas", type=int, default=16)
@@ -95,8 +153,17 @@ def main() -> None:
     parser.add_argument("--router", default="round-robin")
     parser.add_argument("--cores", default="0", help="taskset's core list (default: one core)")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    parser.add_argument(
+        "--vs-split",
+        action="store_true",
+        help="in one process, no files: round-robin replicas against single engines on the "
+        "trace split by hand (CPU time of each)",
+    )
     args = parser.parse_args()
-    case = run_case(args.replicas, args.scale, args.router, args.cores)
+    if args.vs_split:
+        case = split_case(args.replicas, args.scale, args.cores)
+    else:
+        case = run_case(args.replicas, args.scale, args.router, args.cores)
     now = dt.datetime.now(dt.UTC)
     record = {
         "benchmark": "replicas_bench",
@@ -109,7 +176,7 @@ def main() -> None:
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"replicas_bench-{now.strftime('%Y%m%dT%H%M%SZ')}.json"
+    path = out / f"replicas_bench-{now.strftime('%Y%m%dT%H%M%S%fZ')}.json"
     path.write_text(json.dumps(record, indent=2) + "\n")
     print(json.dumps(case["figures"], indent=2))
     print(f"record: {path}")
