@@ -160,6 +160,7 @@ def main() -> None:
         "trace split by hand (CPU time of each)",
     )
     args = parser.parse_args()
+    tree = commit()  # the code that runs, before anything else is committed meanwhile
     if args.vs_split:
         case = split_case(args.replicas, args.scale, args.cores)
     else:
@@ -170,7 +171,7 @@ def main() -> None:
         "date": now.isoformat(timespec="seconds"),
         "device": device(),
         "command": "python " + " ".join(sys.argv),
-        **commit(),
+        **tree,
         **case,
         "load_average": [float(v) for v in Path("/proc/loadavg").read_text().split()[:3]],
     }
