@@ -19,7 +19,7 @@ import heapq
 import math
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
@@ -168,10 +168,9 @@ def _run(
     arrivals = table.arrival_s.tolist()
     total, routed, steps = len(arrivals), 0, 0
     in_flight: list[tuple[float, int]] = []  # (step end, replica), a heap
-    choose, pop, push, replace = router.choose, heapq.heappop, heapq.heappush, heapq.heapreplace
     starts = [replica.start for replica in replicas]
     commits = [replica.commit for replica in replicas]
-    inf = math.inf
+    pop, replace, inf = heapq.heappop, heapq.heapreplace, math.inf
     while True:
         next_arrival = arrivals[routed] if routed < total else inf
         if in_flight and in_flight[0][0] < next_arrival and (stop is None or not stop.is_set()):
@@ -190,34 +189,43 @@ def _run(
         now = in_flight[0][0] if in_flight and in_flight[0][0] <= next_arrival else next_arrival
         if now == inf:
             break
-        ready: list[int] = []
-        while in_flight and in_flight[0][0] == now:
-            index = pop(in_flight)[1]
-            replicas[index].commit()
-            ready.append(index)
+        ready = [pop(in_flight)[1] for _ in range(len(in_flight)) if in_flight[0][0] == now]
+        for index in ready:
+            commits[index]()
         while routed < total and arrivals[routed] <= now:
-            index = choose(routed, replicas, now)
+            index = router.choose(routed, replicas, now)
             replicas[index].route(routed)
             routed += 1
             if not replicas[index].stepping and index not in ready:
                 ready.append(index)
         if stop is not None and stop.is_set():
             for _, index in in_flight:
-                replicas[index].commit()
+                commits[index]()
             return True
-        if len(ready) > 1:
-            ready.sort()
-        for index in ready:
-            end = starts[index](now)
-            if end is not None:
-                push(in_flight, (end, index))
-                steps += 1
+        steps += _start(sorted(ready), starts, in_flight, now)
         if progress is not None:  # a sum over replicas: not every step (the fast path)
             finished = sum(replica.scheduler.num_finished for replica in replicas)
             progress.update(steps, finished, now)
     if sum(replica.scheduler.num_finished for replica in replicas) != total:
         raise RuntimeError("scheduler stalled: requests left but none can run")
     return False
+
+
+def _start(
+    ready: list[int],
+    starts: list[Callable[[float], float | None]],
+    in_flight: list[tuple[float, int]],
+    now: float,
+) -> int:
+    """Start a step at ``now`` on each replica of ``ready`` (in order) that has one to
+    run, onto the heap ``in_flight``; how many started."""
+    started = 0
+    for index in ready:
+        end = starts[index](now)
+        if end is not None:
+            heapq.heappush(in_flight, (end, index))
+            started += 1
+    return started
 
 
 def _gathered(
