@@ -27,6 +27,7 @@ from ..config import SimConfig
 from ..cost import CostModel
 from ..memory import BlockPool
 from ..records import RequestLog, RequestRows, StepTable, step_columns
+from ..run import _Loop  # the single engine's step, planned and timed the same way
 from ..scheduler import Scheduler
 from ..stepper import Stepper
 from ..summary import StepTotals
@@ -64,8 +65,6 @@ class Replica:
         *,
         native: bool | None = None,
     ) -> None:
-        from ..run import _Loop  # the single engine's step: planned and timed the same way
-
         n = table.num_requests
         self.index = index
         self._source = table
