@@ -127,7 +127,8 @@ def build_report(
     latency = summary.get("latency_ms")
     if isinstance(latency, Mapping) and latency:
         parts.append(_latency_table(latency))
-    skip = {"config", "latency_ms", "itl_ms_quantiles", "provenance"}
+    # a deployment's replicas have a table of their own (``tables``)
+    skip = {"config", "latency_ms", "itl_ms_quantiles", "provenance", "deployment"}
     for key, value in summary.items():
         if isinstance(value, Mapping) and key not in skip:
             parts.append(_section(key, value))

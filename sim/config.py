@@ -7,7 +7,6 @@ A TOML file has one table per section, each key a field of that section's class:
 
     [scheduler]
     max_num_seqs = 128
-    num_spec_tokens = 3
 
     [planner]
     graph_sizes = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
@@ -18,18 +17,15 @@ A TOML file has one table per section, each key a field of that section's class:
     [gpu]               # a preset of gpus.py (docs/presets.md)
     name = "A100"
 
-    [parallel]          # tensor parallelism per replica (parallel.py)
-    tensor = 2
-
-    [live]              # live mode (``live.py``): a real toy model decides acceptance
-    enabled = true
-    backend = "reference"
+    [deployment]        # replicas behind a router (``deployment/``)
+    replicas = 4
+    router = "prefix-aware"
 
 Unknown sections or keys are errors (a misspelt key must not be silently ignored), and
 values are checked as the flags check them (``config_values.py``: ``64.5`` is not an
 integer). Rules across sections hold on the final settings (:func:`check_config`).
-Overrides use dotted keys, ``scheduler.max_num_seqs = 128``. The ``[live]`` section's
-class is in ``config_live.py`` (re-exported here).
+Overrides use dotted keys, ``scheduler.max_num_seqs = 128``. The ``[live]``,
+``[parallel]`` and ``[deployment]`` sections' classes are in ``config_*.py`` (re-exported).
 """
 
 from __future__ import annotations
@@ -46,6 +42,7 @@ import tomllib
 from stepplan.planner import GRAPH_MODES, PlanError, PlannerConfig
 
 from .admission import POLICY_NAMES
+from .config_deployment import DeploymentConfig, check_replicas
 from .config_live import (  # noqa: F401 (re-exported: every setting imports from here)
     LIVE_ATTENTION,
     LIVE_BACKENDS,
@@ -354,6 +351,7 @@ SECTIONS: dict[str, type] = {
     "slo": SloConfig,
     "live": LiveConfig,
     "parallel": ParallelConfig,
+    "deployment": DeploymentConfig,
 }
 
 
@@ -389,6 +387,7 @@ class SimConfig:
     slo: SloConfig = attrs.Factory(SloConfig)
     live: LiveConfig = attrs.Factory(LiveConfig)
     parallel: ParallelConfig = attrs.Factory(ParallelConfig)
+    deployment: DeploymentConfig = attrs.Factory(DeploymentConfig)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready dict (tuples become lists)."""
@@ -480,6 +479,7 @@ def check_config(config: SimConfig) -> SimConfig:
             f"acceptance.length: {acceptance.length} exceeds Q = scheduler.num_spec_tokens + 1 "
             f"= {q} (a spec step emits at most Q tokens)"
         )
+    check_replicas(config.deployment.replicas, config)
     start, end = config.workload.start_s, config.workload.end_s
     if start is not None and end is not None and start >= end:
         raise ConfigError(f"workload.start_s: {start} is not before workload.end_s = {end}")

@@ -197,8 +197,16 @@ def simulate(table: RequestTable, config: SimConfig, **options: Any) -> SimResul
     """Simulate ``table`` (already windowed; see :func:`prepare_requests`) under
     ``config``, every step kept in memory, as a :class:`SimResult`; ``options`` are
     :func:`run_steps`'s (``progress``, ``live``, ``stop``, ``acceptance``, ``durations``,
-    ``observer``, ``native``)."""
+    ``observer``, ``native``). With ``config.deployment.replicas`` above 1 the requests go
+    to that many replicas (``deployment/loop.py``; ``progress``, ``stop`` and ``native``
+    only), and both tables have a ``replica`` column."""
     store = MemoryStore()
+    if config.deployment.replicas > 1:
+        from .deployment.loop import run_deployment  # it builds on this module
+
+        deployed = run_deployment(table, config, store, **options)
+        itl_s = deployed.rows.log.itl_s
+        return SimResult(store.table(), deployed.request_columns(), itl_s, deployed.summary)
     end = run_steps(table, config, store, **options)
     return SimResult(store.table(), end.rows.columns(), end.log.itl_s, end.summary)
 
@@ -324,6 +332,14 @@ class _Loop:
         KV tokens and attention pairs) that starts at ``clock``; its end."""
         if self.live is not None or self.observer is not None:
             return self._run_scheduled(self.scheduler.scheduled_step(), clock)
+        end, record = self.plan_step(found, clock)
+        self.stepper.finish(end, record)
+        return end
+
+    def plan_step(self, found: tuple[int, int, float], clock: float) -> tuple[float, tuple]:
+        """Plan and time the step in ``scheduler.rows`` that starts at ``clock``: its end
+        and its record, for :meth:`Stepper.finish` (a deployment's replica finishes it
+        when the clock reaches its end)."""
         count, kv_tokens, attention_pairs = found
         rows = self.scheduler.rows
         groups = self.scheduler.config.num_groups
@@ -342,9 +358,7 @@ class _Loop:
         if self.durations is not None:
             terms = _replayed(self.durations, len(self.table)).terms()
         record = _record(plan, clock, plan_us, terms)
-        end = clock + record[1]
-        self.stepper.finish(end, record)
-        return end
+        return clock + record[1], record
 
     def _run_scheduled(self, step: ScheduledStep, clock: float) -> float:
         """:meth:`run_step` for a live engine or an observer, on a :class:`ScheduledStep`."""

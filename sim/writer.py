@@ -186,7 +186,9 @@ class ResultsWriter:
         table read back from an older folder may lack the measured ones)."""
         self._steps_seen += len(steps["step"])
         self._append(STEPS, {k: v for k, v in steps.items() if k not in _MEASURED_ONLY})
-        self._append(MEASURED_STEPS, {k: steps[k] for k in MEASURED_STEPS.names if k in steps})
+        # a deployment's steps carry their replica first (``deployment/loop.py``)
+        names = ("replica", *MEASURED_STEPS.names) if "replica" in steps else MEASURED_STEPS.names
+        self._append(MEASURED_STEPS, {k: steps[k] for k in names if k in steps})
 
     def start(self, rows: RequestRows) -> None:
         """Before the run: its requests' trace columns go to a spool (CSV only:

@@ -131,6 +131,10 @@ def run_capacity(args: argparse.Namespace) -> int:
     """``stepplan capacity``: search, write the curve, print it and the answer."""
     config = build_config(args)
     slo = _slo(args, config)
+    if args.find == "replicas":
+        from .capacity_replicas import run_replica_capacity
+
+        return run_replica_capacity(args, config, slo)
     runner, where = runner_for(args)
     per_round = args.per_round or (args.workers or _default_per_round(args))
     check_bounds(args.lo, args.hi, args.tol, per_round)
@@ -297,6 +301,20 @@ def add_capacity(subparsers: Any) -> None:
         "--slo",
         help="upper bounds on metrics of the sweep table, e.g. ttft_p99_ms=500,tpot_p99_ms=50 "
         "(default: the settings' slo.ttft_ms and slo.tpot_ms on p99)",
+    )
+    add(
+        "--find",
+        choices=("rate", "replicas"),
+        default="rate",
+        help="rate: the largest request-rate scale that meets the SLOs; replicas: the "
+        "fewest replicas (deployment.replicas, behind --router) that meet them at the "
+        "settings' rate (--rate-scale) (default: rate)",
+    )
+    add(
+        "--max-replicas",
+        type=int,
+        default=64,
+        help="most replicas --find replicas tries (default: 64)",
     )
     add("--lo", type=float, default=0.25, help="lowest scale tried")
     add("--hi", type=float, default=4.0, help="highest scale tried")

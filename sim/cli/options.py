@@ -30,10 +30,14 @@ from ..config import (
     with_settings,
 )
 from ..cost import load_profile
+from ..deployment import ROUTER_NAMES
+from ..deployment import TABLE as ROUTERS
+from ..deployment.loop import run_deployment
 from ..engine_profile import read_engine_profile
 from ..live import check_live, engine_setup
 from ..outdir import ResultsFolder, claim_new, config_digest
 from ..progress import Progress, ProgressBar, ProgressLines, live_warning
+from ..records import CHUNK_STEPS
 from ..run import run_steps
 from ..scheduler.vllm_engine_scheduler import check_vllm
 from ..schema import RESULT_FILES
@@ -82,6 +86,8 @@ OVERRIDES = {
     "live_backend": "live.backend",
     "live_device": "live.device",
     "live_time": "live.time",
+    "replicas": "deployment.replicas",
+    "router": "deployment.router",
 }
 #: ``--graph-sizes``: one list in two units (``sim/buckets.py`` and ``planner/config.py``).
 GRAPH_SIZES_HELP = (
@@ -228,6 +234,23 @@ def add_setting_options(parser: argparse.ArgumentParser) -> None:
     _add_acceptance_options(parser)
     _add_workload_options(parser)
     _add_live_options(parser)
+    _add_deployment_options(parser)
+
+
+def _add_deployment_options(parser: argparse.ArgumentParser) -> None:
+    add = parser.add_argument
+    add(
+        "--replicas",
+        type=int,
+        help="engine replicas behind the router, each a whole engine with these settings "
+        "(default 1; more add a replica column to steps.csv and requests.csv)",
+    )
+    add(
+        "--router",
+        choices=ROUTER_NAMES,
+        help="which replica an arriving request goes to (default round-robin): "
+        + "; ".join(f"{entry.name}: {entry.description}" for entry in ROUTERS),
+    )
 
 
 def _add_engine_options(parser: argparse.ArgumentParser) -> None:
@@ -388,13 +411,20 @@ def simulate_one(
         progress = _progress(args, requests.num_requests, label)
         parquet = args.parquet and parquet_available()
         with ResultsWriter(folder, parquet=parquet, stop=event) as writer:
-            end = run_steps(
-                requests, config, writer, progress=progress, stop=event, keep_gaps=False
-            )
-            if end.summary["steps"]["count"] == 0 and event.is_set():
+            if config.deployment.replicas > 1:
+                deployed = run_deployment(requests, config, writer, progress=progress, stop=event)
+                rows, summary = None, deployed.summary
+                for first in range(0, requests.num_requests, CHUNK_STEPS):
+                    writer.add_request_columns(deployed.request_columns(first, first + CHUNK_STEPS))
+            else:
+                end = run_steps(
+                    requests, config, writer, progress=progress, stop=event, keep_gaps=False
+                )
+                rows, summary = end.rows, end.summary
+            if summary["steps"]["count"] == 0 and event.is_set():
                 stop.raise_if_stopped("stopped before the first step, nothing written")
-            summary = {**end.summary, "provenance": origin}
-            writer.finish(summary, end.rows)
+            summary = {**summary, "provenance": origin}
+            writer.finish(summary, rows)
     if summary["complete"]:
         stop.raise_if_stopped(f"the run had finished: results in {folder.shown}/")
     stop.raise_if_stopped(

@@ -101,7 +101,19 @@ def build_run_report(
         sample=run.sample,
         shapes=run.shapes,
     )
+    deployment = run.latency.summary.get("deployment")
+    if isinstance(deployment, dict):
+        tables.append(replicas_table(deployment))
+    if run.replicas is not None:
+        from stepplan.plots.deployment import plot_replicas
+
+        figures["Replicas: queue and KV cache over time"] = plot_replicas(run.replicas)
     notes = []
+    if run.replicas is not None:
+        notes.append(
+            "The step timeline, host-time and KV-cache figures draw replica 0's steps; "
+            "the bucket figure and tables count every replica's."
+        )
     if run.every > 1:
         notes.append(
             f"The host-time and KV-cache figures draw every {run.every:,}th step and each "
@@ -109,6 +121,20 @@ def build_run_report(
         )
     text = build_report(run.latency, figures=figures, tables=tables, notes=notes, **page)
     return out.write(text.encode())
+
+
+def replicas_table(deployment: dict[str, Any]) -> ReportTable:
+    """The report's table of a deployment's replicas, the router's balance in its title."""
+    from stepplan.plots.deployment import replica_rows
+    from stepplan.plots.report import ReportTable
+
+    header, rows = replica_rows(deployment.get("per_replica", []))
+    title = (
+        f"{deployment.get('replicas')} replicas behind {deployment.get('router')}: load "
+        f"balance {deployment.get('load_balance', 1.0):.3f} (max / mean tokens), "
+        f"{deployment.get('moved_by_prefix', 0):,} requests moved by prefix affinity"
+    )
+    return ReportTable(title, header, rows)
 
 
 def is_compare_folder(folder: Path) -> bool:

@@ -6,7 +6,10 @@ step with each block of ``k`` steps' peaks of KV usage, queue and preemptions (t
 host-time and memory figures: ``k`` makes about :data:`FIGURE_STEPS` steps, 1 for a
 shorter run), the distinct step shapes with their counts (the bucketing figure and the
 bucket comparison, exact) and the richest step (the op graph); of the requests, the
-latency columns.
+latency columns. Of a deployment's steps (a ``replica`` column), the timeline and the
+per-step figures draw replica 0's, the shapes count every replica's; and each
+replica's queue length and KV usage over time, averaged over :data:`TIME_BINS` spans of the run
+(``plots.deployment``).
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ HEAD_STEPS = 400
 FIGURE_STEPS = 100_000
 #: Step columns whose peaks every block of the thinned steps keeps.
 PEAK_COLUMNS = ("kv_usage", "num_waiting", "num_preempted")
+#: Spans of simulated time a deployment's per-replica series average over.
+TIME_BINS = 200
 #: Request columns the latency figure reads.
 LATENCY_COLUMNS = ("request_id", "ttft_s", "tpot_s")
 #: Step columns the figures read (the timeline, host time, memory, op graph; the shapes).
@@ -47,6 +52,7 @@ STEP_COLUMNS = (
     "plan_us",
     *PEAK_COLUMNS,
     *SHAPE_COLUMNS,
+    "replica",
 )
 
 
@@ -59,6 +65,8 @@ class ReportRun:
         head: the first steps, every column. sample: every ``every``-th step and each
         block's peaks. shapes: the distinct step shapes. richest: the richest step.
         latency: the requests' latency columns (no steps). every: the sample's stride.
+        replicas: a deployment's per-replica series (``replica``, ``time_s``,
+        ``num_waiting``, ``kv_usage``, ``[replicas * TIME_BINS]`` each), or ``None``.
     """
 
     head: SimResult
@@ -67,6 +75,7 @@ class ReportRun:
     richest: SimResult
     latency: SimResult
     every: int
+    replicas: Table | None = None
 
 
 def read_latency(folder: Path, name: str | None = None) -> SimResult:
@@ -87,12 +96,16 @@ def read_report_run(folder: Path, name: str | None = None) -> ReportRun:
     head: list[Table] = []
     sample: list[Table] = []
     shapes, richest = StepShapes(), _Richest()
+    series = _ReplicaSeries(float(latency.summary.get("duration_s") or 0.0))
     for chunk in iter_steps(folder, STEP_COLUMNS):
+        series.add(chunk)
+        shapes.add(chunk)
+        richest.add(chunk)
+        if "replica" in chunk:  # a deployment: the per-step figures follow replica 0
+            chunk = _rows(chunk, np.flatnonzero(chunk.column("replica") == 0))
         if sum(c.num_rows for c in head) < HEAD_STEPS:
             head.append(_rows(chunk, np.arange(min(chunk.num_rows, HEAD_STEPS))))
         sample.append(_rows(chunk, _thinned(chunk, every)))
-        shapes.add(chunk)
-        richest.add(chunk)
 
     def part(table: Table) -> SimResult:
         return attrs.evolve(latency, steps=table, requests=empty_table(REQUESTS))
@@ -105,6 +118,7 @@ def read_report_run(folder: Path, name: str | None = None) -> ReportRun:
         richest=part(richest.table or head_table),
         latency=latency,
         every=every,
+        replicas=series.table(),
     )
 
 
@@ -146,3 +160,46 @@ class _Richest:
         key = (int(kinds[row]), int(rows[row]))
         if key > self._key:
             self._key, self.table = key, _rows(steps, np.array([row]))
+
+
+class _ReplicaSeries:
+    """Each replica's time-weighted queue length and KV usage in :data:`TIME_BINS` spans
+    of ``[0, duration_s]`` (a step counts in the span it starts in), kept as the
+    chunks go by."""
+
+    def __init__(self, duration_s: float) -> None:
+        self._width = max(duration_s, 1e-9) / TIME_BINS
+        self._sums: dict[str, np.ndarray] = {}
+
+    def add(self, steps: Table) -> None:
+        if "replica" not in steps or steps.num_rows == 0:
+            return
+        replica = steps.column("replica").astype(np.int64)
+        spans = np.minimum(steps.column("start_s") // self._width, TIME_BINS - 1)
+        cell = replica * TIME_BINS + spans.astype(np.int64)
+        size = (int(replica.max()) + 1) * TIME_BINS
+        duration = steps.column("duration_s")
+        parts = {
+            "time": duration,
+            "num_waiting": steps.column("num_waiting") * duration,
+            "kv_usage": steps.column("kv_usage") * duration,
+        }
+        for name, values in parts.items():
+            held = self._sums.setdefault(name, np.zeros(size))
+            if held.size < size:
+                held = self._sums[name] = np.concatenate([held, np.zeros(size - held.size)])
+            held += np.bincount(cell, weights=values, minlength=held.size)
+
+    def table(self) -> Table | None:
+        if not self._sums:
+            return None
+        time = self._sums["time"]
+        cells = np.arange(time.size)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            columns = {
+                "replica": cells // TIME_BINS,
+                "time_s": (cells % TIME_BINS + 0.5) * self._width,
+                "num_waiting": np.where(time > 0, self._sums["num_waiting"] / time, np.nan),
+                "kv_usage": np.where(time > 0, self._sums["kv_usage"] / time, np.nan),
+            }
+        return Table.from_columns("replicas", columns)
