@@ -123,7 +123,7 @@ def run_summary(
     output = int(finished["output_tokens"].sum())
     summary["dollars"] = deployment_dollars(
         config.gpu.resolved().price_per_hour,
-        config.parallel.gpus_per_replica,
+        config.parallel.gpus_per_replica * config.deployment.replicas,  # every GPU held
         summary["duration_s"],
         output,
         summary["goodput"]["requests"],

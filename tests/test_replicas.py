@@ -200,6 +200,10 @@ def test_results_folder_has_the_replica_column_only_for_a_deployment(tmp_path):
         assert len(rows) == 60
         if replicas > 1:
             assert {row["replica"] for row in rows} == {"0", "1", "2"}
+        # The deployment's price counts every replica's GPUs.
+        dollars = json.loads((out / "summary.json").read_text())["dollars"]
+        assert dollars["gpus"] == replicas
+        assert dollars["per_hour"] == pytest.approx(replicas * dollars["price_per_gpu_hour"])
 
 
 def test_a_sweep_takes_replicas_and_router_as_dimensions(tmp_path):
