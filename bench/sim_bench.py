@@ -24,7 +24,7 @@ ratio. ``DIR`` is a checkout with its C extensions built in place, for instance:
     git worktree add /tmp/oldmain main
     (cd /tmp/oldmain && python setup.py build_ext --inplace)
 
-Run it on one core (``taskset -c 0``) for figures comparable with bench/RESULTS.md.
+Run it on one core (``taskset -c 0``) for figures comparable with bench/results/history/.
 """
 
 from __future__ import annotations

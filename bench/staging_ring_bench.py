@@ -52,7 +52,7 @@ def main() -> None:
                 claim_in_turn(case.share.buffer._ring)
     found: dict[tuple, list[float]] = {}
     speeds = []
-    for _ in range(args.rounds + 1):  # the first round compiles and captures: dropped
+    for _ in range(args.rounds + 1):  # round 0 compiles and captures: dropped
         speeds.append(host_speed())
         for (name, order), case in cases.items():
             for mode, run in (("idle", idle_samples), ("busy", busy_samples)):

@@ -41,7 +41,7 @@ synchronizations per build under
 tensor the old way counts), and a check of the fields against the host oracle.
 
 The seed builder is not run: its source (``/work/shared/seed``) lost its indentation in
-transport and builds on vLLM's base builder; its figures are quoted in bench/RESULTS.md.
+transport and builds on vLLM's base builder; its figures are quoted in bench/results/history/.
 
     python3 bench/vllm_builder_bench.py [--rounds 12] [--builds 200] [--no-vllm]
     python3 bench/vllm_builder_bench.py --smoke   # tiny, on the CPU too: no timing claims
