@@ -31,14 +31,15 @@ def _first_line(path: str, prefix: str) -> str | None:
 
 
 def device(machine: str | None = None) -> dict[str, Any]:
-    """This host: ``machine`` names it (a GPU's name, "the 2-core development VM"); by
-    default the GPU torch sees, else the CPU count."""
+    """This host: ``machine`` names it; by default the GPU torch sees, else the cores and
+    the CPU ("2-core AMD EPYC host": records group by it, so one host keeps one name)."""
+    cpu = _first_line("/proc/cpuinfo", "model name") or platform.machine()
     if machine is None:
-        machine = _gpu_name() or f"{os.cpu_count()}-core {platform.machine()} host"
+        machine = _gpu_name() or f"{os.cpu_count()}-core {cpu} host"
     memory = _first_line("/proc/meminfo", "MemTotal")
     return {
         "machine": machine,
-        "cpu": _first_line("/proc/cpuinfo", "model name") or platform.machine(),
+        "cpu": cpu,
         "cores": os.cpu_count(),
         "memory_gib": round(int(memory.split()[0]) / 2**20, 1) if memory else None,
         "python": platform.python_version(),
@@ -117,3 +118,18 @@ def record_run(
 ) -> Path:
     """Write the record of this run (``new_record`` then ``write_record``)."""
     return write_record(new_record(benchmark, figures, machine=machine, **extra), folder)
+
+
+def numbers_of(row: dict[str, Any]) -> dict[str, Any]:
+    """The numeric fields of a benchmark's table row (numbers and lists of numbers;
+    plans, tensors and labels left out)."""
+
+    def is_number(value: Any) -> bool:
+        return type(value) in (int, float)
+
+    return {
+        key: value
+        for key, value in row.items()
+        if is_number(value)
+        or (isinstance(value, (list, tuple)) and value and all(map(is_number, value)))
+    }

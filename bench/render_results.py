@@ -182,7 +182,8 @@ def render_page(records: Iterable[dict[str, Any]]) -> str:
 
 def headline(record: dict[str, Any]) -> list[tuple[str, Any]]:
     flat = dict(flatten(figures_of(record)))
-    keys = record.get("headline") or list(flat)[:README_FIGURES]
+    numeric = [k for k, v in flat.items() if type(v) in (int, float)]  # not bool, not text
+    keys = record.get("headline") or numeric[:README_FIGURES]
     return [(key, flat[key]) for key in keys if key in flat]
 
 

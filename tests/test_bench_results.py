@@ -165,3 +165,18 @@ def test_the_scan_finds_counted_rounds():
     assert ROUNDS_OF_WORK.search("the 2nd" + " attempt")
     assert not ROUNDS_OF_WORK.search("its first round trip on the load")
     assert not ROUNDS_OF_WORK.search("2026-12-03, H200")
+
+
+#: Scripts in bench/ that measure nothing: figures for the docs, helpers, the writer.
+NOT_BENCHMARKS = {
+    "architecture_figure.py", "bench_record.py", "import_graph.py", "ncu_driver.py",
+    "readme_figures.py", "render_results.py", "vllm_plugged.py",
+}  # fmt: skip
+
+
+def test_every_benchmark_writes_its_record_through_the_shared_writer():
+    scripts = sorted(p for p in (ROOT / "bench").glob("*.py") if p.name not in NOT_BENCHMARKS)
+    assert len(scripts) >= 14
+    writes = re.compile(r"\b(record_run|write_record)\(")
+    silent = [p.name for p in scripts if not writes.search(p.read_text())]
+    assert not silent, f"benchmarks that write no record: {silent}"
