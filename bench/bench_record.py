@@ -88,6 +88,8 @@ def new_record(
         "device": device(machine),
         "command": command_line(),
         **commit(),
+        # Other processes on the host slow wall times: a reader weighs them by it.
+        "load_average": [round(load, 2) for load in os.getloadavg()],
         **extra,
         "figures": figures,
     }
