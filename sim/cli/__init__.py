@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -93,6 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``stepplan`` console script. Ctrl-C and SIGTERM end it with one
     line and exit code 130/143 (``signals.py``; handlers see them as ``args.stop``)."""
+    started = time.perf_counter()
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         args = build_parser().parse_args(argv)
@@ -100,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"stepplan: error: {exc.line}", file=sys.stderr)
         return 2
     args.argv = argv  # what the provenance records
+    args.started = started  # the command's wall time runs from here (tables.command_wall)
     try:
         with stop_on_signals() as args.stop:
             return args.handler(args)

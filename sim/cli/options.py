@@ -330,14 +330,19 @@ def results_folder(
     return claim_new(RESULTS_PARENT, stem, kind=kind, overwrite=args.overwrite, names=names)
 
 
-def _progress(args: argparse.Namespace, total: int, label: str) -> Progress | None:
+def run_progress(
+    args: argparse.Namespace, total: int, label: str, *, stoppable: bool = True
+) -> Progress | None:
+    """Progress of a simulation of ``total`` requests on stderr: a bar on a terminal,
+    plain lines elsewhere; none with ``--quiet``. ``stoppable``: Ctrl-C keeps the
+    steps so far (the first line says so)."""
     if args.quiet:
         return None
     if sys.stderr.isatty():
         if label:
             print(f"simulating {label} ...", file=sys.stderr)
         return ProgressBar(total, sys.stderr)
-    return ProgressLines(total, sys.stderr, label=label)
+    return ProgressLines(total, sys.stderr, label=label, stoppable=stoppable)
 
 
 def simulate_one(
@@ -356,7 +361,7 @@ def simulate_one(
     if warning:
         print(warning, file=sys.stderr)
     with stop.deferred() as event:
-        progress = _progress(args, requests.num_requests, label)
+        progress = run_progress(args, requests.num_requests, label)
         parquet = args.parquet and parquet_available()
         with ResultsWriter(folder, parquet=parquet, stop=event) as writer:
             end = run_steps(

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -15,6 +17,7 @@ from stepplan.planner import ExecutionPlan, StepBatch, compile_plan
 from ..buckets import BucketError, compare_to_defaults
 from ..config import ConfigError, SimConfig
 from ..outfile import OutputFile
+from ..progress import CountProgress, count_progress
 from ..results import SimResult
 from ..run import planner_config
 from ..schema import KIND_ROWS, KIND_TOKENS, RESULT_FILES
@@ -37,6 +40,20 @@ EXPECTS = (
     "writes)"
 )
 SIDES = ("a", "b")
+#: A run of at least this many steps shows its reading's progress (a few seconds).
+PROGRESS_STEPS = 200_000
+
+
+def reading_progress(quiet: bool) -> Callable[[int], CountProgress | None]:
+    """What ``read_report_run`` reports the steps read to: progress on stderr for a
+    large run, unless ``quiet``."""
+
+    def progress(steps: int) -> CountProgress | None:
+        if steps < PROGRESS_STEPS:
+            return None
+        return count_progress(steps, sys.stderr, unit="step", quiet=quiet, label="report: read")
+
+    return progress
 
 
 def example_plan(results: SimResult, config: SimConfig) -> ExecutionPlan:
@@ -133,12 +150,16 @@ def compare_labels(folder: Path) -> tuple[str, str]:
 
 
 def build_compare_report(
-    folder: Path, out: OutputFile, others: tuple[SimResult, ...] = (), max_graphs: int | None = None
+    folder: Path,
+    out: OutputFile,
+    others: tuple[SimResult, ...] = (),
+    max_graphs: int | None = None,
+    quiet: bool = True,
 ) -> Path:
     """One page of both runs of a compare folder: their table with its differences on
     top, then run A's report with run B beside it in the latency CDFs."""
     labels = compare_labels(folder)
-    a = read_report_run(folder / SIDES[0], labels[0])
+    a = read_report_run(folder / SIDES[0], labels[0], reading_progress(quiet))
     b = read_latency(folder / SIDES[1], labels[1])
     lead = _compare_report_table(a.latency, b)
     title = f"{a.latency.label} vs {b.label}"
@@ -167,9 +188,10 @@ def run_report(args: argparse.Namespace) -> int:
     out = claim_report(args.out or folder / "report.html", args.overwrite)
     others = tuple(read_latency(Path(other)) for other in args.compare or ())
     if is_run:
-        build_run_report(read_report_run(folder), out, others, args.max_graphs)
+        run = read_report_run(folder, progress=reading_progress(args.quiet))
+        build_run_report(run, out, others, args.max_graphs)
     else:
-        build_compare_report(folder, out, others, args.max_graphs)
+        build_compare_report(folder, out, others, args.max_graphs, args.quiet)
     print(f"report: {out.shown}")
     return 0
 
@@ -201,6 +223,9 @@ def add_report(subparsers: Any) -> None:
     )
     parser.add_argument("--compare", nargs="+", metavar="DIR", help="more runs for the CDFs")
     parser.add_argument(
+        "--quiet", action="store_true", help="no progress (a large run's reading shows it)"
+    )
+    parser.add_argument(
         "--max-graphs",
         type=int,
         help="graph budget of the bucket comparison (default: vLLM's count)",
@@ -219,9 +244,11 @@ def add_report_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def report_after_simulation(folder: Path, report: OutputFile | None) -> Path | None:
+def report_after_simulation(
+    folder: Path, report: OutputFile | None, quiet: bool = True
+) -> Path | None:
     """Write the report of the simulation just written into ``folder`` into ``report``,
     the file ``--report`` claimed before the run (nothing without it)."""
     if report is None:
         return None
-    return build_run_report(read_report_run(folder), report)
+    return build_run_report(read_report_run(folder, progress=reading_progress(quiet)), report)
