@@ -6,7 +6,8 @@ sets ``handler`` (a function of the parsed arguments returning the exit code);
 entry in that tuple.
 Modules: ``options`` (what the simulating commands share), ``simulate``, ``compare``,
 ``buckets``, ``report``, ``config_cmd`` (``stepplan config``), ``sweep`` and
-``capacity_cmd`` (with ``sweep_run``, what they share); ``helptext`` (help that
+``capacity_cmd`` (with ``sweep_run``, what they share), ``results_cmd`` (``stepplan
+results list|clean``); ``helptext`` (help that
 shows every default), ``provenance`` (what ``summary.json`` records to run it again) and
 ``tables`` (what is printed and saved about runs). Only this package of the simulator
 imports ``stepplan.plots``.
@@ -43,6 +44,7 @@ from .profile import add_profile
 from .provenance import stepplan_version
 from .report import ERRORS as REPORT_ERRORS
 from .report import add_report
+from .results_cmd import add_results
 from .signals import Interrupted, stop_on_signals
 from .simulate import add_simulate
 from .sweep import add_sweep
@@ -76,6 +78,7 @@ SUBCOMMANDS: tuple[Callable[[Any], None], ...] = (
     add_fidelity,
     add_sweep,
     add_capacity,
+    add_results,
 )
 
 
