@@ -231,11 +231,11 @@ def measure(
     step almost always has a new token count, and the host's first launch of a shape
     costs more than its next ones (several ms a step, measured on an H200 host), which
     a repeated shape would hide. A point keeps the batch's own shape.
-
     ``progress`` hears of every run: ``len(batches) * (warmup + repeats)`` in all.
     """
     rng = np.random.default_rng(seed)
     runs = warmup + repeats
+    tick = progress.advance if progress is not None else lambda: None
     plans = [planner.compile(batch) for batch in batches]
     reach, seen = _Reach.of(batches), set[int]()
     variants = [fresh_variants(plan, planner, runs, reach, seen) for plan in plans]
@@ -249,8 +249,7 @@ def measure(
         for attempt in range(warmup):
             wall_s, _, _ = run(planner.compile(_rebuilt(row[attempt])), *row_inputs[attempt])
             weights[index] = wall_s
-            if progress is not None:
-                progress.advance()
+            tick()
     timings: list[list[tuple[float, float | None, float]]] = [[] for _ in batches]
     for repeat in range(warmup, runs):
         for index in _round_order(weights, repeat, rng).tolist():
@@ -261,10 +260,7 @@ def measure(
             planning_s = time.perf_counter() - start
             wall_s, gpu_s, host_s = run(plan, ids, sampled)
             timings[index].append((planning_s + wall_s, gpu_s, planning_s + host_s))
-            if progress is not None:
-                progress.advance()
-    if progress is not None:
-        progress.close()
+            tick()
     return [_point(plan, rows) for plan, rows in zip(plans, timings, strict=True) if rows]
 
 

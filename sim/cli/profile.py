@@ -100,6 +100,8 @@ def run_profile(args: argparse.Namespace) -> int:
         seed=config.seed,
         progress=progress,
     )
+    if progress is not None:
+        progress.close()
     preset, planner_setup = engine_setup(config, planner)
     profile = EngineProfile(
         source=target.shown,

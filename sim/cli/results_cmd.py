@@ -15,14 +15,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..outdir import (
-    Cleaning,
-    FolderBusy,
-    OutDirError,
-    clean_folder,
-    read_manifest,
-    stepplan_folders,
-)
+from ..outdir import FolderBusy, OutDirError, read_manifest
+from ..outdir_clean import Cleaning, clean_folder, stepplan_folders
 from ..outfile import file_sample
 from .options import RESULTS_PARENT
 from .outputs import FIGURE, GRAPH_SIZES, REPORT
