@@ -25,6 +25,7 @@ from ..table import ResultsError
 from .buckets import bucketing_of, comparison_table, run_config, run_demand
 from .outputs import REPORT
 from .report_reading import ReportRun, read_latency, read_report_run
+from .report_verdict import differences, summary_table, verdict_of
 from .tables import compare_table
 
 if TYPE_CHECKING:
@@ -56,14 +57,20 @@ def reading_progress(quiet: bool) -> Callable[[int], CountProgress | None]:
     return progress
 
 
-def example_plan(results: SimResult, config: SimConfig) -> ExecutionPlan:
-    """A plan like the run's richest step (most kinds of rows, then most rows), rebuilt
-    from that step's counts: for the op-graph figure."""
+def richest_row(results: SimResult) -> int:
+    """The row of the run's richest step: most kinds of rows, then most rows."""
     steps = results.steps
     steps.require_rows("the op-graph figure")
+    kinds = sum((steps.column(name) > 0).astype(np.int64) for name in KIND_ROWS.values())
+    return int(np.lexsort((-steps.column("num_rows"), -kinds))[0])
+
+
+def example_plan(results: SimResult, config: SimConfig) -> ExecutionPlan:
+    """A plan like the run's richest step (:func:`richest_row`), rebuilt from that step's
+    counts: for the op-graph figure."""
+    steps = results.steps
+    row = richest_row(results)
     counts = {kind: steps.column(name) for kind, name in KIND_ROWS.items()}
-    kinds = sum((c > 0).astype(np.int64) for c in counts.values())
-    row = int(np.lexsort((-steps.column("num_rows"), -kinds))[0])
     lengths = [
         _spread(int(steps.column(name)[row]), int(counts[kind][row]))
         for kind, name in KIND_TOKENS.items()
@@ -94,11 +101,13 @@ def build_run_report(
     out: OutputFile,
     others: tuple[SimResult, ...] = (),
     max_graphs: int | None = None,
+    differs: tuple[str, ...] = (),
     **page: Any,
 ) -> Path:
     """Write the HTML report of ``run`` into ``out``: its figures, with the optimal
-    sizes beside the run's own, and the bucket comparison table; ``others`` join the
-    latency CDFs; ``page`` goes to ``build_report`` (``title``, ``leading_tables``)."""
+    sizes beside the run's own, and the bucket comparison table, under its verdict;
+    ``others`` join the latency CDFs; ``differs`` (what a compare's runs differ in) goes
+    into the verdict; ``page`` goes to ``build_report`` (``title``, ``leading_tables``)."""
     from stepplan.plots.bucketing import run_bucketing
     from stepplan.plots.report import build_report, report_figures
 
@@ -110,6 +119,9 @@ def build_run_report(
         tables.append(comparison_table(comparison))
         bucketings.append(bucketing_of(demand, comparison.recommended))
     plan = example_plan(run.richest, config)
+    step = int(run.richest.steps.column("step")[richest_row(run.richest)])
+    summary = run.latency.summary
+    slo = summary.get("config", {}).get("slo", {})
     figures = report_figures(
         run.latency,
         bucketings=bucketings,
@@ -118,14 +130,28 @@ def build_run_report(
         head=run.head,
         sample=run.sample,
         shapes=run.shapes,
+        every=run.every,
+        slo_ms={"TTFT": slo.get("ttft_ms"), "TPOT": slo.get("tpot_ms")},
+        plan_title=f"Op graph of one plan: step {step:,}, the run's richest "
+        f"({plan.num_rows} rows, {plan.num_tokens:,} tokens; rebuilt from its counts)",
     )
     notes = []
     if run.every > 1:
         notes.append(
-            f"The host-time and KV-cache figures draw every {run.every:,}th step and each "
-            f"{run.every:,} steps' peaks; the bucket figure and tables count every step."
+            f"The figures over the run draw every {run.every:,}th step (the KV-cache and "
+            f"queue figure each {run.every:,} steps' peaks); the bucket figure, the tables "
+            "and the verdict count every step."
         )
-    text = build_report(run.latency, figures=figures, tables=tables, notes=notes, **page)
+    verdict = verdict_of(summary, run.sample, differs)
+    text = build_report(
+        run.latency,
+        figures=figures,
+        tables=tables,
+        notes=notes,
+        verdict=verdict,
+        summary_table=summary_table(summary),
+        **page,
+    )
     return out.write(text.encode())
 
 
@@ -163,7 +189,15 @@ def build_compare_report(
     b = read_latency(folder / SIDES[1], labels[1])
     lead = _compare_report_table(a.latency, b)
     title = f"{a.latency.label} vs {b.label}"
-    return build_run_report(a, out, (b, *others), max_graphs, title=title, leading_tables=(lead,))
+    changed = differences(a.latency.summary.get("config", {}), b.summary.get("config", {}))
+    differs = (
+        f"Run A ({a.latency.label}) against run B ({b.label}): B differs in "
+        + ("; ".join(changed) if changed else "nothing of its settings (the trace?)")
+        + ". The verdict and figures are run A's; the latency CDFs show both.",
+    )
+    return build_run_report(
+        a, out, (b, *others), max_graphs, differs, title=title, leading_tables=(lead,)
+    )
 
 
 def _compare_report_table(a: SimResult, b: SimResult) -> ReportTable:
