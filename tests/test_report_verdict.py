@@ -6,7 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from stepplan.sim.cli.report_verdict import differences, milliseconds, overload, verdict_of
+from stepplan.sim.cli.report_verdict import (
+    differences,
+    milliseconds,
+    overload,
+    side_labels,
+    verdict_of,
+)
 from stepplan.sim.results import SimResult
 from stepplan.sim.table import Table
 
@@ -66,3 +72,14 @@ def test_a_compare_says_what_differs():
     b = {"cost": {"host_cost": "seed"}, "seed": 0}
     assert differences(a, b) == ["cost.host_cost: model -> seed"]
     assert differences(a, a) == []
+
+
+def test_compare_columns_are_titled_by_what_differs():
+    a = {"cost": {"host_cost": "model"}, "planner": {"graph_sizes": list(range(1, 40))}}
+    b = {"cost": {"host_cost": "seed"}, "planner": {"graph_sizes": [1, 2]}}
+    assert side_labels(a, b) == (
+        "A: host_cost=model, graph_sizes=1,2,3,4,5,6,7,8,9,10,...",
+        "B: host_cost=seed, graph_sizes=1,2",
+    )
+    assert side_labels(a, a) == ("A", "B")
+    assert side_labels(a, b, most=1) == ("A: host_cost=model, ...", "B: host_cost=seed, ...")

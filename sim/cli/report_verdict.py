@@ -127,13 +127,40 @@ def summary_table(summary: Mapping[str, Any]) -> ReportTable | None:
     return ReportTable("Summary", ("", "value"), rows)
 
 
-def differences(a: Mapping[str, Any], b: Mapping[str, Any], prefix: str = "") -> list[str]:
-    """The settings two runs' ``config`` dicts differ in: ``cost.host_cost: model -> seed``."""
+def differing(
+    a: Mapping[str, Any], b: Mapping[str, Any], prefix: str = ""
+) -> list[tuple[str, Any, Any]]:
+    """``(dotted key, a's value, b's value)`` of each setting two ``config`` dicts differ in."""
     found = []
     for key in sorted(set(a) | set(b)):
         left, right = a.get(key), b.get(key)
         if isinstance(left, Mapping) and isinstance(right, Mapping):
-            found += differences(left, right, f"{prefix}{key}.")
+            found += differing(left, right, f"{prefix}{key}.")
         elif left != right:
-            found.append(f"{prefix}{key}: {left} -> {right}")
+            found.append((f"{prefix}{key}", left, right))
     return found
+
+
+def differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
+    """The settings two runs' ``config`` dicts differ in: ``cost.host_cost: model -> seed``."""
+    return [f"{key}: {left} -> {right}" for key, left, right in differing(a, b)]
+
+
+def side_labels(a: Mapping[str, Any], b: Mapping[str, Any], most: int = 2) -> tuple[str, str]:
+    """Column titles of two runs that say what differs: ``A: host_cost=model`` and
+    ``B: host_cost=seed`` (the first ``most`` differences; ``A`` and ``B`` for none)."""
+    found = differing(a, b)
+
+    def title(side: str, values: list[str]) -> str:
+        more = ", ..." if len(found) > most else ""
+        return f"{side}: {', '.join(values[:most])}{more}" if values else side
+
+    def value(text: Any) -> str:
+        shown = ",".join(map(str, text)) if isinstance(text, list) else str(text)
+        return shown if len(shown) <= 24 else shown[:21] + "..."
+
+    leaf = [key.rsplit(".", 1)[-1] for key, _, _ in found]
+    return (
+        title("A", [f"{k}={value(v)}" for k, (_, v, _) in zip(leaf, found, strict=True)]),
+        title("B", [f"{k}={value(v)}" for k, (_, _, v) in zip(leaf, found, strict=True)]),
+    )

@@ -124,7 +124,9 @@ class CompareTable:
     @property
     def header(self) -> tuple[str, ...]:
         a, b = self.labels
-        return ("", a, b, f"{b} - {a}", f"({b} - {a}) / {a}")
+        # A title that says what differs ("B: host_cost=seed") is named by its side there.
+        x, y = (label.split(":")[0] for label in self.labels)
+        return ("", a, b, f"{y} - {x}", f"({y} - {x}) / {x}")
 
     def text_rows(self) -> list[tuple[str, ...]]:
         """The rows as printed: metric, A, B, difference, relative difference."""
