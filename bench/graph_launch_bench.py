@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 
 import torch
+from bench_record import record_run
 
 from stepplan.executor.staging_kernel import pull_plan
 
@@ -109,6 +110,11 @@ def main() -> None:
     for (kind, forked), row in times.items():
         shape = f"{LAYERS} forks of 2 kernels" if forked else f"{LAYERS} kernels"
         print(f"{kind:<16} {shape:<22} " + " ".join(f"{t:>9.1f}" for t in row))
+    figures = {
+        f"{kind.replace(' ', '_')}{'_forked' if forked else ''}_replay_us": row
+        for (kind, forked), row in times.items()
+    }
+    record_run("graph_launch_bench", figures, layers=LAYERS, reps=args.reps)
 
 
 if __name__ == "__main__":

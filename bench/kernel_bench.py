@@ -41,6 +41,7 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+from bench_record import numbers_of, record_run
 
 from stepplan.executor import kernels, reference
 from stepplan.planner import (
@@ -776,6 +777,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"profile written to {out}")
     print()
     print(table(rows, ceiling))
+    figures = {"copy_ceiling_tb_per_s": ceiling} | {
+        f"{row['C']}_{row['layout']}_{row['batch']}_{row['variant']}".replace(" ", "_"): numbers_of(
+            row
+        )
+        for row in rows
+    }
+    record_run("kernel_bench", figures, machine=device)
     if args.with_runtime:
         run_runtime_bench(args)
     return 0

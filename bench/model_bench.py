@@ -34,6 +34,7 @@ import time
 import attrs
 import numpy as np
 import torch
+from bench_record import record_run
 
 from stepplan.executor.model import HybridModelRunner, ModelShape, sample_positions
 from stepplan.planner import ExecutionPlan, Planner, PlannerConfig, StepBatch, default_graph_sizes
@@ -46,6 +47,7 @@ Q = SPEC_TOKENS + 1
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--preset", default="hybrid-8b", choices=sorted(MODEL_PRESETS))
+    parser.add_argument("--no-record", action="store_true", help="write no record")
     parser.add_argument("--slots", type=int, default=257, help="KV/conv slots, 0 (NULL) included")
     parser.add_argument("--max-len", type=int, default=4096, help="KV positions per slot")
     parser.add_argument("--rows", type=int, default=None, help="rows per step (min(256, slots-1))")
@@ -221,6 +223,15 @@ def main(argv: list[str] | None = None) -> int:
     if device.type == "cuda":
         peak = torch.cuda.max_memory_allocated(device) / 2**30
         print(f"peak GPU memory {peak:.1f} GiB; {len(runner.captured_graphs)} graphs captured")
+    figures = {
+        f"{r['step']}": {
+            f"{how}_{key}": r[how][key] for how in ("eager", "graph") for key in r[how]
+        }
+        | {"tokens": r["tokens"], "agree_same_plan": r["agree_same_plan"]}
+        for r in results
+    }
+    if not args.no_record:
+        record_run("model_bench", figures, preset=args.preset, device_kind=device.type)
     return 0
 
 

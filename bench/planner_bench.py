@@ -24,6 +24,7 @@ from collections.abc import Callable
 from unittest import mock
 
 import numpy as np
+from bench_record import record_run
 
 from stepplan.planner import Planner, PlannerConfig, StepBatch, compile_plan
 from stepplan.planner import batch as batch_module
@@ -130,6 +131,7 @@ def main() -> None:
         f"{'numpy validate p50':>19} {'p90':>7}"
     )
     print(header)
+    figures = {}
     for name, kinds in CASES.items():
         inputs = [
             step_inputs(rng, *kinds[step % len(kinds)][1:], args.groups)
@@ -150,6 +152,15 @@ def main() -> None:
             f"{p['numpy'][0]:>18.1f} {p['numpy'][1]:>7.1f} "
             f"{p['numpy batch'][0]:>19.1f} {p['numpy batch'][1]:>7.1f}"
         )
+        figures[name.replace(" ", "_")] = {
+            f"{key.replace(' ', '_')}_p{q}_us": float(p[key][i])
+            for key in times
+            for i, q in enumerate((50, 90))
+        } | {"seed_all_groups_us": float(seed), "native_planner": planner.native}
+    headline = [f"{case}.planner_p50_us" for case in ("spec_256_x_4", "mixed_256")]
+    record_run(
+        "planner_bench", figures, groups=args.groups, graph_mode=args.graph_mode, headline=headline
+    )
 
 
 if __name__ == "__main__":

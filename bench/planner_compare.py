@@ -22,6 +22,7 @@ from pathlib import Path
 from unittest import mock
 
 import numpy as np
+from bench_record import record_run
 from planner_bench import CASES, NUM_SPEC_TOKENS, step_inputs, timed
 
 from stepplan import planner as new_planner
@@ -87,6 +88,7 @@ def main() -> None:
             f"graph mode {args.graph_mode}, {args.groups} layer groups, Q = 4"
         )
         print(f"{'case':<15}" + "".join(f"{name:>22}" for name in COLUMNS) + "  same bytes")
+        figures = {}
         for name, kinds in CASES.items():
             inputs = [
                 step_inputs(rng, *kinds[step % len(kinds)][1:], args.groups)
@@ -104,6 +106,13 @@ def main() -> None:
             ]
             same = same_bytes(old, inputs, old_config, config)
             print(f"{name:<15}" + "".join(f"{cell:>22}" for cell in cells) + f"  {same}")
+            figures[name.replace(" ", "_")] = {
+                f"{side}_{c.replace(' ', '_')}_p50_us": float(np.median(np.concatenate(times)))
+                for side in ("old", "new")
+                for c, times in runs[side].items()
+                if c in COLUMNS
+            } | {"same_bytes": same}
+    record_run("planner_compare", figures, old_tree=str(args.old), graph_mode=args.graph_mode)
 
 
 if __name__ == "__main__":

@@ -29,10 +29,8 @@ with the stepplan of an older checkout too (its C extensions built in place, as
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
-import platform
 import signal
 import subprocess
 import sys
@@ -41,11 +39,19 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from bench_record import RESULTS, new_record, write_record
+
 PACKAGES = ("planner", "executor", "sim", "plots")
 #: The synthetic workload: about 4.3 steps per request, one or two rows a step.
 SPEC = "synthetic:n={n},rate=50,prompt=uniform:16:256,output=uniform:1:64"
 #: The large trace's workload: arrivals far faster than the model serves them.
+#: The figures the README shows.
+HEADLINE = [
+    "new_tree.simulate.peak_mib",
+    "new_tree.simulate.wall_s",
+    "new_tree.report.peak_mib",
+    "new_tree.interrupt-steps.signal_to_exit_s",
+]
 TRACE_SPEC = dict(rate=2000.0, prompt=(16, 512), output=(1, 64))
 
 #: A child: run the command line (or the simulation alone) and report the peak RSS.
@@ -227,34 +233,6 @@ def new_only_cases(work: Path, spec: str, steps: int, trace_requests: int) -> di
     return cases
 
 
-def device() -> dict:
-    cpu = next(
-        (line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-         if line.startswith("model name")), platform.machine()
-    )  # fmt: skip
-    memory = next(
-        line.split()[1] for line in Path("/proc/meminfo").read_text().splitlines()
-        if line.startswith("MemTotal")
-    )  # fmt: skip
-    return {
-        "machine": "the 2-core development VM",
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "memory_gib": round(int(memory) / 2**20, 1),
-        "python": platform.python_version(),
-    }
-
-
-def commit() -> dict:
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout
-
-    return {
-        "commit": git("rev-parse", "HEAD").strip(),
-        "dirty": bool(git("status", "--porcelain", "-uno").strip()),
-    }
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=2_350_000, help="synthetic requests")
@@ -265,17 +243,11 @@ def main() -> None:
         action="store_true",
         help="only the cases every tree runs (simulation, simulate, report, buckets)",
     )
-    parser.add_argument("--record", type=Path, default=ROOT / "bench" / "results")
+    parser.add_argument("--record", type=Path, default=RESULTS)
     args = parser.parse_args()
     spec = SPEC.format(n=args.requests)
-    record = {
-        "benchmark": "results_bench",
-        "date": dt.date.today().isoformat(),
-        "device": device(),
-        "command": " ".join(["python", "bench/results_bench.py", *sys.argv[1:]]),
-        **commit(),
-        "spec": spec,
-    }
+    record = new_record("results_bench", {}, spec=spec, headline=HEADLINE)
+    del record["figures"]  # this benchmark's figures sit at the record's top level
     with tempfile.TemporaryDirectory(prefix="results-bench-") as scratch:
         work = Path(scratch)
         if args.vs_tree is not None:
@@ -287,12 +259,8 @@ def main() -> None:
         if not args.only_common:
             new |= new_only_cases(work / "new", spec, new["steps"], args.trace_requests)
         record["new_tree"] = new
-    args.record.mkdir(parents=True, exist_ok=True)
-    stamp = dt.datetime.now().strftime("%Y-%m-%dT%H%M%S")
-    path = args.record / f"results_bench-{stamp}.json"
-    path.write_text(json.dumps(record, indent=1) + "\n")
+    write_record(record, args.record)
     print(json.dumps(record, indent=1))
-    print(f"record: {path}", file=sys.stderr)
 
 
 if __name__ == "__main__":

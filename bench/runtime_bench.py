@@ -45,6 +45,7 @@ import attrs
 import numpy as np
 import torch
 import triton
+from bench_record import numbers_of, record_run
 
 from stepplan.executor import Executor, kernels
 from stepplan.planner import (
@@ -363,9 +364,12 @@ def main(argv: list[str] | None = None) -> None:
     )
     if out:
         write_rows(out, gpu_rows, args.channels)
-    if args.gpu_only:
-        return
-    host_tables(args, {name: batches[name] for name in HOST_ROWS}, executors, cycles_per_us)
+    figures = {"gpu": {f"{row['batch']} {row['variant']}": numbers_of(row) for row in gpu_rows}}
+    if not args.gpu_only:
+        host = {name: batches[name] for name in HOST_ROWS}
+        rows = host_tables(args, host, executors, cycles_per_us)
+        figures["host_us"] = {f"{row['batch']} {row['mode']}": numbers_of(row) for row in rows}
+    record_run("runtime_bench", figures, channels=args.channels, variants=list(variants))
 
 
 def host_tables(
@@ -373,8 +377,8 @@ def host_tables(
     batches: dict[str, StepBatch],
     executors: dict[str, dict[str, Executor]],
     cycles_per_us: float,
-) -> None:
-    """The host table (and rounds) of the default variant's executors."""
+) -> list[dict]:
+    """The host table (and rounds) of the default variant's executors; its rows."""
     default = executors[kernels.DEFAULT_VARIANT]
     print(f"  host speed (a fixed Python loop) p50 {host_speed_us():.1f} µs", flush=True)
     rows = []
@@ -392,6 +396,7 @@ def host_tables(
     print_table(rows)
     if args.rounds:
         print_rounds(host_rounds(default, rows, args.rounds, args.iterations))
+    return rows
 
 
 def event_us(run: Callable[[], None], samples: int, cycles_per_us: float) -> float:

@@ -24,7 +24,7 @@ ratio. ``DIR`` is a checkout with its C extensions built in place, for instance:
     git worktree add /tmp/oldmain main
     (cd /tmp/oldmain && python setup.py build_ext --inplace)
 
-Run it on one core (``taskset -c 0``) for figures comparable with bench/RESULTS.md.
+Run it on one core (``taskset -c 0``) for figures comparable with bench/results/history/.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from importlib import resources
 from pathlib import Path
 
 import numpy as np
+from bench_record import record_run
 
 LOWRATE = "synthetic:n=1800,rate=0.5,cv2=1,prompt=zipf:1.1:4000,output=zipf:1.05:2000"
 CASES = {"bundled": None, "lowrate": LOWRATE}
@@ -114,8 +115,10 @@ def _run_in(tree: Path | None, case: str, shims: Path, settings: list[str]) -> d
     return json.loads(done.stdout.splitlines()[-1])
 
 
-def compare(old: Path, cases: list[str], repeat: int, settings: list[str]) -> None:
-    """Time this tree against ``old``, alternating, and print the best of each."""
+def compare(old: Path, cases: list[str], repeat: int, settings: list[str]) -> dict:
+    """Time this tree against ``old``, alternating, and print the best of each; the
+    figures per case."""
+    figures = {}
     with tempfile.TemporaryDirectory() as temp:
         shims = Path(temp)
         _shim(old, shims / old.name)
@@ -129,12 +132,13 @@ def compare(old: Path, cases: list[str], repeat: int, settings: list[str]) -> No
                     run = _run_in(tree, case, shims, settings)
                     if label not in best or run["wall_s"] < best[label]["wall_s"]:
                         best[label] = run
-            _print_pair(case, best["old"], best["new"])
+            figures[case] = _print_pair(case, best["old"], best["new"])
         trees = f"old runs imported stepplan from {best['old']['tree']}"
         print(f"({trees}, new from {best['new']['tree']})")
+    return figures
 
 
-def _print_pair(case: str, old: dict, new: dict) -> None:
+def _print_pair(case: str, old: dict, new: dict) -> dict:
     if old["steps"] != new["steps"]:
         print(f"{case}: the trees ran different steps ({old['steps']} vs {new['steps']})")
     rates = [run["steps"] / run["wall_s"] for run in (old, new)]
@@ -147,6 +151,15 @@ def _print_pair(case: str, old: dict, new: dict) -> None:
         f"{rates[1] / rates[0]:>6.2f}x   {old['wall_s']:.2f} / {new['wall_s']:.2f}, "
         f"{planner[0]:.1f} / {planner[1]:.1f}"
     )
+    return {
+        "steps": new["steps"],
+        "old_steps_per_s": rates[0],
+        "new_steps_per_s": rates[1],
+        "old_wall_s": old["wall_s"],
+        "new_wall_s": new["wall_s"],
+        "old_planner_us_per_step": float(planner[0]),
+        "new_planner_us_per_step": float(planner[1]),
+    }
 
 
 def _host() -> str:
@@ -154,8 +167,8 @@ def _host() -> str:
     return f"{platform.processor() or platform.machine()}, {cores} core(s) allowed"
 
 
-def report(run: dict) -> None:
-    """The detailed figures of one case run in this process."""
+def report(run: dict) -> dict:
+    """Print the detailed figures of one case run in this process; its figures."""
     count, wall = run["steps"], run["wall_s"]
     plan_us, rows = np.asarray(run["plan_us"]), np.asarray(run["num_rows"])
     plan_s = plan_us.sum() * 1e-6
@@ -181,6 +194,17 @@ def report(run: dict) -> None:
     width = max(len(label) for label, _ in lines)
     for label, value in lines:
         print(f"{label.ljust(width)}  {value}")
+    return {
+        "requests": run["requests"],
+        "steps": count,
+        "wall_s": wall,
+        "steps_per_s": count / wall,
+        "planner_us_per_step": plan_s / count * 1e6,
+        "simulator_us_per_step": (wall - plan_s) / count * 1e6,
+        "simulated_over_wall": run["simulated_s"] / wall,
+        "plan_p50_us": float(np.percentile(plan_us, 50)),
+        "plan_p90_us": float(np.percentile(plan_us, 90)),
+    }
 
 
 def main() -> None:
@@ -199,11 +223,18 @@ def main() -> None:
         return
     cases = [case for case in args.cases.split(",") if case] + ([args.trace] if args.trace else [])
     if args.vs_tree is not None:
-        compare(args.vs_tree.resolve(), cases, args.repeat, args.set)
+        figures = compare(args.vs_tree.resolve(), cases, args.repeat, args.set)
+        headline = [f"{case}.new_steps_per_s" for case in figures]
+        record_run(
+            "sim_bench", figures, old_tree=str(args.vs_tree), settings=args.set, headline=headline
+        )
         return
+    figures = {}
     for case in cases:
-        report(run_case(case, args.set))
+        figures[case] = report(run_case(case, args.set))
         print()
+    headline = [f"{case}.steps_per_s" for case in figures]
+    record_run("sim_bench", figures, settings=args.set, headline=headline)
 
 
 if __name__ == "__main__":

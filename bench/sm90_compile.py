@@ -33,6 +33,7 @@ from triton.compiler import ASTSource
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import kernel_bench as kb
+from bench_record import record_run
 
 from stepplan.executor import kernels
 from stepplan.executor.kernels import launch, persistent, rows, tiles
@@ -203,15 +204,18 @@ def main() -> None:
     args = parser.parse_args()
     print(f"triton {triton.__version__}, target {TARGET}", flush=True)
     functions = {getattr(m, n).__name__: getattr(m, n) for m, n in _KERNELS}
-    failed = 0
+    failed = launches = 0
     with tempfile.TemporaryDirectory() as tmp:
         for found in sorted(record_launches(args.channels), key=_describe):
             if args.only not in found.name:
                 continue
             result = compile_launch(found, functions[found.name], Path(tmp))
             failed += result.startswith("FAILED")
+            launches += 1
             print(f"{_describe(found):<100} {result}", flush=True)
     print(f"{failed} failed", flush=True)
+    figures = {"launches_compiled": launches, "launches_failed": failed}
+    record_run("sm90_compile", figures, triton=triton.__version__, target=str(TARGET))
     sys.exit(1 if failed else 0)
 
 

@@ -17,6 +17,7 @@ import argparse
 import statistics
 
 import torch
+from bench_record import record_run
 from vllm_builder_bench import BATCHES, SPEC_TOKENS, Case, busy_samples, host_speed, idle_samples
 
 from stepplan.planner import PlannerConfig
@@ -52,7 +53,7 @@ def main() -> None:
                 claim_in_turn(case.share.buffer._ring)
     found: dict[tuple, list[float]] = {}
     speeds = []
-    for _ in range(args.rounds + 1):  # the first round compiles and captures: dropped
+    for _ in range(args.rounds + 1):  # round 0 compiles and captures: dropped
         speeds.append(host_speed())
         for (name, order), case in cases.items():
             for mode, run in (("idle", idle_samples), ("busy", busy_samples)):
@@ -62,6 +63,7 @@ def main() -> None:
     print("host speed per round (fixed loop p50 µs):", " ".join(f"{s:.2f}" for s in speeds[1:]))
     print(f"{'batch':<18}{'mode':<6}{'old':>8}{'new':>8}{'new/old':>9}")
     print("(p50 µs over the rounds; new/old: the median of the per-round ratios)")
+    figures: dict = {"host_speed_p50_us": speeds[1:]}
     for name in NAMES:
         for mode in ("idle", "busy"):
             old, new = found[name, "old", mode][1:], found[name, "new", mode][1:]
@@ -70,6 +72,12 @@ def main() -> None:
                 f"{name:<18}{mode:<6}{statistics.median(old):8.1f}"
                 f"{statistics.median(new):8.1f}{ratio:9.3f}"
             )
+            figures[f"{name} {mode}".replace(" ", "_")] = {
+                "old_p50_us": statistics.median(old),
+                "new_p50_us": statistics.median(new),
+                "new_over_old": ratio,
+            }
+    record_run("staging_ring_bench", figures, rounds=args.rounds, builds=args.builds)
 
 
 if __name__ == "__main__":

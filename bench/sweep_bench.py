@@ -23,6 +23,8 @@ import time
 from importlib import resources
 from pathlib import Path
 
+from bench_record import record_run
+
 from stepplan.sim import cli
 from stepplan.sim.config import SimConfig, with_settings
 from stepplan.sim.run import prepare_requests, simulate
@@ -94,6 +96,7 @@ def main() -> None:
     t1, cpu1 = one_point(base)
     ideal = points * t1 / args.workers
     print(f"one point                       {t1:7.2f} s (CPU {cpu1:.2f} s)")
+    figures: dict = {"points": points, "one_point_s": t1, "one_point_cpu_s": cpu1}
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         path = sweep_file(folder, args.limit)
@@ -104,6 +107,7 @@ def main() -> None:
                 for s in GRID["seed"]
             )
             print(f"16 points, one after the other  {serial:7.2f} s")
+            figures["serial_s"] = serial
         cpu = cpu_s()
         local = timed_sweep(path, folder / "local", "--workers", str(args.workers))
         cpu = cpu_s() - cpu
@@ -116,20 +120,23 @@ def main() -> None:
             f"= {local / (busy / args.workers):.3f} (the runner's own overhead)"
         )
         print(f"  / (16 x one point / {args.workers})       {local / ideal:7.3f}  (target <= 1.2)")
+        figures |= {"sweep_s": local, "sweep_cpu_s": cpu, "over_ideal": local / ideal}
         if not args.no_serial:
             ratio = local / (serial / args.workers)
             print(f"  / (serial sum / {args.workers})           {ratio:7.3f}")
         if not args.no_ray:
-            ray_times(path, folder, ideal, local)
+            figures["ray"] = ray_times(path, folder, ideal, local)
     print(f"load average after: {load_average()}")
+    headline = ["one_point_s", "sweep_s", "over_ideal"]
+    record_run("sweep_bench", figures, workers=args.workers, limit=args.limit, headline=headline)
 
 
-def ray_times(path: Path, folder: Path, ideal: float, local: float) -> None:
+def ray_times(path: Path, folder: Path, ideal: float, local: float) -> dict:
     try:
         import ray
     except ImportError:
         print("ray: not installed (pip install 'stepplan[ray]'), skipped")
-        return
+        return {}
     cpus = len(os.sched_getaffinity(0))
     started = timed_sweep(path, folder / "ray", "--ray")
     print(f"stepplan sweep --ray (starts Ray) {started:7.2f} s, / ideal {started / ideal:.3f}")
@@ -148,6 +155,13 @@ def ray_times(path: Path, folder: Path, ideal: float, local: float) -> None:
     ratio = warm / (busy / cpus)
     print(f"  its points' wall, summed        {busy:7.2f} s: / (that / {cpus}) = {ratio:.3f}")
     print(f"Ray table == local table: {same}")
+    return {
+        "starting_ray_s": started,
+        "ray_init_s": init,
+        "ray_up_s": warm,
+        "ray_up_over_ideal": warm / ideal,
+        "same_table": same,
+    }
 
 
 if __name__ == "__main__":

@@ -41,7 +41,7 @@ synchronizations per build under
 tensor the old way counts), and a check of the fields against the host oracle.
 
 The seed builder is not run: its source (``/work/shared/seed``) lost its indentation in
-transport and builds on vLLM's base builder; its figures are quoted in bench/RESULTS.md.
+transport and builds on vLLM's base builder; its figures are quoted in bench/results/history/.
 
     python3 bench/vllm_builder_bench.py [--rounds 12] [--builds 200] [--no-vllm]
     python3 bench/vllm_builder_bench.py --smoke   # tiny, on the CPU too: no timing claims
@@ -66,6 +66,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from bench_record import record_run
 from planner_bench import step_inputs
 from runtime_bench import fixed_work, freeze_startup_objects
 
@@ -268,7 +269,9 @@ def measure_rounds(cases: dict, rounds: int, builds: int, busy: bool) -> dict:
     return {"p50s": found, "speeds": speeds}
 
 
-def print_rounds(results: dict, slack: float = 1.25) -> None:
+def print_rounds(results: dict, slack: float = 1.25) -> dict:
+    """Print the rounds' table; its figures, per batch and mode."""
+    figures: dict = {}
     speeds = results["speeds"]
     best = min(speeds)
     quiet = [speed <= slack * best for speed in speeds]
@@ -282,6 +285,12 @@ def print_rounds(results: dict, slack: float = 1.25) -> None:
             f"{name:<22} {mode:<10} {statistics.median(calm):>9.1f} "
             f"{statistics.median(p50s):>8.1f}  {', '.join(slow) or '-'}"
         )
+        figures[f"{name} {mode}"] = {
+            "quiet_p50_us": statistics.median(calm),
+            "all_p50_us": statistics.median(p50s),
+        }
+    figures["host_speed_p50_us"] = speeds
+    return figures
 
 
 def launch_parts(share: StepShare, engine: Engine, inputs: dict, builds: int) -> dict[str, float]:
@@ -458,12 +467,15 @@ def main(argv: list[str] | None = None) -> None:
         cases = found | cases
     freeze_startup_objects()
     try:
-        report(cases, rounds, builds, device, config, args.host_only)
+        figures = report(cases, rounds, builds, device, config, args.host_only)
         if plugged is not None and device == "cuda":
             steps = 5 if args.smoke else 200
             print(plugged.graph_replay(builder_cls, 256, spec_draw(256), steps, SPEC_TOKENS))
     finally:
         gc.unfreeze()
+    if not args.smoke:  # a smoke run checks the code; it measures nothing worth keeping
+        record_run("vllm_builder_bench", figures, rounds=rounds, builds=builds,
+                   host_only=args.host_only)  # fmt: skip
 
 
 def vllm_part():
@@ -490,11 +502,12 @@ def spec_draw(rows: int):
     return lambda rng, count, fixed: batch_steps(rng, rows, 0, (), fixed, count)
 
 
-def report(cases: dict, rounds: int, builds: int, device: str, config, host_only: bool) -> None:
-    """Measure and print: the rounds' table, then per case its parts, syncs and check."""
+def report(cases: dict, rounds: int, builds: int, device: str, config, host_only: bool) -> dict:
+    """Measure and print: the rounds' table, then per case its parts, syncs and check;
+    the table's figures."""
     measure_rounds(cases, 1, builds, device == "cuda")  # warm-up: compiles the kernels
     results = measure_rounds(cases, rounds, builds, device == "cuda")
-    print_rounds(results)
+    figures = print_rounds(results)
     print_ratios(results)
     for label, case in cases.items():
         if not isinstance(case, Case):
@@ -518,6 +531,7 @@ def report(cases: dict, rounds: int, builds: int, device: str, config, host_only
         if not host_only:
             line.append(check_fields(builders, engine, step, config))
         print("  ".join(line))
+    return figures
 
 
 def print_ratios(results: dict) -> None:

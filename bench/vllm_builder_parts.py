@@ -40,6 +40,7 @@ from typing import Any
 
 import torch
 import vllm_builder_bench as bench
+from bench_record import record_run
 
 from stepplan.executor.vllm import host_inputs, step_share
 from stepplan.executor.vllm.builder import PlanMetadataBuilder
@@ -189,6 +190,7 @@ def main(argv: list[str] | None = None) -> None:
     print(check_replay(case, case.steps(4)))
     measure(case, "idle", max(builds // 5, 4))  # warm-up: compiles, captures, caches
     print(f"{'round':<6} {'mode':<5} {'speed':>6} {'build':>6} {'sum':>6}  " + " ".join(PIECES))
+    figures: dict = {}
     for round_ in range(rounds):
         for mode in ("idle", "busy"):
             speed = bench.host_speed()
@@ -198,9 +200,15 @@ def main(argv: list[str] | None = None) -> None:
                 f"{round_:<6} {mode:<5} {speed:>6.2f} {p50['build']:>6.2f} {p50['sum']:>6.2f}  "
                 f"{pieces}"
             )
+            figures[f"round {round_} {mode}"] = {"host_speed_p50_us": speed} | {
+                f"{piece}_p50_us": float(us) for piece, us in p50.items()
+            }
     if device == "cuda":
         parts = bench.launch_parts(case.share, case.engine, case.steps(1)[0], builds)
         print("; ".join(f"{label} {us:.2f} µs" for label, us in parts.items()))
+        figures["launch_us"] = {label: float(us) for label, us in parts.items()}
+    if not args.smoke:  # a smoke run checks the code; it measures nothing worth keeping
+        record_run("vllm_builder_parts", figures, batch=batch, host_only=args.host_only)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ are pinned with ``cudaHostAlloc``, which on a unified-address system maps them i
 the device's address space: a kernel may load and store them directly. One kernel
 node does what two copy nodes did (the plan and ticket host→device, then the ticket
 back): copy nodes made a graph's launch cost the host more, the kernel node nothing
-measurable (``bench/graph_launch_bench.py``; figures in ``bench/RESULTS.md``, Runtime).
+measurable (``bench/graph_launch_bench.py``; figures in ``bench/results/history/``, Runtime).
 """
 
 # Triton types kernel arguments at launch, not through annotations.

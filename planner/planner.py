@@ -127,7 +127,7 @@ class Planner:
             raise AssertionError("the packer refused a batch compile_plan accepts")
         packed.setflags(write=False)
         # Positional, in ExecutionPlan's field order (a test holds it there): keywords make
-        # this call, the dearest line left here, measurably slower (bench/RESULTS.md).
+        # this call, the dearest line left here, measurably slower (bench/results/history/).
         return ExecutionPlan(
             batch,
             self.config,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 from matplotlib.axes import Axes
@@ -46,8 +46,14 @@ def itl_quantiles_ms(results: SimResult) -> np.ndarray:
     return array
 
 
-def plot_latency_cdfs(runs: Sequence[SimResult], labels: Sequence[str] | None = None) -> Figure:
-    """CDFs of TTFT, TPOT (per request) and ITL (per token) for every run, one curve each."""
+def plot_latency_cdfs(
+    runs: Sequence[SimResult],
+    labels: Sequence[str] | None = None,
+    slo_ms: Mapping[str, float] | None = None,
+) -> Figure:
+    """CDFs of TTFT, TPOT (per request) and ITL (per token) for every run, one curve each;
+    ``slo_ms`` (``{"TTFT": 1000.0, "TPOT": 50.0}``) draws each objective as a dashed
+    line on its panel. The runs' legend sits below the panels, off the curves."""
     runs = tuple(runs)
     if not runs:
         raise ResultsError("latency CDFs need at least one run")
@@ -68,9 +74,16 @@ def plot_latency_cdfs(runs: Sequence[SimResult], labels: Sequence[str] | None = 
         axes.set_xscale("log")
         axes.xaxis.set_minor_formatter(NullFormatter())  # minor labels collide on short ranges
         axes.grid(alpha=0.3)
+    for axes, name in ((ttft, "TTFT"), (tpot, "TPOT")):
+        target = (slo_ms or {}).get(name)
+        if target:
+            axes.axvline(target, color="#C44E52", linestyle="--", linewidth=1.2)
+            axes.annotate(f"SLO {target:,g} ms", (target, 0.02), xytext=(3, 0),
+                          textcoords="offset points", color="#C44E52", fontsize=8)  # fmt: skip
     ttft.set_ylabel("share of requests (ITL: of tokens)")
-    itl.legend(loc="lower right", fontsize=8)
-    figure.suptitle("Latency CDFs")
+    handles, names = ttft.get_legend_handles_labels()
+    figure.legend(handles, names, loc="outside lower center", ncols=min(4, len(names)), fontsize=8)
+    figure.suptitle("Latency CDFs" + (" with the SLOs (dashed)" if slo_ms else ""))
     return figure
 
 

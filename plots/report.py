@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import html
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -20,7 +21,7 @@ from .host import plot_host_time
 from .latency import plot_latency_cdfs
 from .memory import has_memory_columns, plot_memory
 from .opgraph import plot_op_graph
-from .timeline import plot_timeline
+from .timeline import plot_composition_over_run, plot_timeline
 
 #: The mark of a report stepplan wrote: a ``<meta>`` of the page's head (:func:`is_report`).
 GENERATOR = '<meta name="generator" content="stepplan report">'
@@ -32,6 +33,14 @@ th, td { border: 1px solid #ccc; padding: 3px 8px; text-align: right; }
 th:first-child, td:first-child { text-align: left; }
 figure { margin: 1em 0; } img { max-width: 100%; }
 figcaption { font-size: 0.85em; color: #555; }
+#verdict { border: 2px solid #888; border-radius: 6px; padding: 0.6em 1.2em; margin: 1em 0; }
+#verdict.met { border-color: #2CA02C; background: #F1FAF1; }
+#verdict.missed { border-color: #C44E52; background: #FCF1F1; }
+#verdict .headline { font-size: 1.35em; font-weight: 600; margin: 0.2em 0; }
+#verdict table { font-size: 1em; }
+#verdict td, #verdict th { border: none; padding: 2px 12px 2px 0; }
+#verdict ul { margin: 0.3em 0; padding-left: 1.2em; }
+details { margin: 0.6em 0; } summary { cursor: pointer; font-weight: 600; }
 """
 
 
@@ -60,6 +69,32 @@ class ReportTable:
                 )
 
 
+@attrs.frozen
+class Verdict:
+    """The block a report opens with: what the run says, before any figure.
+
+    Attributes:
+        headline: one sentence (``Overloaded from 27 s: both SLOs missed``).
+        subject: what ran (model, GPU, trace, requests).
+        figures: ``(name, text)`` of the figures a person asks for first (goodput,
+            TTFT p99, TPOT p99), already formatted with their units.
+        checks: ``(objective, outcome, met)`` per SLO (``TTFT p99 <= 1,000 ms``,
+            ``missed by 584 ms``, ``False``).
+        notes: further lines (what a compare report's runs differ in).
+    """
+
+    headline: str
+    subject: str
+    figures: tuple[tuple[str, str], ...] = attrs.field(converter=tuple, default=())
+    checks: tuple[tuple[str, str, bool], ...] = attrs.field(converter=tuple, default=())
+    notes: tuple[str, ...] = attrs.field(converter=tuple, default=())
+
+    @property
+    def met(self) -> bool:
+        """Whether every objective was met."""
+        return all(ok for _, _, ok in self.checks)
+
+
 def format_value(value: object) -> str:
     """A summary value as the report prints it: floats to 6 significant digits."""
     if value is None:
@@ -80,23 +115,29 @@ def report_figures(
     head: SimResult | None = None,
     sample: SimResult | None = None,
     shapes: SimResult | None = None,
+    every: int = 1,
+    slo_ms: Mapping[str, float] | None = None,
+    plan_title: str = "Op graph of one plan",
 ) -> dict[str, Figure]:
     """Every figure of the report, by title: buckets, timeline, latency CDFs (this run
     and ``others``), host time, KV cache and queue (runs that have the columns), and
     the op graph of ``plan`` when one is given. A long run read in parts gives the
     timeline its ``head`` (first steps), the per-step figures a ``sample`` of its steps
-    and the bucketing its distinct step ``shapes``; each defaults to ``results``."""
+    (every ``every``-th) and the bucketing its distinct step ``shapes``; each defaults to
+    ``results``. ``slo_ms`` draws the objectives on the CDFs; ``plan_title`` says which
+    step the op graph is of. The figures of the whole run come first."""
     head, sample, shapes = head or results, sample or results, shapes or results
     figures = {
-        "Step sizes and CUDA-graph buckets": plot_bucketing(shapes, bucketings),
-        "Step composition": plot_timeline(head),
-        "Latency CDFs": plot_latency_cdfs([results, *others]),
-        "Host time per step": plot_host_time(sample),
+        "Latency CDFs": plot_latency_cdfs([results, *others], slo_ms=slo_ms),
+        "Step composition over the run": plot_composition_over_run(sample, every),
     }
     if has_memory_columns(sample):
         figures["KV cache and queue"] = plot_memory(sample)
+    figures["Host time per step"] = plot_host_time(sample)
+    figures["Step sizes and CUDA-graph buckets"] = plot_bucketing(shapes, bucketings)
+    figures["Step composition, first steps (detail)"] = plot_timeline(head)
     if plan is not None:
-        figures["Op graph of one plan"] = plot_op_graph(plan)
+        figures[plan_title] = plot_op_graph(plan)
     return figures
 
 
@@ -109,9 +150,16 @@ def build_report(
     title: str | None = None,
     leading_tables: Sequence[ReportTable] = (),
     notes: Sequence[str] = (),
+    verdict: Verdict | None = None,
+    summary_table: ReportTable | None = None,
+    sections: Sequence[str] = (),
 ) -> str:
-    """The HTML page: ``notes`` (a line each), ``leading_tables``, the summary tables,
-    ``tables``, every figure as an embedded PNG, then the provenance and the configuration.
+    """The HTML page, what a person reads first at the top: the ``verdict``, then
+    ``leading_tables``, the ``summary_table`` (the console's rows, in words and units),
+    every figure as an embedded PNG, ``tables`` (the bucket comparison), ``sections``
+    (HTML blocks of their own, such as per-replica tables), ``notes``; then the details,
+    folded: every figure of ``summary.json`` by its key, the provenance, the
+    configuration and the ITL quantiles.
 
     ``figures`` default to :func:`report_figures` of the run (with ``plan``); ``title``
     to the run's label.
@@ -121,19 +169,16 @@ def build_report(
     summary = results.summary
     title = f"stepplan report: {title or results.label}"
     parts = [f"<h1>{html.escape(title)}</h1>"]
-    parts.extend(f"<p>{html.escape(note)}</p>" for note in notes)
+    if verdict is not None:
+        parts.append(_verdict(verdict))
     parts.extend(_table(t.title, t.header, t.rows) for t in leading_tables)
-    parts.append(_overview(summary))
-    latency = summary.get("latency_ms")
-    if isinstance(latency, Mapping) and latency:
-        parts.append(_latency_table(latency))
-    # a deployment's replicas have a table of their own (``tables``)
-    skip = {"config", "latency_ms", "itl_ms_quantiles", "provenance", "deployment"}
-    for key, value in summary.items():
-        if isinstance(value, Mapping) and key not in skip:
-            parts.append(_section(key, value))
-    parts.extend(_table(t.title, t.header, t.rows) for t in tables)
+    if summary_table is not None:
+        parts.append(_table(summary_table.title, summary_table.header, summary_table.rows))
     parts.extend(_figure(name, figure) for name, figure in figures.items())
+    parts.extend(_table(t.title, t.header, t.rows) for t in tables)
+    parts.extend(sections)
+    parts.extend(f"<p>{html.escape(note)}</p>" for note in notes)
+    parts.append(_summary_details(summary))
     provenance = summary.get("provenance")
     if isinstance(provenance, Mapping):
         parts.append(_provenance(provenance))
@@ -149,6 +194,43 @@ def build_report(
 def is_report(sample: bytes) -> bool:
     """Whether a file's start (``sample``) is a page :func:`build_report` made."""
     return sample.startswith(b"<!DOCTYPE html>") and GENERATOR.encode() in sample[:4096]
+
+
+def _verdict(verdict: Verdict) -> str:
+    state = "met" if verdict.met else "missed"
+    rows = "".join(
+        f"<tr><th>{html.escape(name)}</th><td>{html.escape(text)}</td></tr>"
+        for name, text in verdict.figures
+    )
+    checks = "".join(
+        f"<li><b>{'met' if ok else 'missed'}</b>: {html.escape(objective)}, "
+        f"{html.escape(outcome)}</li>"
+        for objective, outcome, ok in verdict.checks
+    )
+    notes = "".join(f"<p>{html.escape(note)}</p>" for note in verdict.notes)
+    return (
+        f"<section id='verdict' class='{state}'>"
+        f"<p class='headline'>{html.escape(verdict.headline)}</p>"
+        f"<p>{html.escape(verdict.subject)}</p><table>{rows}</table><ul>{checks}</ul>{notes}"
+        "</section>"
+    )
+
+
+def _summary_details(summary: Mapping[str, Any]) -> str:
+    """Every figure of ``summary.json`` by its key, folded under one heading."""
+    parts = [_overview(summary)]
+    latency = summary.get("latency_ms")
+    if isinstance(latency, Mapping) and latency:
+        parts.append(_latency_table(latency))
+    skip = {"config", "latency_ms", "itl_ms_quantiles", "provenance"}
+    for key, value in summary.items():
+        if isinstance(value, Mapping) and key not in skip:
+            parts.append(_section(key, value))
+    return (
+        "<details><summary>Every figure of summary.json, by its key</summary>"
+        + "\n".join(parts)
+        + "</details>"
+    )
 
 
 def _overview(summary: Mapping[str, Any]) -> str:
@@ -211,7 +293,8 @@ def _details(title: str, rows: Sequence[tuple[str, Any]]) -> str:
 
 def _figure(name: str, figure: Figure) -> str:
     data = base64.b64encode(figure_bytes(figure, "png")).decode("ascii")
-    slug = "fig-" + "-".join(name.lower().split())
+    # The id names the figure, not the run: the words before a colon.
+    slug = "fig-" + re.sub(r"[^a-z0-9]+", "-", name.split(":")[0].lower()).strip("-")
     return (
         f"<h2>{html.escape(name)}</h2>\n<figure id='{html.escape(slug)}'>"
         f"<img alt='{html.escape(name)}' src='data:image/png;base64,{data}'></figure>"

@@ -55,3 +55,43 @@ def plot_timeline(results: SimResult, first_step: int = 0, num_steps: int = 400)
         f"{hit.mean():.0%} replay a graph)"
     )
     return figure
+
+
+#: Time bins of the whole-run composition figure.
+RUN_BINS = 120
+
+
+def plot_composition_over_run(results: SimResult, every: int = 1) -> Figure:
+    """Step composition over the whole run: per stretch of simulated time, the mean
+    tokens of a step by kind (stacked) and the share of steps that replayed a CUDA graph.
+    ``results`` holds every ``every``-th step of the run (the figure's title says so);
+    the shares and means are of those steps."""
+    steps = results.steps
+    steps.require_rows("the step composition over the run")
+    start = steps.column("start_s")
+    edges = np.linspace(float(start[0]), float(start[-1]) + 1e-9, RUN_BINS + 1)
+    index = np.clip(np.searchsorted(edges, start, side="right") - 1, 0, RUN_BINS - 1)
+    counts = np.bincount(index, minlength=RUN_BINS).astype(np.float64)
+    seen = counts > 0
+    figure = new_figure(10.0, 4.5)
+    axes, strip = figure.subplots(2, 1, sharex=True, height_ratios=[4, 1.4])
+    baseline = np.zeros(RUN_BINS)
+    for part, name in KIND_TOKENS.items():
+        sums = np.bincount(index, weights=steps.column(name), minlength=RUN_BINS)
+        values = baseline + np.divide(sums, counts, out=np.zeros(RUN_BINS), where=seen)
+        axes.stairs(values, edges, baseline=baseline, fill=True, color=COLORS[part], label=part)
+        baseline = values
+    axes.set_ylabel("mean tokens per step")
+    axes.legend(loc="upper right", fontsize=8, ncols=3)
+    hits = np.bincount(index, weights=steps.column("graph_hit") > 0, minlength=RUN_BINS)
+    share = np.divide(hits, counts, out=np.zeros(RUN_BINS), where=seen)
+    strip.stairs(share, edges, fill=True, color=COLORS["graph"])
+    strip.set_ylim(0, 1)
+    strip.set_ylabel("graph\nshare", rotation=0, labelpad=22, va="center")
+    strip.set_xlabel("simulated time (s)")
+    sampled = "" if every <= 1 else f"; every {every:,}th step drawn"
+    overall = (steps.column("graph_hit") > 0).mean()
+    figure.suptitle(
+        f"Step composition over the whole run ({overall:.1%} of steps replay a graph{sampled})"
+    )
+    return figure

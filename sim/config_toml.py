@@ -3,7 +3,8 @@ reads back to equal settings.
 
 Python's ``tomllib`` only reads. ``SimConfig`` is two top-level keys and flat sections
 of strings, ints, floats, bools and lists of them, so a small writer covers it. TOML
-has no null: a setting that is ``None`` is left out (a comment line names it), and a
+has no null: a setting that is ``None`` is left out (a comment line names it and what it
+stands for, ``config_defaults.setting_text``), and a
 missing key reads back as the default. That is the same thing because every setting
 that may be ``None`` has ``None`` as its default; the writer refuses any other.
 """
@@ -15,6 +16,7 @@ from typing import Any
 import attrs
 
 from .config import ConfigError, SimConfig
+from .config_defaults import setting_text
 
 #: TOML basic-string escapes (any other control character is written as ``\\uXXXX``).
 _ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f"}
@@ -33,19 +35,20 @@ def config_toml(config: SimConfig, header: str = "") -> str:
         if attrs.has(type(value)):
             sections += ["", f"[{field.name}]"]
             sections += [
-                _line(field.name, f, getattr(value, f.name)) for f in attrs.fields(type(value))
+                _line(config, field.name, f, getattr(value, f.name))
+                for f in attrs.fields(type(value))
             ]
         else:
-            lines.append(_line("", field, value))
+            lines.append(_line(config, "", field, value))
     return "\n".join(lines + sections) + "\n"
 
 
-def _line(section: str, field: attrs.Attribute, value: Any) -> str:
+def _line(config: SimConfig, section: str, field: attrs.Attribute, value: Any) -> str:
     key = f"{section}.{field.name}" if section else field.name
     if value is None:
         if field.default is not None:
             raise ConfigError(f"{key}: None cannot be written (its default is {field.default!r})")
-        return f"# {field.name}: not set (the default)"
+        return f"# {field.name}: not set: {setting_text(config, key)}"
     try:
         return f"{field.name} = {toml_value(value)}"
     except ValueError as exc:

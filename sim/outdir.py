@@ -159,7 +159,7 @@ class ResultsFolder:
         shown, path = str(path), Path(path)
         for _ in range(_CLAIM_TRIES):
             created = _make_folder(path, shown)
-            fd = _lock(path, shown)  # busy: what it made stays, the holder may be using it
+            fd = lock_folder(path, shown)  # busy: what it made stays, the holder may be using it
             if _same_folder(fd, path):
                 break
             os.close(fd)  # removed or replaced between mkdir and lock: once more
@@ -381,7 +381,9 @@ def _make_folder(path: Path, shown: str) -> list[Path]:
     return created
 
 
-def _lock(path: Path, shown: str) -> int:
+def lock_folder(path: Path, shown: str) -> int:
+    """An open descriptor of ``path`` holding its exclusive lock (:class:`FolderBusy` when
+    another run holds it)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     except OSError as exc:

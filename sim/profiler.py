@@ -25,6 +25,7 @@ import numpy as np
 from stepplan.planner import ExecutionPlan, PlanError, Planner, PlannerConfig, StepBatch
 
 from .engine_fit import ProfilePoint, step_shape
+from .progress import CountProgress
 
 #: Context levels (tokens per row, mean) of each measured graph bucket.
 CONTEXT_LEVELS = (128, 1024, 4096, 6144)
@@ -197,6 +198,10 @@ def _rebuilt(batch: StepBatch) -> StepBatch:
     )
 
 
+#: Untimed runs of each shape before its timed ones (compilations, graph capture).
+WARMUP_RUNS = 2
+
+
 def measure(
     batches: Sequence[StepBatch],
     planner: Planner,
@@ -205,9 +210,10 @@ def measure(
     *,
     vocab_size: int,
     repeats: int = 5,
-    warmup: int = 2,
+    warmup: int = WARMUP_RUNS,
     seed: int = 0,
     idle_gap_s: float = IDLE_GAP_S,
+    progress: CountProgress | None = None,
 ) -> list[ProfilePoint]:
     """Median wall time of each batch's step as a live run measures it -- the batch built
     and compiled, then ``run`` -- with its GPU and host parts; ``samples(batch)`` gives the
@@ -225,9 +231,11 @@ def measure(
     step almost always has a new token count, and the host's first launch of a shape
     costs more than its next ones (several ms a step, measured on an H200 host), which
     a repeated shape would hide. A point keeps the batch's own shape.
+    ``progress`` hears of every run: ``len(batches) * (warmup + repeats)`` in all.
     """
     rng = np.random.default_rng(seed)
     runs = warmup + repeats
+    tick = progress.advance if progress is not None else lambda: None
     plans = [planner.compile(batch) for batch in batches]
     reach, seen = _Reach.of(batches), set[int]()
     variants = [fresh_variants(plan, planner, runs, reach, seen) for plan in plans]
@@ -241,6 +249,7 @@ def measure(
         for attempt in range(warmup):
             wall_s, _, _ = run(planner.compile(_rebuilt(row[attempt])), *row_inputs[attempt])
             weights[index] = wall_s
+            tick()
     timings: list[list[tuple[float, float | None, float]]] = [[] for _ in batches]
     for repeat in range(warmup, runs):
         for index in _round_order(weights, repeat, rng).tolist():
@@ -251,6 +260,7 @@ def measure(
             planning_s = time.perf_counter() - start
             wall_s, gpu_s, host_s = run(plan, ids, sampled)
             timings[index].append((planning_s + wall_s, gpu_s, planning_s + host_s))
+            tick()
     return [_point(plan, rows) for plan, rows in zip(plans, timings, strict=True) if rows]
 
 

@@ -62,7 +62,8 @@ class ProgressBar:
 
 class ProgressLines:
     """One line every ``every_s`` seconds of wall time (``clock`` reads it), for a
-    stream that is not a terminal; a first line when the loop starts."""
+    stream that is not a terminal; a first line when the loop starts (saying that
+    Ctrl-C keeps the steps so far when the run is ``stoppable``)."""
 
     def __init__(
         self,
@@ -72,8 +73,10 @@ class ProgressLines:
         label: str = "",
         every_s: float = LINE_EVERY_S,
         clock: Callable[[], float] = time.monotonic,
+        stoppable: bool = True,
     ) -> None:
         self._total, self._stream, self._label = total, stream, label
+        self._stoppable = stoppable
         self._every_s, self._clock = every_s, clock
         self._start: float | None = None
         self._next = 0.0
@@ -83,10 +86,8 @@ class ProgressLines:
         now = self._clock()
         if self._start is None:
             self._start, self._next = now, now + self._every_s
-            self._print(
-                f"simulating {self._total:,} requests "
-                "(Ctrl-C stops early and keeps the steps so far)"
-            )
+            hint = " (Ctrl-C stops early and keeps the steps so far)" if self._stoppable else ""
+            self._print(f"simulating {self._total:,} requests{hint}")
             return
         if now < self._next:
             return
@@ -177,7 +178,8 @@ class CountBar:
 class CountLines:
     """A line when the first item finishes and then at most every ``every_s`` seconds
     (``clock`` reads the time), for a stream that is not a terminal; a last line when
-    all are done."""
+    all are done. Each line says the time so far and, at the rate so far, the time
+    left."""
 
     def __init__(
         self,
@@ -192,7 +194,7 @@ class CountLines:
     ) -> None:
         self._total, self._done, self._unit = total, done, unit
         self._stream, self._label, self._every_s, self._clock = stream, label, every_s, clock
-        self._start = clock()
+        self._start, self._done_before = clock(), done
         self._next = self._start
 
     def advance(self, count: int = 1) -> None:
@@ -203,8 +205,30 @@ class CountLines:
             return
         self._next = now + self._every_s
         prefix = f"stepplan: {self._label}: " if self._label else "stepplan: "
-        line = f"{self._done:,}/{self._total:,} {self._unit}s done, {now - self._start:,.0f} s"
+        elapsed = now - self._start
+        line = f"{self._done:,}/{self._total:,} {self._unit}s done, {elapsed:,.0f} s"
+        ran = self._done - self._done_before
+        if ran > 0 and self._done < self._total:
+            line += f", about {elapsed / ran * (self._total - self._done):,.0f} s left"
         print(prefix + line, file=self._stream, flush=True)
 
     def close(self) -> None:
         """Nothing to tidy: every line is complete."""
+
+
+def count_progress(
+    total: int,
+    stream: TextIO,
+    *,
+    unit: str,
+    quiet: bool = False,
+    done: int = 0,
+    label: str = "",
+) -> CountProgress | None:
+    """Progress over ``total`` items on ``stream``: a bar on a terminal, plain lines
+    elsewhere (logs, CI, a pipe); none when ``quiet`` or nothing is left to do."""
+    if quiet or total == done:
+        return None
+    if stream.isatty():
+        return CountBar(total, stream, unit=unit, done=done)
+    return CountLines(total, stream, unit=unit, done=done, label=label)

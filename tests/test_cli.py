@@ -128,6 +128,7 @@ def test_subcommands_are_registered_one_per_function():
     needs = {"simulate": [], "compare": [], "buckets": ["DIR"], "report": ["DIR"], "config": []}
     needs |= {"profile": ["--out", "p.json"], "fidelity": [], "sweep": ["s.toml"], "capacity": []}
     needs |= {"scheduler-diff": []}
+    needs |= {"results": ["list"]}
     assert len(cli.SUBCOMMANDS) == len(needs)
     for name, rest in needs.items():  # each registered function set its own handler
         assert callable(parser.parse_args([name, *rest]).handler), name

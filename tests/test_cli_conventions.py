@@ -104,7 +104,7 @@ def test_help_shows_the_settings_defaults_and_the_graph_size_units(capsys):
     with pytest.raises(SystemExit):
         cli.main(["compare", "--help"])
     text = squeeze(capsys.readouterr().out)
-    assert "column title of run B (default: B)" in text
+    assert "column title of run B (default: B and the settings it differs in" in text
     with pytest.raises(SystemExit):
         cli.main(["buckets", "--help"])
     text = squeeze(capsys.readouterr().out)  # its overrides default to the run's settings
@@ -343,7 +343,9 @@ def test_compare_prints_the_header_and_the_table(tmp_path, capsys):
         f"trace {SYNTHETIC} (30 requests)"
     )
     assert lines[1].startswith("B: ") and "graph mode mixed" in lines[1]
-    assert lines[2].split() == ["A", "B", "B", "-", "A", "(B", "-", "A)", "/", "A"]
+    # The columns are titled by what differs between the runs.
+    titles = ["A:", "graph_mode=full", "B:", "graph_mode=mixed"]
+    assert lines[2].split() == [*titles, "B", "-", "A", "(B", "-", "A)", "/", "A"]
     assert any(re.match(r"steps\s+\d+\s+\d+\s+[+-]\d+\s+[+-]\d+\.\d%$", x) for x in lines)
 
 

@@ -45,7 +45,7 @@ def test_bench_rows_on_the_cpu():
 
 
 def test_command_line(capsys):
-    argv = ["--preset", "tiny", "--device", "cpu", "--slots", "5", "--max-len", "64"]
+    argv = ["--preset", "tiny", "--device", "cpu", "--slots", "5", "--max-len", "64", "--no-record"]
     assert bench.main([*argv, "--repeats", "1"]) == 0
     out = capsys.readouterr().out
     assert "tiny: 43,808 parameters" in out and "decode 4" in out

@@ -16,11 +16,12 @@ from stepplan.sim.results import read_results
 from stepplan.sim.table import ResultsError
 
 FIGURE_IDS = (
-    "fig-step-sizes-and-cuda-graph-buckets",
-    "fig-step-composition",
     "fig-latency-cdfs",
-    "fig-host-time-per-step",
+    "fig-step-composition-over-the-run",
     "fig-kv-cache-and-queue",
+    "fig-host-time-per-step",
+    "fig-step-sizes-and-cuda-graph-buckets",
+    "fig-step-composition-first-steps-detail",
     "fig-op-graph-of-one-plan",
 )
 WORKLOAD = "synthetic:n=50,rate=20,prompt=uniform:16:600,output=uniform:2:60"

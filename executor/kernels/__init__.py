@@ -19,7 +19,7 @@ B's program of its request's *first* chunk (the only one that reads old state; i
 writes the final state). Inside that program ``tl.debug_barrier()`` separates the last read of the
 old window from the first write of the new one. Residual rows are disjoint too
 (a token belongs to one row, and to one chunk), and ``x`` is only read. So
-outputs need no second pass and the two launches could even overlap.
+outputs need no further pass and the two launches could even overlap.
 """
 
 from .compiled import compiled_variants

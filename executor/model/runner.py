@@ -322,7 +322,7 @@ class HybridModelRunner:
         events = self._events
         if events is not None:
             # The stream, not the device: a device-wide synchronize costs the host more
-            # with every CUDA graph instantiated (bench/RESULTS.md, fidelity, sixth pass).
+            # with every CUDA graph instantiated (bench/results/history/, fidelity, 2026-12-03).
             torch.cuda.current_stream(self.device).synchronize()
         # A collection of the caller's objects is not the step's time: none runs inside.
         with paused_gc():

@@ -1,4 +1,4 @@
-/* The batch's arrays as the packer reads them, and its first pass over them (see rows.h). */
+/* The batch's arrays as the packer reads them, and its counting pass over them (see rows.h). */
 #include "rows.h"
 
 #include <string.h>

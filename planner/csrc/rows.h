@@ -22,7 +22,7 @@ void release_batch(Batch *batch);
  * rows of slots. Fills ``batch``; on failure releases it and sets an exception. */
 int take_batch(Batch *batch, PyObject *const *args, Py_ssize_t groups);
 
-/* What the first pass learns: rows and tokens per kind (padding too), and whether a spec
+/* What the counting pass learns: rows and tokens per kind (padding too), and whether a spec
  * row has q > Q or accepted outside 1..Q; then tiles and the longest prefill. */
 typedef struct {
     Py_ssize_t rows[4];

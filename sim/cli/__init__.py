@@ -6,7 +6,8 @@ sets ``handler`` (a function of the parsed arguments returning the exit code);
 entry in that tuple.
 Modules: ``options`` (what the simulating commands share), ``simulate``, ``compare``,
 ``buckets``, ``report``, ``config_cmd`` (``stepplan config``), ``sweep`` and
-``capacity_cmd`` (with ``sweep_run``, what they share); ``helptext`` (help that
+``capacity_cmd`` (with ``sweep_run``, what they share), ``results_cmd`` (``stepplan
+results list|clean``); ``helptext`` (help that
 shows every default), ``provenance`` (what ``summary.json`` records to run it again) and
 ``tables`` (what is printed and saved about runs). Only this package of the simulator
 imports ``stepplan.plots``.
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -42,6 +44,7 @@ from .profile import add_profile
 from .provenance import stepplan_version
 from .report import ERRORS as REPORT_ERRORS
 from .report import add_report
+from .results_cmd import add_results
 from .scheduler_diff_cmd import add_scheduler_diff
 from .signals import Interrupted, stop_on_signals
 from .simulate import add_simulate
@@ -77,6 +80,7 @@ SUBCOMMANDS: tuple[Callable[[Any], None], ...] = (
     add_sweep,
     add_capacity,
     add_scheduler_diff,
+    add_results,
 )
 
 
@@ -95,6 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``stepplan`` console script. Ctrl-C and SIGTERM end it with one
     line and exit code 130/143 (``signals.py``; handlers see them as ``args.stop``)."""
+    started = time.perf_counter()
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         args = build_parser().parse_args(argv)
@@ -102,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"stepplan: error: {exc.line}", file=sys.stderr)
         return 2
     args.argv = argv  # what the provenance records
+    args.started = started  # the command's wall time runs from here (tables.command_wall)
     try:
         with stop_on_signals() as args.stop:
             return args.handler(args)

@@ -26,6 +26,7 @@ from .options import (
     results_folder,
     simulate_one,
 )
+from .report_verdict import side_labels
 from .tables import (
     COMPARE_FILES,
     CompareTable,
@@ -55,7 +56,8 @@ def run_compare(args: argparse.Namespace) -> int:
         args.traces.read(args.trace, args.format, config, read_limit(config))
     key = {"trace": args.trace, "format": args.format}
     key.update({side: config.to_dict() for side, config in configs.items()})
-    labels = {side: getattr(args, f"{side}_label") or side.upper() for side in configs}
+    titles = dict(zip(SIDES, side_labels(*(configs[s].to_dict() for s in SIDES)), strict=True))
+    labels = {side: getattr(args, f"{side}_label") or titles[side] for side in configs}
     summaries: dict[str, dict[str, Any]] = {}
     table = None
     with contextlib.ExitStack() as stack:
@@ -87,7 +89,7 @@ def run_compare(args: argparse.Namespace) -> int:
         if headers["a"] == headers["b"]:
             print(headers["a"])
         else:
-            print("\n".join(f"{labels[side]}: {header}" for side, header in headers.items()))
+            print("\n".join(f"{side.upper()}: {header}" for side, header in headers.items()))
         print(table.format())
     if not args.quiet or not args.out:  # a folder stepplan named is always said
         shown = base.shown
@@ -115,7 +117,11 @@ def add_compare(subparsers: Any) -> None:
     for side in ("a", "b"):
         add = parser.add_argument
         run = f"run {side.upper()}"
-        add(f"--{side}-label", help=f"column title of {run} (default: {side.upper()})")
+        add(
+            f"--{side}-label",
+            help=f"column title of {run} (default: {side.upper()} and the settings it "
+            f"differs in, as {side.upper()}: host_cost={'model' if side == 'a' else 'seed'})",
+        )
         add(f"--{side}-config", help=f"TOML settings of {run} (default: --config)")
         add(
             f"--{side}-set",

@@ -42,7 +42,7 @@ from ..outdir import ResultsFolder
 from ..results import SimResult, write_results
 from ..run import StepEvent, simulate
 from ..schema import RESULT_FILES
-from .options import add_run_command, build_config, results_folder
+from .options import add_run_command, build_config, results_folder, run_progress
 from .trace_reading import load_requests
 
 FILES = ("fidelity.json", "fidelity.png", "fidelity_steps.csv", "acceptance.jsonl")
@@ -228,7 +228,8 @@ def run_fidelity(args: argparse.Namespace) -> int:
         }
         requests = load_requests(args, live_config)
         recorder = Recorder()
-        live = simulate(requests, live_config, observer=recorder)
+        progress = run_progress(args, requests.num_requests, "live run", stoppable=False)
+        live = simulate(requests, live_config, observer=recorder, progress=progress)
         write_results(live, folders["live"])
         # The simulation models the engine that ran: a prefix cache only if it kept one.
         caching = bool(live.summary["memory"]["prefix_caching"])

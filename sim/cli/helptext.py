@@ -2,8 +2,10 @@
 
 The setting flags default to ``None`` (an unset flag must not override the ``--config``
 file), so argparse's own defaults would all read "None"; :class:`DefaultsHelpFormatter`
-shows the default of the setting a flag overrides instead, read from ``SimConfig()``
-(``--max-num-seqs``: 256). A help text that states its default itself is left as it is.
+shows the default of the setting a flag overrides instead, as ``stepplan config`` and the
+notes show it (``config_defaults.setting_text`` of ``SimConfig()``: ``--max-num-seqs``
+256, ``--max-model-len`` the model preset's). A help text that states its default itself
+(``buckets``' overrides: the run's) is left as it is.
 """
 
 from __future__ import annotations
@@ -12,30 +14,12 @@ import argparse
 from typing import Any, NoReturn
 
 from ..config import SimConfig
+from ..config_defaults import describe, setting_text
 from .options import OVERRIDES
 
 #: Flag destinations -> the setting whose default they show (``OVERRIDES`` and the one
 #: flag that sets a setting of another name).
 _SETTINGS = {**OVERRIDES, "acceptance": "acceptance.model"}
-
-
-def setting_default(key: str) -> Any:
-    """The default of the dotted setting ``key`` (``scheduler.max_num_seqs``)."""
-    value: Any = SimConfig()
-    for part in key.split("."):
-        value = getattr(value, part)
-    return value
-
-
-def describe(value: Any) -> str:
-    """A default as the flag would take it: lists comma-separated, bools on or off."""
-    if value is None:
-        return "none"
-    if isinstance(value, bool):
-        return "on" if value else "off"
-    if isinstance(value, list | tuple):
-        return ",".join(str(item) for item in value)
-    return str(value)
 
 
 class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -47,8 +31,8 @@ class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         if "default" in text.lower() or action.default is argparse.SUPPRESS or not takes_default:
             return text
         key = _SETTINGS.get(action.dest)
-        value = setting_default(key) if key is not None else action.default
-        return f"{text} (default: {describe(value).replace('%', '%%')})"
+        shown = setting_text(SimConfig(), key) if key is not None else describe(action.default)
+        return f"{text} (default: {shown.replace('%', '%%')})"
 
 
 class UsageError(SystemExit):

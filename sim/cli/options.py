@@ -94,8 +94,7 @@ GRAPH_SIZES_HELP = (
     "CUDA-graph sizes, e.g. 1,2,4,8,16,32, in two units: a spec or decode graph of size s "
     "holds s rows (a spec graph s*Q tokens, a decode graph s tokens), and only sizes up to "
     "max-num-seqs serve as row counts; a mixed graph's size counts tokens, as vLLM's "
-    "capture sizes do (its rows take the smallest row size that fits). "
-    "Default: vLLM's list for this Q and max-num-seqs"
+    "capture sizes do (its rows take the smallest row size that fits)"
 )
 #: ``compare``'s per-side flags (``--a-host-cost``, ...), each overriding its ``OVERRIDES`` key.
 SIDE_FLAGS = ("host_cost", "graph_mode", "graph_sizes", "scheduler")
@@ -221,13 +220,12 @@ def add_setting_options(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
     add("--config", help="TOML settings file (`stepplan config` prints one)")
     add("--set", action="append", metavar="SECTION.KEY=VALUE", help="any setting (repeatable)")
-    add("--name", help="run name: one folder name under results/ (default: the trace's name)")
+    add("--name", help="run name: one folder name under results/")
     add("--seed", type=int, help="seed of the acceptance draws and of synthetic arrivals")
     add(
         "--limit",
         type=int,
-        help="keep the first N requests and stop reading the trace there (default: all; "
-        "1,000 of the embedded trace)",
+        help="keep the first N requests and stop reading the trace there",
     )
     _add_engine_options(parser)
     _add_cost_options(parser)
@@ -258,7 +256,7 @@ def _add_engine_options(parser: argparse.ArgumentParser) -> None:
     add("--num-spec-tokens", type=int, help="drafts per spec step (Q - 1); 0: no spec")
     add("--max-num-seqs", type=int, help="most requests running at once")
     add("--max-num-batched-tokens", type=int, help="token budget per step, lookahead included")
-    add("--slot-capacity", type=int, help="conv-state slots (default: max-num-seqs)")
+    add("--slot-capacity", type=int, help="conv-state slots")
     add("--num-groups", type=int, help="layer groups")
     orders = "; ".join(f"{name}: {policy.description}" for name, policy in POLICIES.items())
     add(
@@ -297,7 +295,7 @@ def _add_cost_options(parser: argparse.ArgumentParser) -> None:
     add(
         "--host-cost",
         choices=HOST_COSTS,
-        help="host time per step: model (deterministic, default), measured (the planner's "
+        help="host time per step: model (deterministic), measured (the planner's "
         "real time; results then vary run to run) or seed (the seed builder's 250/900 us)",
     )
     add(
@@ -307,8 +305,7 @@ def _add_cost_options(parser: argparse.ArgumentParser) -> None:
     )
     add(
         "--kernel-profile",
-        help="kernel profile JSON, or public for SPEC §4's public kernel "
-        "(default: stepplan's kernels as measured on an H200)",
+        help="kernel profile JSON, or public for SPEC §4's public kernel",
     )
 
 
@@ -327,12 +324,12 @@ def _add_acceptance_options(parser: argparse.ArgumentParser) -> None:
 def _add_workload_options(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
     add("--rate-scale", type=float, help="arrival-rate multiplier")
-    add("--start-s", type=float, help="window start, trace seconds (default: the trace's start)")
-    add("--end-s", type=float, help="window end, trace seconds (default: the trace's end)")
+    add("--start-s", type=float, help="window start, trace seconds")
+    add("--end-s", type=float, help="window end, trace seconds")
     add(
         "--rate",
         type=float,
-        help="req/s for traces without arrival times (default: none, all arrive at 0)",
+        help="req/s for traces without arrival times",
     )
     add("--slo-ttft-ms", type=float, help="TTFT objective of a good request")
     add("--slo-tpot-ms", type=float, help="TPOT objective of a good request")
@@ -350,14 +347,14 @@ def _add_live_options(parser: argparse.ArgumentParser) -> None:
     add(
         "--live-backend",
         choices=LIVE_BACKENDS,
-        help="executor backend (default: triton on cuda, reference on cpu)",
+        help="executor backend",
     )
-    add("--live-device", choices=LIVE_DEVICES, help="where the toy model runs (default: cpu)")
+    add("--live-device", choices=LIVE_DEVICES, help="where the toy model runs")
     add(
         "--live-time",
         choices=LIVE_TIMES,
-        help="step time in live mode: model (the cost model, deterministic on a given backend; "
-        "default) or measured (the model run's wall time replaces the model, short-conv and "
+        help="step time in live mode: model (the cost model, deterministic on a given backend) "
+        "or measured (the model run's wall time replaces the model, short-conv and "
         "launch terms; results then vary run to run)",
     )
 
@@ -382,14 +379,19 @@ def results_folder(
     return claim_new(RESULTS_PARENT, stem, kind=kind, overwrite=args.overwrite, names=names)
 
 
-def _progress(args: argparse.Namespace, total: int, label: str) -> Progress | None:
+def run_progress(
+    args: argparse.Namespace, total: int, label: str, *, stoppable: bool = True
+) -> Progress | None:
+    """Progress of a simulation of ``total`` requests on stderr: a bar on a terminal,
+    plain lines elsewhere; none with ``--quiet``. ``stoppable``: Ctrl-C keeps the
+    steps so far (the first line says so)."""
     if args.quiet:
         return None
     if sys.stderr.isatty():
         if label:
             print(f"simulating {label} ...", file=sys.stderr)
         return ProgressBar(total, sys.stderr)
-    return ProgressLines(total, sys.stderr, label=label)
+    return ProgressLines(total, sys.stderr, label=label, stoppable=stoppable)
 
 
 def simulate_one(
@@ -408,7 +410,7 @@ def simulate_one(
     if warning:
         print(warning, file=sys.stderr)
     with stop.deferred() as event:
-        progress = _progress(args, requests.num_requests, label)
+        progress = run_progress(args, requests.num_requests, label)
         parquet = args.parquet and parquet_available()
         with ResultsWriter(folder, parquet=parquet, stop=event) as writer:
             if config.deployment.replicas > 1:

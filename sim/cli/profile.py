@@ -27,6 +27,7 @@ from ..live import engine_setup, length_limit, make_runner
 from ..outfile import OutputFile
 from ..profiler import (
     CONTEXT_LEVELS,
+    WARMUP_RUNS,
     GridLimits,
     graph_batches,
     graph_memory,
@@ -34,6 +35,7 @@ from ..profiler import (
     profile_batches,
     token_grid,
 )
+from ..progress import count_progress
 from .options import add_setting_options, build_config
 
 #: The grid draws contexts up to this multiple of its largest context level.
@@ -77,8 +79,14 @@ def run_profile(args: argparse.Namespace) -> int:
     planner = config.plan
     runner = make_runner(config, planner, limits.max_len)
     batches = profile_batches(planner, limits, seed=config.seed)
+    runs = len(batches) * (WARMUP_RUNS + args.repeats)
     if not args.quiet:
-        print(f"profiling {len(batches)} step shapes on {_device(runner)} ...", file=sys.stderr)
+        print(
+            f"profiling {len(batches)} step shapes on {_device(runner)}: {WARMUP_RUNS} warm-up "
+            f"and {args.repeats} timed runs each, {runs:,} runs ...",
+            file=sys.stderr,
+        )
+    progress = count_progress(runs, sys.stderr, unit="shape run", quiet=args.quiet, label="profile")
 
     def run(plan: Any, ids: Any, samples: Any) -> tuple[float, float | None, float]:
         _, timing = runner.timed_run(plan, ids, samples)
@@ -99,8 +107,12 @@ def run_profile(args: argparse.Namespace) -> int:
         sample_positions,
         vocab_size=runner.shape.vocab_size,
         repeats=args.repeats,
+        warmup=WARMUP_RUNS,
         seed=config.seed,
+        progress=progress,
     )
+    if progress is not None:
+        progress.close()
     preset, planner_setup = engine_setup(config, planner)
     profile = EngineProfile(
         source=target.shown,

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -15,12 +17,14 @@ from stepplan.planner import ExecutionPlan, StepBatch, compile_plan
 from ..buckets import BucketError, compare_to_defaults
 from ..config import ConfigError, SimConfig
 from ..outfile import OutputFile
+from ..progress import CountProgress, count_progress
 from ..results import SimResult
 from ..schema import KIND_ROWS, KIND_TOKENS, RESULT_FILES
 from ..table import ResultsError
 from .buckets import bucketing_of, comparison_table, run_config, run_demand
 from .outputs import REPORT
 from .report_reading import ReportRun, read_latency, read_report_run
+from .report_verdict import differences, summary_table, verdict_of
 from .tables import compare_table
 
 if TYPE_CHECKING:
@@ -36,16 +40,36 @@ EXPECTS = (
     "writes)"
 )
 SIDES = ("a", "b")
+#: A run of at least this many steps shows its reading's progress (a few seconds).
+PROGRESS_STEPS = 200_000
+
+
+def reading_progress(quiet: bool) -> Callable[[int], CountProgress | None]:
+    """What ``read_report_run`` reports the steps read to: progress on stderr for a
+    large run, unless ``quiet``."""
+
+    def progress(steps: int) -> CountProgress | None:
+        if steps < PROGRESS_STEPS:
+            return None
+        return count_progress(steps, sys.stderr, unit="step", quiet=quiet, label="report: read")
+
+    return progress
+
+
+def richest_row(results: SimResult) -> int:
+    """The row of the run's richest step: most kinds of rows, then most rows."""
+    steps = results.steps
+    steps.require_rows("the op-graph figure")
+    kinds = sum((steps.column(name) > 0).astype(np.int64) for name in KIND_ROWS.values())
+    return int(np.lexsort((-steps.column("num_rows"), -kinds))[0])
 
 
 def example_plan(results: SimResult, config: SimConfig) -> ExecutionPlan:
-    """A plan like the run's richest step (most kinds of rows, then most rows), rebuilt
-    from that step's counts: for the op-graph figure."""
+    """A plan like the run's richest step (:func:`richest_row`), rebuilt from that step's
+    counts: for the op-graph figure."""
     steps = results.steps
-    steps.require_rows("the op-graph figure")
+    row = richest_row(results)
     counts = {kind: steps.column(name) for kind, name in KIND_ROWS.items()}
-    kinds = sum((c > 0).astype(np.int64) for c in counts.values())
-    row = int(np.lexsort((-steps.column("num_rows"), -kinds))[0])
     lengths = [
         _spread(int(steps.column(name)[row]), int(counts[kind][row]))
         for kind, name in KIND_TOKENS.items()
@@ -76,11 +100,13 @@ def build_run_report(
     out: OutputFile,
     others: tuple[SimResult, ...] = (),
     max_graphs: int | None = None,
+    differs: tuple[str, ...] = (),
     **page: Any,
 ) -> Path:
     """Write the HTML report of ``run`` into ``out``: its figures, with the optimal
-    sizes beside the run's own, and the bucket comparison table; ``others`` join the
-    latency CDFs; ``page`` goes to ``build_report`` (``title``, ``leading_tables``)."""
+    sizes beside the run's own, and the bucket comparison table, under its verdict;
+    ``others`` join the latency CDFs; ``differs`` (what a compare's runs differ in) goes
+    into the verdict; ``page`` goes to ``build_report`` (``title``, ``leading_tables``)."""
     from stepplan.plots.bucketing import run_bucketing
     from stepplan.plots.report import build_report, report_figures
 
@@ -92,6 +118,9 @@ def build_run_report(
         tables.append(comparison_table(comparison))
         bucketings.append(bucketing_of(demand, comparison.recommended))
     plan = example_plan(run.richest, config)
+    step = int(run.richest.steps.column("step")[richest_row(run.richest)])
+    summary = run.latency.summary
+    slo = summary.get("config", {}).get("slo", {})
     figures = report_figures(
         run.latency,
         bucketings=bucketings,
@@ -100,6 +129,10 @@ def build_run_report(
         head=run.head,
         sample=run.sample,
         shapes=run.shapes,
+        every=run.every,
+        slo_ms={"TTFT": slo.get("ttft_ms"), "TPOT": slo.get("tpot_ms")},
+        plan_title=f"Op graph of one plan: step {step:,}, the run's richest "
+        f"({plan.num_rows} rows, {plan.num_tokens:,} tokens; rebuilt from its counts)",
     )
     deployment = run.latency.summary.get("deployment")
     if isinstance(deployment, dict):
@@ -116,10 +149,20 @@ def build_run_report(
         )
     if run.every > 1:
         notes.append(
-            f"The host-time and KV-cache figures draw every {run.every:,}th step and each "
-            f"{run.every:,} steps' peaks; the bucket figure and tables count every step."
+            f"The figures over the run draw every {run.every:,}th step (the KV-cache and "
+            f"queue figure each {run.every:,} steps' peaks); the bucket figure, the tables "
+            "and the verdict count every step."
         )
-    text = build_report(run.latency, figures=figures, tables=tables, notes=notes, **page)
+    verdict = verdict_of(summary, run.sample, differs)
+    text = build_report(
+        run.latency,
+        figures=figures,
+        tables=tables,
+        notes=notes,
+        verdict=verdict,
+        summary_table=summary_table(summary),
+        **page,
+    )
     return out.write(text.encode())
 
 
@@ -158,16 +201,28 @@ def compare_labels(folder: Path) -> tuple[str, str]:
 
 
 def build_compare_report(
-    folder: Path, out: OutputFile, others: tuple[SimResult, ...] = (), max_graphs: int | None = None
+    folder: Path,
+    out: OutputFile,
+    others: tuple[SimResult, ...] = (),
+    max_graphs: int | None = None,
+    quiet: bool = True,
 ) -> Path:
     """One page of both runs of a compare folder: their table with its differences on
     top, then run A's report with run B beside it in the latency CDFs."""
     labels = compare_labels(folder)
-    a = read_report_run(folder / SIDES[0], labels[0])
+    a = read_report_run(folder / SIDES[0], labels[0], reading_progress(quiet))
     b = read_latency(folder / SIDES[1], labels[1])
     lead = _compare_report_table(a.latency, b)
     title = f"{a.latency.label} vs {b.label}"
-    return build_run_report(a, out, (b, *others), max_graphs, title=title, leading_tables=(lead,))
+    changed = differences(a.latency.summary.get("config", {}), b.summary.get("config", {}))
+    differs = (
+        f"Run A ({a.latency.label}) against run B ({b.label}): B differs in "
+        + ("; ".join(changed) if changed else "nothing of its settings (the trace?)")
+        + ". The verdict and figures are run A's; the latency CDFs show both.",
+    )
+    return build_run_report(
+        a, out, (b, *others), max_graphs, differs, title=title, leading_tables=(lead,)
+    )
 
 
 def _compare_report_table(a: SimResult, b: SimResult) -> ReportTable:
@@ -192,9 +247,10 @@ def run_report(args: argparse.Namespace) -> int:
     out = claim_report(args.out or folder / "report.html", args.overwrite)
     others = tuple(read_latency(Path(other)) for other in args.compare or ())
     if is_run:
-        build_run_report(read_report_run(folder), out, others, args.max_graphs)
+        run = read_report_run(folder, progress=reading_progress(args.quiet))
+        build_run_report(run, out, others, args.max_graphs)
     else:
-        build_compare_report(folder, out, others, args.max_graphs)
+        build_compare_report(folder, out, others, args.max_graphs, args.quiet)
     print(f"report: {out.shown}")
     return 0
 
@@ -226,6 +282,9 @@ def add_report(subparsers: Any) -> None:
     )
     parser.add_argument("--compare", nargs="+", metavar="DIR", help="more runs for the CDFs")
     parser.add_argument(
+        "--quiet", action="store_true", help="no progress (a large run's reading shows it)"
+    )
+    parser.add_argument(
         "--max-graphs",
         type=int,
         help="graph budget of the bucket comparison (default: vLLM's count)",
@@ -244,9 +303,11 @@ def add_report_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def report_after_simulation(folder: Path, report: OutputFile | None) -> Path | None:
+def report_after_simulation(
+    folder: Path, report: OutputFile | None, quiet: bool = True
+) -> Path | None:
     """Write the report of the simulation just written into ``folder`` into ``report``,
     the file ``--report`` claimed before the run (nothing without it)."""
     if report is None:
         return None
-    return build_run_report(read_report_run(folder), report)
+    return build_run_report(read_report_run(folder, progress=reading_progress(quiet)), report)

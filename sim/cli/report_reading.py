@@ -15,11 +15,13 @@ replica's queue length and KV usage over time, averaged over :data:`TIME_BINS` s
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import attrs
 import numpy as np
 
+from ..progress import CountProgress
 from ..results import (
     SHAPE_COLUMNS,
     SimResult,
@@ -88,11 +90,17 @@ def read_latency(folder: Path, name: str | None = None) -> SimResult:
     )
 
 
-def read_report_run(folder: Path, name: str | None = None) -> ReportRun:
-    """:class:`ReportRun` of ``folder`` (``name``: the run's name in legends)."""
+def read_report_run(
+    folder: Path,
+    name: str | None = None,
+    progress: Callable[[int], CountProgress | None] | None = None,
+) -> ReportRun:
+    """:class:`ReportRun` of ``folder`` (``name``: the run's name in legends);
+    ``progress(steps)`` gives what hears of the steps read (none for no progress)."""
     latency = read_latency(folder, name)
     steps = int(latency.summary.get("steps", {}).get("count", 0) or 0)
     every = max(1, math.ceil(steps / FIGURE_STEPS))
+    reading = None if progress is None else progress(steps)
     head: list[Table] = []
     sample: list[Table] = []
     shapes, richest = StepShapes(), _Richest()
@@ -106,6 +114,10 @@ def read_report_run(folder: Path, name: str | None = None) -> ReportRun:
         if sum(c.num_rows for c in head) < HEAD_STEPS:
             head.append(_rows(chunk, np.arange(min(chunk.num_rows, HEAD_STEPS))))
         sample.append(_rows(chunk, _thinned(chunk, every)))
+        if reading is not None:
+            reading.advance(chunk.num_rows)
+    if reading is not None:
+        reading.close()
 
     def part(table: Table) -> SimResult:
         return attrs.evolve(latency, steps=table, requests=empty_table(REQUESTS))

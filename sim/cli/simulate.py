@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ..schema import MEASURED
 from .options import (
     add_run_command,
     build_config,
@@ -15,7 +14,7 @@ from .options import (
     simulate_one,
 )
 from .report import add_report_option, claim_report, report_after_simulation
-from .tables import run_header
+from .tables import command_wall, run_header
 
 
 def run_simulate(args: argparse.Namespace) -> int:
@@ -28,13 +27,12 @@ def run_simulate(args: argparse.Namespace) -> int:
         if args.report is not None:  # checked with the folder, before the run
             report_file = claim_report(args.report or folder.path / "report.html", args.overwrite)
         summary = simulate_one(args, config, folder)
-        report = report_after_simulation(folder.path, report_file)
+        report = report_after_simulation(folder.path, report_file, args.quiet)
     if not args.quiet:
         print(run_header(summary))
         print(format_table([(name, summary)]) + "\n")
     if not args.quiet or not args.out:  # a folder stepplan named is always said
-        wall_s = summary[MEASURED]["run"]["wall_s"]
-        print(f"results: {folder.shown}/ (wall {wall_s:.1f} s)")
+        print(f"results: {folder.shown}/ ({command_wall(args, summary)})")
     if report is not None and not args.quiet:
         print(f"report: {report}")
     return 0

@@ -17,7 +17,7 @@ import numpy as np
 from ..config import ConfigError, SimConfig
 from ..memory_sizing import plan_memory
 from ..outdir import ResultsFolder, claim_new
-from ..progress import CountBar, CountLines, CountProgress
+from ..progress import count_progress
 from ..results import SimResult, write_results
 from ..run import prepare_requests
 from ..schema import RESULT_FILES
@@ -185,14 +185,6 @@ def claim_folder(
     )
 
 
-def _progress(quiet: bool, total: int, done: int, label: str) -> CountProgress | None:
-    if quiet or total == done:
-        return None
-    if sys.stderr.isatty():
-        return CountBar(total, sys.stderr, unit="point", done=done)
-    return CountLines(total, sys.stderr, unit="point", done=done, label=label)
-
-
 @attrs.define(eq=False)
 class PointRun:
     """Runs points into a claimed folder (one record each as it finishes) and keeps what
@@ -222,7 +214,10 @@ class PointRun:
         """Run the points not done; a first signal stops after the points finished."""
         todo = list({p.digest: p for p in points if not self.done(p)}.values())
         unique = len({p.digest for p in points})
-        progress = _progress(self.quiet, unique, unique - len(todo), self.label)
+        done = unique - len(todo)
+        progress = count_progress(
+            unique, sys.stderr, unit="point", quiet=self.quiet, done=done, label=self.label
+        )
         by_digest = {p.digest: p for p in todo}
 
         def finished(outcome: PointOutcome) -> None:

@@ -13,12 +13,14 @@ from __future__ import annotations
 import csv
 import io
 import json
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import attrs
 
+from ..schema import MEASURED
 from ..summary import TIME_TERMS, summary_rows
 
 _LATENCY = {
@@ -128,7 +130,9 @@ class CompareTable:
     @property
     def header(self) -> tuple[str, ...]:
         a, b = self.labels
-        return ("", a, b, f"{b} - {a}", f"({b} - {a}) / {a}")
+        # A title that says what differs ("B: host_cost=seed") is named by its side there.
+        x, y = (label.split(":")[0] for label in self.labels)
+        return ("", a, b, f"{y} - {x}", f"({y} - {x}) / {x}")
 
     def text_rows(self) -> list[tuple[str, ...]]:
         """The rows as printed: metric, A, B, difference, relative difference."""
@@ -202,3 +206,14 @@ def compare_json(table: CompareTable) -> str:
         for side, label in zip(("a", "b"), table.labels, strict=True)
     }
     return json.dumps({**sides, "rows": rows}, indent=2) + "\n"
+
+
+def command_wall(args: Any, summary: Mapping[str, Any]) -> str:
+    """The command's wall time so far (reading, simulating and writing; from ``cli.main``'s
+    start, ``args.started``) with the simulation loop's share beside it."""
+    loop_s = float(summary[MEASURED]["run"]["wall_s"])
+    started = getattr(args, "started", None)
+    if started is None:  # a handler called without cli.main
+        return f"simulation loop {loop_s:.1f} s"
+    wall_s = time.perf_counter() - started
+    return f"wall {wall_s:.1f} s, of which the simulation loop {loop_s:.1f} s"

@@ -1,0 +1,75 @@
+"""The report as a person first sees it: rendered by headless Chromium at 1400 px wide,
+the verdict (headline, SLOs, goodput, TTFT and TPOT p99) lies within the first screen,
+for a run's report and a compare folder's. Skips where no Chromium is installed (CI
+installs it: ``.ci/run``)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from stepplan.sim.cli import main
+
+WIDTH, SCREEN = 1400, 900
+BROWSER = next(
+    (
+        found
+        for name in ("chromium", "chromium-browser", "google-chrome")
+        if (found := shutil.which(name))
+    ),
+    None,
+)
+pytestmark = pytest.mark.skipif(
+    BROWSER is None, reason="no chromium here (apt-get install chromium)"
+)
+WORKLOAD = "synthetic:n=300,rate=60,prompt=uniform:16:2000,output=uniform:2:200"
+#: Appended to a copy of the page: writes where the verdict lies into the DOM Chromium dumps.
+PROBE = (
+    "<script>const box = document.getElementById('verdict').getBoundingClientRect();"
+    "document.body.insertAdjacentHTML('beforeend', '<pre id=\"probe\">' + JSON.stringify("
+    "{top: box.top, bottom: box.bottom, width: window.innerWidth}) + '</pre>');</script>"
+)
+
+
+def verdict_box(page: Path, tmp_path: Path) -> dict:
+    probed = tmp_path / f"probed-{page.parent.name}.html"
+    probed.write_text(page.read_text().replace("</body>", PROBE + "</body>"))
+    command = [
+        BROWSER, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+        f"--window-size={WIDTH},{SCREEN}", "--dump-dom", probed.as_uri(),
+    ]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    # The script's own text holds the tag too: the element it wrote comes last.
+    found = re.findall(r'<pre id="probe">(\{[^<]*)</pre>', done.stdout)
+    assert found, done.stderr[-2000:]
+    return json.loads(found[-1])
+
+
+@pytest.fixture(scope="module")
+def pages(tmp_path_factory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("browser")
+    run = folder / "run"
+    assert main(["simulate", WORKLOAD, "--quiet", "--out", str(run), "--report"]) == 0
+    pair = folder / "pair"
+    args = ["compare", WORKLOAD, "--quiet", "--out", str(pair), "--b-host-cost", "seed"]
+    assert main(args) == 0
+    assert main(["report", str(pair)]) == 0
+    return {"run": run / "report.html", "compare": pair / "report.html"}
+
+
+@pytest.mark.parametrize("kind", ["run", "compare"])
+def test_the_verdict_is_on_the_first_screen(pages, kind, tmp_path):
+    box = verdict_box(pages[kind], tmp_path)
+    assert box["width"] == WIDTH
+    assert 0 <= box["top"] < box["bottom"] <= SCREEN, box
+    page = pages[kind].read_text()
+    verdict = page[page.index("<section id='verdict'") : page.index("</section>")]
+    for words in ("goodput", "TTFT p99", "TPOT p99", "TTFT p99 &lt;= 1,000 ms", "model hybrid-8b"):
+        assert words in verdict, words
+    if kind == "compare":
+        assert "B differs in cost.host_cost: model -&gt; seed" in verdict
