@@ -76,6 +76,7 @@ MODEL_FIGURES = tuple(f.name for f in attrs.fields(ModelConfig) if f.name != "na
 UNSET: dict[str, Callable[[SimConfig], str]] = {
     "name": lambda c: "the trace's name",
     "scheduler.slot_capacity": lambda c: f"{c.scheduler.max_num_seqs}, max_num_seqs",
+    "scheduler.policy_age_limit_s": lambda c: "none: no limit",
     "memory.kv_cache_gib": lambda c: (
         f"what memory.gpu_memory_utilization = {c.memory.gpu_memory_utilization} of the "
         "GPU's memory leaves after the weights"

@@ -241,12 +241,12 @@ def _add_deployment_options(parser: argparse.ArgumentParser) -> None:
         "--replicas",
         type=int,
         help="engine replicas behind the router, each a whole engine with these settings "
-        "(default 1; more add a replica column to steps.csv and requests.csv)",
+        "(more than one adds a replica column to steps.csv and requests.csv)",
     )
     add(
         "--router",
         choices=ROUTER_NAMES,
-        help="which replica an arriving request goes to (default round-robin): "
+        help="which replica an arriving request goes to: "
         + "; ".join(f"{entry.name}: {entry.description}" for entry in ROUTERS),
     )
 
@@ -267,14 +267,13 @@ def _add_engine_options(parser: argparse.ArgumentParser) -> None:
     add(
         "--policy-age-limit-s",
         type=float,
-        help="a request waiting longer than this many seconds is admitted first, the "
-        "oldest first (default: no limit)",
+        help="a request waiting longer than this many seconds is admitted first, the oldest first",
     )
     add(
         "--scheduler",
         choices=SCHEDULER_IMPLEMENTATIONS,
         help="whose decisions schedule the steps: stepplan's own scheduler, or the installed "
-        "vLLM's (docs/scheduler_vllm.md). Default: stepplan",
+        "vLLM's (docs/scheduler_vllm.md)",
     )
     add(
         "--max-model-len",

@@ -92,14 +92,7 @@ def run_profile(args: argparse.Namespace) -> int:
         _, timing = runner.timed_run(plan, ids, samples)
         return timing.wall_s, timing.gpu_s, timing.host_s
 
-    graph_mib = {}
-    if runner.device.type == "cuda":  # before timing: each capture's memory on its own
-        graph_mib = graph_memory(
-            graph_batches(planner, runner.num_groups),
-            runner.planner,
-            lambda plan: runner.warm_up([plan]),
-            lambda: _free_bytes(runner.device),
-        )
+    graph_mib = _graph_memory(runner, planner)
     points = measure(
         batches,
         runner.planner,
@@ -129,6 +122,19 @@ def run_profile(args: argparse.Namespace) -> int:
     if not args.quiet:
         print(_report(profile, time.perf_counter() - started))
     return 0
+
+
+def _graph_memory(runner: Any, planner: Any) -> dict:
+    """MiB of each CUDA graph's capture, keyed by kind and size (none off CUDA); taken
+    before the timing, so each capture's memory is its own."""
+    if runner.device.type != "cuda":
+        return {}
+    return graph_memory(
+        graph_batches(planner, runner.num_groups),
+        runner.planner,
+        lambda plan: runner.warm_up([plan]),
+        lambda: _free_bytes(runner.device),
+    )
 
 
 def _free_bytes(device: Any) -> int:

@@ -134,19 +134,7 @@ def build_run_report(
         plan_title=f"Op graph of one plan: step {step:,}, the run's richest "
         f"({plan.num_rows} rows, {plan.num_tokens:,} tokens; rebuilt from its counts)",
     )
-    deployment = run.latency.summary.get("deployment")
-    if isinstance(deployment, dict):
-        tables.append(replicas_table(deployment))
-    if run.replicas is not None:
-        from stepplan.plots.deployment import plot_replicas
-
-        figures["Replicas: queue and KV cache over time"] = plot_replicas(run.replicas)
-    notes = []
-    if run.replicas is not None:
-        notes.append(
-            "The step timeline, host-time and KV-cache figures draw replica 0's steps; "
-            "the bucket figure and tables count every replica's."
-        )
+    notes = _deployment_parts(run, tables, figures)
     if run.every > 1:
         notes.append(
             f"The figures over the run draw every {run.every:,}th step (the KV-cache and "
@@ -164,6 +152,23 @@ def build_run_report(
         **page,
     )
     return out.write(text.encode())
+
+
+def _deployment_parts(run: ReportRun, tables: list, figures: dict) -> list[str]:
+    """A deployment's replicas table and figure, added to ``tables`` and ``figures``, and
+    the notes they need (none for one engine)."""
+    deployment = run.latency.summary.get("deployment")
+    if isinstance(deployment, dict):
+        tables.append(replicas_table(deployment))
+    if run.replicas is None:
+        return []
+    from stepplan.plots.deployment import plot_replicas
+
+    figures["Replicas: queue and KV cache over time"] = plot_replicas(run.replicas)
+    return [
+        "The step timeline, host-time and KV-cache figures draw replica 0's steps; "
+        "the bucket figure and tables count every replica's."
+    ]
 
 
 def replicas_table(deployment: dict[str, Any]) -> ReportTable:
