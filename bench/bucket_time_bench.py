@@ -12,8 +12,6 @@ goes to ``--record`` (``bench/results/``).
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import json
 import sys
 import tempfile
 import time
@@ -21,7 +19,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from graph_sizes_live import commit_record, device_record
+from bench_record import record_run
 
 ROOT = Path(__file__).resolve().parents[1]
 FULL_PROFILE = ROOT / "sim" / "data" / "engine_profile_hybrid-8b_h200.json"
@@ -102,19 +100,7 @@ def main() -> int:
                         f"  {row['list']:<40} {row['graphs']:>3} {row['largest']:>4} "
                         f"{row['total_step_s']:>10.3f} s {row['hit_rate']:>7.2%}"
                     )
-    record = {
-        "benchmark": "bucket_time_bench",
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "device": device_record("cpu"),
-        "command": " ".join(["python", "bench/bucket_time_bench.py", *sys.argv[1:]]),
-        **commit_record(),
-        "figures": cases,
-    }
-    args.record.mkdir(parents=True, exist_ok=True)
-    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H%M%S")
-    path = args.record / f"bucket_time_bench-{stamp}.json"
-    path.write_text(json.dumps(record, indent=1) + "\n")
-    print(f"\nrecord: {path}")
+    record_run("bucket_time_bench", cases, folder=args.record)
     return 0
 
 

@@ -13,14 +13,10 @@ goes to standard output and the record (date, device, command, commit, figures) 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import json
-import os
-import platform
-import subprocess
-import sys
 import time
 from pathlib import Path
+
+from bench_record import record_run
 
 from stepplan.sim import cli
 from stepplan.sim.config import check_config
@@ -28,30 +24,6 @@ from stepplan.sim.run import simulate
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACE = ROOT / "sim" / "data" / "azure_llm_2023_code.csv"
-
-
-def device() -> dict:
-    """The machine that ran the simulator (the figures do not depend on it)."""
-    info = Path("/proc/cpuinfo").read_text().splitlines()
-    cpu = next((line.split(":", 1)[1].strip() for line in info if "model name" in line), "")
-    memory = next(
-        int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()
-        if line.startswith("MemTotal")
-    )  # fmt: skip
-    return {
-        "machine": "the 2-core development VM",
-        "cpu": cpu or platform.machine(),
-        "cores": os.cpu_count(),
-        "memory_gib": round(memory / 2**20, 1),
-        "python": platform.python_version(),
-    }
-
-
-def commit() -> dict:
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout
-
-    return {"commit": git("rev-parse", "HEAD").strip(), "dirty": bool(git("status", "--porcelain"))}
 
 
 def case(gpu: str, tensor: int, rate_scale: float, limit: int | None) -> dict:
@@ -124,21 +96,12 @@ def main() -> None:
         for tensor in args.tensor
     ]
     print(table(rows))
-    now = dt.datetime.now(dt.timezone.utc)
-    record = {
-        "benchmark": "parallel_cost_bench",
-        "date": now.date().isoformat(),
-        "device": device(),
-        "command": " ".join(["python", "bench/parallel_cost_bench.py", *sys.argv[1:]]),
-        **commit(),
-        "trace": str(TRACE.relative_to(ROOT)),
-        "figures": {"cases": rows},
-    }
-    args.record.mkdir(parents=True, exist_ok=True)
-    path = args.record / f"parallel_cost_bench-{now.strftime('%Y-%m-%dT%H%M%S')}.json"
-    with path.open("x") as out:  # a record is never replaced
-        out.write(json.dumps(record, indent=1) + "\n")
-    print(f"record: {path}")
+    record_run(
+        "parallel_cost_bench",
+        {"cases": rows},
+        folder=args.record,
+        trace=str(TRACE.relative_to(ROOT)),
+    )
 
 
 if __name__ == "__main__":

@@ -15,14 +15,12 @@ Run it on one core (``taskset -c 0``) for figures comparable with ``bench/RESULT
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
-import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
-from results_bench import commit, device
+from bench_record import new_record, write_record
 from sim_bench import _run_in, _shim
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -61,14 +59,6 @@ def main() -> None:
     parser.add_argument("--fcfs-only", action="store_true", help="only the two trees' fcfs runs")
     parser.add_argument("--record", type=Path, default=ROOT / "bench" / "results")
     args = parser.parse_args()
-    record = {
-        "benchmark": "policy_bench",
-        "date": dt.date.today().isoformat(),
-        "device": device(),
-        "command": " ".join(["python", "bench/policy_bench.py", *sys.argv[1:]]),
-        **commit(),
-        "case": args.case,
-    }
     figures: dict[str, dict] = {}
     old = None if args.vs_tree is None else args.vs_tree.resolve()
     runs = configurations(old, args.case, args.age_limit_s, args.fcfs_only)
@@ -90,13 +80,9 @@ def main() -> None:
             "steps_per_s_ratio": new["steps_per_s"] / before["steps_per_s"],
             "steps_per_cpu_s_ratio": new["steps_per_cpu_s"] / before["steps_per_cpu_s"],
         }
-    record["figures"] = figures
-    args.record.mkdir(parents=True, exist_ok=True)
-    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H%M%S")
-    path = args.record / f"policy_bench-{stamp}.json"
-    path.write_text(json.dumps(record, indent=1) + "\n")
+    record = new_record("policy_bench", figures, case=args.case)
     print(json.dumps(record, indent=1))
-    print(f"record: {path}", file=sys.stderr)
+    write_record(record, args.record)
 
 
 if __name__ == "__main__":

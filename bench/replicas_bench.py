@@ -22,7 +22,6 @@ same steps (``tests/test_replicas.py``), so the two CPU times compare the loops.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import re
 import subprocess
@@ -33,7 +32,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
-from results_bench import commit, device  # noqa: E402
+from bench_record import commit, record_run  # noqa: E402
 
 #: The conversation-sized hour (``bench/sim_bench.py``'s case of that name).
 HOUR_REQUESTS, HOUR_RATE = 19366, 5.38
@@ -165,22 +164,10 @@ def main() -> None:
         case = split_case(args.replicas, args.scale, args.cores)
     else:
         case = run_case(args.replicas, args.scale, args.router, args.cores)
-    now = dt.datetime.now(dt.UTC)
-    record = {
-        "benchmark": "replicas_bench",
-        "date": now.isoformat(timespec="seconds"),
-        "device": device(),
-        "command": "python " + " ".join(sys.argv),
-        **tree,
-        **case,
-        "load_average": [float(v) for v in Path("/proc/loadavg").read_text().split()[:3]],
-    }
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"replicas_bench-{now.strftime('%Y%m%dT%H%M%S%fZ')}.json"
-    path.write_text(json.dumps(record, indent=2) + "\n")
     print(json.dumps(case["figures"], indent=2))
-    print(f"record: {path}")
+    settings = {key: value for key, value in case.items() if key != "figures"}
+    # The commit taken before the run overrides the writer's, taken after it.
+    record_run("replicas_bench", case["figures"], folder=Path(args.out), **settings, **tree)
 
 
 if __name__ == "__main__":

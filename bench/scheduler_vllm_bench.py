@@ -10,15 +10,13 @@ configs) apart. Writes ``bench/results/scheduler_vllm-<UTC time>.json``.
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import os
-import sys
 import time
 from importlib import resources
 from pathlib import Path
 
-from results_bench import commit, device
+from bench_record import record_run
 
 from stepplan.sim.config import SimConfig, with_settings
 from stepplan.sim.outcome import MemoryStore
@@ -27,7 +25,6 @@ from stepplan.sim.scheduler import vllm_engine_scheduler
 from stepplan.sim.scheduler_diff import compare_schedulers
 from stepplan.sim.traces import load_trace
 
-ROOT = Path(__file__).resolve().parents[1]
 EMBEDDED = str(resources.files("stepplan.sim").joinpath("data/azure_llm_2023_code.csv"))
 MOONCAKE = "/work/shared/traces/mooncake_synthetic.jsonl"
 PREEMPTING = {
@@ -126,19 +123,7 @@ def main() -> None:
             figures[name] = agreement(path, limit, settings)
             print(name, figures[name]["agreement"], figures[name]["first_divergence"], flush=True)
     print(json.dumps({k: v for k, v in figures.items() if k.startswith("speed")}))
-    now = dt.datetime.now(dt.timezone.utc)
-    record = {
-        "benchmark": "scheduler_vllm",
-        "date": now.date().isoformat(),
-        "device": device(),
-        "command": "python " + " ".join(["bench/scheduler_vllm_bench.py", *sys.argv[1:]]),
-        **commit(),
-        "vllm": vllm_engine_scheduler.vllm_version(),
-        "figures": figures,
-    }
-    out = ROOT / "bench" / "results" / f"scheduler_vllm-{now:%Y-%m-%dT%H%M%S}.json"
-    out.write_text(json.dumps(record, indent=1) + "\n")
-    print(out)
+    record_run("scheduler_vllm", figures, vllm=vllm_engine_scheduler.vllm_version())
 
 
 if __name__ == "__main__":

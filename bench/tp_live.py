@@ -20,18 +20,16 @@ from __future__ import annotations
 
 import argparse
 import csv
-import datetime as dt
 import json
 import os
-import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
+from bench_record import command_line, record_run
 
 from stepplan.executor.engine import Engine, EngineConfig, launch_ranks
 from stepplan.executor.model import HybridModelRunner, ModelShape
@@ -119,41 +117,10 @@ def serve(rank: int, tensor: int, args: argparse.Namespace, lengths: list) -> di
     }
 
 
-def device_info(device: str) -> dict:
-    cpu = next(
-        (line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-         if line.startswith("model name")), platform.machine()
-    )  # fmt: skip
-    memory = next(
-        line.split()[1] for line in Path("/proc/meminfo").read_text().splitlines()
-        if line.startswith("MemTotal")
-    )  # fmt: skip
-    machine = "the 2-core development VM"
-    if device == "cuda":
-        machine = f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}"
-    return {
-        "machine": machine,
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "memory_gib": round(int(memory) / 2**20, 1),
-        "python": platform.python_version(),
-    }
-
-
 def shown(path: Path) -> str:
     """``path`` relative to the repository where it lies inside it."""
     path = path.resolve()
     return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
-
-
-def commit() -> dict:
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout
-
-    return {
-        "commit": git("rev-parse", "HEAD").strip(),
-        "dirty": bool(git("status", "--porcelain", "-uno").strip()),
-    }
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -191,13 +158,19 @@ def main(argv: list[str] | None = None) -> None:
         "all_reduces_per_step": 2 * len(MODEL_PRESETS[args.preset]["layer_kinds"]),
     }
     interpreted = ["TRITON_INTERPRET=1"] if os.environ.get("TRITON_INTERPRET") else []
-    record = {
-        "benchmark": "tp_live",
-        "date": dt.date.today().isoformat(),
-        "device": device_info(args.device),
-        "command": " ".join([*interpreted, "python", "bench/tp_live.py", *sys.argv[1:]]),
-        **commit(),
-        "settings": {
+    # The ranks span several GPUs: the machine names how many.
+    machine = None
+    if args.device == "cuda":
+        machine = f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}"
+    print(json.dumps(figures, indent=1))
+    record_run(
+        "tp_live",
+        figures,
+        machine=machine,
+        folder=args.record,
+        # The interpreter's switch is part of what ran: it overrides the writer's command.
+        command=" ".join([*interpreted, command_line(argv)]),
+        settings={
             "preset": args.preset,
             "backend": args.backend,
             "device": args.device,
@@ -208,15 +181,7 @@ def main(argv: list[str] | None = None) -> None:
             "threads_per_rank": args.threads,
             "repeats": args.repeats,
         },
-        "figures": figures,
-    }
-    args.record.mkdir(parents=True, exist_ok=True)
-    stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H%M%S")
-    path = args.record / f"tp_live-{stamp}.json"
-    with path.open("x") as out:  # a new record, never over an earlier one
-        out.write(json.dumps(record, indent=1) + "\n")
-    print(json.dumps(figures, indent=1))
-    print(f"record: {path}", file=sys.stderr)
+    )
 
 
 if __name__ == "__main__":
