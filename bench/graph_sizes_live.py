@@ -195,6 +195,12 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=Path("results/graph_sizes_live"))
     parser.add_argument("--record", type=Path, default=ROOT / "bench" / "results")
     parser.add_argument("--commit", help="the commit to record (where git's metadata is stale)")
+    parser.add_argument(
+        "--acceptance-length",
+        type=float,
+        help="mean acceptance length the list is chosen for (the live model's: a model of "
+        "random weights accepts about no drafts, 1.0); default: the simulator's",
+    )
     args = parser.parse_args()
     args.model = args.model or ("hybrid-8b" if args.live_device == "cuda" else "tiny")
     import torch
@@ -228,8 +234,13 @@ def main() -> int:
     from stepplan.sim.bucket_table import compare_times
 
     chosen_run = args.out / "predicted"
+    # The live model's acceptance, where given: its choice is for the steps it will serve.
+    accepted = []
+    if args.acceptance_length is not None:
+        length = f"acceptance.length={args.acceptance_length}"
+        accepted = ["--set", "acceptance.model=fixed", "--set", length]
     cli(["simulate", *slice_args(args), *setting_args(args), "--profile", str(profile),
-         "--out", str(chosen_run), "--overwrite", "--quiet"])  # fmt: skip
+         *accepted, "--out", str(chosen_run), "--overwrite", "--quiet"])  # fmt: skip
     demand, costs = costs_of(chosen_run, profile, args.max_num_seqs)
     vllm_row = compare_times(demand, costs, max_graphs=len(vllm)).rows[0]
     comparison = compare_times(demand, costs, max_graphs=len(vllm), memory_mib=vllm_row.memory_mib)
@@ -287,6 +298,7 @@ def main() -> int:
             "max_num_seqs": args.max_num_seqs,
             "max_num_batched_tokens": args.max_num_batched_tokens,
             "profile": str(profile),
+            "acceptance_length": args.acceptance_length,
             "graph_memory_measured": bool(read_engine_profile(profile).graph_mib),
         },
         "runs": runs,
