@@ -437,3 +437,18 @@ def test_row_context_is_the_step_weighted_mean_of_each_requests_midpoint():
             max_num_seqs=4,
             row_context=-1,
         )
+
+
+def test_the_live_check_records_the_commit_given_and_splits_steps_by_kind():
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import graph_sizes_live
+
+    given = graph_sizes_live.commit_record("0123abc")
+    assert given["commit"] == "0123abc" and given["commit_source"] == "--commit"
+    assert "commit_source" not in graph_sizes_live.commit_record(None)
+    spec, decode = np.array([2, 0, 2, 0, 1, 0]), np.array([0, 3, 0, 0, 0, 0])
+    prefill = np.array([0, 0, 0, 1, 1, 0])
+    graph = np.array([True, False, False, False, False, False])
+    kinds = graph_sizes_live._step_kinds(spec, decode, prefill, graph)
+    names = [graph_sizes_live.STEP_KINDS[k] for k in kinds]
+    assert names == ["uniform_graph", "uniform_eager", "uniform_eager", "prefill", "mixed", "empty"]
