@@ -307,16 +307,16 @@ def _graph_shape(
     kind: int,
     size: int,
     q: int,
-    rows: tuple[int, tuple[int, int]],
+    holds: tuple[int, tuple[int, int]],
     max_num_seqs: int,
     tile_tokens: int,
     row_context: int,
 ) -> tuple[_ShapePlan, float, int] | None:
     """The full bucket of kind ``kind`` at ``size`` (the shape a profile measures), its
-    context that of ``rows``: a uniform one's live rows (:func:`_graph_live_rows`) read
-    ``row_context`` each, the padding none; ``(live rows, row bucket)`` of a mixed one
-    (:func:`_mixed_rows`). ``None`` where there is none."""
-    live_uniform, mixed_rows = rows
+    context that of the steps it ``holds``: a uniform one's live rows
+    (:func:`_graph_live_rows`) read ``row_context`` each, the padding none; ``(live rows,
+    row bucket)`` of a mixed one (:func:`_mixed_rows`). ``None`` where there is none."""
+    live_uniform, mixed_rows = holds
     if kind == SPEC and size <= max_num_seqs:
         key = GraphKey("spec", size * q, size, 0)
         full = ((size, 0, 0), (size * q, 0, 0))
