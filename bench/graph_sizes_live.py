@@ -65,14 +65,22 @@ def device_record(live_device: str) -> dict[str, Any]:
     }
 
 
-def commit_record() -> dict[str, Any]:
+def commit_record(commit: str | None) -> dict[str, Any]:
+    """The checkout's commit and whether it is dirty; ``commit`` (``--commit``) stands in
+    for git's answer where a copied checkout's metadata is stale or missing (a device's
+    copy of the tree reported an old commit)."""
+
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout
 
-    return {
-        "commit": git("rev-parse", "HEAD").strip(),
+    record = {
+        "commit": commit or git("rev-parse", "HEAD").strip(),
         "dirty": bool(git("status", "--porcelain", "-uno").strip()),
     }
+    if commit:
+        record["commit_source"] = "--commit"
+        record["dirty"] = None  # git's view of a copied tree says nothing of the commit given
+    return record
 
 
 def setting_args(args: argparse.Namespace) -> list[str]:
@@ -130,6 +138,47 @@ def measured_total_s(folder: Path) -> tuple[float, int]:
     return total, steps
 
 
+#: Step kinds the comparison splits the totals by.
+STEP_KINDS = ("uniform_graph", "uniform_eager", "prefill", "mixed", "empty")
+
+
+def _step_kinds(spec: np.ndarray, decode: np.ndarray, prefill: np.ndarray, graph: np.ndarray):
+    """``[S]`` index into :data:`STEP_KINDS` of steps with these live rows per kind and
+    whether each replays a graph (``[S]`` each)."""
+    uniform = np.where(graph, 0, 1)
+    kind = np.where(prefill > 0, np.where(spec + decode > 0, 3, 2), uniform)
+    return np.where(spec + decode + prefill == 0, 4, kind)
+
+
+def kind_split(folder: Path, demand: Any, step_us: np.ndarray, sizes: list[int]) -> dict:
+    """Measured (``steps.csv``) and predicted total step time and steps per step kind."""
+    from stepplan.sim.results import iter_steps
+
+    names = ["duration_s", "num_spec_rows", "num_decode_rows", "num_prefill_rows", "graph_hit"]
+    measured, measured_steps = np.zeros(len(STEP_KINDS)), np.zeros(len(STEP_KINDS))
+    for chunk in iter_steps(folder, names):
+        spec, decode, prefill, hit = (np.asarray(chunk.column(n)) for n in names[1:])
+        kind = _step_kinds(spec, decode, prefill, hit > 0)
+        duration = np.asarray(chunk.column("duration_s"), np.float64)
+        measured += np.bincount(kind, weights=duration, minlength=len(STEP_KINDS))
+        measured_steps += np.bincount(kind, minlength=len(STEP_KINDS))
+    rows = [s for s in sizes if s <= demand.max_num_seqs]
+    graph = demand.uniform & (demand.need <= max(rows, default=0))
+    kind = _step_kinds(*demand.kind_rows, graph)
+    counts = demand.counts.astype(np.float64)
+    predicted = np.bincount(kind, weights=step_us * counts * 1e-6, minlength=len(STEP_KINDS))
+    predicted_steps = np.bincount(kind, weights=counts, minlength=len(STEP_KINDS))
+    split = {}
+    for i, name in enumerate(STEP_KINDS):
+        split[name] = {
+            "measured_steps": int(measured_steps[i]),
+            "measured_s": float(measured[i]),
+            "predicted_steps": int(predicted_steps[i]),
+            "predicted_s": float(predicted[i]),
+        }
+    return split
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--live-device", choices=("cpu", "cuda"), default="cuda")
@@ -145,6 +194,13 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("results/graph_sizes_live"))
     parser.add_argument("--record", type=Path, default=ROOT / "bench" / "results")
+    parser.add_argument("--commit", help="the commit to record (where git's metadata is stale)")
+    parser.add_argument(
+        "--acceptance-length",
+        type=float,
+        help="mean acceptance length the list is chosen for (the live model's: a model of "
+        "random weights accepts about no drafts, 1.0); default: the simulator's",
+    )
     args = parser.parse_args()
     args.model = args.model or ("hybrid-8b" if args.live_device == "cuda" else "tiny")
     import torch
@@ -178,8 +234,13 @@ def main() -> int:
     from stepplan.sim.bucket_table import compare_times
 
     chosen_run = args.out / "predicted"
+    # The live model's acceptance, where given: its choice is for the steps it will serve.
+    accepted = []
+    if args.acceptance_length is not None:
+        length = f"acceptance.length={args.acceptance_length}"
+        accepted = ["--set", "acceptance.model=fixed", "--set", length]
     cli(["simulate", *slice_args(args), *setting_args(args), "--profile", str(profile),
-         "--out", str(chosen_run), "--overwrite", "--quiet"])  # fmt: skip
+         *accepted, "--out", str(chosen_run), "--overwrite", "--quiet"])  # fmt: skip
     demand, costs = costs_of(chosen_run, profile, args.max_num_seqs)
     vllm_row = compare_times(demand, costs, max_graphs=len(vllm)).rows[0]
     comparison = compare_times(demand, costs, max_graphs=len(vllm), memory_mib=vllm_row.memory_mib)
@@ -203,6 +264,8 @@ def main() -> int:
             "measured_total_s": measured_s,
             "predicted_total_s": prediction.total_s,
             "graph_memory_mib": prediction.memory_mib,
+            "row_context_tokens": run_demand.row_context,
+            "by_step_kind": kind_split(folder, run_demand, prediction.step_us, sizes),
             "serve_wall_s": time.perf_counter() - serve_start,
         }
     # 4. The comparison.
@@ -225,7 +288,7 @@ def main() -> int:
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "device": device_record(args.live_device),
         "command": " ".join(["python", "bench/graph_sizes_live.py", *sys.argv[1:]]),
-        **commit_record(),
+        **commit_record(args.commit),
         "setup": {
             "model": args.model,
             "trace": str(args.trace),
@@ -235,6 +298,7 @@ def main() -> int:
             "max_num_seqs": args.max_num_seqs,
             "max_num_batched_tokens": args.max_num_batched_tokens,
             "profile": str(profile),
+            "acceptance_length": args.acceptance_length,
             "graph_memory_measured": bool(read_engine_profile(profile).graph_mib),
         },
         "runs": runs,
@@ -248,6 +312,11 @@ def main() -> int:
         sizes, measured_s = len(run["graph_sizes"]), run["measured_total_s"]
         print(f"{name:>13}: {sizes} sizes, measured {measured_s:.3f} s, predicted "
               f"{run['predicted_total_s']:.3f} s over {run['steps']:,} steps")  # fmt: skip
+        for kind, part in run["by_step_kind"].items():
+            if part["measured_steps"] or part["predicted_steps"]:
+                print(f"{kind:>27}: measured {part['measured_s']:.3f} s over "
+                      f"{part['measured_steps']:,} steps, predicted {part['predicted_s']:.3f} s "
+                      f"over {part['predicted_steps']:,}")  # fmt: skip
     print(f"difference (optimizer - vLLM): measured {measured_gain:+.4f} s, predicted "
           f"{predicted_gain:+.4f} s; gap {figures['gap_share_of_total']:.2%} of the total "
           f"({'within' if figures['within_5_percent'] else 'over'} 5%)")  # fmt: skip

@@ -7,9 +7,12 @@ depends only on its kind and size (its dense work is the bucket's): the engine p
 prediction for the full bucket where the profile covers it, else the cost model's terms
 (roofline, short conv, host, launch) for it, through :meth:`CostModel.terms` either way.
 An eager step's time is the same call on the step's own shape. The step shapes ``buckets``
-reads carry no context lengths, so both sides are predicted at zero context: attention's
-context term, which no list changes much, is left out of the totals, and a prefill row's
-pairs are those of its own chunk (the step's prefill tokens split evenly over its rows).
+reads carry no context lengths: every spec and decode row reads the run's mean context per
+row (:attr:`StepDemand.row_context`, from its requests; 0 where unknown), a graph's on
+the live rows the steps it holds have on average (its padding reads none: the profile
+measures full buckets, and attention's cost follows the live context), and a prefill
+row's pairs are those of its own chunk (the step's prefill tokens split evenly over its
+rows). Zero context priced a hybrid-1b run on an H100 a quarter low.
 A mixed graph is predicted holding the median live rows of the steps that are not
 uniform (one prefill row, spec rows beside it) in the power-of-two row bucket holding
 them: its rows bucket is the list's row size for each step, which a time per size
@@ -39,12 +42,14 @@ from .buckets import (
     StepDemand,
     sorted_sizes,
 )
-from .cost import CostModel
+from .cost import COST_TERMS, CostModel
 from .size_dp import TimeProblem
 
 #: Graph kinds in :attr:`SizeCosts.graph_us`'s row order (``planner.buckets``' order).
 KINDS = GRAPH_KINDS
 SPEC, DECODE, MIXED = range(3)
+#: Where :meth:`CostModel.terms` puts the engine profile's time (by name: terms are added).
+ENGINE_TERM = COST_TERMS.index("engine")
 
 
 @attrs.frozen(eq=False)
@@ -82,17 +87,28 @@ class _ShapePlan:
 
 
 def _shape_plan(
-    rows: Sequence[int], tokens: Sequence[int], tile_tokens: int, graph: GraphKey | None
-) -> tuple[_ShapePlan, float]:
-    """The plan-like shape of live ``rows`` and ``tokens`` per kind, and its attention
-    pairs at zero context."""
+    rows: Sequence[int],
+    tokens: Sequence[int],
+    tile_tokens: int,
+    graph: GraphKey | None,
+    row_context: int,
+    context_rows: int | None = None,
+) -> tuple[_ShapePlan, float, int]:
+    """The plan-like shape of live ``rows`` and ``tokens`` per kind with ``row_context``
+    KV entries behind each of the first ``context_rows`` spec and decode rows (all of
+    them for ``None``; prefill rows start at zero), its attention pairs and the KV
+    entries it reads."""
     spec, decode, prefill = (int(r) for r in rows)
     chunks = np.full(prefill, tokens[2] // max(prefill, 1), dtype=np.int64)
     chunks[: tokens[2] - int(chunks.sum())] += 1
     lens = [np.full(spec, tokens[0] // max(spec, 1)), np.full(decode, 1), chunks]
     kinds = np.repeat(np.arange(3), (spec, decode, prefill))
     query = np.concatenate(lens).astype(np.int64)
-    batch = _RowsBatch(kinds, query, np.zeros_like(query))
+    reading = kinds < 2
+    if context_rows is not None:
+        reading &= np.cumsum(reading) <= context_rows
+    context = np.where(reading, row_context, 0).astype(np.int64)
+    batch = _RowsBatch(kinds, query, context)
     tiles = int((-(-chunks // tile_tokens)).sum())
     if graph is not None:
         tiles = graph.num_tiles
@@ -101,13 +117,13 @@ def _shape_plan(
         *(int(r) for r in rows), *(int(t) for t in tokens), tiles, padded, graph, batch
     )
     pairs = float(chunks @ ((chunks + 1) * 0.5))
-    return plan, pairs
+    return plan, pairs, plan.num_tokens + int(context.sum())
 
 
-def _time_us(cost: CostModel, plan: _ShapePlan, pairs: float) -> tuple[float, bool]:
-    """``(µs, from the engine profile)`` of one step shape at zero context."""
-    terms = cost.terms(plan, plan.num_tokens, pairs, 0.0)  # type: ignore[arg-type]
-    return sum(terms) * 1e6, terms[-1] > 0
+def _time_us(cost: CostModel, plan: _ShapePlan, pairs: float, kv_tokens: int) -> tuple[float, bool]:
+    """``(µs, from the engine profile)`` of one step shape."""
+    terms = cost.terms(plan, kv_tokens, pairs, 0.0)  # type: ignore[arg-type]
+    return sum(terms) * 1e6, terms[ENGINE_TERM] > 0
 
 
 @attrs.frozen(eq=False)
@@ -148,12 +164,21 @@ def size_costs(demand: StepDemand, cost: CostModel, largest: int, tile_tokens: i
     kinds = used_kinds(demand)
     modelled = cost if cost.engine is None else attrs.evolve(cost, engine=None)
     mixed_rows = _mixed_rows(demand)
+    live_rows = _graph_live_rows(demand, largest)
     graph_model = np.full((3, largest), np.inf)
     for kind in kinds:
         profiled = np.zeros(largest, dtype=bool)
         model_us = np.full(largest, np.inf)
         for size in range(1, largest + 1):
-            shape = _graph_shape(kind, size, q, demand.max_num_seqs, mixed_rows, tile_tokens)
+            shape = _graph_shape(
+                kind,
+                size,
+                q,
+                (int(live_rows[min(kind, DECODE), size - 1]), mixed_rows),
+                demand.max_num_seqs,
+                tile_tokens,
+                demand.row_context,
+            )
             if shape is not None:
                 graph_us[kind, size - 1], profiled[size - 1] = _time_us(cost, *shape)
                 model_us[size - 1] = _time_us(modelled, *shape)[0]
@@ -164,7 +189,8 @@ def size_costs(demand: StepDemand, cost: CostModel, largest: int, tile_tokens: i
     eager_model = np.zeros(demand.rows.size)
     covered = np.zeros(demand.rows.size, dtype=bool)
     for i in range(eager.size):
-        shape = _shape_plan(demand.kind_rows[:, i], _kind_tokens(demand, i), tile_tokens, None)
+        live = (demand.kind_rows[:, i], _kind_tokens(demand, i))
+        shape = _shape_plan(*live, tile_tokens, None, demand.row_context)
         eager[i], covered[i] = _time_us(cost, *shape)
         eager_model[i] = _time_us(modelled, *shape)[0] if cost.engine is not None else eager[i]
     from_profile += int(covered.sum())
@@ -258,24 +284,54 @@ def _mixed_rows(demand: StepDemand) -> tuple[int, int]:
     return median, min(bucket, demand.max_num_seqs)
 
 
+def _graph_live_rows(demand: StepDemand, largest: int) -> np.ndarray:
+    """``[2, largest], int64`` live rows a spec (row 0) or decode (row 1) graph of each
+    size is priced with: the mean, rounded, over the kind's steps that need at most that
+    size (the size itself where none does). Attention's context term grows with the live
+    rows, not the bucket's, and a size mostly holds steps well below it."""
+    spec = demand.kind_rows[0] > 0
+    live = np.tile(np.arange(1, largest + 1, dtype=np.int64), (2, 1))
+    for row, mine in enumerate((demand.uniform & spec, demand.uniform & ~spec)):
+        order = np.argsort(demand.need[mine], kind="stable")
+        need, weight = demand.need[mine][order], demand.counts[mine][order].astype(np.float64)
+        rows = demand.rows[mine][order] * weight
+        reached = np.searchsorted(need, np.arange(1, largest + 1), side="right")
+        steps = np.concatenate([[0.0], np.cumsum(weight)])[reached]
+        total = np.concatenate([[0.0], np.cumsum(rows)])[reached]
+        mean = np.rint(total / np.maximum(steps, 1.0))
+        live[row] = np.where(steps > 0, np.clip(mean, 1, live[row]), live[row])
+    return live
+
+
 def _graph_shape(
-    kind: int, size: int, q: int, max_num_seqs: int, mixed_rows: tuple[int, int], tile_tokens: int
-) -> tuple[_ShapePlan, float] | None:
-    """The full bucket of kind ``kind`` at ``size`` (a mixed one holding the
-    :func:`_mixed_rows` steps), or ``None`` where there is none."""
+    kind: int,
+    size: int,
+    q: int,
+    holds: tuple[int, tuple[int, int]],
+    max_num_seqs: int,
+    tile_tokens: int,
+    row_context: int,
+) -> tuple[_ShapePlan, float, int] | None:
+    """The full bucket of kind ``kind`` at ``size`` (the shape a profile measures), its
+    context that of the steps it ``holds``: a uniform one's live rows
+    (:func:`_graph_live_rows`) read ``row_context`` each, the padding none; ``(live rows,
+    row bucket)`` of a mixed one (:func:`_mixed_rows`). ``None`` where there is none."""
+    live_uniform, mixed_rows = holds
     if kind == SPEC and size <= max_num_seqs:
         key = GraphKey("spec", size * q, size, 0)
-        return _shape_plan((size, 0, 0), (size * q, 0, 0), tile_tokens, key)
+        full = ((size, 0, 0), (size * q, 0, 0))
+        return _shape_plan(*full, tile_tokens, key, row_context, live_uniform)
     if kind == DECODE and size <= max_num_seqs:
         key = GraphKey("decode", size, size, 0)
-        return _shape_plan((0, size, 0), (0, size, 0), tile_tokens, key)
+        full = ((0, size, 0), (0, size, 0))
+        return _shape_plan(*full, tile_tokens, key, row_context, live_uniform)
     if kind == MIXED and size >= 2:
         live = min(mixed_rows[0], size // 2)  # one prefill row of the rest, spec rows beside
         rows = min(size, max(mixed_rows[1], live))
         key = GraphKey("mixed", size, rows, tile_capacity(size, rows, tile_tokens))
         spec = max(0, min(live - 1, (size - 2) // q))
         tokens = (spec * q, 0, size - spec * q)
-        return _shape_plan((spec, 0, 1), tokens, tile_tokens, key)
+        return _shape_plan((spec, 0, 1), tokens, tile_tokens, key, row_context)
     return None
 
 

@@ -45,6 +45,7 @@ __all__ = [  # the optimizer's names, wherever they live
     "graph_edges",
     "optimal_sizes",
     "padded_cost",
+    "row_context_of",
     "score",
     "sglang_default_graph_sizes",
     "sizes_snippet",
@@ -95,6 +96,8 @@ class StepDemand:
         graph_mode: the planner's graph mode (``none``, ``full``, ``mixed``).
         max_num_seqs: the planner's row limit; row sizes are the sizes up to it.
         num_spec_tokens: drafts per spec row (``Q - 1``) the demand was read with.
+        row_context: mean KV entries a spec or decode row attends over, per row and step
+            of the run (0: unknown; then times are predicted at zero context).
     """
 
     kind_rows: np.ndarray
@@ -106,6 +109,7 @@ class StepDemand:
     graph_mode: str
     max_num_seqs: int
     num_spec_tokens: int
+    row_context: int = 0
 
     @property
     def num_steps(self) -> int:
@@ -119,7 +123,12 @@ class StepDemand:
 
 
 def step_demand(
-    steps: Mapping[str, np.ndarray], *, num_spec_tokens: int, graph_mode: str, max_num_seqs: int
+    steps: Mapping[str, np.ndarray],
+    *,
+    num_spec_tokens: int,
+    graph_mode: str,
+    max_num_seqs: int,
+    row_context: int = 0,
 ) -> StepDemand:
     """The demand of every step of a simulation's step table.
 
@@ -128,6 +137,8 @@ def step_demand(
     ``[S]``, integer) of ``steps.csv`` (``schema.KIND_ROWS``, ``schema.KIND_TOKENS``),
     and ``schema.STEP_COUNT`` where the rows are distinct step shapes.
     """
+    if row_context < 0:
+        raise BucketError(f"row_context must be >= 0, got {row_context}")
     rows = [_int_column(steps, name) for name in KIND_ROWS.values()]
     tokens = [_int_column(steps, name) for name in KIND_TOKENS.values()]
     lengths = {len(column) for column in rows + tokens}
@@ -141,8 +152,26 @@ def step_demand(
     arrays = (np.stack(rows), live_rows, live_tokens, need, per_unit, counts)
     frozen = [_frozen(a) for a in arrays]
     return StepDemand(
-        *frozen, graph_mode=graph_mode, max_num_seqs=max_num_seqs, num_spec_tokens=num_spec_tokens
+        *frozen,
+        graph_mode=graph_mode,
+        max_num_seqs=max_num_seqs,
+        num_spec_tokens=num_spec_tokens,
+        row_context=row_context,
     )
+
+
+def row_context_of(
+    prompt_tokens: np.ndarray, output_tokens: np.ndarray, num_steps: np.ndarray
+) -> int:
+    """Mean KV entries a row attends over, per request and step it was scheduled in:
+    a request's context grows from its prompt to prompt plus output, so its steps see
+    ``prompt + output / 2`` on average (each ``[R]``, integer, ``requests.csv``'s
+    columns). 0 without steps."""
+    steps = np.asarray(num_steps, dtype=np.float64)
+    if not steps.sum() > 0:
+        return 0
+    context = np.asarray(prompt_tokens, np.float64) + np.asarray(output_tokens, np.float64) / 2
+    return round(float(context @ steps / steps.sum()))
 
 
 def _int_column(steps: Mapping[str, np.ndarray], name: str) -> np.ndarray:

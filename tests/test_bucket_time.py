@@ -365,3 +365,90 @@ def test_graph_memory_is_taken_per_graph_in_ascending_sizes(mode):
     mixed = {("mixed", s): float(s) for s in (2, 4, 8, 32)} if mode == "mixed" else {}
     assert memory == spec | mixed
     assert [g.kind for g in captured] == ["spec"] * 4 + ["mixed"] * len(mixed)
+
+
+def _profiled_costs(row_context: int):
+    """Costs of a small spec workload (one row, two rows, nine rows; a prefill step of 256
+    tokens) from the bundled engine profile, and the profile's fit."""
+    from stepplan.sim.bucket_time import size_costs
+    from stepplan.sim.config import SimConfig, with_settings
+    from stepplan.sim.cost import CostModel
+
+    config = with_settings(
+        SimConfig(),
+        {
+            "model.name": "hybrid-8b",
+            "cost.profile": BUNDLED_PROFILE,
+            "scheduler.num_spec_tokens": 3,
+        },
+    )
+    cost = CostModel.create(config.model, config.gpu, config.cost, 1)
+    spec, prefill = np.array([1, 2, 9, 0]), np.array([0, 0, 0, 1])
+    columns = dict(zip(KIND_ROWS.values(), (spec, spec * 0, prefill), strict=True))
+    columns |= dict(zip(KIND_TOKENS.values(), (spec * 4, spec * 0, prefill * 256), strict=True))
+    demand = step_demand(
+        columns, num_spec_tokens=3, graph_mode="full", max_num_seqs=16, row_context=row_context
+    )
+    return size_costs(demand, cost, 16, 64), cost.engine.fit
+
+
+def test_times_the_profile_covers_come_from_the_profile():
+    """Graph times at the profile's buckets and eager times of the steps it covers are
+    its fit's, and a size between two measured buckets lies between their times (not at
+    the cost model's level, which is far from a measured engine's)."""
+    from stepplan.sim.engine_fit import StepShape
+
+    costs, fit = _profiled_costs(row_context=0)
+    for size in (1, 2, 8, 16):
+        shape = StepShape(("spec", 4 * size, size, 0), (size, 0, 0), (4 * size, 0, 0), 0, 0, 0.0)
+        assert costs.graph_us[0, size - 1] == pytest.approx(fit.predict_us(shape))
+    low, high = sorted(costs.graph_us[0, [7, 15]])
+    assert low <= costs.graph_us[0, 8] <= high
+    eager = StepShape(None, (0, 0, 1), (0, 0, 256), 4, 0, 256 * 257 / 2, 0, 256)
+    assert costs.eager_us[3] == pytest.approx(fit.predict_us(eager))
+    assert costs.profile_steps >= 4 + 1
+
+
+def test_graph_times_carry_the_runs_context_on_its_live_rows():
+    """With a context per row, a spec graph is priced with that context on the live rows
+    its steps hold (one row for size 1), the padding reading none."""
+    from stepplan.sim.engine_fit import StepShape
+
+    costs, fit = _profiled_costs(row_context=3000)
+    shape = StepShape(("spec", 4, 1, 0), (1, 0, 0), (4, 0, 0), 0, 3000, 0.0, 3000)
+    assert costs.graph_us[0, 0] == pytest.approx(fit.predict_us(shape))
+    # size 2 holds the steps of one and two rows: 1.5 rounds to 2 live rows
+    shape = StepShape(("spec", 8, 2, 0), (2, 0, 0), (8, 0, 0), 0, 6000, 0.0, 3000)
+    assert costs.graph_us[0, 1] == pytest.approx(fit.predict_us(shape))
+    at_zero, _ = _profiled_costs(row_context=0)
+    assert (costs.graph_us[0] > at_zero.graph_us[0]).all()
+
+
+def test_row_context_is_the_step_weighted_mean_of_each_requests_midpoint():
+    from stepplan.sim.buckets import row_context_of
+
+    assert row_context_of(np.array([100, 300]), np.array([10, 20]), np.array([1, 3])) == 259
+    assert row_context_of(np.zeros(0), np.zeros(0), np.zeros(0)) == 0
+    with pytest.raises(BucketError, match="row_context"):
+        step_demand(
+            dict.fromkeys([*KIND_ROWS.values(), *KIND_TOKENS.values()], np.zeros(1, np.int64)),
+            num_spec_tokens=1,
+            graph_mode="full",
+            max_num_seqs=4,
+            row_context=-1,
+        )
+
+
+def test_the_live_check_records_the_commit_given_and_splits_steps_by_kind():
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import graph_sizes_live
+
+    given = graph_sizes_live.commit_record("0123abc")
+    assert given["commit"] == "0123abc" and given["commit_source"] == "--commit"
+    assert "commit_source" not in graph_sizes_live.commit_record(None)
+    spec, decode = np.array([2, 0, 2, 0, 1, 0]), np.array([0, 3, 0, 0, 0, 0])
+    prefill = np.array([0, 0, 0, 1, 1, 0])
+    graph = np.array([True, False, False, False, False, False])
+    kinds = graph_sizes_live._step_kinds(spec, decode, prefill, graph)
+    names = [graph_sizes_live.STEP_KINDS[k] for k in kinds]
+    assert names == ["uniform_graph", "uniform_eager", "uniform_eager", "prefill", "mixed", "empty"]

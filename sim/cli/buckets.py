@@ -11,6 +11,8 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from ..bucket_search import Objective, time_memory_front
 from ..bucket_table import compare_times, format_time_table, prediction_lines
 from ..bucket_time import SizeCosts, size_costs
@@ -22,6 +24,7 @@ from ..buckets import (
     assign,
     default_lists,
     graph_edges,
+    row_context_of,
     sizes_snippet,
     step_demand,
     usable_sizes,
@@ -31,7 +34,8 @@ from ..cost import CostModel
 from ..engine_profile import EngineProfileError
 from ..live import engine_setup
 from ..outfile import OutputFile
-from ..results import SimResult, read_step_shapes
+from ..results import SimResult, iter_table, read_step_shapes
+from ..schema import REQUESTS
 from ..table import ResultsError
 from .outputs import GRAPH_SIZES, SIZES_HEADER, claim_figure, save_figure
 
@@ -61,7 +65,25 @@ def run_demand(
         num_spec_tokens=_flag(args, "num_spec_tokens", config.scheduler.num_spec_tokens),
         graph_mode=_flag(args, "graph_mode", config.planner.graph_mode),
         max_num_seqs=_flag(args, "max_num_seqs", config.scheduler.max_num_seqs),
+        row_context=run_row_context(results),
     )
+
+
+def run_row_context(results: SimResult) -> int:
+    """The run's mean context per row and step (:func:`row_context_of`) from its
+    ``requests.csv``; 0 where the folder has none (times then at zero context)."""
+    folder = results.path
+    if folder is None or not any(
+        (Path(folder) / REQUESTS.file).with_suffix(ext).exists() for ext in (".csv", ".parquet")
+    ):
+        return 0
+    names = ("prompt_tokens", "output_tokens", "num_steps")
+    parts: dict[str, list] = {name: [] for name in names}
+    for chunk in iter_table(Path(folder), REQUESTS, names):
+        for name in names:
+            parts[name].append(chunk.column(name))
+    prompt, output, steps = (np.concatenate(parts[n]) if parts[n] else np.zeros(0) for n in names)
+    return row_context_of(prompt, output, steps)
 
 
 def _flag(args: argparse.Namespace | None, name: str, default: Any) -> Any:
