@@ -23,12 +23,7 @@ On a machine without a GPU, ``--live-device cpu`` runs the whole path in a tiny 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import gc
-import json
-import os
-import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -36,51 +31,18 @@ from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
+from bench_record import record_run
 
 ROOT = Path(__file__).resolve().parents[1]
 BUNDLED_TRACE = ROOT / "sim" / "data" / "azure_llm_2023_code.csv"
 
 
-def device_record(live_device: str) -> dict[str, Any]:
-    """The machine, as bench records hold it (the GPU's name when there is one)."""
-    cpu = next(
-        (line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-         if line.startswith("model name")), platform.machine()
-    )  # fmt: skip
-    memory = next(
-        line.split()[1] for line in Path("/proc/meminfo").read_text().splitlines()
-        if line.startswith("MemTotal")
-    )  # fmt: skip
-    machine = "CPU only"
-    if live_device == "cuda":
-        import torch
-
-        machine = torch.cuda.get_device_name(0)
-    return {
-        "machine": machine,
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "memory_gib": round(int(memory) / 2**20, 1),
-        "python": platform.python_version(),
-    }
-
-
-def commit_record(commit: str | None) -> dict[str, Any]:
-    """The checkout's commit and whether it is dirty; ``commit`` (``--commit``) stands in
-    for git's answer where a copied checkout's metadata is stale or missing (a device's
-    copy of the tree reported an old commit)."""
-
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout
-
-    record = {
-        "commit": commit or git("rev-parse", "HEAD").strip(),
-        "dirty": bool(git("status", "--porcelain", "-uno").strip()),
-    }
-    if commit:
-        record["commit_source"] = "--commit"
-        record["dirty"] = None  # git's view of a copied tree says nothing of the commit given
-    return record
+def given_commit(commit: str | None) -> dict[str, Any]:
+    """The record's commit keys where ``--commit`` gives one (they stand over git's: a
+    device's copy of the checkout reported an old commit); none otherwise."""
+    if not commit:
+        return {}
+    return {"commit": commit, "commit_source": "--commit", "dirty": None}
 
 
 def setting_args(args: argparse.Namespace) -> list[str]:
@@ -283,12 +245,7 @@ def main() -> int:
         "profile_wall_s": profile_s,
         "total_wall_s": time.perf_counter() - started,
     }
-    record = {
-        "benchmark": "graph_sizes_live",
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "device": device_record(args.live_device),
-        "command": " ".join(["python", "bench/graph_sizes_live.py", *sys.argv[1:]]),
-        **commit_record(args.commit),
+    extra: dict[str, Any] = {
         "setup": {
             "model": args.model,
             "trace": str(args.trace),
@@ -302,12 +259,9 @@ def main() -> int:
             "graph_memory_measured": bool(read_engine_profile(profile).graph_mib),
         },
         "runs": runs,
-        "figures": figures,
+        **given_commit(args.commit),
     }
-    args.record.mkdir(parents=True, exist_ok=True)
-    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H%M%S")
-    path = args.record / f"graph_sizes_live-{stamp}.json"
-    path.write_text(json.dumps(record, indent=1) + "\n")
+    path = record_run("graph_sizes_live", figures, folder=args.record, **extra)
     for name, run in runs.items():
         sizes, measured_s = len(run["graph_sizes"]), run["measured_total_s"]
         print(f"{name:>13}: {sizes} sizes, measured {measured_s:.3f} s, predicted "

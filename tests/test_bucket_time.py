@@ -443,9 +443,9 @@ def test_the_live_check_records_the_commit_given_and_splits_steps_by_kind():
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
     import graph_sizes_live
 
-    given = graph_sizes_live.commit_record("0123abc")
+    given = graph_sizes_live.given_commit("0123abc")
     assert given["commit"] == "0123abc" and given["commit_source"] == "--commit"
-    assert "commit_source" not in graph_sizes_live.commit_record(None)
+    assert graph_sizes_live.given_commit(None) == {}
     spec, decode = np.array([2, 0, 2, 0, 1, 0]), np.array([0, 3, 0, 0, 0, 0])
     prefill = np.array([0, 0, 0, 1, 1, 0])
     graph = np.array([True, False, False, False, False, False])
