@@ -1,7 +1,9 @@
 """The simulation loop: trace -> scheduler -> the planner (real) -> cost -> clock.
 
 Each step the scheduler hands over a ``StepBatch``; the real planner compiles it
-(timed with ``perf_counter_ns``); the cost model turns the plan into time; the
+(timed with ``perf_counter_ns``; where the step's time reads only the plan's shape, the
+planner checks and packs the same rows without making the batch or the plan objects,
+``Planner.shape_of_rows``); the cost model turns the plan into time; the
 acceptance model decides the spec rows' outcome; the scheduler commits it and the
 clock moves to the step's end. When nothing can run the clock jumps to the next
 arrival. A ``stop`` event, checked before every step, ends the run early with what it
