@@ -124,6 +124,16 @@ class PlanShape(NamedTuple):
         """``Q``: the longest spec query."""
         return self.config.query_len_max
 
+    @property
+    def padded_tokens(self) -> int:
+        """Token capacity of the plan (the graph's, or the live count when eager)."""
+        return self.layout.num_tokens
+
+    @property
+    def padded_rows(self) -> int:
+        """Row capacity of the plan."""
+        return self.layout.num_rows
+
 
 #: The words of a plan's summary (:func:`plan_summary`), in order: rows per kind, spec and
 #: live tokens, the layout's row capacity, then where each field of the packed buffer

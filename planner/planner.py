@@ -16,7 +16,7 @@ from .buckets import choose_graph, may_replay
 from .compile import check_limits, compile_plan
 from .config import PlannerConfig
 from .errors import PlanError
-from .layout import PlanLayout
+from .layout import PlanLayout, batch_buffer_arrays, batch_buffer_size
 from .native import NativeBuildError, load_packer
 from .plan import SUMMARY, ExecutionPlan, GraphKey, PlanShape, plan_summary
 
@@ -99,33 +99,23 @@ class Planner:
         spec, decode, prefill, _ = counts = batch.kind_counts
         if spec + decode + prefill > self.config.max_num_seqs:
             check_limits(batch, self.config)  # raises compile_plan's error
-        num_tokens, slots = batch.query_start.item(-1), batch.slots
-        graph, layout, size, tokens, rows, tiles = self._shape(
+        slots = batch.slots
+        packed = self._pack_checked(
+            packer,
             counts,
-            num_tokens,
             batch.num_padded_tokens,
-            len(slots),
-            lambda: packer.prefill_tiles(batch.query_lens, batch.kinds, self._tile),
-        )
-        packed = np.empty(size, _INT32)
-        found = packer.pack(
-            packed,
-            batch.query_start,
+            batch.query_lens,
             batch.num_computed_tokens,
-            batch.num_accepted_tokens,
             slots,
+            batch.num_accepted_tokens,
+            batch.query_start,
             batch.kinds,
-            tokens,
-            rows,
-            tiles,
-            len(slots),
-            self._query_len_max,
-            self._tile,
         )
-        if found is None:  # a spec row breaks the limits: compile_plan's error, word for word
+        if packed is None:  # a spec row breaks the limits: compile_plan's error, word for word
             check_limits(batch, self.config)
             raise AssertionError("the packer refused a batch compile_plan accepts")
-        packed.setflags(write=False)
+        graph, layout, buffer, found = packed
+        buffer.setflags(write=False)
         # Positional, in ExecutionPlan's field order (a test holds it there): keywords make
         # this call, the dearest line left here, measurably slower (bench/results/history/).
         return ExecutionPlan(
@@ -134,8 +124,105 @@ class Planner:
             *found,
             graph,
             layout,
-            packed,
+            buffer,
         )
+
+    def shape_of_rows(
+        self,
+        query_lens: np.ndarray,
+        num_computed_tokens: np.ndarray,
+        slots: np.ndarray,
+        num_draft_tokens: np.ndarray,
+        num_accepted_tokens: np.ndarray,
+    ) -> PlanShape:
+        """``compile(StepBatch(query_lens, num_computed_tokens, slots, num_draft_tokens,
+        num_accepted_tokens)).shape``, the same value, with the batch checked and the plan
+        packed by the same native calls, but neither the batch nor the plan made (the
+        packed bytes are let go): what a simulator that only times a step reads of its
+        plan, at about half the host time of :meth:`compile`'s path.
+
+        Args:
+            query_lens, num_computed_tokens, num_draft_tokens, num_accepted_tokens:
+                ``[R], int32`` as :class:`StepBatch` takes them.
+            slots: ``[R]`` or ``[G, R]``, int32.
+
+        Anything else (other dtypes, a batch the checks refuse, no compiled packer) goes
+        through ``compile(StepBatch(...))``, which raises what it raises there.
+        """
+        packer = self._packer
+        if packer is not None and type(slots) is np.ndarray and slots.ndim in (1, 2):
+            rows = query_lens.shape[0]
+            grouped = slots if slots.ndim == 2 else slots[None]
+            groups = grouped.shape[0]
+            data = np.empty(batch_buffer_size(rows, groups), _INT32)
+            kinds = np.empty(rows, np.int8)
+            try:
+                counts = packer.check_batch(
+                    query_lens,
+                    num_computed_tokens,
+                    num_draft_tokens,
+                    num_accepted_tokens,
+                    grouped,
+                    False,
+                    data,
+                    kinds,
+                )
+            except (TypeError, ValueError, AttributeError, BufferError):
+                counts = None
+            if counts is not None and sum(counts[:3]) <= self.config.max_num_seqs:
+                lens, computed, _, accepted, grouped, starts = batch_buffer_arrays(
+                    data, rows, groups
+                )
+                packed = self._pack_checked(
+                    packer, counts, None, lens, computed, grouped, accepted, starts, kinds
+                )
+                if packed is not None:
+                    graph, layout, _, found = packed
+                    return _new_shape((self.config, graph, layout, rows, None, *found))
+        batch = StepBatch(
+            query_lens, num_computed_tokens, slots, num_draft_tokens, num_accepted_tokens
+        )
+        return self.compile(batch).shape
+
+    def _pack_checked(
+        self,
+        packer: ModuleType,
+        counts: tuple[int, int, int, int],
+        num_padded_tokens: int | None,
+        query_lens: np.ndarray,
+        num_computed_tokens: np.ndarray,
+        slots: np.ndarray,
+        num_accepted_tokens: np.ndarray,
+        query_start: np.ndarray,
+        kinds: np.ndarray,
+    ) -> tuple[GraphKey | None, PlanLayout, np.ndarray, tuple[int, ...]] | None:
+        """The compiled packer's plan of a checked batch (its arrays as StepBatch holds
+        them; ``counts`` its rows per kind): ``(graph, layout, packed buffer, the plan's
+        counts)``, or ``None`` where a spec row breaks the config's limits."""
+        num_tokens = query_start.item(-1)
+        graph, layout, size, tokens, rows, tiles = self._shape(
+            counts,
+            num_tokens,
+            num_padded_tokens,
+            len(slots),
+            lambda: packer.prefill_tiles(query_lens, kinds, self._tile),
+        )
+        packed = np.empty(size, _INT32)
+        found = packer.pack(
+            packed,
+            query_start,
+            num_computed_tokens,
+            num_accepted_tokens,
+            slots,
+            kinds,
+            tokens,
+            rows,
+            tiles,
+            len(slots),
+            self._query_len_max,
+            self._tile,
+        )
+        return None if found is None else (graph, layout, packed, found)
 
     def pack_host_step(
         self,

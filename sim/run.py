@@ -1,7 +1,9 @@
 """The simulation loop: trace -> scheduler -> the planner (real) -> cost -> clock.
 
 Each step the scheduler hands over a ``StepBatch``; the real planner compiles it
-(timed with ``perf_counter_ns``); the cost model turns the plan into time; the
+(timed with ``perf_counter_ns``; where the step's time reads only the plan's shape, the
+planner checks and packs the same rows without making the batch or the plan objects,
+``Planner.shape_of_rows``); the cost model turns the plan into time; the
 acceptance model decides the spec rows' outcome; the scheduler commits it and the
 clock moves to the step's end. When nothing can run the clock jumps to the next
 arrival. A ``stop`` event, checked before every step, ends the run early with what it
@@ -22,7 +24,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from stepplan.planner import ExecutionPlan, Planner, StepBatch
+from stepplan.planner import ExecutionPlan, Planner, PlanShape, StepBatch
 
 from .acceptance import AcceptanceModel, make_acceptance
 from .admission import check_policy
@@ -128,7 +130,7 @@ def _duration(seconds: float) -> str:
 
 
 def _record(
-    plan: ExecutionPlan, start_s: float, plan_us: float, terms: tuple[float, ...]
+    plan: ExecutionPlan | PlanShape, start_s: float, plan_us: float, terms: tuple[float, ...]
 ) -> tuple[float, ...]:
     """The step's record up to its memory row (``records.STEP_RECORD``'s order)."""
     graph = plan.graph
@@ -282,6 +284,13 @@ class _Loop:
     stepper: Stepper
     totals: StepTotals
     rows: RequestRows
+    #: Whether a step's time needs only its plan's shape: neither the engine profile
+    #: (which reads the batch) nor measured host cost (the clock then reads what
+    #: compiling the engine's batch costs) is in use.
+    shape_only: bool = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self.shape_only = self.cost.engine is None and self.cost.cost.host_cost != "measured"
 
     @classmethod
     def create(
@@ -344,15 +353,18 @@ class _Loop:
         rows = self.scheduler.rows
         groups = self.scheduler.config.num_groups
         slots = rows.slots[:count]
-        start = time.perf_counter_ns()
-        batch = StepBatch(  # positional, in field order: the cheapest call
+        inputs = (  # positional, in StepBatch's field order: the cheapest call
             rows.query_lens[:count],
             rows.computed[:count],
             slots if groups == 1 else np.broadcast_to(slots, (groups, count)),
             rows.drafts[:count],
             rows.accepted[:count],
         )
-        plan = self.planner.compile(batch)
+        start = time.perf_counter_ns()
+        if self.shape_only:  # the same checks and packing, no batch or plan made
+            plan: ExecutionPlan | PlanShape = self.planner.shape_of_rows(*inputs)
+        else:
+            plan = self.planner.compile(StepBatch(*inputs))
         plan_us = (time.perf_counter_ns() - start) * 1e-3
         terms = self.cost.terms(plan, kv_tokens, attention_pairs, plan_us)
         if self.durations is not None:

@@ -134,6 +134,62 @@ def test_a_bad_accepted_count_is_refused_as_compile_plan_refuses_it(case, data):
     assert str(got.value) == str(want.value)
 
 
+def _rows_of(batch: StepBatch) -> tuple[np.ndarray, ...]:
+    """The batch's arrays as a scheduler holds them: fresh int32 copies, writable."""
+    return tuple(
+        np.array(array, np.int32)
+        for array in (
+            batch.query_lens,
+            batch.num_computed_tokens,
+            batch.slots,
+            batch.num_draft_tokens,
+            batch.num_accepted_tokens,
+        )
+    )
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(_BATCHES, min_size=1, max_size=3), st.booleans())
+def test_the_shape_of_rows_is_the_compiled_plans_shape(cases, wide):
+    planners: dict[PlannerConfig, tuple[Planner, Planner]] = {}
+    for made, config in cases + cases[:1]:  # the repeat hits the kept shapes
+        batch = attrs.evolve(made, num_padded_tokens=None)
+        native, numpy = planners.setdefault(
+            config, (Planner(config, native=True), Planner(config, native=False))
+        )
+        rows = _rows_of(batch)
+        if batch.num_groups == 1 and wide:  # one group as [R]; int64 takes the other path
+            rows = (rows[0], rows[1], rows[2][0], rows[3].astype(np.int64), rows[4])
+        want = compile_plan(batch, config).shape
+        got = native.shape_of_rows(*rows)
+        assert got == want and type(got) is PlanShape
+        layout = want.layout
+        assert (got.padded_tokens, got.padded_rows) == (layout.num_tokens, layout.num_rows)
+        assert numpy.shape_of_rows(*rows) == want
+
+
+@pytest.mark.parametrize(
+    ("batch", "config"),
+    [
+        (_spec_batch(accepted=(2, 0)), PlannerConfig(num_spec_tokens=3)),
+        (_spec_batch(drafts=(3, 4), accepted=(0, 1)), PlannerConfig(num_spec_tokens=3)),
+        (_spec_batch(rows=5), PlannerConfig(num_spec_tokens=3, max_num_seqs=4)),
+        (_spec_batch(), PlannerConfig(num_spec_tokens=2, graph_mode="mixed")),
+    ],
+)
+def test_the_shape_of_rows_refuses_as_compile_plan_does(batch, config):
+    with pytest.raises(PlanError) as want:
+        compile_plan(batch, config)
+    rows = list(_rows_of(batch))
+    with pytest.raises(PlanError) as got:
+        Planner(config, native=True).shape_of_rows(*rows)
+    assert str(got.value) == str(want.value)
+    rows[1] = rows[1].copy()
+    rows[1][0] = -1  # a negative computed count: StepBatch's own error
+    with pytest.raises(PlanError, match="num_computed_tokens"):
+        Planner(config, native=True).shape_of_rows(*rows)
+
+
 # -- the build ----------------------------------------------------------------------------
 
 REPO = Path(__file__).resolve().parents[1]
