@@ -159,9 +159,9 @@ static Py_ssize_t admit_batch(Stepper *self, Py_ssize_t rows, int64_t room, int6
     for (; count < room && begin < budget; count++) {
         int64_t request = first + count, prompt = self->prompt[request];
         int64_t chunk = prompt < budget - begin ? prompt : budget - begin;
-        if (self->has_pool) { /* BlockPool.admit_all: the leading run that fits */
+        if (self->has_pool) { /* BlockPool.admit_all: the leading run whose prompts fit */
             int64_t need = blocks_for(self, request, chunk);
-            if (blocks + need > self->free_blocks[0]) {
+            if (blocks + blocks_for(self, request, prompt) > self->free_blocks[0]) {
                 break;
             }
             blocks += need;
@@ -206,7 +206,7 @@ static Py_ssize_t admit_each(Stepper *self, Py_ssize_t rows, int64_t room, int64
         }
         int64_t begin = hits * self->prefix_tokens;
         int64_t q = target - begin < budget ? target - begin : budget;
-        int admitted = self->has_pool ? admit_one(self, request, hits, begin + q) : 1;
+        int admitted = self->has_pool ? admit_one(self, request, hits, begin + q, target) : 1;
         if (admitted <= 0) {
             if (admitted < 0) {
                 return -1;

@@ -302,7 +302,7 @@ class Scheduler:
         ids = np.arange(first, first + count, dtype=np.int64)
         chunk = np.minimum(prompt[:count], budget - starts[:count])
         if self.pool is not None and count:
-            count = self.pool.admit_all(ids, chunk)
+            count = self.pool.admit_all(ids, chunk, prompt[:count])
             ids, chunk = ids[:count], chunk[:count]
         self.next_admit = first + count
         self._admitted += count
@@ -331,7 +331,7 @@ class Scheduler:
             hits = self.pool.lookup(request, target) if self.pool is not None else []
             start = len(hits) * (self.pool.layout.prefix_block_tokens if hits else 0)
             q = min(target - start, budget)
-            if self.pool is not None and not self.pool.admit(request, hits, start + q):
+            if self.pool is not None and not self.pool.admit(request, hits, start + q, target):
                 break
             if resumed:
                 self._pop_resumed()
