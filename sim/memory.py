@@ -178,7 +178,8 @@ class BlockPool:
         ``positions``; ``False`` and nothing changed unless the free and evictable blocks
         hold the blocks for ``whole`` (the request's whole prompt, as vLLM admits)."""
         base = len(hits) * self._entry_blocks
-        delta = int(self.need(np.array([request]), np.array([whole]))[0]) - base
+        reach = max(whole, positions)  # positions pass it by placeholder drafts
+        delta = int(self.need(np.array([request]), np.array([reach]))[0]) - base
         reclaimed = sum(entry in self.lru for entry in hits)  # would no longer be evictable
         if delta > self.free + (len(self.lru) - reclaimed) * self._entry_blocks:
             return False

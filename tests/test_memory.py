@@ -102,6 +102,9 @@ class Run:
         emitted, _ = self.scheduler.commit(step, accepted)
         q = step.batch.query_lens.astype(np.int64)
         done = np.where(step.is_spec, accepted + 1, q)
+        # a prefill padded with vLLM's placeholder drafts computes its prompt's rest only
+        prompt_left = self.table.prompt_tokens[ids] + self.emitted[ids] - computed
+        done = np.where(step.decoding, done, np.minimum(done, prompt_left))
         self.state[ids] += done
         self.committed[ids] += done
         self.emitted[ids] += emitted
