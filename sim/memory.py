@@ -117,13 +117,16 @@ class BlockPool:
             held[request] += delta
         return True
 
-    def admit_all(self, ids: np.ndarray, positions: np.ndarray) -> int:
-        """Admit the longest leading run of new requests ``ids`` whose blocks for
-        ``positions`` (``[n], int64`` each) fit in the free blocks; returns its length.
-        Only without prefix caching (nothing to look up, nothing evictable)."""
+    def admit_all(self, ids: np.ndarray, positions: np.ndarray, whole: np.ndarray) -> int:
+        """Admit the longest leading run of new requests ``ids``, each taking the blocks
+        for ``positions`` (``[n], int64``, its first chunk) and admitted only while the
+        free blocks, less those its predecessors took, hold the blocks for ``whole``
+        (``[n], int64``, its whole prompt: vLLM's ``scheduler_reserve_full_isl``);
+        returns its length. Only without prefix caching (nothing evictable)."""
         need = self.need(ids, positions)
         ends = np.cumsum(need)
-        count = int(np.searchsorted(ends, self.free, side="right"))
+        fits = ends - need + self.need(ids, whole) <= self.free
+        count = int(fits.argmin()) if not fits.all() else ids.size
         if count:
             self.free -= int(ends[count - 1])
             self.held[ids[:count]] = need[:count]
@@ -170,11 +173,13 @@ class BlockPool:
             hits.append(entry)
         return hits
 
-    def admit(self, request: int, hits: list[int], positions: int) -> bool:
+    def admit(self, request: int, hits: list[int], positions: int, whole: int) -> bool:
         """Reference the entries ``hits`` (from :meth:`lookup`) and grow to
-        ``positions``; ``False`` and nothing changed when the blocks are not there."""
+        ``positions``; ``False`` and nothing changed unless the free and evictable blocks
+        hold the blocks for ``whole`` (the request's whole prompt, as vLLM admits)."""
         base = len(hits) * self._entry_blocks
-        delta = int(self.need(np.array([request]), np.array([positions]))[0]) - base
+        reach = max(whole, positions)  # positions pass it by placeholder drafts
+        delta = int(self.need(np.array([request]), np.array([reach]))[0]) - base
         reclaimed = sum(entry in self.lru for entry in hits)  # would no longer be evictable
         if delta > self.free + (len(self.lru) - reclaimed) * self._entry_blocks:
             return False

@@ -7,7 +7,8 @@ unchanged is checked against that code, not against itself. The runs added for i
 ``engine_s``) were pinned by main at 6fd578e, the code before the scheduler's rewrite.
 ``plan_us`` (measured, run dependent) is left out. Columns renamed since are compared
 under their old name (:data:`RENAMED`). Regenerate only when a change is *meant* to alter results:
-``python tests/golden_sim.py --write`` (and say so in the commit).
+``python tests/golden_sim.py --write`` (and say so in the commit). ``mooncake-bound-caching``
+was re-pinned when admission came to wait for a whole prompt's blocks, as vLLM 0.33's does.
 
 The old code's model had 8e9 parameters by label; the model presets give ``hybrid-8b``
 its real count (8,433,438,720). Every run here sets ``model.params = 8e9`` (:data:`PINNED`),

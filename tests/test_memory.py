@@ -102,6 +102,9 @@ class Run:
         emitted, _ = self.scheduler.commit(step, accepted)
         q = step.batch.query_lens.astype(np.int64)
         done = np.where(step.is_spec, accepted + 1, q)
+        # a prefill padded with vLLM's placeholder drafts computes its prompt's rest only
+        prompt_left = self.table.prompt_tokens[ids] + self.emitted[ids] - computed
+        done = np.where(step.decoding, done, np.minimum(done, prompt_left))
         self.state[ids] += done
         self.committed[ids] += done
         self.emitted[ids] += emitted
@@ -252,12 +255,12 @@ def test_unreferenced_entries_are_evicted_tail_first():
     layout = make_layout(14, block_size=4, prefix=True, prefix_block_tokens=8, kept=1)
     pool = BlockPool(layout, table)  # an entry is 8 / 4 + 1 = 3 blocks
     ids = np.array([0], np.int64)
-    assert pool.admit(0, [], 16) and pool.held[0] == 6  # 4 KV blocks and 2 kept states
+    assert pool.admit(0, [], 16, 16) and pool.held[0] == 6  # 4 KV blocks and 2 kept states
     pool.register(ids, np.array([16]))  # computed 16: both hashed blocks complete
     assert pool.entries == {1: 1, 2: 1} and pool.free == 8
     pool.release(ids)
     assert list(pool.lru) == [2, 1] and pool.used_blocks == 0  # the tail is oldest
-    assert pool.admit(1, [], 24) and pool.free == 0  # 6 KV blocks and 2 kept states
+    assert pool.admit(1, [], 24, 24) and pool.free == 0  # 6 KV blocks and 2 kept states
     assert pool.grow(1, 28) and list(pool.lru) == [1] and pool.free == 2  # entry 2 evicted
     assert pool.lookup(2, 16) == [1]  # a hit leaves a token to compute: one block of two
     assert pool.lookup(0, 17) == [1]  # block 2 is gone
@@ -308,3 +311,24 @@ def test_growing_a_few_rows_in_python_equals_numpy(held, grow, free, block_size)
             patch.setattr("stepplan.sim.memory._FEW_ROWS", few_rows)
             pools.append((pool.grow_all(ids, positions), pool.free, pool.held.tolist()))
     assert pools[0] == pools[1]
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "shortest-prompt"])
+def test_admission_waits_until_the_whole_prompt_fits(policy):
+    """vLLM 0.33 admits a request only when the free blocks hold its whole prompt,
+    though it allocates its first chunk only: in 12 blocks r0 takes 8, and r1 (an
+    8-token prompt whose first chunk of 2 would fit) waits until r0 has finished."""
+    table = make_table([0.0, 0.0], [8, 8], [2, 2])
+    config = SchedulerConfig(
+        max_num_seqs=2, max_num_batched_tokens=10, num_spec_tokens=0, policy=policy
+    )
+    scheduler = Scheduler(table, config, BlockPool(make_layout(12, slots=2), table))
+    admitted = []
+    clock = 0.0
+    while not scheduler.done:
+        step = scheduler.schedule(clock)
+        admitted.append(step.request_ids.tolist())
+        scheduler.commit(step, np.zeros(step.request_ids.size, np.int64))
+        clock += 0.01
+    assert admitted == [[0], [0], [1], [1]]
+    assert scheduler.preemptions.sum() == 0

@@ -52,8 +52,9 @@ def test_a_huge_kv_cache_equals_the_run_without_the_memory_model():
 
 @pytest.fixture(scope="module")
 def bound():
-    """The Mooncake slice in 5 GiB of cache: long contexts that do not all fit."""
-    config = with_settings(SimConfig(), {"memory.kv_cache_gib": 5, "memory.check": True})
+    """The Mooncake slice in 5.5 GiB of cache: long contexts that do not all fit (with
+    whole prompts admitted only where they fit, decoding's growth preempts: 5 times)."""
+    config = with_settings(SimConfig(), {"memory.kv_cache_gib": 5.5, "memory.check": True})
     return simulate(load_trace(MOONCAKE), config)
 
 

@@ -60,7 +60,10 @@ def check_step(step, config: SchedulerConfig, tracker: Tracker, now: float) -> N
     np.testing.assert_array_equal(batch.num_accepted_tokens[spec], tracker.next_accepted[ids][spec])
     prompt_left = req.prompt_tokens[ids] - tracker.committed[ids]
     in_prompt = prompt_left > 0
-    assert (q[in_prompt] <= prompt_left[in_prompt]).all(), "prefill past the prompt"
+    # vLLM's placeholder drafts: a last prompt token padded to 1 + k rows, nothing else
+    padded = in_prompt & (q > prompt_left)
+    assert (prompt_left[padded] == 1).all(), "prefill past the prompt"
+    assert (q[padded] == 1 + config.num_spec_tokens).all(), "padded to other than 1 + k"
     assert not (spec & in_prompt).any(), "a spec row still in its prompt"
     if config.num_spec_tokens:
         assert spec[~in_prompt].all(), "a decoding request left spec mode"
@@ -72,7 +75,8 @@ def apply_outcome(step, accepted, tracker: Tracker, emitted, finished) -> None:
     spec = step.is_spec
     q = batch.query_lens.astype(np.int64)
     decoding = tracker.committed[ids] >= req.prompt_tokens[ids]
-    tracker.committed[ids] += np.where(spec, accepted + 1, q)
+    reach = tracker.committed[ids] + np.where(spec, accepted + 1, q)
+    tracker.committed[ids] = np.where(decoding, reach, np.minimum(reach, req.prompt_tokens[ids]))
     completes = ~decoding & (tracker.committed[ids] == req.prompt_tokens[ids])
     expected_emitted = np.where(decoding, accepted + 1, completes)
     np.testing.assert_array_equal(emitted, expected_emitted)

@@ -149,7 +149,7 @@ def test_preempting_runs_step_alike(spec_tokens, budget, gib):
     )
     native, python = both(parse_synthetic(CROWD), config)
     assert_same(native, python)
-    assert native.requests["num_preemptions"].sum() > 30
+    assert native.requests["num_preemptions"].sum() >= 30  # 30 to 58 admitting whole prompts
 
 
 @needs_compiled

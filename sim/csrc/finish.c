@@ -95,7 +95,12 @@ static int commit(Stepper *self, Py_ssize_t rows, double end, int given, uint8_t
             self->drafted[request] += self->drafts[r];
             self->accepted[request] += a;
         }
-        self->computed[request] += (flags & SPEC) ? 1 + a : self->q[r];
+        int64_t reach = self->computed[request] + ((flags & SPEC) ? 1 + a : self->q[r]);
+        /* a prefill row padded with placeholder drafts computes its last prompt token only */
+        if (!(flags & DECODING) && reach > self->target[request]) {
+            reach = self->target[request];
+        }
+        self->computed[request] = reach;
         int64_t emitted = (flags & DECODING) ? 1 + a : (flags & EMITS_FIRST) != 0;
         self->emitted[request] += emitted;
         if (flags & SPEC) {

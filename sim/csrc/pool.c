@@ -143,9 +143,11 @@ static int reference(Stepper *self, int64_t request, Py_ssize_t hits) {
     return failed ? -1 : 0;
 }
 
-int admit_one(Stepper *self, int64_t request, Py_ssize_t hits, int64_t positions) {
+int admit_one(Stepper *self, int64_t request, Py_ssize_t hits, int64_t positions,
+              int64_t whole) {
     int64_t base = hits * self->entry_blocks;
-    int64_t delta = blocks_for(self, request, positions) - base;
+    int64_t reach = whole > positions ? whole : positions; /* placeholder drafts pass it */
+    int64_t delta = blocks_for(self, request, reach) - base; /* the whole prompt must fit */
     Py_ssize_t reclaimed = 0;
     for (Py_ssize_t j = 0; j < hits; j++) {
         PyObject *entry = block_hash(self, request, j);

@@ -14,8 +14,10 @@ int grow_one(Stepper *self, int64_t request, int64_t positions);
 int release_one(Stepper *self, int64_t request);
 /* BlockPool.lookup: how many of the request's leading prompt blocks are cached. */
 Py_ssize_t lookup(const Stepper *self, int64_t request, int64_t limit_tokens);
-/* BlockPool.admit with the first ``hits`` blocks as hits: 1 admitted, 0 not (unchanged). */
-int admit_one(Stepper *self, int64_t request, Py_ssize_t hits, int64_t positions);
+/* BlockPool.admit with the first ``hits`` blocks as hits, growing to ``positions`` when
+ * the blocks for ``whole`` fit: 1 admitted, 0 not (unchanged). */
+int admit_one(Stepper *self, int64_t request, Py_ssize_t hits, int64_t positions,
+              int64_t whole);
 /* BlockPool.register of one request after its commit. */
 int register_blocks(Stepper *self, int64_t request);
 

@@ -150,25 +150,34 @@ static void start(Stepper *self, Py_ssize_t first_row, Py_ssize_t count) {
     self->counters[RUNNING] += count;
 }
 
-/* Scheduler._admit's batch path (nobody preempted waits, no prefix cache). */
-static Py_ssize_t admit_batch(Stepper *self, Py_ssize_t rows, int64_t room, int64_t budget) {
+/* Scheduler._admit's batch path (nobody preempted waits, no prefix cache); ``pad``
+ * placeholder drafts for a 1-token prompt while running rows run. */
+static Py_ssize_t admit_batch(Stepper *self, Py_ssize_t rows, int64_t room, int64_t budget,
+                              int64_t pad) {
     int64_t first = self->counters[NEXT_ADMIT], arrived = self->counters[ARRIVED];
     room = arrived - first < room ? arrived - first : room;
     Py_ssize_t count = 0;
     int64_t begin = 0, blocks = 0;
     for (; count < room && begin < budget; count++) {
-        int64_t request = first + count, prompt = self->prompt[request];
-        int64_t chunk = prompt < budget - begin ? prompt : budget - begin;
-        if (self->has_pool) { /* BlockPool.admit_all: the leading run that fits */
+        int64_t request = first + count, prompt = self->prompt[request], want = prompt;
+        if (prompt == 1 && pad && rows) {
+            want += pad;
+            if (want > budget - begin) {
+                break;
+            }
+        }
+        int64_t chunk = want < budget - begin ? want : budget - begin;
+        if (self->has_pool) { /* BlockPool.admit_all: the leading run whose prompts fit */
             int64_t need = blocks_for(self, request, chunk);
-            if (blocks + need > self->free_blocks[0]) {
+            int64_t whole = blocks_for(self, request, prompt > chunk ? prompt : chunk);
+            if (blocks + whole > self->free_blocks[0]) {
                 break;
             }
             blocks += need;
             self->held[request] = need;
         }
         put_row(self, rows + count, request, chunk, 0);
-        begin += prompt;
+        begin += want;
     }
     if (self->has_pool) {
         self->free_blocks[0] -= blocks;
@@ -182,7 +191,7 @@ static Py_ssize_t admit_batch(Stepper *self, Py_ssize_t rows, int64_t room, int6
 /* Scheduler._admit_each: preempted requests first, then new ones in the policy's order,
  * each after its prefix cache hit, until one does not fit. */
 static Py_ssize_t admit_each(Stepper *self, Py_ssize_t rows, int64_t room, int64_t budget,
-                             double now) {
+                             double now, int64_t pad) {
     int64_t *counters = self->counters;
     Py_ssize_t count = 0;
     while (room > 0 && budget > 0) {
@@ -205,8 +214,15 @@ static Py_ssize_t admit_each(Stepper *self, Py_ssize_t rows, int64_t room, int64
             return -1;
         }
         int64_t begin = hits * self->prefix_tokens;
-        int64_t q = target - begin < budget ? target - begin : budget;
-        int admitted = self->has_pool ? admit_one(self, request, hits, begin + q) : 1;
+        int64_t q = target - begin;
+        if (q == 1 && pad && (rows || begin)) {
+            if (1 + pad > budget) {
+                break;
+            }
+            q += pad;
+        }
+        q = q < budget ? q : budget;
+        int admitted = self->has_pool ? admit_one(self, request, hits, begin + q, target) : 1;
         if (admitted <= 0) {
             if (admitted < 0) {
                 return -1;
@@ -242,7 +258,7 @@ static PyObject *finish_rows(Stepper *self, Py_ssize_t rows) {
         if ((flags & DECODING) && self->num_spec) {
             flags |= SPEC;
         }
-        if (!(flags & DECODING) && computed + q == self->target[request]) {
+        if (!(flags & DECODING) && computed + q >= self->target[request]) { /* > padded */
             flags |= EMITS_FIRST;
         }
         self->flags[r] = flags;
@@ -284,12 +300,16 @@ PyObject *stepper_schedule(Stepper *self, PyObject *now_obj) {
     int64_t room = self->max_seqs - counters[RUNNING], budget = self->max_batched - used;
     room = counters[NUM_FREE] < room ? counters[NUM_FREE] : room;
     if (!counters[PREEMPTED] && room > 0 && budget > 0) { /* a step that preempted admits none */
+        int64_t pad = self->num_spec; /* placeholder drafts, unless a running row prefills */
+        for (Py_ssize_t r = 0; r < rows && pad; r++) {
+            pad = (self->flags[r] & DECODING) ? pad : 0;
+        }
         Py_ssize_t admitted;
         if (counters[RESUMED] || self->ordered || (self->has_pool && self->caching)) {
-            admitted = admit_each(self, rows, room, budget, now);
+            admitted = admit_each(self, rows, room, budget, now, pad);
         } else {
             admitted = counters[NEXT_ADMIT] < counters[ARRIVED]
-                           ? admit_batch(self, rows, room, budget)
+                           ? admit_batch(self, rows, room, budget, pad)
                            : 0;
         }
         if (admitted < 0) {

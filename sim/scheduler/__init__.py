@@ -21,8 +21,13 @@ Each step (:meth:`Scheduler.schedule`):
 3. **Then waiting requests**, preempted ones first, then new ones in the admission
    policy's order (``scheduler.policy``, ``sim/admission.py``: first come first served
    by default; with an age limit, a request that waited longer goes first), while
-   budget, ``max_num_seqs``, a free slot and the blocks for its first chunk remain; no
-   request overtakes the one the policy puts first. A prefix-cache hit makes
+   budget, ``max_num_seqs`` and a free slot remain and the free blocks hold its whole
+   prompt (vLLM 0.33's ``scheduler_reserve_full_isl``), though it takes only its first
+   chunk's; no request overtakes the one the policy puts first. With speculation, a
+   request admitted with one token left to compute is padded to ``1 + k`` rows of
+   placeholder drafts when running requests run (none of them in its prompt) or a
+   prefix hit started it, as vLLM keeps its full CUDA graph; the row computes that one
+   token and emits one (no budget for ``1 + k``: admission stops). A prefix-cache hit makes
    the cached prompt blocks computed at admission (leaving at least one token). A
    request takes a slot of the pool (``1..slot capacity``; 0 is NULL) when admitted
    and gives it back when it finishes or is preempted.

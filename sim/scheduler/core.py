@@ -166,7 +166,14 @@ class Scheduler:
         run_ids, run_q, prefilling = self._running_rows(budget)
         # as vLLM v1: a step that preempted admits nothing
         used = int(run_q.sum())
-        new_ids, new_q = (_EMPTY, _EMPTY) if self._preempted else self._admit(budget - used, now_s)
+        # vLLM pads a request with one token left to 1 + k rows unless a prefill runs
+        pad = 0 if prefilling.any() else self.config.num_spec_tokens
+        admit_left = budget - used
+        new_ids, new_q = (
+            (_EMPTY, _EMPTY)
+            if self._preempted
+            else self._admit(admit_left, now_s, pad, run_ids.size)
+        )
         count = run_ids.size + new_ids.size
         self.counters.values[ROWS] = count
         if count == 0:
@@ -176,7 +183,7 @@ class Scheduler:
         computed = self.computed[ids]
         decoding = np.concatenate((~prefilling, np.zeros(new_ids.size, bool)))
         is_spec = decoding if self.config.num_spec_tokens else np.zeros(ids.size, bool)
-        emits_first = ~decoding & (computed + q == self.target[ids])
+        emits_first = ~decoding & (computed + q >= self.target[ids])  # > where padded
         flags = (is_spec * SPEC + decoding * DECODING + emits_first * EMITS_FIRST).astype(np.uint8)
         rows = self.rows
         rows.fill(ids, q, computed, flags, self.slot[ids], self.last_accepted[ids])
@@ -284,32 +291,44 @@ class Scheduler:
         self._preempted += 1
         self._resume_first(request)
 
-    def _admit(self, budget: int, now_s: float) -> tuple[np.ndarray, np.ndarray]:
-        """Waiting requests admitted this step (taking slots) and their first chunk."""
+    def _admit(
+        self, budget: int, now_s: float, pad: int, running_rows: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Waiting requests admitted this step (taking slots) and their first chunk.
+        ``pad``: placeholder drafts given to a request with one token left to compute
+        when ``running_rows`` run or a prefix hit started it (vLLM keeps its full CUDA
+        graph so); it is not admitted unless ``1 + pad`` tokens of budget are left."""
         room = min(self.config.max_num_seqs - self.running.size, self._num_free)
         if room <= 0 or budget <= 0:
             return _EMPTY, _EMPTY
         each = self.counters.values[RESUMED] or self.queue is not None
         if each or (self.pool is not None and self.pool.caching):
-            return self._admit_each(room, budget, now_s)
+            return self._admit_each(room, budget, now_s, pad, running_rows)
         first = self.next_admit
         room = min(room, self._arrived - first)
         if room <= 0:
             return _EMPTY, _EMPTY
         prompt = self.prompt[first : first + room]
-        starts = np.cumsum(prompt) - prompt
+        padded = prompt == 1 if pad and running_rows else None
+        want = prompt if padded is None else np.where(padded, 1 + pad, prompt)
+        starts = np.cumsum(want) - want
         count = int(np.searchsorted(starts, budget, side="left"))
+        if padded is not None:
+            short = np.flatnonzero(padded[:count] & (starts[:count] + want[:count] > budget))
+            count = int(short[0]) if short.size else count
         ids = np.arange(first, first + count, dtype=np.int64)
-        chunk = np.minimum(prompt[:count], budget - starts[:count])
+        chunk = np.minimum(want[:count], budget - starts[:count])
         if self.pool is not None and count:
-            count = self.pool.admit_all(ids, chunk)
+            count = self.pool.admit_all(ids, chunk, np.maximum(prompt[:count], chunk))
             ids, chunk = ids[:count], chunk[:count]
         self.next_admit = first + count
         self._admitted += count
         self._start(ids)
         return ids, chunk
 
-    def _admit_each(self, room: int, budget: int, now_s: float) -> tuple[np.ndarray, np.ndarray]:
+    def _admit_each(
+        self, room: int, budget: int, now_s: float, pad: int, running_rows: int
+    ) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`_admit` one request at a time: preempted requests first, then new
         ones in the policy's order, each starting after its prefix-cache hit, until one
         does not fit."""
@@ -330,8 +349,13 @@ class Scheduler:
             target = int(self.target[request])
             hits = self.pool.lookup(request, target) if self.pool is not None else []
             start = len(hits) * (self.pool.layout.prefix_block_tokens if hits else 0)
-            q = min(target - start, budget)
-            if self.pool is not None and not self.pool.admit(request, hits, start + q):
+            q = target - start
+            if q == 1 and pad and (running_rows or start):
+                if 1 + pad > budget:
+                    break
+                q += pad
+            q = min(q, budget)
+            if self.pool is not None and not self.pool.admit(request, hits, start + q, target):
                 break
             if resumed:
                 self._pop_resumed()
@@ -374,7 +398,10 @@ class Scheduler:
         covered = self.computed.copy()  # a running request not in the step covers its state
         covered[ids] = positions
         self.pool.check(running, covered[running])
-        assert (positions <= self.prompt[ids] + self.output[ids] - 1).all(), "past the last token"
+        # a padded row's placeholder drafts are positions no token is computed at
+        target = self.target[ids]
+        real = np.where(self.computed[ids] < target, np.minimum(positions, target), positions)
+        assert (real <= self.prompt[ids] + self.output[ids] - 1).all(), "past the last token"
         slots = self.slot[running]
         assert (slots > 0).all() and np.unique(slots).size == slots.size, "slots shared"
         assert self._num_free + running.size == self.slot_capacity, "slots leaked"
@@ -410,7 +437,9 @@ class Scheduler:
         emits_first: np.ndarray,
         accepted: np.ndarray,
     ) -> tuple[np.ndarray, np.ndarray]:
-        self.computed[ids] += np.where(spec, 1 + accepted, q)
+        reach = self.computed[ids] + np.where(spec, 1 + accepted, q)
+        # a prefill row padded with placeholder drafts computes its last prompt token only
+        self.computed[ids] = np.where(decoding, reach, np.minimum(reach, self.target[ids]))
         emitted = np.where(decoding, 1 + accepted, emits_first)
         self.emitted[ids] += emitted
         if spec.any():
