@@ -185,6 +185,29 @@ def build_report(
     parts.append(_details("Configuration", _flatten(results.config)))
     quantiles = summary.get("itl_ms_quantiles") or []
     parts.append(_details("ITL quantiles (ms)", [(f"q{i}", v) for i, v in enumerate(quantiles)]))
+    return _page(title, parts)
+
+
+def build_sweep_report(
+    title: str,
+    *,
+    verdict: Verdict,
+    figures: Mapping[str, Figure],
+    tables: Sequence[ReportTable] = (),
+    notes: Sequence[str] = (),
+) -> str:
+    """The HTML page of a sweep: its ``verdict`` (what differs across the points, which
+    meet each SLO) first, then the ``figures``, the ``tables`` (its points) and ``notes``."""
+    title = f"stepplan sweep report: {title}"
+    parts = [f"<h1>{html.escape(title)}</h1>", _verdict(verdict)]
+    parts.extend(_figure(name, figure) for name, figure in figures.items())
+    parts.extend(_table(t.title, t.header, t.rows) for t in tables)
+    parts.extend(f"<p>{html.escape(note)}</p>" for note in notes)
+    return _page(title, parts)
+
+
+def _page(title: str, parts: Sequence[str]) -> str:
+    """A whole page of ``parts`` (HTML blocks), with stepplan's mark in its head."""
     body = "\n".join(parts)
     head = f"<meta charset='utf-8'>{GENERATOR}<title>{html.escape(title)}</title>"
     head += f"<style>{STYLE}</style>"
