@@ -36,8 +36,9 @@ from ..table import Table, join_tables
 
 #: The steps the step timeline draws (``plots.timeline``'s window).
 HEAD_STEPS = 400
-#: About how many steps the per-step figures draw of a longer run.
-FIGURE_STEPS = 100_000
+#: About how many steps the per-step figures draw of a longer run (drawing more points
+#: costs time and shows nothing more at a figure's width).
+FIGURE_STEPS = 20_000
 #: Step columns whose peaks every block of the thinned steps keeps.
 PEAK_COLUMNS = ("kv_usage", "num_waiting", "num_preempted")
 #: Spans of simulated time a deployment's per-replica series average over.
