@@ -34,6 +34,12 @@ print(json.dumps({"rc": code, "cpu_s": usage.ru_utime + usage.ru_stime,
                   "peak_mib": usage.ru_maxrss / 1024}))
 """
 HEADLINE = ["new_tree.cpu_s", "new_tree.wall_s", "new_tree.peak_mib", "steps"]
+TITLE = "stepplan report on a large run"
+NOTES = [
+    "The least of --repeat runs. CPU seconds (user + system) are the figure to compare: "
+    "on a shared host the wall time holds other processes' turns (see load_average).",
+    "old_tree: the checkout --vs-tree names, on the same results folder.",
+]
 
 
 def report_once(folder: Path, out: Path, path: Path | None) -> dict:
@@ -84,7 +90,7 @@ def main() -> None:
             path = shim(args.vs_tree.resolve(), work / "shim")
             old = best_of(folder, work / "report-old.html", args.repeat, path)
             figures["old_tree"] = {"path": str(args.vs_tree), **old}
-    record = new_record("report_bench", figures, headline=HEADLINE)
+    record = new_record("report_bench", figures, title=TITLE, notes=NOTES, headline=HEADLINE)
     write_record(record, args.record)
     print(json.dumps(record, indent=1))
 
