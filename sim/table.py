@@ -247,23 +247,24 @@ def _number_columns(
         return None  # quotes, blank lines or a line of other fields: the careful reader
     dtype = [(c.name, np.int64 if c.dtype == INT else np.float64) for c in columns]
     usecols = [header.index(key) for key in wanted]
-    parsed = _loadtxt(text, usecols, dtype)
+    parsed = _loadtxt(lines, usecols, dtype)
     if parsed is None and (",," in text or ",\n" in text or text.startswith(",")):
         # An empty number cell is NaN (``_parse_cell``); in an integer column "nan" is refused.
         for empty, nan in ((",,", ",nan,"), (",,", ",nan,"), (",\n", ",nan\n"), ("\n,", "\nnan,")):
             text = text.replace(empty, nan)
-        parsed = _loadtxt(("nan" + text) if text.startswith(",") else text, usecols, dtype)
+        text = ("nan" + text) if text.startswith(",") else text
+        parsed = _loadtxt(io.StringIO(text), usecols, dtype)
     if parsed is None or parsed.shape != (len(lines),):
         return None
     return {key: parsed[key] for key in wanted}
 
 
-def _loadtxt(text: str, usecols: list[int], dtype: list) -> np.ndarray | None:
-    """``[rows]`` records of the ``usecols`` fields of CSV ``text``, ``None`` where a
-    cell does not parse as its ``dtype``."""
+def _loadtxt(source: Iterable[str], usecols: list[int], dtype: list) -> np.ndarray | None:
+    """``[rows]`` records of the ``usecols`` fields of CSV lines ``source``, ``None``
+    where a cell does not parse as its ``dtype``."""
     try:
         return np.loadtxt(
-            io.StringIO(text), delimiter=",", usecols=usecols, dtype=dtype, comments=None, ndmin=1
+            source, delimiter=",", usecols=usecols, dtype=dtype, comments=None, ndmin=1
         )
     except (ValueError, OverflowError):
         return None
