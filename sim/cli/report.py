@@ -131,6 +131,7 @@ def build_run_report(
         sample=run.sample,
         shapes=run.shapes,
         every=run.every,
+        composition=run.composition,
         slo_ms={"TTFT": slo.get("ttft_ms"), "TPOT": slo.get("tpot_ms")},
         plan_title=f"Op graph of one plan: step {step:,}, the run's richest "
         f"({plan.num_rows} rows, {plan.num_tokens:,} tokens; rebuilt from its counts)",
@@ -138,9 +139,10 @@ def build_run_report(
     notes = _deployment_parts(run, tables, figures)
     if run.every > 1:
         notes.append(
-            f"The figures over the run draw every {run.every:,}th step (the KV-cache and "
-            f"queue figure each {run.every:,} steps' peaks); the bucket figure, the tables "
-            "and the verdict count every step."
+            f"The host-time and KV-cache figures draw every {run.every:,}th step (the "
+            f"KV-cache and queue figure each {run.every:,} steps' peaks); the step "
+            "composition over the run, the bucket figure, the tables and the verdict count "
+            "every step."
         )
     verdict = verdict_of(summary, run.sample, differs)
     text = build_report(
