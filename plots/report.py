@@ -13,7 +13,7 @@ import attrs
 from matplotlib.figure import Figure
 
 from stepplan.sim.results import SimResult
-from stepplan.sim.table import ResultsError
+from stepplan.sim.table import ResultsError, Table
 
 from .bucketing import Bucketing, plot_bucketing
 from .canvas import figure_bytes
@@ -118,6 +118,7 @@ def report_figures(
     every: int = 1,
     slo_ms: Mapping[str, float] | None = None,
     plan_title: str = "Op graph of one plan",
+    composition: Table | None = None,
 ) -> dict[str, Figure]:
     """Every figure of the report, by title: buckets, timeline, latency CDFs (this run
     and ``others``), host time, KV cache and queue (runs that have the columns), and
@@ -125,11 +126,13 @@ def report_figures(
     timeline its ``head`` (first steps), the per-step figures a ``sample`` of its steps
     (every ``every``-th) and the bucketing its distinct step ``shapes``; each defaults to
     ``results``. ``slo_ms`` draws the objectives on the CDFs; ``plan_title`` says which
-    step the op graph is of. The figures of the whole run come first."""
+    step the op graph is of; ``composition`` (counted from every step,
+    ``plots.timeline.plot_composition_over_run``) gives that figure its numbers. The
+    figures of the whole run come first."""
     head, sample, shapes = head or results, sample or results, shapes or results
     figures = {
         "Latency CDFs": plot_latency_cdfs([results, *others], slo_ms=slo_ms),
-        "Step composition over the run": plot_composition_over_run(sample, every),
+        "Step composition over the run": plot_composition_over_run(sample, every, composition),
     }
     if has_memory_columns(sample):
         figures["KV cache and queue"] = plot_memory(sample)
@@ -185,6 +188,29 @@ def build_report(
     parts.append(_details("Configuration", _flatten(results.config)))
     quantiles = summary.get("itl_ms_quantiles") or []
     parts.append(_details("ITL quantiles (ms)", [(f"q{i}", v) for i, v in enumerate(quantiles)]))
+    return _page(title, parts)
+
+
+def build_sweep_report(
+    title: str,
+    *,
+    verdict: Verdict,
+    figures: Mapping[str, Figure],
+    tables: Sequence[ReportTable] = (),
+    notes: Sequence[str] = (),
+) -> str:
+    """The HTML page of a sweep: its ``verdict`` (what differs across the points, which
+    meet each SLO) first, then the ``figures``, the ``tables`` (its points) and ``notes``."""
+    title = f"stepplan sweep report: {title}"
+    parts = [f"<h1>{html.escape(title)}</h1>", _verdict(verdict)]
+    parts.extend(_figure(name, figure) for name, figure in figures.items())
+    parts.extend(_table(t.title, t.header, t.rows) for t in tables)
+    parts.extend(f"<p>{html.escape(note)}</p>" for note in notes)
+    return _page(title, parts)
+
+
+def _page(title: str, parts: Sequence[str]) -> str:
+    """A whole page of ``parts`` (HTML blocks), with stepplan's mark in its head."""
     body = "\n".join(parts)
     head = f"<meta charset='utf-8'>{GENERATOR}<title>{html.escape(title)}</title>"
     head += f"<style>{STYLE}</style>"

@@ -7,7 +7,7 @@ from matplotlib.figure import Figure
 
 from stepplan.sim.results import SimResult
 from stepplan.sim.schema import KIND_TOKENS
-from stepplan.sim.table import ResultsError
+from stepplan.sim.table import ResultsError, Table
 
 from .canvas import COLORS, new_figure
 
@@ -61,36 +61,59 @@ def plot_timeline(results: SimResult, first_step: int = 0, num_steps: int = 400)
 RUN_BINS = 120
 
 
-def plot_composition_over_run(results: SimResult, every: int = 1) -> Figure:
+def composition_sums(steps: Table, edges: np.ndarray) -> dict[str, np.ndarray]:
+    """Per span of ``edges`` (``[bins + 1]``, seconds; a step counts in the span it starts
+    in): ``steps``, each kind's tokens summed and ``graph_hit`` (steps that replayed a
+    graph), ``[bins]`` float64 each -- sums, so that chunks of a run add up exactly."""
+    bins = len(edges) - 1
+    start = steps.column("start_s")
+    index = np.clip(np.searchsorted(edges, start, side="right") - 1, 0, bins - 1)
+    sums = {"steps": np.bincount(index, minlength=bins).astype(np.float64)}
+    for name in KIND_TOKENS.values():
+        sums[name] = np.bincount(index, weights=steps.column(name), minlength=bins)
+    hits = steps.column("graph_hit") > 0
+    sums["graph_hit"] = np.bincount(index, weights=hits, minlength=bins)
+    return sums
+
+
+def plot_composition_over_run(
+    results: SimResult, every: int = 1, binned: Table | None = None
+) -> Figure:
     """Step composition over the whole run: per stretch of simulated time, the mean
     tokens of a step by kind (stacked) and the share of steps that replayed a CUDA graph.
-    ``results`` holds every ``every``-th step of the run (the figure's title says so);
-    the shares and means are of those steps."""
-    steps = results.steps
-    steps.require_rows("the step composition over the run")
-    start = steps.column("start_s")
-    edges = np.linspace(float(start[0]), float(start[-1]) + 1e-9, RUN_BINS + 1)
-    index = np.clip(np.searchsorted(edges, start, side="right") - 1, 0, RUN_BINS - 1)
-    counts = np.bincount(index, minlength=RUN_BINS).astype(np.float64)
+    ``binned`` (``start_s``, ``end_s`` and :func:`composition_sums`' columns, one row per
+    stretch, counted from every step) gives the figure its numbers; without it they are
+    those of ``results``' steps, every ``every``-th step of the run (the title says so)."""
+    if binned is None:
+        steps = results.steps
+        steps.require_rows("the step composition over the run")
+        start = steps.column("start_s")
+        edges = np.linspace(float(start[0]), float(start[-1]) + 1e-9, RUN_BINS + 1)
+        sums = composition_sums(steps, edges)
+        sampled = "" if every <= 1 else f"; every {every:,}th step drawn"
+    else:
+        binned.require_rows("the step composition over the run")
+        edges = np.append(binned.column("start_s"), binned.column("end_s")[-1])
+        sums = dict(binned.items())
+        sampled = f"; all {int(sums['steps'].sum()):,} steps"
+    bins = len(edges) - 1
+    counts = sums["steps"]
     seen = counts > 0
     figure = new_figure(10.0, 4.5)
     axes, strip = figure.subplots(2, 1, sharex=True, height_ratios=[4, 1.4])
-    baseline = np.zeros(RUN_BINS)
+    baseline = np.zeros(bins)
     for part, name in KIND_TOKENS.items():
-        sums = np.bincount(index, weights=steps.column(name), minlength=RUN_BINS)
-        values = baseline + np.divide(sums, counts, out=np.zeros(RUN_BINS), where=seen)
+        values = baseline + np.divide(sums[name], counts, out=np.zeros(bins), where=seen)
         axes.stairs(values, edges, baseline=baseline, fill=True, color=COLORS[part], label=part)
         baseline = values
     axes.set_ylabel("mean tokens per step")
     axes.legend(loc="upper right", fontsize=8, ncols=3)
-    hits = np.bincount(index, weights=steps.column("graph_hit") > 0, minlength=RUN_BINS)
-    share = np.divide(hits, counts, out=np.zeros(RUN_BINS), where=seen)
+    share = np.divide(sums["graph_hit"], counts, out=np.zeros(bins), where=seen)
     strip.stairs(share, edges, fill=True, color=COLORS["graph"])
     strip.set_ylim(0, 1)
     strip.set_ylabel("graph\nshare", rotation=0, labelpad=22, va="center")
     strip.set_xlabel("simulated time (s)")
-    sampled = "" if every <= 1 else f"; every {every:,}th step drawn"
-    overall = (steps.column("graph_hit") > 0).mean()
+    overall = sums["graph_hit"].sum() / max(counts.sum(), 1.0)
     figure.suptitle(
         f"Step composition over the whole run ({overall:.1%} of steps replay a graph{sampled})"
     )

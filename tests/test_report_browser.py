@@ -1,7 +1,7 @@
 """The report as a person first sees it: rendered by headless Chromium at 1400 px wide,
 the verdict (headline, SLOs, goodput, TTFT and TPOT p99) lies within the first screen,
-for a run's report and a compare folder's. Skips where no Chromium is installed (CI
-installs it: ``.ci/run``)."""
+for a run's report, a compare folder's and a sweep folder's. Skips where no Chromium is
+installed (CI installs it: ``.ci/run``)."""
 
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ pytestmark = pytest.mark.skipif(
     BROWSER is None, reason="no chromium here (apt-get install chromium)"
 )
 WORKLOAD = "synthetic:n=300,rate=60,prompt=uniform:16:2000,output=uniform:2:200"
+SWEEP_FILE = f'traces = ["{WORKLOAD}"]\n[grid]\nscheduler.num_spec_tokens = [1, 3]\n'
 #: Appended to a copy of the page: writes where the verdict lies into the DOM Chromium dumps.
 PROBE = (
     "<script>const box = document.getElementById('verdict').getBoundingClientRect();"
@@ -59,7 +60,25 @@ def pages(tmp_path_factory) -> dict[str, Path]:
     args = ["compare", WORKLOAD, "--quiet", "--out", str(pair), "--b-host-cost", "seed"]
     assert main(args) == 0
     assert main(["report", str(pair)]) == 0
-    return {"run": run / "report.html", "compare": pair / "report.html"}
+    swept = folder / "sweep"
+    (folder / "sweep.toml").write_text(SWEEP_FILE)
+    args = ["sweep", str(folder / "sweep.toml"), "--out", str(swept), "--quiet", "--workers", "1"]
+    assert main(args) == 0
+    assert main(["report", str(swept)]) == 0
+    return {
+        "run": run / "report.html",
+        "compare": pair / "report.html",
+        "sweep": swept / "report.html",
+    }
+
+
+def test_a_sweep_reports_headline_is_on_the_first_screen(pages, tmp_path):
+    box = verdict_box(pages["sweep"], tmp_path)
+    assert 0 <= box["top"] < box["bottom"] <= SCREEN, box
+    page = pages["sweep"].read_text()
+    verdict = page[page.index("<section id='verdict'") : page.index("</section>")]
+    assert "Sweep over scheduler.num_spec_tokens (2 points): " in verdict
+    assert "meet slo" in verdict and "best for slo" in verdict
 
 
 @pytest.mark.parametrize("kind", ["run", "compare"])

@@ -171,3 +171,10 @@ def test_a_report_of_a_long_run_draws_a_sample_and_says_so(small_chunks, tmp_pat
     kv = whole.steps["kv_usage"]
     assert run.sample.steps["kv_usage"].max() == kv.max()  # the peaks are kept
     assert set(run.sample.steps["step"]) >= set(range(0, steps, run.every))
+    # The composition over the run counts every step, not the drawn sample.
+    from stepplan.plots.timeline import composition_sums
+
+    edges = np.append(run.composition["start_s"], run.composition["end_s"][-1])
+    for name, values in composition_sums(whole.steps, edges).items():
+        np.testing.assert_allclose(run.composition[name], values, err_msg=name)
+    assert run.composition["steps"].sum() == steps

@@ -24,6 +24,7 @@ from ..table import ResultsError
 from .buckets import bucketing_of, comparison_table, run_config, run_demand
 from .outputs import REPORT
 from .report_reading import ReportRun, read_latency, read_report_run
+from .report_sweep import build_sweep_report, is_sweep_folder
 from .report_verdict import differences, summary_table, verdict_of
 from .tables import compare_table
 
@@ -130,6 +131,7 @@ def build_run_report(
         sample=run.sample,
         shapes=run.shapes,
         every=run.every,
+        composition=run.composition,
         slo_ms={"TTFT": slo.get("ttft_ms"), "TPOT": slo.get("tpot_ms")},
         plan_title=f"Op graph of one plan: step {step:,}, the run's richest "
         f"({plan.num_rows} rows, {plan.num_tokens:,} tokens; rebuilt from its counts)",
@@ -137,9 +139,10 @@ def build_run_report(
     notes = _deployment_parts(run, tables, figures)
     if run.every > 1:
         notes.append(
-            f"The figures over the run draw every {run.every:,}th step (the KV-cache and "
-            f"queue figure each {run.every:,} steps' peaks); the bucket figure, the tables "
-            "and the verdict count every step."
+            f"The host-time and KV-cache figures draw every {run.every:,}th step (the "
+            f"KV-cache and queue figure each {run.every:,} steps' peaks); the step "
+            "composition over the run, the bucket figure, the tables and the verdict count "
+            "every step."
         )
     verdict = verdict_of(summary, run.sample, differs)
     text = build_report(
@@ -247,11 +250,14 @@ def run_report(args: argparse.Namespace) -> int:
     if not folder.is_dir():
         raise ResultsError(f"{folder}: not a results folder (no such directory); {EXPECTS}")
     is_run = any((folder / name).exists() for name in RESULT_FILES)
-    if not is_run and not is_compare_folder(folder):
+    is_sweep = not is_run and is_sweep_folder(folder)
+    if not is_run and not is_sweep and not is_compare_folder(folder):
         raise ResultsError(f"{folder}: not a results folder; {EXPECTS}")
     out = claim_report(args.out or folder / "report.html", args.overwrite)
     others = tuple(read_latency(Path(other)) for other in args.compare or ())
-    if is_run:
+    if is_sweep:
+        build_sweep_report(folder, out)
+    elif is_run:
         run = read_report_run(folder, progress=reading_progress(args.quiet))
         build_run_report(run, out, others, args.max_graphs)
     else:
@@ -269,15 +275,16 @@ def add_report(subparsers: Any) -> None:
     """``report RESULTS_DIR [--out FILE] [--compare DIR ...] [--max-graphs N]``."""
     parser = subparsers.add_parser(
         "report",
-        help="write one self-contained HTML report of a results or compare folder",
+        help="write one self-contained HTML report of a results, compare or sweep folder",
         description="Summary tables, the bucket comparison and every figure, embedded. "
         "On a compare folder: both runs' table with its differences, then run A's report "
-        "with run B in the latency CDFs.",
+        "with run B in the latency CDFs. On a sweep folder: what differs across its "
+        "points, which meet each SLO, the trade-off figure and every point.",
     )
     parser.add_argument(
         "results",
-        help="results folder of `stepplan simulate`, or the folder of `stepplan compare` "
-        "(both runs on one page)",
+        help="results folder of `stepplan simulate`, the folder of `stepplan compare` "
+        "(both runs on one page) or of `stepplan sweep`",
     )
     parser.add_argument("--out", help="HTML file (default: RESULTS_DIR/report.html)")
     parser.add_argument(

@@ -36,8 +36,9 @@ from ..table import Table, join_tables
 
 #: The steps the step timeline draws (``plots.timeline``'s window).
 HEAD_STEPS = 400
-#: About how many steps the per-step figures draw of a longer run.
-FIGURE_STEPS = 100_000
+#: About how many steps the per-step figures draw of a longer run (drawing more points
+#: costs time and shows nothing more at a figure's width).
+FIGURE_STEPS = 20_000
 #: Step columns whose peaks every block of the thinned steps keeps.
 PEAK_COLUMNS = ("kv_usage", "num_waiting", "num_preempted")
 #: Spans of simulated time a deployment's per-replica series average over.
@@ -67,6 +68,8 @@ class ReportRun:
         head: the first steps, every column. sample: every ``every``-th step and each
         block's peaks. shapes: the distinct step shapes. richest: the richest step.
         latency: the requests' latency columns (no steps). every: the sample's stride.
+        composition: the step composition over the run, counted from every step (replica
+        0's), one row per span of time (``plots.timeline.composition_sums``), or ``None``.
         replicas: a deployment's per-replica series (``replica``, ``time_s``,
         ``num_waiting``, ``kv_usage``, ``[replicas * TIME_BINS]`` each), or ``None``.
     """
@@ -78,6 +81,7 @@ class ReportRun:
     latency: SimResult
     every: int
     replicas: Table | None = None
+    composition: Table | None = None
 
 
 def read_latency(folder: Path, name: str | None = None) -> SimResult:
@@ -105,12 +109,14 @@ def read_report_run(
     sample: list[Table] = []
     shapes, richest = StepShapes(), _Richest()
     series = _ReplicaSeries(float(latency.summary.get("duration_s") or 0.0))
+    composition = _Composition(float(latency.summary.get("duration_s") or 0.0))
     for chunk in iter_steps(folder, STEP_COLUMNS):
         series.add(chunk)
         shapes.add(chunk)
         richest.add(chunk)
         if "replica" in chunk:  # a deployment: the per-step figures follow replica 0
             chunk = _rows(chunk, np.flatnonzero(chunk.column("replica") == 0))
+        composition.add(chunk)
         if sum(c.num_rows for c in head) < HEAD_STEPS:
             head.append(_rows(chunk, np.arange(min(chunk.num_rows, HEAD_STEPS))))
         sample.append(_rows(chunk, _thinned(chunk, every)))
@@ -131,6 +137,7 @@ def read_report_run(
         latency=latency,
         every=every,
         replicas=series.table(),
+        composition=composition.table(),
     )
 
 
@@ -172,6 +179,32 @@ class _Richest:
         key = (int(kinds[row]), int(rows[row]))
         if key > self._key:
             self._key, self.table = key, _rows(steps, np.array([row]))
+
+
+class _Composition:
+    """The step composition over ``[0, duration_s]`` (``plots.timeline``'s spans), summed
+    from every step as the chunks go by: the figure's numbers never come from a sample."""
+
+    def __init__(self, duration_s: float) -> None:
+        from stepplan.plots.timeline import RUN_BINS
+
+        self._edges = np.linspace(0.0, max(duration_s, 1e-9), RUN_BINS + 1)
+        self._sums: dict[str, np.ndarray] = {}
+
+    def add(self, steps: Table) -> None:
+        from stepplan.plots.timeline import composition_sums
+
+        if steps.num_rows == 0:
+            return
+        for name, values in composition_sums(steps, self._edges).items():
+            held = self._sums.setdefault(name, np.zeros_like(values))
+            held += values
+
+    def table(self) -> Table | None:
+        if not self._sums:
+            return None
+        columns = {"start_s": self._edges[:-1], "end_s": self._edges[1:], **self._sums}
+        return Table.from_columns("composition", columns)
 
 
 class _ReplicaSeries:

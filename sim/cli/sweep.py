@@ -109,7 +109,10 @@ def run_sweep(args: argparse.Namespace) -> int:
     if not args.quiet and view is not None:
         print(_report(spec, view))
     if not args.quiet or not args.out:
-        print(f"results: {folder.shown}/sweep.csv, sweep.png ({run.ran} points run now)")
+        print(
+            f"results: {folder.shown}/sweep.csv, sweep.png ({run.ran} points run now); "
+            f"`stepplan report {folder.shown}` writes its page"
+        )
     finished = sum(p.digest in run.records for p in points)
     stop.raise_if_stopped(
         f"{finished} of {len(points)} points done: their table is in {folder.shown}/; "
