@@ -25,13 +25,13 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import numpy as np
 
-from .config import ConfigError, GpuConfig, ModelConfig, SimConfig
-from .gpus import PRICE_SOURCE, find_preset
-from .parallel import split_model
+from .settings.config import ConfigError, GpuConfig, ModelConfig, SimConfig
+from .settings.gpus import PRICE_SOURCE, find_preset
+from .timing.parallel import split_model
 from .traces import RequestTable
 
 if TYPE_CHECKING:
-    from .summary import StepTotals
+    from .results.summary import StepTotals
 
 GIB = 2**30
 #: Blocks of a pool that never binds (a model without attention layers).

@@ -37,7 +37,11 @@ ALLOWED = {
 LIVE_MODULES = {"stepplan.sim.live", "stepplan.sim.cli.profile", "stepplan.sim.cli.fidelity"}
 LIVE_MODULES |= {"stepplan.sim.scheduler.vllm_engine_scheduler"}
 #: Simulator modules plots may import: the result types.
-RESULT_TYPES = {"stepplan.sim.schema", "stepplan.sim.results", "stepplan.sim.table"}
+RESULT_TYPES = {
+    "stepplan.sim.results.schema",
+    "stepplan.sim.results.sim_result",
+    "stepplan.sim.results.table",
+}
 #: The only modules allowed to import the plots: the command line's.
 COMMAND_LINE = "stepplan.sim.cli"
 #: Third-party packages only the executor imports freely (the GPU stack).

@@ -15,20 +15,25 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stepplan.sim.bucket_search import Objective, fastest_list, time_memory_front, within_memory
-from stepplan.sim.bucket_table import compare_times
-from stepplan.sim.bucket_time import SizeCosts, predict
-from stepplan.sim.buckets import BucketError, assign, step_demand
-from stepplan.sim.cli import main
-from stepplan.sim.engine_profile import EngineProfileError, read_engine_profile
-from stepplan.sim.schema import KIND_ROWS, KIND_TOKENS
-from stepplan.sim.size_dp import (
+from stepplan.sim.buckets.bucket_search import (
+    Objective,
+    fastest_list,
+    time_memory_front,
+    within_memory,
+)
+from stepplan.sim.buckets.bucket_table import compare_times
+from stepplan.sim.buckets.bucket_time import SizeCosts, predict
+from stepplan.sim.buckets.demand import BucketError, assign, step_demand
+from stepplan.sim.buckets.size_dp import (
     TimeProblem,
     fastest_sizes,
     optimal_sizes,
     padded_cost,
     percentile_sizes,
 )
+from stepplan.sim.cli import main
+from stepplan.sim.results.schema import KIND_ROWS, KIND_TOKENS
+from stepplan.sim.timing.engine_profile import EngineProfileError, read_engine_profile
 
 BUNDLED_PROFILE = "sim/data/engine_profile_hybrid-8b_h200.json"
 
@@ -347,7 +352,7 @@ def test_graph_memory_is_taken_per_graph_in_ascending_sizes(mode):
     after, keyed by kind and size (a fake device whose captures take size-proportional
     memory)."""
     from stepplan.planner import Planner, PlannerConfig
-    from stepplan.sim.profiler import graph_batches, graph_memory
+    from stepplan.sim.timing.profiler import graph_batches, graph_memory
 
     config = PlannerConfig(
         num_spec_tokens=3, graph_mode=mode, graph_sizes=[1, 2, 4, 8, 32], max_num_seqs=8
