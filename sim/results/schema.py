@@ -461,8 +461,8 @@ def markdown() -> str:
         "# Results folder",
         "",
         "What `stepplan simulate` writes (`--out`, see `sim/results/outdir.py` for what it may "
-        "touch). Generated from `sim/results/schema.py` by `python -m stepplan.sim.results.schema`; edit "
-        "that, not this.",
+        "touch). Generated from `sim/results/schema.py` by "
+        "`python -m stepplan.sim.results.schema`; edit that, not this.",
         "",
         *_table(("file", "holds"), [(f"`{name}`", meaning) for name, meaning in _FILES]),
     ]
