@@ -218,7 +218,7 @@ def _check_longest(layout: MemoryLayout, table: RequestTable) -> None:
 def memory_summary(
     layout: MemoryLayout, steps: StepTotals, requests: Mapping[str, np.ndarray]
 ) -> dict[str, Any]:
-    """The summary's ``memory`` section (see ``results.py``)."""
+    """The summary's ``memory`` section (its keys: ``results/schema.py``)."""
     busy = steps.sum("duration_s")
     prompt = int(requests["prompt_tokens"].sum())
     cached = int(requests["cached_tokens"].sum())
