@@ -45,9 +45,9 @@ CASES = (
 
 
 def case_figures(folder: Path, profile: Path, max_graphs: int | None) -> dict:
-    from stepplan.sim.bucket_table import compare_times
+    from stepplan.sim.buckets.bucket_table import compare_times
     from stepplan.sim.cli.buckets import run_config, run_costs, run_demand
-    from stepplan.sim.results import read_step_shapes
+    from stepplan.sim.results.sim_result import read_step_shapes
 
     started = time.perf_counter()
     results = read_step_shapes(folder)

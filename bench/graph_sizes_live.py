@@ -80,7 +80,7 @@ def cli(argv: list[str]) -> None:
 def costs_of(folder: Path, profile: Path, largest: int) -> tuple[Any, Any]:
     """A run's step demand and its step costs from ``profile``."""
     from stepplan.sim.cli.buckets import run_config, run_costs, run_demand
-    from stepplan.sim.results import read_step_shapes
+    from stepplan.sim.results.sim_result import read_step_shapes
 
     results = read_step_shapes(folder)
     config = run_config(results)
@@ -91,7 +91,7 @@ def costs_of(folder: Path, profile: Path, largest: int) -> tuple[Any, Any]:
 
 def measured_total_s(folder: Path) -> tuple[float, int]:
     """Total step time (s) of a run's steps and their count (``steps.csv``)."""
-    from stepplan.sim.results import iter_steps
+    from stepplan.sim.results.sim_result import iter_steps
 
     total, steps = 0.0, 0
     for chunk in iter_steps(folder, ["duration_s"]):
@@ -114,7 +114,7 @@ def _step_kinds(spec: np.ndarray, decode: np.ndarray, prefill: np.ndarray, graph
 
 def kind_split(folder: Path, demand: Any, step_us: np.ndarray, sizes: list[int]) -> dict:
     """Measured (``steps.csv``) and predicted total step time and steps per step kind."""
-    from stepplan.sim.results import iter_steps
+    from stepplan.sim.results.sim_result import iter_steps
 
     names = ["duration_s", "num_spec_rows", "num_decode_rows", "num_prefill_rows", "graph_hit"]
     measured, measured_steps = np.zeros(len(STEP_KINDS)), np.zeros(len(STEP_KINDS))
@@ -174,8 +174,8 @@ def main() -> int:
     started = time.perf_counter()
     args.out.mkdir(parents=True, exist_ok=True)
     from stepplan.planner import default_graph_sizes
-    from stepplan.sim.buckets import sglang_default_graph_sizes
-    from stepplan.sim.engine_profile import read_engine_profile
+    from stepplan.sim.buckets.demand import sglang_default_graph_sizes
+    from stepplan.sim.timing.engine_profile import read_engine_profile
 
     vllm = [s for s in default_graph_sizes(args.max_num_seqs, args.num_spec_tokens)
             if s <= args.max_num_seqs]  # fmt: skip
@@ -193,7 +193,7 @@ def main() -> int:
     elif not read_engine_profile(profile).graph_mib:
         print(f"graph memory: {profile} has no graph_memory figures; lists compared by count")
     # 2. The slice simulated with the profile's times; the optimizer's list.
-    from stepplan.sim.bucket_table import compare_times
+    from stepplan.sim.buckets.bucket_table import compare_times
 
     chosen_run = args.out / "predicted"
     # The live model's acceptance, where given: its choice is for the steps it will serve.
@@ -217,7 +217,7 @@ def main() -> int:
              "--out", str(folder), "--overwrite", "--quiet"])  # fmt: skip
         measured_s, steps = measured_total_s(folder)
         run_demand, run_costs = costs_of(folder, profile, args.max_num_seqs)
-        from stepplan.sim.bucket_time import predict
+        from stepplan.sim.buckets.bucket_time import predict
 
         prediction = predict(run_demand, run_costs, sizes)
         runs[name] = {

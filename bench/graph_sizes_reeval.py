@@ -32,11 +32,11 @@ def main() -> int:
     parser.add_argument("requests", type=Path, help="a live run's requests.csv")
     parser.add_argument("--out", type=Path, default=Path("results/graph_sizes_reeval"))
     args = parser.parse_args()
-    from stepplan.sim.bucket_time import predict
-    from stepplan.sim.buckets import row_context_of
+    from stepplan.sim.buckets.bucket_time import predict
+    from stepplan.sim.buckets.demand import row_context_of
     from stepplan.sim.cli import main as cli
     from stepplan.sim.cli.buckets import run_config, run_costs, run_demand
-    from stepplan.sim.results import read_step_shapes
+    from stepplan.sim.results.sim_result import read_step_shapes
 
     record = json.loads(args.record.read_text())
     setup = record["setup"]

@@ -602,7 +602,7 @@ def table(rows: list[dict], ceiling: float) -> str:
 
 
 def cost_model_view(rows: list[dict]) -> dict:
-    """The rows at the first C, vLLM's state layout, in ``stepplan.sim.cost``'s format."""
+    """The rows at the first C, vLLM's state layout, in ``stepplan.sim.timing.cost``'s format."""
     channels, variant = rows[0]["C"], rows[0]["variant"]
     entries = []
     for row in rows:

@@ -17,8 +17,8 @@ import time
 
 from bench_record import record_run
 
-from stepplan.sim.config import SimConfig, with_settings
 from stepplan.sim.run import prepare_requests, simulate
+from stepplan.sim.settings.config import SimConfig, with_settings
 from stepplan.sim.traces import load_trace
 
 MOONCAKE = "/work/shared/traces/mooncake_synthetic.jsonl"

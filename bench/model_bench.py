@@ -38,7 +38,7 @@ from bench_record import record_run
 
 from stepplan.executor.model import HybridModelRunner, ModelShape, sample_positions
 from stepplan.planner import ExecutionPlan, Planner, PlannerConfig, StepBatch, default_graph_sizes
-from stepplan.sim.presets import MODEL_PRESETS
+from stepplan.sim.settings.presets import MODEL_PRESETS
 
 SPEC_TOKENS = 3
 Q = SPEC_TOKENS + 1

@@ -19,8 +19,8 @@ from pathlib import Path
 from bench_record import record_run
 
 from stepplan.sim import cli
-from stepplan.sim.config import check_config
 from stepplan.sim.run import simulate
+from stepplan.sim.settings.config import check_config
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACE = ROOT / "sim" / "data" / "azure_llm_2023_code.csv"

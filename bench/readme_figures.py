@@ -25,9 +25,9 @@ import textwrap
 from pathlib import Path
 
 from stepplan.sim import cli
-from stepplan.sim.buckets import Score, compare_to_defaults, usable_sizes
+from stepplan.sim.buckets.demand import Score, compare_to_defaults, usable_sizes
 from stepplan.sim.cli.buckets import run_config, run_demand
-from stepplan.sim.results import SimResult, read_results
+from stepplan.sim.results.sim_result import SimResult, read_results
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACE = ROOT / "sim" / "data" / "azure_llm_2023_code.csv"

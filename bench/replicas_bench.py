@@ -95,7 +95,7 @@ def run_case(replicas: int, scale: float, router: str, cores: str) -> dict:
 _SPLIT = """
 import json, sys, time
 import numpy as np
-from stepplan.sim.config import SimConfig, with_settings
+from stepplan.sim.settings.config import SimConfig, with_settings
 from stepplan.sim.deployment.loop import run_deployment
 from stepplan.sim.run import prepare_requests, run_steps
 from stepplan.sim.workloads import parse_synthetic

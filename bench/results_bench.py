@@ -61,7 +61,7 @@ started = time.perf_counter()
 argv = json.loads(sys.argv[1])
 if argv[0] == "--simulation-only":
     from stepplan.sim import run
-    from stepplan.sim.config import SimConfig
+    from stepplan.sim.settings.config import SimConfig
     from stepplan.sim.workloads import parse_synthetic
     table = run.prepare_requests(parse_synthetic(argv[1]), SimConfig())
     if hasattr(run, "run_steps"):

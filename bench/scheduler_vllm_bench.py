@@ -18,11 +18,11 @@ from pathlib import Path
 
 from bench_record import record_run
 
-from stepplan.sim.config import SimConfig, with_settings
-from stepplan.sim.outcome import MemoryStore
+from stepplan.sim.results.outcome import MemoryStore
 from stepplan.sim.run import prepare_requests, run_steps
 from stepplan.sim.scheduler import vllm_engine_scheduler
 from stepplan.sim.scheduler_diff import compare_schedulers
+from stepplan.sim.settings.config import SimConfig, with_settings
 from stepplan.sim.traces import load_trace
 
 EMBEDDED = str(resources.files("stepplan.sim").joinpath("data/azure_llm_2023_code.csv"))

@@ -26,9 +26,9 @@ from pathlib import Path
 from bench_record import record_run
 
 from stepplan.sim import cli
-from stepplan.sim.config import SimConfig, with_settings
+from stepplan.sim.results.table import read_csv
 from stepplan.sim.run import prepare_requests, simulate
-from stepplan.sim.table import read_csv
+from stepplan.sim.settings.config import SimConfig, with_settings
 from stepplan.sim.traces import load_trace
 
 AZURE_CODE = str(resources.files("stepplan.sim").joinpath("data/azure_llm_2023_code.csv"))

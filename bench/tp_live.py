@@ -34,7 +34,7 @@ from bench_record import command_line, record_run
 from stepplan.executor.engine import Engine, EngineConfig, launch_ranks
 from stepplan.executor.model import HybridModelRunner, ModelShape
 from stepplan.planner import PlannerConfig
-from stepplan.sim.presets import MODEL_PRESETS
+from stepplan.sim.settings.presets import MODEL_PRESETS
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACE = ROOT / "sim" / "data" / "azure_llm_2023_code.csv"

@@ -10,9 +10,9 @@ import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from stepplan.sim.results import SimResult
-from stepplan.sim.schema import STEP_COUNT
-from stepplan.sim.table import ResultsError
+from stepplan.sim.results.schema import STEP_COUNT
+from stepplan.sim.results.sim_result import SimResult
+from stepplan.sim.results.table import ResultsError
 
 from .canvas import COLORS, new_figure
 

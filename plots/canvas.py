@@ -1,5 +1,5 @@
 """Figures without a display: matplotlib's object API on the Agg canvas, rendered to bytes
-that carry stepplan's mark (the command line writes them, by ``sim/outfile.py``'s rule).
+that carry stepplan's mark (the command line writes them, by ``sim/results/outfile.py``'s rule).
 
 No ``pyplot``: it keeps global state (the current figure) and may pick a GUI
 backend; a :class:`~matplotlib.figure.Figure` bound to an Agg canvas needs neither.

@@ -6,7 +6,7 @@ from __future__ import annotations
 from matplotlib import colormaps
 from matplotlib.figure import Figure
 
-from stepplan.sim.table import Table
+from stepplan.sim.results.table import Table
 
 from .canvas import new_figure
 

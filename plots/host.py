@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 from matplotlib.figure import Figure
 
-from stepplan.sim.results import SimResult
-from stepplan.sim.table import ResultsError
+from stepplan.sim.results.sim_result import SimResult
+from stepplan.sim.results.table import ResultsError
 
 from .canvas import COLORS, new_figure
 from .latency import cdf_points

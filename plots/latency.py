@@ -9,8 +9,8 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import NullFormatter
 
-from stepplan.sim.results import SimResult
-from stepplan.sim.table import ResultsError
+from stepplan.sim.results.sim_result import SimResult
+from stepplan.sim.results.table import ResultsError
 
 from .canvas import new_figure
 

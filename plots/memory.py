@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from matplotlib.figure import Figure
 
-from stepplan.sim.results import SimResult
+from stepplan.sim.results.sim_result import SimResult
 
 from .canvas import COLORS, new_figure
 

@@ -7,7 +7,7 @@ from typing import Any
 import networkx as nx
 from matplotlib.figure import Figure
 
-from stepplan.sim.table import ResultsError
+from stepplan.sim.results.table import ResultsError
 
 from .canvas import COLORS, new_figure
 

@@ -12,8 +12,8 @@ from typing import Any
 import attrs
 from matplotlib.figure import Figure
 
-from stepplan.sim.results import SimResult
-from stepplan.sim.table import ResultsError, Table
+from stepplan.sim.results.sim_result import SimResult
+from stepplan.sim.results.table import ResultsError, Table
 
 from .bucketing import Bucketing, plot_bucketing
 from .canvas import figure_bytes

@@ -1,6 +1,6 @@
 """A sweep's trade-off over its points, and a capacity search's curve.
 
-Both read a table of ``sim/schema.py``'s sweep or capacity columns (a :class:`Table`,
+Both read a table of ``sim/results/schema.py``'s sweep or capacity columns (a :class:`Table`,
 as ``sweep.csv`` or ``capacity.csv`` reads back); what to mark on them (the Pareto
 front, the best point per SLO, the answer) is given, as the command line computed it.
 """
@@ -13,8 +13,8 @@ import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from stepplan.sim.schema import SWEEP
-from stepplan.sim.table import ResultsError, Table
+from stepplan.sim.results.schema import SWEEP
+from stepplan.sim.results.table import ResultsError, Table
 
 from .canvas import COLORS, new_figure
 

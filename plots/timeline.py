@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 from matplotlib.figure import Figure
 
-from stepplan.sim.results import SimResult
-from stepplan.sim.schema import KIND_TOKENS
-from stepplan.sim.table import ResultsError, Table
+from stepplan.sim.results.schema import KIND_TOKENS
+from stepplan.sim.results.sim_result import SimResult
+from stepplan.sim.results.table import ResultsError, Table
 
 from .canvas import COLORS, new_figure
 

@@ -30,8 +30,8 @@ from typing import Protocol
 import attrs
 import numpy as np
 
-from .config import AcceptanceConfig
-from .config_values import read_text
+from .settings.config import AcceptanceConfig
+from .settings.config_values import read_text
 
 DEEPSEEK_MTP_PROBS = (0.87,)
 EAGLE3_PROBS = (0.74,)

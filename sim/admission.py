@@ -22,7 +22,7 @@ from collections.abc import Callable
 import attrs
 import numpy as np
 
-from .config_values import ConfigError
+from .settings.config_values import ConfigError
 from .traces import RequestTable
 from .traces.request_table import frozen
 

@@ -1,7 +1,7 @@
 """Live mode: the simulated model runs every step, and its greedy tokens decide acceptance.
 
 The model is the one the cost model describes: ``model.name``'s preset
-(``sim/presets.py``), built at full size with seeded random weights by
+(``sim/settings/presets.py``), built at full size with seeded random weights by
 ``stepplan.executor.model.HybridModelRunner`` -- short-conv layers through the executor's
 kernels, attention over a KV cache indexed by the scheduler's slots, CUDA graphs per
 bucket -- with the loop's planner config and the scheduler's slots (``1..slots``, the
@@ -48,9 +48,9 @@ import numpy as np
 
 from stepplan.planner import DECODE, ExecutionPlan, PlannerConfig
 
-from .config import ConfigError, SimConfig
-from .presets import MODEL_PRESETS
 from .scheduler import ScheduledStep
+from .settings.config import ConfigError, SimConfig
+from .settings.presets import MODEL_PRESETS
 
 if TYPE_CHECKING:
     from stepplan.executor.model import HybridModelRunner
@@ -231,7 +231,7 @@ class LiveStepper:
         kernels a run needs are compiled before its first request, as an engine warms
         up at start-up. The steps write their slots' state, which no request reads: a
         request's first step starts without history."""
-        from .profiler import GridLimits, profile_batches
+        from .timing.profiler import GridLimits, profile_batches
 
         runner, start = self.runner, time.perf_counter()
         limits = GridLimits(

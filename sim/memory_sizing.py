@@ -25,13 +25,13 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import numpy as np
 
-from .config import ConfigError, GpuConfig, ModelConfig, SimConfig
-from .gpus import PRICE_SOURCE, find_preset
-from .parallel import split_model
+from .settings.config import ConfigError, GpuConfig, ModelConfig, SimConfig
+from .settings.gpus import PRICE_SOURCE, find_preset
+from .timing.parallel import split_model
 from .traces import RequestTable
 
 if TYPE_CHECKING:
-    from .summary import StepTotals
+    from .results.summary import StepTotals
 
 GIB = 2**30
 #: Blocks of a pool that never binds (a model without attention layers).
@@ -218,7 +218,7 @@ def _check_longest(layout: MemoryLayout, table: RequestTable) -> None:
 def memory_summary(
     layout: MemoryLayout, steps: StepTotals, requests: Mapping[str, np.ndarray]
 ) -> dict[str, Any]:
-    """The summary's ``memory`` section (see ``results.py``)."""
+    """The summary's ``memory`` section (its keys: ``results/schema.py``)."""
     busy = steps.sum("duration_s")
     prompt = int(requests["prompt_tokens"].sum())
     cached = int(requests["cached_tokens"].sum())

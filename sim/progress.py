@@ -11,7 +11,7 @@ from typing import Protocol, TextIO
 import numpy as np
 from tqdm import tqdm
 
-from .config import SimConfig
+from .settings.config import SimConfig
 from .traces import RequestTable
 
 #: Seconds between progress lines when the stream is not a terminal.

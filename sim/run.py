@@ -28,19 +28,19 @@ from stepplan.planner import ExecutionPlan, Planner, PlanShape, StepBatch
 
 from .acceptance import AcceptanceModel, make_acceptance
 from .admission import check_policy
-from .config import SimConfig
-from .cost import CostModel, StepCost, StepLoad
 from .live import LiveOutcome, LiveStepper, engine_setup
 from .memory_sizing import gpu_summary, plan_memory
-from .outcome import MemoryStore, RunEnd, StepStore, run_summary
 from .progress import Progress
-from .records import RequestLog, RequestRows, StepTable, step_columns
-from .results import SimResult
+from .results.outcome import MemoryStore, RunEnd, StepStore, run_summary
+from .results.records import RequestLog, RequestRows, StepTable, step_columns
+from .results.schema import GRAPH_KINDS
+from .results.sim_result import SimResult
+from .results.summary import StepTotals
 from .scheduler import ScheduledStep, Scheduler
 from .scheduler.implementations import make_scheduler
-from .schema import GRAPH_KINDS
+from .settings.config import SimConfig
 from .stepper import Stepper
-from .summary import StepTotals
+from .timing.cost import CostModel, StepCost, StepLoad
 from .traces import RequestTable, TraceError
 
 _GRAPH_CODES = {kind: code for code, kind in enumerate(GRAPH_KINDS)}  # steps.csv graph_kind

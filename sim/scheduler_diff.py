@@ -16,9 +16,9 @@ from typing import Any
 import attrs
 import numpy as np
 
-from .config import SimConfig
-from .outcome import MemoryStore
+from .results.outcome import MemoryStore
 from .run import StepEvent, run_steps
+from .settings.config import SimConfig
 from .traces import RequestTable
 
 #: Steps shown before the first divergence.

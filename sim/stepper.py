@@ -25,7 +25,7 @@ import numpy as np
 from stepplan.planner.native import source_digest
 
 from .acceptance import AcceptanceModel, FixedLength, PerPosition, Replay, uniform_key
-from .records import RequestLog, StepTable
+from .results.records import RequestLog, StepTable
 from .scheduler import Scheduler
 from .scheduler.state import ROWS, SPEC, WAITING
 

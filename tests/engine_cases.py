@@ -13,7 +13,7 @@ from stepplan.executor.engine import Engine, EngineConfig
 from stepplan.executor.model import HybridModelRunner, ModelShape, ModelWeights
 from stepplan.executor.model.dense import dense_logits
 from stepplan.planner import PlannerConfig, StepBatch
-from stepplan.sim import presets
+from stepplan.sim.settings import presets
 
 MODEL = ModelShape(**presets.MODEL_PRESETS["tiny"], seed=1)
 MAX_LEN = 48

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from stepplan.sim.schema import TABLES
+from stepplan.sim.results.schema import TABLES
 
 GOLDEN = Path(__file__).with_name("golden") / "sim_columns.json"
 #: A slice of a Mooncake trace: long prompts with block hashes (prefix caching).

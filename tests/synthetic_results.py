@@ -12,9 +12,8 @@ from pathlib import Path
 import numpy as np
 
 from stepplan.planner import default_graph_sizes
-from stepplan.sim.buckets import assign, step_demand
-from stepplan.sim.results import SimResult, write_results
-from stepplan.sim.schema import (
+from stepplan.sim.buckets.demand import assign, step_demand
+from stepplan.sim.results.schema import (
     COST_COLUMNS,
     KIND_ROWS,
     KIND_TOKENS,
@@ -22,6 +21,7 @@ from stepplan.sim.schema import (
     STEPS_IN_MEMORY,
     TableSchema,
 )
+from stepplan.sim.results.sim_result import SimResult, write_results
 
 #: Each cost column's share of a step's duration (``COST_COLUMNS`` order).
 COST_SHARES = (0.9, 0.05, 0.03, 0.02, 0.0, 0.0)

@@ -18,7 +18,7 @@ from stepplan.sim.acceptance import (
     make_acceptance,
     uniforms,
 )
-from stepplan.sim.config import AcceptanceConfig
+from stepplan.sim.settings.config import AcceptanceConfig
 
 N = 40_000
 

@@ -37,7 +37,11 @@ ALLOWED = {
 LIVE_MODULES = {"stepplan.sim.live", "stepplan.sim.cli.profile", "stepplan.sim.cli.fidelity"}
 LIVE_MODULES |= {"stepplan.sim.scheduler.vllm_engine_scheduler"}
 #: Simulator modules plots may import: the result types.
-RESULT_TYPES = {"stepplan.sim.schema", "stepplan.sim.results", "stepplan.sim.table"}
+RESULT_TYPES = {
+    "stepplan.sim.results.schema",
+    "stepplan.sim.results.sim_result",
+    "stepplan.sim.results.table",
+}
 #: The only modules allowed to import the plots: the command line's.
 COMMAND_LINE = "stepplan.sim.cli"
 #: Third-party packages only the executor imports freely (the GPU stack).
@@ -133,11 +137,14 @@ def test_module_and_function_sizes(name):
 
 
 # The self-test: small trees, each breaking (or keeping) one rule.
-_PACKAGE_INITS = {f"{p}/__init__.py": "" for p in PACKAGES} | {"sim/cli/__init__.py": ""}
+_WINGS = ("cli", "settings", "results")
+_PACKAGE_INITS = {f"{p}/__init__.py": "" for p in PACKAGES} | {
+    f"sim/{wing}/__init__.py": "" for wing in _WINGS
+}
 _LIVE_IN_FUNCTION = "def run():\n    from stepplan.executor import runtime\n"
 MAP_CASES = [
     # (file, its source, the import the rules must refuse, or None where it is allowed)
-    ("planner/a.py", "from stepplan.sim import config", "stepplan.sim.config"),
+    ("planner/a.py", "from stepplan.sim.settings import config", "stepplan.sim.settings.config"),
     ("planner/a.py", "from stepplan import sim", "stepplan.sim"),
     ("planner/a.py", "import importlib\nimportlib.import_module('stepplan.sim')", "stepplan.sim"),
     ("planner/a.py", "import torch", "torch"),
@@ -159,10 +166,11 @@ MAP_CASES = [
     ("sim/cli/a.py", "from stepplan.plots import canvas", None),
     ("plots/a.py", "from stepplan.sim.run import simulate", "stepplan.sim.run"),
     ("plots/a.py", "from stepplan.sim import run", "stepplan.sim.run"),
-    ("plots/a.py", "from stepplan.sim import config", "stepplan.sim.config"),
+    ("plots/a.py", "from stepplan.sim.settings import config", "stepplan.sim.settings.config"),
+    ("plots/a.py", "from stepplan.sim.results import outdir", "stepplan.sim.results.outdir"),
     ("plots/a.py", "from stepplan.planner import plan", "stepplan.planner"),
-    ("plots/a.py", "from stepplan.sim import results", None),
-    ("plots/a.py", "from stepplan.sim.schema import StepColumns", None),
+    ("plots/a.py", "from stepplan.sim.results import sim_result", None),
+    ("plots/a.py", "from stepplan.sim.results.schema import StepColumns", None),
 ]
 
 
@@ -175,7 +183,8 @@ def _tree(root: Path, files: dict[str, str]) -> dict[str, Path]:
 
 @pytest.mark.parametrize(("file", "source", "refused"), MAP_CASES)
 def test_the_map_refuses_what_it_should(tmp_path, file, source, refused):
-    others = {"sim/run.py": "", "sim/config.py": "", "sim/results.py": "", "plots/canvas.py": ""}
+    others = {"sim/run.py": "", "sim/settings/config.py": "", "plots/canvas.py": ""}
+    others |= {"sim/results/sim_result.py": "", "sim/results/outdir.py": ""}
     wrong = map_violations(_tree(tmp_path, {**others, file: source}))
     if refused is None:
         assert not wrong

@@ -401,7 +401,7 @@ def test_gzipped_trace_and_utf8_bom_are_read(tmp_path, capsys):
 
 
 def test_integer_settings_accept_integers_and_integer_text():
-    from stepplan.sim.config import SchedulerConfig, SimConfig, with_settings
+    from stepplan.sim.settings.config import SchedulerConfig, SimConfig, with_settings
 
     config = with_settings(SimConfig(), {"scheduler.max_num_seqs": "64", "planner.graph_sizes": 8})
     assert config.scheduler.max_num_seqs == 64 and config.planner.graph_sizes == (8,)

@@ -15,20 +15,25 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stepplan.sim.bucket_search import Objective, fastest_list, time_memory_front, within_memory
-from stepplan.sim.bucket_table import compare_times
-from stepplan.sim.bucket_time import SizeCosts, predict
-from stepplan.sim.buckets import BucketError, assign, step_demand
-from stepplan.sim.cli import main
-from stepplan.sim.engine_profile import EngineProfileError, read_engine_profile
-from stepplan.sim.schema import KIND_ROWS, KIND_TOKENS
-from stepplan.sim.size_dp import (
+from stepplan.sim.buckets.bucket_search import (
+    Objective,
+    fastest_list,
+    time_memory_front,
+    within_memory,
+)
+from stepplan.sim.buckets.bucket_table import compare_times
+from stepplan.sim.buckets.bucket_time import SizeCosts, predict
+from stepplan.sim.buckets.demand import BucketError, assign, step_demand
+from stepplan.sim.buckets.size_dp import (
     TimeProblem,
     fastest_sizes,
     optimal_sizes,
     padded_cost,
     percentile_sizes,
 )
+from stepplan.sim.cli import main
+from stepplan.sim.results.schema import KIND_ROWS, KIND_TOKENS
+from stepplan.sim.timing.engine_profile import EngineProfileError, read_engine_profile
 
 BUNDLED_PROFILE = "sim/data/engine_profile_hybrid-8b_h200.json"
 
@@ -347,7 +352,7 @@ def test_graph_memory_is_taken_per_graph_in_ascending_sizes(mode):
     after, keyed by kind and size (a fake device whose captures take size-proportional
     memory)."""
     from stepplan.planner import Planner, PlannerConfig
-    from stepplan.sim.profiler import graph_batches, graph_memory
+    from stepplan.sim.timing.profiler import graph_batches, graph_memory
 
     config = PlannerConfig(
         num_spec_tokens=3, graph_mode=mode, graph_sizes=[1, 2, 4, 8, 32], max_num_seqs=8
@@ -370,9 +375,9 @@ def test_graph_memory_is_taken_per_graph_in_ascending_sizes(mode):
 def _profiled_costs(row_context: int):
     """Costs of a small spec workload (one row, two rows, nine rows; a prefill step of 256
     tokens) from the bundled engine profile, and the profile's fit."""
-    from stepplan.sim.bucket_time import size_costs
-    from stepplan.sim.config import SimConfig, with_settings
-    from stepplan.sim.cost import CostModel
+    from stepplan.sim.buckets.bucket_time import size_costs
+    from stepplan.sim.settings.config import SimConfig, with_settings
+    from stepplan.sim.timing.cost import CostModel
 
     config = with_settings(
         SimConfig(),
@@ -396,7 +401,7 @@ def test_times_the_profile_covers_come_from_the_profile():
     """Graph times at the profile's buckets and eager times of the steps it covers are
     its fit's, and a size between two measured buckets lies between their times (not at
     the cost model's level, which is far from a measured engine's)."""
-    from stepplan.sim.engine_fit import StepShape
+    from stepplan.sim.timing.engine_fit import StepShape
 
     costs, fit = _profiled_costs(row_context=0)
     for size in (1, 2, 8, 16):
@@ -412,7 +417,7 @@ def test_times_the_profile_covers_come_from_the_profile():
 def test_graph_times_carry_the_runs_context_on_its_live_rows():
     """With a context per row, a spec graph is priced with that context on the live rows
     its steps hold (one row for size 1), the padding reading none."""
-    from stepplan.sim.engine_fit import StepShape
+    from stepplan.sim.timing.engine_fit import StepShape
 
     costs, fit = _profiled_costs(row_context=3000)
     shape = StepShape(("spec", 4, 1, 0), (1, 0, 0), (4, 0, 0), 0, 3000, 0.0, 3000)
@@ -425,7 +430,7 @@ def test_graph_times_carry_the_runs_context_on_its_live_rows():
 
 
 def test_row_context_is_the_step_weighted_mean_of_each_requests_midpoint():
-    from stepplan.sim.buckets import row_context_of
+    from stepplan.sim.buckets.demand import row_context_of
 
     assert row_context_of(np.array([100, 300]), np.array([10, 20]), np.array([1, 3])) == 259
     assert row_context_of(np.zeros(0), np.zeros(0), np.zeros(0)) == 0

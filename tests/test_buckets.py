@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from synthetic_results import write_synthetic_results
 
 from stepplan.planner import PlannerConfig, StepBatch, compile_plan, default_graph_sizes
-from stepplan.sim.buckets import (
+from stepplan.sim.buckets.demand import (
     BucketError,
     assign,
     best_sizes,
@@ -27,8 +27,8 @@ from stepplan.sim.buckets import (
     step_demand,
 )
 from stepplan.sim.cli import main
-from stepplan.sim.config import load_config
-from stepplan.sim.schema import KIND_ROWS, KIND_TOKENS
+from stepplan.sim.results.schema import KIND_ROWS, KIND_TOKENS
+from stepplan.sim.settings.config import load_config
 
 #: The step columns the demand reads: live rows and tokens per kind.
 STEP_COUNTS = (*KIND_ROWS.values(), *KIND_TOKENS.values())

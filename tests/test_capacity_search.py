@@ -12,11 +12,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stepplan.sim import cli
-from stepplan.sim.config import SimConfig, with_settings
+from stepplan.sim.results.schema import CAPACITY
+from stepplan.sim.results.table import read_csv
 from stepplan.sim.run import prepare_requests, simulate
-from stepplan.sim.schema import CAPACITY
+from stepplan.sim.settings.config import SimConfig, with_settings
 from stepplan.sim.sweep.search import SearchError, between, capacity_search, rounded
-from stepplan.sim.table import read_csv
 from stepplan.sim.traces import load_trace
 
 # ------------------------------------------------------------------ the search

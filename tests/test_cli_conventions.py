@@ -27,7 +27,9 @@ from stepplan.sim.admission import POLICY_NAMES
 from stepplan.sim.cli.helptext import DefaultsHelpFormatter
 from stepplan.sim.cli.provenance import git_state
 from stepplan.sim.cli.tables import METRIC_PATHS
-from stepplan.sim.config import (
+from stepplan.sim.results.sim_result import read_results
+from stepplan.sim.results.summary import summary_rows
+from stepplan.sim.settings.config import (
     ACCEPTANCE_MODELS,
     HOST_COSTS,
     LIVE_ATTENTION,
@@ -42,9 +44,7 @@ from stepplan.sim.config import (
     load_config,
     with_settings,
 )
-from stepplan.sim.config_toml import config_toml
-from stepplan.sim.results import read_results
-from stepplan.sim.summary import summary_rows
+from stepplan.sim.settings.config_toml import config_toml
 
 EMBEDDED = Path(str(resources.files("stepplan.sim").joinpath("data/azure_llm_2023_code.csv")))
 SYNTHETIC = "synthetic:n=30,rate=10,prompt=fixed:64,output=fixed:8"

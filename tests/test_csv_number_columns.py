@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stepplan.sim import table as table_module
-from stepplan.sim.schema import FLOAT, INT, TEXT, Column, TableSchema
-from stepplan.sim.table import ResultsError, iter_csv, join_tables
+from stepplan.sim.results import table as table_module
+from stepplan.sim.results.schema import FLOAT, INT, TEXT, Column, TableSchema
+from stepplan.sim.results.table import ResultsError, iter_csv, join_tables
 
 SCHEMA = TableSchema(
     "t.csv",

@@ -1,5 +1,5 @@
 """One truth per default: for every setting, ``--help``, ``stepplan config`` and the run's
-notes show the same value, from ``sim/config_defaults.py``."""
+notes show the same value, from ``sim/settings/config_defaults.py``."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import tomllib
 
 from stepplan.sim import cli
 from stepplan.sim.cli.helptext import _SETTINGS
-from stepplan.sim.config import SimConfig, with_settings
-from stepplan.sim.config_defaults import UNSET, setting_keys, setting_text, setting_value
+from stepplan.sim.settings.config import SimConfig, with_settings
+from stepplan.sim.settings.config_defaults import UNSET, setting_keys, setting_text, setting_value
 
 
 def help_texts(command: str) -> dict[str, str]:

@@ -16,7 +16,7 @@ import stepplan.executor.model.runner as runner_module
 from stepplan.executor.engine import Engine, EngineConfig
 from stepplan.executor.model import HybridModelRunner, ModelShape, make_weights
 from stepplan.planner import PlannerConfig
-from stepplan.sim.presets import MODEL_PRESETS
+from stepplan.sim.settings.presets import MODEL_PRESETS
 
 pytestmark = pytest.mark.gpu
 

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stepplan.sim.engine_fit import ProfilePoint, StepShape
-from stepplan.sim.engine_profile import (
+from stepplan.sim.timing.engine_fit import ProfilePoint, StepShape
+from stepplan.sim.timing.engine_profile import (
     EngineProfile,
     EngineProfileError,
     read_engine_profile,
@@ -232,8 +232,8 @@ def test_the_shipped_mixed_profile_fits_its_settings_file():
     and every point the profile measured is covered by its own fit."""
     from pathlib import Path
 
-    from stepplan.sim.config import load_config
     from stepplan.sim.live import engine_setup
+    from stepplan.sim.settings.config import load_config
 
     root = Path(__file__).resolve().parents[1]
     shipped = read_engine_profile(

@@ -17,7 +17,7 @@ from stepplan.executor.engine import launch_ranks
 from stepplan.executor.model import HybridModelRunner, ModelShape, make_weights
 from stepplan.executor.model.parallel import TensorShard
 from stepplan.planner import PlannerConfig
-from stepplan.sim.presets import MODEL_PRESETS
+from stepplan.sim.settings.presets import MODEL_PRESETS
 
 LOGITS_TOLERANCE = 1e-4  # fp32 logits of O(1): far below the greedy choices' leads
 

@@ -10,7 +10,7 @@ import pytest
 
 from stepplan.sim import cli
 from stepplan.sim.cli.fidelity import shape_of_row
-from stepplan.sim.engine_profile import read_engine_profile
+from stepplan.sim.timing.engine_profile import read_engine_profile
 
 SETUP = ["--set", "model.name=tiny", "--max-num-seqs", "4", "--max-num-batched-tokens", "64"]
 SETUP += ["--num-spec-tokens", "3", "--max-model-len", "512"]

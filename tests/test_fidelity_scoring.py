@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from stepplan.sim.engine_fit import ProfilePoint, StepShape
-from stepplan.sim.engine_profile import EngineProfile
-from stepplan.sim.fidelity import StepRecord, end_to_end, step_errors, step_kind
+from stepplan.sim.timing.engine_fit import ProfilePoint, StepShape
+from stepplan.sim.timing.engine_profile import EngineProfile
+from stepplan.sim.timing.fidelity import StepRecord, end_to_end, step_errors, step_kind
 
 KEY = ("spec", 16, 4, 0)
 

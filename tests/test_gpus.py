@@ -7,8 +7,10 @@ import numpy as np
 import pytest
 
 from stepplan.planner import PlannerConfig, StepBatch, compile_plan
-from stepplan.sim import cli, presets
-from stepplan.sim.config import (
+from stepplan.sim import cli
+from stepplan.sim.run import simulate
+from stepplan.sim.settings import presets
+from stepplan.sim.settings.config import (
     ConfigError,
     CostConfig,
     GpuConfig,
@@ -16,14 +18,13 @@ from stepplan.sim.config import (
     SimConfig,
     with_settings,
 )
-from stepplan.sim.cost import CostModel, StepLoad
-from stepplan.sim.gpus import (
+from stepplan.sim.settings.gpus import (
     ACHIEVED_BW_FRACTION,
     ACHIEVED_FLOPS_FRACTION,
     GPU_PRESETS,
     preset_for_device,
 )
-from stepplan.sim.run import simulate
+from stepplan.sim.timing.cost import CostModel, StepLoad
 
 WORKLOAD = "synthetic:n=40,rate=50,prompt=uniform:16:800,output=uniform:1:40"
 

@@ -11,10 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stepplan.sim.config import SchedulerConfig
 from stepplan.sim.memory import BlockPool
 from stepplan.sim.memory_sizing import MemoryLayout, cacheable_blocks
 from stepplan.sim.scheduler import Scheduler
+from stepplan.sim.settings.config import SchedulerConfig
 from stepplan.sim.traces import RequestTable
 
 

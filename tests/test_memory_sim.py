@@ -13,12 +13,12 @@ from golden_sim import GOLDEN, RUNS, digests, simulate_run
 from stepplan.plots.memory import plot_memory
 from stepplan.plots.report import report_figures
 from stepplan.sim import cli
-from stepplan.sim.config import SimConfig, with_settings
-from stepplan.sim.records import STEP_RECORD
-from stepplan.sim.results import read_results, write_results
+from stepplan.sim.results.records import STEP_RECORD
+from stepplan.sim.results.schema import MEMORY_COLUMNS, STEPS
+from stepplan.sim.results.sim_result import read_results, write_results
 from stepplan.sim.run import simulate
 from stepplan.sim.scheduler import StepMemory
-from stepplan.sim.schema import MEMORY_COLUMNS, STEPS
+from stepplan.sim.settings.config import SimConfig, with_settings
 from stepplan.sim.traces import load_trace
 
 MOONCAKE = Path(__file__).with_name("data") / "mooncake_slice.jsonl"
@@ -185,7 +185,7 @@ def test_the_mean_usage_does_not_depend_on_blas_threads():
     import sys
 
     run = (
-        "from stepplan.sim.config import SimConfig\n"
+        "from stepplan.sim.settings.config import SimConfig\n"
         "from stepplan.sim.run import prepare_requests, simulate\n"
         "from stepplan.sim.workloads import parse_synthetic\n"
         "config = SimConfig()\n"

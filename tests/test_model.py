@@ -24,8 +24,8 @@ from stepplan.executor.model import (
     sample_positions,
 )
 from stepplan.planner import PlannerConfig, StepBatch
-from stepplan.sim import presets
-from stepplan.sim.config import ModelConfig
+from stepplan.sim.settings import presets
+from stepplan.sim.settings.config import ModelConfig
 
 TINY = ModelShape(**presets.MODEL_PRESETS["tiny"], seed=3)
 MARGIN = 1e-3  # fp32 leads below this are not compared (none were seen)

@@ -10,7 +10,7 @@ import numpy as np
 
 from stepplan.executor.model import HybridModelRunner, ModelShape
 from stepplan.planner import DECODE, PREFILL, SPEC
-from stepplan.sim.presets import MODEL_PRESETS
+from stepplan.sim.settings.presets import MODEL_PRESETS
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import model_bench as bench

@@ -19,7 +19,7 @@ import torch
 from stepplan.executor.model import HybridModelRunner, MemoryTooSmallError, ModelShape, metadata
 from stepplan.executor.model.attention import flash_attention, sdpa_attention
 from stepplan.planner import GraphKey, PlannerConfig, StepBatch
-from stepplan.sim.presets import MODEL_PRESETS
+from stepplan.sim.settings.presets import MODEL_PRESETS
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 

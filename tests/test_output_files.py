@@ -1,4 +1,4 @@
-"""The one rule for every single file stepplan writes (``sim/outfile.py``): what it writes,
+"""The one rule for every single file stepplan writes (``sim/results/outfile.py``): what it writes,
 what it replaces (with ``--overwrite``, only its own), and what a write that fails or is
 overtaken leaves: nothing but what was there."""
 
@@ -16,8 +16,8 @@ from synthetic_results import write_synthetic_results
 from stepplan.plots.canvas import FORMATS, figure_bytes, is_figure, new_figure
 from stepplan.plots.report import is_report
 from stepplan.sim import cli
-from stepplan.sim.engine_profile import PROFILE_FILE
-from stepplan.sim.outfile import FileKind, OutputError, OutputFile
+from stepplan.sim.results.outfile import FileKind, OutputError, OutputFile
+from stepplan.sim.timing.engine_profile import PROFILE_FILE
 
 ANY = FileKind("a test file", lambda sample: sample.startswith(b"ours"))
 
@@ -87,11 +87,11 @@ def test_missing_folders_are_made_and_the_mode_is_the_users(tmp_path):
     path = tmp_path / "a" / "b" / "x.txt"
     script = (
         "from pathlib import Path; from tests_kind import KIND; "
-        "from stepplan.sim.outfile import OutputFile; "
+        "from stepplan.sim.results.outfile import OutputFile; "
         f"OutputFile.claim({str(path)!r}, KIND).write(b'ours')"
     )
     (tmp_path / "tests_kind.py").write_text(
-        "from stepplan.sim.outfile import FileKind\nKIND = FileKind('a file', bool)\n"
+        "from stepplan.sim.results.outfile import FileKind\nKIND = FileKind('a file', bool)\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", script],

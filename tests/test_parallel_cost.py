@@ -13,8 +13,11 @@ from hypothesis import strategies as st
 
 from stepplan.planner import PlannerConfig, StepBatch, compile_plan
 from stepplan.plots.report import build_report, format_value
-from stepplan.sim import cli, presets
-from stepplan.sim.config import (
+from stepplan.sim import cli
+from stepplan.sim.memory_sizing import model_footprint
+from stepplan.sim.run import simulate
+from stepplan.sim.settings import presets
+from stepplan.sim.settings.config import (
     ConfigError,
     CostConfig,
     GpuConfig,
@@ -23,13 +26,11 @@ from stepplan.sim.config import (
     check_config,
     with_settings,
 )
-from stepplan.sim.cost import CostModel
-from stepplan.sim.gpus import GPU_PRESETS
-from stepplan.sim.memory_sizing import model_footprint
-from stepplan.sim.parallel import split_model, split_problem
-from stepplan.sim.pricing import deployment_dollars
-from stepplan.sim.run import simulate
+from stepplan.sim.settings.gpus import GPU_PRESETS
 from stepplan.sim.sweep.records import metric
+from stepplan.sim.timing.cost import CostModel
+from stepplan.sim.timing.parallel import split_model, split_problem
+from stepplan.sim.timing.pricing import deployment_dollars
 
 WORKLOAD = "synthetic:n=60,rate=40,prompt=uniform:16:3000,output=uniform:1:60"
 HYBRID_8B = presets.MODEL_PRESETS["hybrid-8b"]

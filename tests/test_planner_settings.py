@@ -7,7 +7,7 @@ import attrs
 import pytest
 
 from stepplan.planner import PlannerConfig
-from stepplan.sim.config import PLANNER_SETTINGS, ConfigError, SimConfig, with_settings
+from stepplan.sim.settings.config import PLANNER_SETTINGS, ConfigError, SimConfig, with_settings
 
 
 def test_every_field_of_the_planner_has_one_setting():

@@ -17,11 +17,11 @@ from stepplan.plots.host import plot_host_time, seed_host_us
 from stepplan.plots.latency import plot_latency_cdfs
 from stepplan.plots.opgraph import plot_op_graph
 from stepplan.plots.timeline import plot_timeline
-from stepplan.sim.config import SimConfig, with_settings
-from stepplan.sim.cost import SEED_MIXED_US, SEED_UNIFORM_US
-from stepplan.sim.results import SimResult, read_results, write_results
+from stepplan.sim.results.sim_result import SimResult, read_results, write_results
+from stepplan.sim.results.table import ResultsError, Table
 from stepplan.sim.run import simulate
-from stepplan.sim.table import ResultsError, Table
+from stepplan.sim.settings.config import SimConfig, with_settings
+from stepplan.sim.timing.cost import SEED_MIXED_US, SEED_UNIFORM_US
 from stepplan.sim.workloads import parse_synthetic
 
 

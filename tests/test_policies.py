@@ -14,8 +14,8 @@ from test_stepper import assert_same, both, golden_config, needs_compiled, synth
 
 from stepplan.sim import cli
 from stepplan.sim.admission import POLICIES, admission_rank
-from stepplan.sim.config import ConfigError, SimConfig, with_settings
 from stepplan.sim.run import simulate
+from stepplan.sim.settings.config import ConfigError, SimConfig, with_settings
 from stepplan.sim.traces import FORMATS, RequestTable, TraceError, load_trace, write_trace
 from stepplan.sim.workloads import parse_synthetic
 

@@ -6,8 +6,8 @@ import numpy as np
 
 from stepplan.executor.model import sample_positions
 from stepplan.planner import Planner, PlannerConfig
-from stepplan.sim.engine_profile import EngineProfile
-from stepplan.sim.profiler import GridLimits, measure, profile_batches, token_grid
+from stepplan.sim.timing.engine_profile import EngineProfile
+from stepplan.sim.timing.profiler import GridLimits, measure, profile_batches, token_grid
 
 CONFIG = PlannerConfig(num_spec_tokens=3, graph_mode="full", max_num_seqs=64)
 LIMITS = GridLimits(max_num_batched_tokens=2048, num_slots=65, max_len=4096)
@@ -111,7 +111,7 @@ def test_a_grid_of_many_rows_measures_bursts_of_short_prompts():
 def test_a_round_times_steps_after_steps_of_about_their_weight():
     """Rounds go by weight (jittered, every other one turned round), never a fixed order:
     a light step is timed after light ones, as in a live run."""
-    from stepplan.sim.profiler import _round_order
+    from stepplan.sim.timing.profiler import _round_order
 
     rng = np.random.default_rng(0)
     weights = np.geomspace(1e-3, 1.0, 60)

@@ -15,8 +15,8 @@ from stepplan.planner import Planner, PlannerConfig
 from stepplan.sim import cli
 from stepplan.sim.cli import report as report_cmd
 from stepplan.sim.cli.report_reading import read_report_run
-from stepplan.sim.profiler import GridLimits, measure, profile_batches
 from stepplan.sim.progress import CountLines, count_progress
+from stepplan.sim.timing.profiler import GridLimits, measure, profile_batches
 
 CONFIG = PlannerConfig(num_spec_tokens=3, graph_mode="full", max_num_seqs=16)
 LIMITS = GridLimits(max_num_batched_tokens=512, num_slots=17, max_len=2048)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from stepplan.sim.results import read_results
+from stepplan.sim.results.sim_result import read_results
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import readme_figures

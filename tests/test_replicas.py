@@ -15,10 +15,10 @@ from hypothesis import HealthCheck, given, reject, settings
 from hypothesis import strategies as st
 
 from stepplan.sim import cli
-from stepplan.sim.config import ConfigError, SimConfig, with_settings
 from stepplan.sim.deployment import ROUTER_NAMES
 from stepplan.sim.deployment.loop import run_deployment
 from stepplan.sim.run import simulate
+from stepplan.sim.settings.config import ConfigError, SimConfig, with_settings
 from stepplan.sim.stepper import load_stepper
 from stepplan.sim.traces import RequestTable
 

@@ -12,8 +12,8 @@ from synthetic_results import write_synthetic_results
 
 from stepplan.plots.report import ReportTable, build_report, format_value
 from stepplan.sim.cli import main
-from stepplan.sim.results import read_results
-from stepplan.sim.table import ResultsError
+from stepplan.sim.results.sim_result import read_results
+from stepplan.sim.results.table import ResultsError
 
 FIGURE_IDS = (
     "fig-latency-cdfs",

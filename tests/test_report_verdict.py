@@ -13,8 +13,8 @@ from stepplan.sim.cli.report_verdict import (
     side_labels,
     verdict_of,
 )
-from stepplan.sim.results import SimResult
-from stepplan.sim.table import Table
+from stepplan.sim.results.sim_result import SimResult
+from stepplan.sim.results.table import Table
 
 
 def steps_with_queue(start_s, waiting) -> SimResult:

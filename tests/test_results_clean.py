@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from stepplan.sim import cli
-from stepplan.sim.outdir import MANIFEST, FolderTaken, ResultsFolder
-from stepplan.sim.outdir_clean import clean_folder
+from stepplan.sim.results.outdir import MANIFEST, FolderTaken, ResultsFolder
+from stepplan.sim.results.outdir_clean import clean_folder
 
 SPEC = "synthetic:n=20,rate=10,prompt=uniform:16:64,output=uniform:2:8"
 

@@ -17,12 +17,13 @@ import threading
 import numpy as np
 import pytest
 
-from stepplan.sim import cli, outdir
-from stepplan.sim.config import SimConfig, with_settings
-from stepplan.sim.outdir import MANIFEST, STAGING_PREFIX, FolderTaken, ResultsFolder
+from stepplan.sim import cli
 from stepplan.sim.progress import ProgressLines, estimate_steps, live_warning
-from stepplan.sim.results import read_results, write_results
+from stepplan.sim.results import outdir
+from stepplan.sim.results.outdir import MANIFEST, STAGING_PREFIX, FolderTaken, ResultsFolder
+from stepplan.sim.results.sim_result import read_results, write_results
 from stepplan.sim.run import simulate
+from stepplan.sim.settings.config import SimConfig, with_settings
 from stepplan.sim.workloads import parse_synthetic
 
 RUN = [sys.executable, "-c", "import sys; from stepplan.sim.cli import main; sys.exit(main())"]
@@ -423,7 +424,7 @@ def test_readers_join_the_measured_files(tmp_path, capsys):
     back = read_results(out)
     assert (back.steps.column("plan_us") > 0).all()
     assert back.summary["measured"]["host"]["plan_us_p50"] > 0
-    from stepplan.sim.summary import summary_rows
+    from stepplan.sim.results.summary import summary_rows
 
     rows = dict(summary_rows(back.summary))
     assert rows["plan us p50 (measured)"] != "-"

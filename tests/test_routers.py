@@ -11,9 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stepplan.sim import cli
-from stepplan.sim.config import SimConfig, load_config, with_settings
 from stepplan.sim.deployment import ROUTER_NAMES, TABLE, RouterSetup, make_router
 from stepplan.sim.deployment import loop as deployment_loop
+from stepplan.sim.settings.config import SimConfig, load_config, with_settings
 from stepplan.sim.traces import RequestTable
 
 

@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 
 from stepplan.planner import PlannerConfig, compile_plan
 from stepplan.sim.acceptance import FixedLength, PerPosition
-from stepplan.sim.config import SchedulerConfig
 from stepplan.sim.scheduler import Scheduler
+from stepplan.sim.settings.config import SchedulerConfig
 from stepplan.sim.traces import RequestTable
 
 

@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 
 from stepplan.sim.acceptance import make_acceptance
-from stepplan.sim.config import SimConfig, with_settings
 from stepplan.sim.memory_sizing import plan_memory
 from stepplan.sim.run import simulate
 from stepplan.sim.scheduler import Scheduler, vllm_engine_scheduler
@@ -25,6 +24,7 @@ from stepplan.sim.scheduler.vllm_engine_scheduler import (
     prompt_tokens,
 )
 from stepplan.sim.scheduler_diff import compare_schedulers
+from stepplan.sim.settings.config import SimConfig, with_settings
 from stepplan.sim.traces import load_trace
 from stepplan.sim.workloads import parse_synthetic
 

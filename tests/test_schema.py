@@ -13,12 +13,7 @@ import numpy as np
 import pytest
 from synthetic_results import write_synthetic_results
 
-from stepplan.sim.config import SimConfig, with_settings
-from stepplan.sim.cost import COST_TERMS
-from stepplan.sim.results import SimResult, read_results, write_results
-from stepplan.sim.run import simulate
-from stepplan.sim.scheduler import StepMemory
-from stepplan.sim.schema import (
+from stepplan.sim.results.schema import (
     COST_COLUMNS,
     MEASURED,
     MEASURED_STEPS,
@@ -30,7 +25,12 @@ from stepplan.sim.schema import (
     SUMMARY,
     markdown,
 )
-from stepplan.sim.table import ResultsError, Table
+from stepplan.sim.results.sim_result import SimResult, read_results, write_results
+from stepplan.sim.results.table import ResultsError, Table
+from stepplan.sim.run import simulate
+from stepplan.sim.scheduler import StepMemory
+from stepplan.sim.settings.config import SimConfig, with_settings
+from stepplan.sim.timing.cost import COST_TERMS
 from stepplan.sim.workloads import parse_synthetic
 
 DOCS = Path(__file__).parents[1] / "docs" / "results.md"
@@ -48,7 +48,9 @@ def header(path: Path) -> list[str]:
 
 
 def test_docs_are_the_schema():
-    assert DOCS.read_text() == markdown(), "run: python -m stepplan.sim.schema > docs/results.md"
+    assert DOCS.read_text() == markdown(), (
+        "run: python -m stepplan.sim.results.schema > docs/results.md"
+    )
 
 
 def test_cost_and_memory_columns_come_from_their_records():

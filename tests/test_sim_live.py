@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 
 from stepplan.executor.model.dense import dense_logits
 from stepplan.sim import cli
-from stepplan.sim.config import ConfigError, SimConfig, with_settings
 from stepplan.sim.live import LiveStepper, pad_drafts, request_prompt
 from stepplan.sim.run import prepare_requests, simulate
+from stepplan.sim.settings.config import ConfigError, SimConfig, with_settings
 from stepplan.sim.workloads import parse_synthetic
 
 # Prompts longer than the token budget (chunked prefill), outputs long enough for spec steps.

@@ -8,12 +8,12 @@ import json
 import numpy as np
 import pytest
 
-from stepplan.sim import table as table_module
-from stepplan.sim.config import SimConfig, flatten, with_settings
-from stepplan.sim.cost import ConvGeometry, ProfileError, load_profile
-from stepplan.sim.outdir import OutDirError
-from stepplan.sim.results import read_results, write_results
+from stepplan.sim.results import table as table_module
+from stepplan.sim.results.outdir import OutDirError
+from stepplan.sim.results.sim_result import read_results, write_results
 from stepplan.sim.run import simulate
+from stepplan.sim.settings.config import SimConfig, flatten, with_settings
+from stepplan.sim.timing.cost import ConvGeometry, ProfileError, load_profile
 from stepplan.sim.workloads import parse_synthetic
 
 WORKLOAD = "synthetic:n=120,rate=40,cv2=3,prompt=zipf:1.1:3000,output=uniform:1:60"

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from stepplan.sim import cli
 from stepplan.sim.acceptance import PerPosition, load_replay
-from stepplan.sim.config import ConfigError, SimConfig, with_settings
 from stepplan.sim.run import simulate
+from stepplan.sim.settings.config import ConfigError, SimConfig, with_settings
 from stepplan.sim.stepper import load_stepper
 from stepplan.sim.traces import load_trace
 from stepplan.sim.workloads import parse_synthetic

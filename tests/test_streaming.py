@@ -14,14 +14,15 @@ import pytest
 from golden_sim import GOLDEN, RUNS, digests
 from test_stepper import COMPILED, golden_config
 
-from stepplan.sim import cli, records
-from stepplan.sim.buckets import compare_to_defaults, step_demand
+from stepplan.sim import cli
+from stepplan.sim.buckets.demand import compare_to_defaults, step_demand
 from stepplan.sim.cli.report_reading import read_report_run
-from stepplan.sim.config import SimConfig, with_settings
-from stepplan.sim.results import SHAPE_COLUMNS, StepShapes, read_results, write_results
+from stepplan.sim.results import records
+from stepplan.sim.results.schema import REQUESTS, STEPS
+from stepplan.sim.results.sim_result import SHAPE_COLUMNS, StepShapes, read_results, write_results
+from stepplan.sim.results.table import ResultsError, iter_csv, read_csv
 from stepplan.sim.run import simulate
-from stepplan.sim.schema import REQUESTS, STEPS
-from stepplan.sim.table import ResultsError, iter_csv, read_csv
+from stepplan.sim.settings.config import SimConfig, with_settings
 from stepplan.sim.workloads import parse_synthetic
 
 EXPECTED = json.loads(GOLDEN.read_text())
@@ -62,7 +63,7 @@ def test_the_summary_is_the_same_for_any_store(small_chunks, tmp_path):
 
 def test_the_summary_does_not_depend_on_the_chunks(monkeypatch):
     """Floats are summed per block of ``summary.SUM_STEPS`` steps, whatever the chunks."""
-    from stepplan.sim import summary
+    from stepplan.sim.results import summary
 
     monkeypatch.setattr(summary, "SUM_STEPS", 300)
     config, table = SimConfig(), parse_synthetic(WORKLOAD, seed=5)
@@ -99,7 +100,7 @@ def test_a_stopped_run_streams_the_rows_it_has(small_chunks, tmp_path):
 def test_a_stop_before_the_first_step_writes_nothing(tmp_path, monkeypatch, capsys):
     """A signal while the trace's rows are spooled, before any step: one line, exit 130,
     and the folder the run made is gone again."""
-    from stepplan.sim import writer
+    from stepplan.sim.results import writer
 
     spool = writer.RequestLines.__init__
 

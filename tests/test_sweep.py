@@ -16,12 +16,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stepplan.sim import cli
-from stepplan.sim.results import read_results
-from stepplan.sim.schema import SWEEP
+from stepplan.sim.results.schema import SWEEP
+from stepplan.sim.results.sim_result import read_results
+from stepplan.sim.results.table import read_csv
 from stepplan.sim.sweep import runner as runner_module
 from stepplan.sim.sweep.spec import SweepError, read_sweep
 from stepplan.sim.sweep.tradeoff import Slo, best_points, pareto_front
-from stepplan.sim.table import read_csv
 
 SYNTHETIC = "synthetic:n=40,rate=10,prompt=uniform:64:512,output=uniform:4:48"
 SWEEP_FILE = f"""
@@ -259,8 +259,8 @@ def test_a_stopped_pool_ends_its_workers_at_once(start):
     import multiprocessing
     import threading
 
-    from stepplan.sim.config import SimConfig
     from stepplan.sim.run import prepare_requests
+    from stepplan.sim.settings.config import SimConfig
     from stepplan.sim.workloads import parse_synthetic
 
     config = SimConfig()

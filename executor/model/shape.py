@@ -1,6 +1,6 @@
 """``ModelShape``: every dimension of a hybrid model, validated, with what follows from them.
 
-Field names are those of ``stepplan.sim.presets`` (plus ``seed``), so a preset becomes a
+Field names are those of ``stepplan.sim.settings.presets`` (plus ``seed``), so a preset becomes a
 shape as ``ModelShape(**preset, seed=seed)``. The parameter and byte counts below are
 the presets' own formulas (``sim.presets.num_params`` and friends); the executor may not
 import the simulator, so a test holds the two equal on every preset.

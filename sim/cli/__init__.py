@@ -22,13 +22,13 @@ from collections.abc import Callable
 from typing import Any
 
 from ..acceptance import AcceptanceError
-from ..config import ConfigError, with_settings
-from ..cost import ProfileError
-from ..engine_profile import EngineProfileError
-from ..outdir import OutDirError
+from ..results.outdir import OutDirError
+from ..settings.config import ConfigError, with_settings
 from ..sweep.ray_runner import RayMissing
 from ..sweep.search import SearchError
 from ..sweep.spec import SweepError
+from ..timing.cost import ProfileError
+from ..timing.engine_profile import EngineProfileError
 from ..traces import TraceError
 from ..workloads import WorkloadError
 from .buckets import ERRORS as BUCKET_ERRORS

@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..bucket_search import Objective, time_memory_front
-from ..bucket_table import compare_times, format_time_table, prediction_lines
-from ..bucket_time import SizeCosts, size_costs
-from ..buckets import (
+from ..buckets.bucket_search import Objective, time_memory_front
+from ..buckets.bucket_table import compare_times, format_time_table, prediction_lines
+from ..buckets.bucket_time import SizeCosts, size_costs
+from ..buckets.demand import (
     BucketError,
     Comparison,
     Score,
@@ -29,14 +29,14 @@ from ..buckets import (
     step_demand,
     usable_sizes,
 )
-from ..config import ConfigError, SimConfig, flatten, with_settings
-from ..cost import CostModel
-from ..engine_profile import EngineProfileError
 from ..live import engine_setup
-from ..outfile import OutputFile
-from ..results import SimResult, iter_table, read_step_shapes
-from ..schema import REQUESTS
-from ..table import ResultsError
+from ..results.outfile import OutputFile
+from ..results.schema import REQUESTS
+from ..results.sim_result import SimResult, iter_table, read_step_shapes
+from ..results.table import ResultsError
+from ..settings.config import ConfigError, SimConfig, flatten, with_settings
+from ..timing.cost import CostModel
+from ..timing.engine_profile import EngineProfileError
 from .outputs import GRAPH_SIZES, SIZES_HEADER, claim_figure, save_figure
 
 if TYPE_CHECKING:
@@ -203,7 +203,7 @@ def _claim_outputs(
     args: argparse.Namespace,
 ) -> tuple[OutputFile | None, OutputFile | None, OutputFile | None]:
     """The files ``--write``, ``--figure`` and ``--front`` name, checked before any work
-    (``sim/outfile.py``'s rule)."""
+    (``sim/results/outfile.py``'s rule)."""
     sizes_file = figure_file = front_file = None
     if args.write:
         if Path(args.write).suffix.lower() != ".toml":

@@ -18,9 +18,10 @@ from typing import Any
 
 import numpy as np
 
-from ..config import SimConfig, with_settings
-from ..outdir import config_digest
-from ..schema import CAPACITY, SWEEP_METRICS
+from ..results.outdir import config_digest
+from ..results.schema import CAPACITY, SWEEP_METRICS
+from ..results.table import Table
+from ..settings.config import SimConfig, with_settings
 from ..sweep.records import RECORDS, metric, metric_columns, point_digest, write_table
 from ..sweep.search import (
     Probe,
@@ -32,7 +33,6 @@ from ..sweep.search import (
 )
 from ..sweep.spec import TraceEntry
 from ..sweep.tradeoff import Slo, default_slo, parse_slo
-from ..table import Table
 from .options import add_run_command, build_config, checked, run_name
 from .signals import StopRequest
 from .sweep import import_figures

@@ -18,14 +18,14 @@ from typing import Any
 
 import numpy as np
 
-from ..config import SimConfig, with_settings
-from ..outdir import config_digest
-from ..schema import CAPACITY
+from ..results.outdir import config_digest
+from ..results.schema import CAPACITY
+from ..results.table import Table
+from ..settings.config import SimConfig, with_settings
 from ..sweep.records import RECORDS, metric_columns, point_digest, write_table
 from ..sweep.replica_search import ReplicaResult, check_most, replica_search
 from ..sweep.spec import TraceEntry
 from ..sweep.tradeoff import Slo
-from ..table import Table
 from .options import checked, run_name
 from .signals import StopRequest
 from .sweep_run import Point, PointRun, TraceReader, check_points, claim_folder, runner_for

@@ -13,9 +13,9 @@ from typing import Any
 
 from stepplan.planner import GRAPH_MODES
 
-from ..config import HOST_COSTS, SCHEDULER_IMPLEMENTATIONS, SimConfig, with_settings
-from ..outdir import ResultsFolder
-from ..schema import RESULT_FILES
+from ..results.outdir import ResultsFolder
+from ..results.schema import RESULT_FILES
+from ..settings.config import HOST_COSTS, SCHEDULER_IMPLEMENTATIONS, SimConfig, with_settings
 from .options import (
     OVERRIDES,
     SIDE_FLAGS,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ..config_toml import config_toml
+from ..settings.config_toml import config_toml
 from .options import add_setting_options, build_config
 from .provenance import stepplan_version
 

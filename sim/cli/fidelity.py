@@ -7,7 +7,7 @@
    step times: the scheduler must make exactly the live run's batches (it decides from
    nothing else), so the comparison below compares like with like.
 3. **Per step.** Every warm step the profile covers is predicted by the cost model's
-   engine fit and scored by kind (:mod:`stepplan.sim.fidelity`).
+   engine fit and scored by kind (:mod:`stepplan.sim.timing.fidelity`).
 4. **End to end.** The slice is simulated with the replayed acceptance and the profile's
    step times; TTFT, TPOT and throughput are compared with the live run's.
 
@@ -33,15 +33,15 @@ import attrs
 import numpy as np
 
 from ..acceptance import Replay
-from ..config import ConfigError, SimConfig, with_settings
-from ..engine_fit import StepShape, step_shape
-from ..engine_profile import EngineProfile, read_engine_profile
-from ..fidelity import StepErrors, StepRecord, end_to_end, step_errors
 from ..live import engine_setup, length_limit
-from ..outdir import ResultsFolder
-from ..results import SimResult, write_results
+from ..results.outdir import ResultsFolder
+from ..results.schema import RESULT_FILES
+from ..results.sim_result import SimResult, write_results
 from ..run import StepEvent, simulate
-from ..schema import RESULT_FILES
+from ..settings.config import ConfigError, SimConfig, with_settings
+from ..timing.engine_fit import StepShape, step_shape
+from ..timing.engine_profile import EngineProfile, read_engine_profile
+from ..timing.fidelity import StepErrors, StepRecord, end_to_end, step_errors
 from .options import add_run_command, build_config, results_folder, run_progress
 from .trace_reading import load_requests
 
@@ -132,7 +132,7 @@ def shape_of_row(row: dict[str, str]) -> StepShape:
 def _steps_csv(recorder: Recorder, profile: EngineProfile) -> str:
     """One line per live step: its kind, its whole :class:`StepShape` (so a run can be
     scored again against another profile's fit), the measured and predicted times."""
-    from ..fidelity import step_kind
+    from ..timing.fidelity import step_kind
 
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")

@@ -13,8 +13,8 @@ from __future__ import annotations
 import argparse
 from typing import Any, NoReturn
 
-from ..config import SimConfig
-from ..config_defaults import describe, setting_text
+from ..settings.config import SimConfig
+from ..settings.config_defaults import describe, setting_text
 from .options import OVERRIDES
 
 #: Flag destinations -> the setting whose default they show (``OVERRIDES`` and the one

@@ -16,7 +16,19 @@ from stepplan.planner import GRAPH_MODES
 
 from ..acceptance import DEEPSEEK_MTP_PROBS, EAGLE3_PROBS, load_replay
 from ..admission import POLICIES
-from ..config import (
+from ..deployment import ROUTER_NAMES
+from ..deployment import TABLE as ROUTERS
+from ..deployment.loop import run_deployment
+from ..live import check_live, engine_setup
+from ..progress import Progress, ProgressBar, ProgressLines, live_warning
+from ..results.outdir import ResultsFolder, claim_new, config_digest
+from ..results.records import CHUNK_STEPS
+from ..results.schema import RESULT_FILES
+from ..results.summary import summary_rows
+from ..results.writer import ResultsWriter, parquet_available
+from ..run import run_steps
+from ..scheduler.vllm_engine_scheduler import check_vllm
+from ..settings.config import (
     ACCEPTANCE_MODELS,
     HOST_COSTS,
     LIVE_BACKENDS,
@@ -29,23 +41,11 @@ from ..config import (
     load_config,
     with_settings,
 )
-from ..cost import load_profile
-from ..deployment import ROUTER_NAMES
-from ..deployment import TABLE as ROUTERS
-from ..deployment.loop import run_deployment
-from ..engine_profile import read_engine_profile
-from ..live import check_live, engine_setup
-from ..outdir import ResultsFolder, claim_new, config_digest
-from ..progress import Progress, ProgressBar, ProgressLines, live_warning
-from ..records import CHUNK_STEPS
-from ..run import run_steps
-from ..scheduler.vllm_engine_scheduler import check_vllm
-from ..schema import RESULT_FILES
-from ..summary import summary_rows
+from ..timing.cost import load_profile
+from ..timing.engine_profile import read_engine_profile
 from ..traces import FORMATS
 from ..traces.source import STDIN
 from ..workloads import SYNTHETIC_PREFIX
-from ..writer import ResultsWriter, parquet_available
 from .provenance import provenance
 from .signals import StopRequest
 from .tables import align
@@ -89,7 +89,7 @@ OVERRIDES = {
     "replicas": "deployment.replicas",
     "router": "deployment.router",
 }
-#: ``--graph-sizes``: one list in two units (``sim/buckets.py`` and ``planner/config.py``).
+#: ``--graph-sizes``: one list in two units (``sim/buckets/demand.py`` and ``planner/config.py``).
 GRAPH_SIZES_HELP = (
     "CUDA-graph sizes, e.g. 1,2,4,8,16,32, in two units: a spec or decode graph of size s "
     "holds s rows (a spec graph s*Q tokens, a decode graph s tokens), and only sizes up to "

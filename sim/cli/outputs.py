@@ -1,4 +1,4 @@
-"""The single files the subcommands write besides results folders, as ``sim/outfile.py``'s
+"""The single files the subcommands write besides results folders, as ``sim/results/outfile.py``'s
 kinds: the HTML report, figures, and the graph-size config of ``stepplan buckets``
 (the engine profile's kind is ``engine_profile.PROFILE_FILE``). Each kind recognises
 stepplan's own files by the mark its format carries; the plots' marks are looked at only
@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..outfile import FileKind, OutputError, OutputFile
+from ..results.outfile import FileKind, OutputError, OutputFile
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

@@ -2,8 +2,8 @@
 
 The engine is the one live mode runs (``model.name``'s preset on the executor, on
 ``--live-device`` with ``--live-backend``), under the planner settings of the command
-line; the grid is :func:`stepplan.sim.profiler.profile_batches`'s. The profile is one
-JSON file (:mod:`stepplan.sim.engine_profile`) that ``--profile FILE`` hands to the cost
+line; the grid is :func:`stepplan.sim.timing.profiler.profile_batches`'s. The profile is one
+JSON file (:mod:`stepplan.sim.timing.engine_profile`) that ``--profile FILE`` hands to the cost
 model. On CUDA it also holds each graph's memory (``graph_memory``: every graph the
 planner settings capture, taken before the timing), which ``stepplan buckets
 --graph-memory`` reads. An existing file is replaced only with ``--overwrite``, and only
@@ -21,11 +21,17 @@ from typing import Any
 
 import attrs
 
-from ..config import ConfigError, SimConfig
-from ..engine_profile import PROFILE_FILE, EngineProfile, EngineProfileError, write_engine_profile
 from ..live import engine_setup, length_limit, make_runner
-from ..outfile import OutputFile
-from ..profiler import (
+from ..progress import count_progress
+from ..results.outfile import OutputFile
+from ..settings.config import ConfigError, SimConfig
+from ..timing.engine_profile import (
+    PROFILE_FILE,
+    EngineProfile,
+    EngineProfileError,
+    write_engine_profile,
+)
+from ..timing.profiler import (
     CONTEXT_LEVELS,
     WARMUP_RUNS,
     GridLimits,
@@ -35,7 +41,6 @@ from ..profiler import (
     profile_batches,
     token_grid,
 )
-from ..progress import count_progress
 from .options import add_setting_options, build_config
 
 #: The grid draws contexts up to this multiple of its largest context level.

@@ -23,10 +23,10 @@ from typing import Any
 import attrs
 import numpy as np
 
-from ..config import SimConfig
-from ..config_toml import config_toml
-from ..results import SimResult
+from ..results.sim_result import SimResult
 from ..scheduler.vllm_engine_scheduler import vllm_version
+from ..settings.config import SimConfig
+from ..settings.config_toml import config_toml
 from ..traces import RequestTable
 from ..traces.source import STDIN, STDIN_NAME
 from ..workloads import SYNTHETIC_PREFIX

@@ -14,13 +14,13 @@ import numpy as np
 
 from stepplan.planner import ExecutionPlan, StepBatch, compile_plan
 
-from ..buckets import BucketError, compare_to_defaults
-from ..config import ConfigError, SimConfig
-from ..outfile import OutputFile
+from ..buckets.demand import BucketError, compare_to_defaults
 from ..progress import CountProgress, count_progress
-from ..results import SimResult
-from ..schema import KIND_ROWS, KIND_TOKENS, RESULT_FILES
-from ..table import ResultsError
+from ..results.outfile import OutputFile
+from ..results.schema import KIND_ROWS, KIND_TOKENS, RESULT_FILES
+from ..results.sim_result import SimResult
+from ..results.table import ResultsError
+from ..settings.config import ConfigError, SimConfig
 from .buckets import bucketing_of, comparison_table, run_config, run_demand
 from .outputs import REPORT
 from .report_reading import ReportRun, read_latency, read_report_run
@@ -267,7 +267,7 @@ def run_report(args: argparse.Namespace) -> int:
 
 
 def claim_report(path: str | Path, overwrite: bool) -> OutputFile:
-    """The report's file, checked before any work (``sim/outfile.py``'s rule)."""
+    """The report's file, checked before any work (``sim/results/outfile.py``'s rule)."""
     return OutputFile.claim(path, REPORT, overwrite=overwrite)
 
 

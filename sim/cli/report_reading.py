@@ -22,7 +22,8 @@ import attrs
 import numpy as np
 
 from ..progress import CountProgress
-from ..results import (
+from ..results.schema import KIND_ROWS, REQUESTS, STEPS_IN_MEMORY
+from ..results.sim_result import (
     SHAPE_COLUMNS,
     SimResult,
     StepShapes,
@@ -31,8 +32,7 @@ from ..results import (
     iter_table,
     read_summary,
 )
-from ..schema import KIND_ROWS, REQUESTS, STEPS_IN_MEMORY
-from ..table import Table, join_tables
+from ..results.table import Table, join_tables
 
 #: The steps the step timeline draws (``plots.timeline``'s window).
 HEAD_STEPS = 400

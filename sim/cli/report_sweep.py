@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..outfile import OutputFile
-from ..schema import SWEEP
+from ..results.outfile import OutputFile
+from ..results.schema import SWEEP
+from ..results.table import ResultsError, Table, read_csv
 from ..sweep.spec import describe
 from ..sweep.tradeoff import Slo
-from ..table import ResultsError, Table, read_csv
 from .report_verdict import milliseconds
 
 if TYPE_CHECKING:

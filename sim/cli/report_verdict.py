@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..results import SimResult
-from ..summary import summary_rows
+from ..results.sim_result import SimResult
+from ..results.summary import summary_rows
 from .tables import run_header
 
 if TYPE_CHECKING:

@@ -1,5 +1,5 @@
 """``stepplan results list`` and ``stepplan results clean``: the results folders stepplan
-wrote (those with ``stepplan-manifest.json``, ``sim/outdir.py``), and removing them.
+wrote (those with ``stepplan-manifest.json``, ``sim/results/outdir.py``), and removing them.
 
 ``clean`` removes only what a folder's manifest lists, its stale staging folders and
 files stepplan marks as its own (a report, a figure, a graph-size file); whatever else
@@ -15,9 +15,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..outdir import FolderBusy, OutDirError, read_manifest
-from ..outdir_clean import Cleaning, clean_folder, stepplan_folders
-from ..outfile import file_sample
+from ..results.outdir import FolderBusy, OutDirError, read_manifest
+from ..results.outdir_clean import Cleaning, clean_folder, stepplan_folders
+from ..results.outfile import file_sample
 from .options import RESULTS_PARENT
 from .outputs import FIGURE, GRAPH_SIZES, REPORT
 from .tables import align

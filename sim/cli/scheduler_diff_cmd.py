@@ -7,8 +7,8 @@ import argparse
 import json
 from typing import Any
 
-from ..config import SCHEDULER_IMPLEMENTATIONS, with_settings
 from ..scheduler_diff import compare_schedulers
+from ..settings.config import SCHEDULER_IMPLEMENTATIONS, with_settings
 from ..traces import FORMATS
 from .options import add_setting_options, build_config, checked
 from .trace_reading import load_requests

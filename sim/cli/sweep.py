@@ -24,11 +24,11 @@ from typing import Any
 import attrs
 import numpy as np
 
-from ..outdir import ResultsFolder, config_digest
+from ..results.outdir import ResultsFolder, config_digest
+from ..results.table import Table
 from ..sweep.records import RECORDS, RUNS, TableRow, measured_table, sweep_table, write_table
 from ..sweep.spec import SweepError, SweepSpec, describe, read_sweep
 from ..sweep.tradeoff import Slo, best_points, default_slo, grouped_front
-from ..table import Table
 from .helptext import Parser
 from .options import checked
 from .signals import StopRequest

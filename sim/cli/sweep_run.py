@@ -14,13 +14,13 @@ from typing import Any
 import attrs
 import numpy as np
 
-from ..config import ConfigError, SimConfig
 from ..memory_sizing import plan_memory
-from ..outdir import ResultsFolder, claim_new
 from ..progress import count_progress
-from ..results import SimResult, write_results
+from ..results.outdir import ResultsFolder, claim_new
+from ..results.schema import RESULT_FILES
+from ..results.sim_result import SimResult, write_results
 from ..run import prepare_requests
-from ..schema import RESULT_FILES
+from ..settings.config import ConfigError, SimConfig
 from ..sweep.ray_runner import import_ray, run_ray
 from ..sweep.records import (
     RECORDS,

@@ -20,8 +20,8 @@ from typing import Any
 
 import attrs
 
-from ..schema import MEASURED
-from ..summary import TIME_TERMS, summary_rows
+from ..results.schema import MEASURED
+from ..results.summary import TIME_TERMS, summary_rows
 
 _LATENCY = {
     f"{metric.upper()} {stat} ms": ("latency_ms", metric, stat)

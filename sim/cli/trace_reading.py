@@ -11,8 +11,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from ..config import SimConfig
 from ..run import prepare_requests
+from ..settings.config import SimConfig
 from ..traces import RequestTable, TraceError, load_trace
 from ..traces.source import STDIN, shown_name
 from ..workloads import SYNTHETIC_PREFIX, parse_synthetic

@@ -8,7 +8,7 @@ the same steps, at the same times, as :func:`~stepplan.sim.run.run_steps`
 (``tests/test_replicas.py``), and equal inputs give equal results byte for byte.
 
 Each replica hands its steps on a chunk at a time with a ``replica`` column
-(:class:`~stepplan.sim.outcome.StepStore`): a run's memory holds a chunk per replica,
+(:class:`~stepplan.sim.results.outcome.StepStore`): a run's memory holds a chunk per replica,
 not its steps. Request rows are gathered at the end, in trace order, with the replica
 that served each (:meth:`DeploymentEnd.request_columns`).
 """
@@ -26,15 +26,15 @@ import attrs
 import numpy as np
 
 from ..acceptance import make_acceptance
-from ..config import SimConfig
-from ..cost import CostModel
 from ..live import engine_setup
 from ..memory import BlockPool
 from ..memory_sizing import MemoryLayout, gpu_summary, plan_memory
-from ..outcome import StepStore, run_summary
 from ..progress import Progress
-from ..records import RequestLog, RequestRows
-from ..summary import StepTotals
+from ..results.outcome import StepStore, run_summary
+from ..results.records import RequestLog, RequestRows
+from ..results.summary import StepTotals
+from ..settings.config import SimConfig
+from ..timing.cost import CostModel
 from ..traces import RequestTable
 from .replica import Replica, ReplicaSink
 from .routers import Router, RouterSetup, make_router
@@ -70,7 +70,7 @@ class DeploymentEnd:
 
 @attrs.frozen(eq=False)
 class _Engines:
-    """What :func:`~stepplan.sim.outcome.run_summary` reads of a scheduler, over every
+    """What :func:`~stepplan.sim.results.outcome.run_summary` reads of a scheduler, over every
     replica: ``spec_steps`` (``[N], int64``) and the (shared) memory layout's pool."""
 
     spec_steps: np.ndarray

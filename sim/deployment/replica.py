@@ -22,15 +22,15 @@ import numpy as np
 from stepplan.planner import Planner, PlannerConfig, StepBatch
 
 from ..acceptance import AcceptanceModel
-from ..config import SimConfig
-from ..cost import CostModel
 from ..memory import BlockPool
 from ..memory_sizing import MemoryLayout
-from ..records import RequestLog, RequestRows, StepTable, step_columns
+from ..results.records import RequestLog, RequestRows, StepTable, step_columns
+from ..results.summary import StepTotals
 from ..run import _Loop  # the single engine's step, planned and timed the same way
 from ..scheduler import Scheduler
+from ..settings.config import SimConfig
 from ..stepper import Stepper
-from ..summary import StepTotals
+from ..timing.cost import CostModel
 from ..traces import RequestTable
 
 #: Takes a chunk of a replica's steps (``schema.STEPS_IN_MEMORY`` columns, ``[k]``

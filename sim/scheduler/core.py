@@ -9,8 +9,8 @@ import numpy as np
 from stepplan.planner import StepBatch
 
 from ..admission import admission_rank
-from ..config import SchedulerConfig
 from ..memory import BlockPool
+from ..settings.config import SchedulerConfig
 from ..traces import RequestTable
 from . import state
 from .queue import WaitingQueue

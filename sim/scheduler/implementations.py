@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..config import SimConfig
 from ..memory import BlockPool
 from ..memory_sizing import MemoryLayout
+from ..settings.config import SimConfig
 from ..traces import RequestTable
 from .core import Scheduler
 

@@ -32,9 +32,9 @@ from typing import Any
 import attrs
 import numpy as np
 
-from ..config import ConfigError, SchedulerConfig
-from ..config_model import ModelConfig
 from ..memory_sizing import MemoryLayout
+from ..settings.config import ConfigError, SchedulerConfig
+from ..settings.config_model import ModelConfig
 from ..traces import RequestTable
 from .core import Scheduler
 from .state import DECODING, EMITS_FIRST, FINISHED, ROWS, SPEC, WAITING, Counters, StepRows

@@ -20,12 +20,21 @@ from typing import Any
 import attrs
 import numpy as np
 
-from ..config import SimConfig
-from ..config_toml import toml_value
-from ..outdir import config_digest
-from ..schema import FLOAT, INT, SWEEP, SWEEP_MEASURED, SWEEP_PATHS, TEXT, Column, TableSchema
-from ..table import ResultsError, Table, write_csv
-from ..writer import parquet_available, write_parquet
+from ..results.outdir import config_digest
+from ..results.schema import (
+    FLOAT,
+    INT,
+    SWEEP,
+    SWEEP_MEASURED,
+    SWEEP_PATHS,
+    TEXT,
+    Column,
+    TableSchema,
+)
+from ..results.table import ResultsError, Table, write_csv
+from ..results.writer import parquet_available, write_parquet
+from ..settings.config import SimConfig
+from ..settings.config_toml import toml_value
 
 #: Sub-folders of a sweep folder: the points' records, and ``--keep-runs``' results folders.
 RECORDS, RUNS = "points", "runs"

@@ -26,8 +26,8 @@ from typing import Any
 import attrs
 import numpy as np
 
-from ..config import SimConfig
 from ..run import simulate
+from ..settings.config import SimConfig
 from ..traces import RequestTable
 
 #: Seconds between looks at the stop event while points run.

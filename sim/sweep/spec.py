@@ -41,7 +41,8 @@ from typing import Any
 import attrs
 import tomllib
 
-from ..config import (
+from ..results.schema import SWEEP_METRICS
+from ..settings.config import (
     SECTIONS,
     ConfigError,
     SimConfig,
@@ -51,7 +52,6 @@ from ..config import (
     read_text,
     with_settings,
 )
-from ..schema import SWEEP_METRICS
 from ..workloads import SYNTHETIC_PREFIX
 from .tradeoff import Slo, parse_slo_table
 

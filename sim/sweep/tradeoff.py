@@ -16,7 +16,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from ..config import SimConfig
+from ..settings.config import SimConfig
 
 
 @attrs.frozen

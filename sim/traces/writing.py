@@ -9,7 +9,7 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
-from ..outfile import FileKind, OutputFile
+from ..results.outfile import FileKind, OutputFile
 from .formats import BY_NAME, FORMATS, TraceFormat
 from .request_table import RequestTable
 
@@ -48,7 +48,7 @@ def trace_text(table: RequestTable, entry: TraceFormat) -> str:
 
 
 #: A trace as one file stepplan writes: its formats are other programs', with no room for
-#: a mark, so ``sim/outfile.py``'s rule never replaces an existing file with one.
+#: a mark, so ``sim/results/outfile.py``'s rule never replaces an existing file with one.
 TRACE_FILE = FileKind("a trace", lambda sample: False)
 
 

@@ -70,11 +70,11 @@ import numpy as np
 
 from stepplan.planner import ExecutionPlan
 
-from .config import CostConfig, GpuConfig, ModelConfig
-from .config_values import read_text
+from ..settings.config import CostConfig, GpuConfig, ModelConfig
+from ..settings.config_values import read_text
+from ..settings.gpus import profile_scale
 from .engine_fit import step_shape
 from .engine_profile import EngineProfile, read_engine_profile
-from .gpus import profile_scale
 from .parallel import ALLREDUCES_PER_LAYER, RankShare, ring_allreduce_s, split_model
 
 KINDS = ("spec", "decode", "prefill", "mixed")

@@ -4,7 +4,7 @@
 grid of step shapes and writes one JSON document; ``--profile FILE`` makes the cost model
 predict each step from it instead of the roofline wherever the profile covers the step.
 
-The shapes measured and their fit: :mod:`stepplan.sim.engine_fit`; coverage, the roofline
+The shapes measured and their fit: :mod:`stepplan.sim.timing.engine_fit`; coverage, the roofline
 fallback and the document's layout: ``docs/profile_format.md``.
 """
 
@@ -18,8 +18,8 @@ from typing import Any
 
 import attrs
 
+from ..results.outfile import FileKind, OutputFile
 from .engine_fit import EngineFit, ProfilePoint, StepShape, fit_points
-from .outfile import FileKind, OutputFile
 
 FORMAT = "stepplan-engine-profile"
 VERSION = 3
@@ -128,7 +128,7 @@ def _is_profile(sample: bytes) -> bool:
     return sample.startswith(b'{\n "format": ' + json.dumps(FORMAT).encode())
 
 
-#: The engine profile as one file stepplan writes (``sim/outfile.py``'s rule).
+#: The engine profile as one file stepplan writes (``sim/results/outfile.py``'s rule).
 PROFILE_FILE = FileKind("an engine profile", _is_profile)
 
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import attrs
 
-from .config_model import ModelConfig
+from ..settings.config_model import ModelConfig
 
 #: All-reduces per layer: after the mixer (attention or short conv) and after the MLP.
 ALLREDUCES_PER_LAYER = 2

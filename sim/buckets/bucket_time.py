@@ -1,5 +1,5 @@
 """Predicted step time and graph memory of CUDA-graph size lists: what the time objective of
-``stepplan buckets`` (:func:`stepplan.sim.size_dp.fastest_sizes`) weighs.
+``stepplan buckets`` (:func:`stepplan.sim.buckets.size_dp.fastest_sizes`) weighs.
 
 **A step's time under a list** is its graph's time when the planner's bucket rule
 (:mod:`stepplan.planner.buckets`) gives it one, else its eager time. A graph's time
@@ -37,12 +37,12 @@ import numpy as np
 from stepplan.planner import GraphKey
 from stepplan.planner.buckets import GRAPH_KINDS, tile_capacity
 
-from .buckets import (
+from ..timing.cost import COST_TERMS, CostModel
+from .demand import (
     BucketError,
     StepDemand,
     sorted_sizes,
 )
-from .cost import COST_TERMS, CostModel
 from .size_dp import TimeProblem
 
 #: Graph kinds in :attr:`SizeCosts.graph_us`'s row order (``planner.buckets``' order).
@@ -54,7 +54,7 @@ ENGINE_TERM = COST_TERMS.index("engine")
 
 @attrs.frozen(eq=False)
 class _RowsBatch:
-    """What :func:`stepplan.sim.engine_fit.step_shape` reads of a batch: per row its kind
+    """What :func:`stepplan.sim.timing.engine_fit.step_shape` reads of a batch: per row its kind
     (0 spec, 1 decode, 2 prefill), query length and context (``[R]``)."""
 
     kinds: np.ndarray

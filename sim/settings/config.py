@@ -41,7 +41,7 @@ import tomllib
 
 from stepplan.planner import GRAPH_MODES, PlanError, PlannerConfig
 
-from .admission import POLICY_NAMES
+from ..admission import POLICY_NAMES
 from .config_deployment import DeploymentConfig, check_replicas
 from .config_live import (  # noqa: F401 (re-exported: every setting imports from here)
     LIVE_ATTENTION,

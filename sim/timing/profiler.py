@@ -24,8 +24,8 @@ import numpy as np
 
 from stepplan.planner import ExecutionPlan, PlanError, Planner, PlannerConfig, StepBatch
 
+from ..progress import CountProgress
 from .engine_fit import ProfilePoint, step_shape
-from .progress import CountProgress
 
 #: Context levels (tokens per row, mean) of each measured graph bucket.
 CONTEXT_LEVELS = (128, 1024, 4096, 6144)

@@ -1,7 +1,7 @@
 """The search for the fastest CUDA-graph size list: the objective (total or a percentile of
 step time), every largest row size tried, the graph memory budget, and the front of time
-against memory. The step times it weighs: :mod:`stepplan.sim.bucket_time`; the exact DP
-for one largest row size: :mod:`stepplan.sim.size_dp`.
+against memory. The step times it weighs: :mod:`stepplan.sim.buckets.bucket_time`; the exact DP
+for one largest row size: :mod:`stepplan.sim.buckets.size_dp`.
 
 A memory budget is met through a weight on memory (µs per MiB): for each weight the DP
 finds the exact optimum of time plus weight times memory, a vertex of the convex hull of
@@ -27,7 +27,7 @@ from .bucket_time import (
     restricted,
     time_problem,
 )
-from .buckets import BucketError, StepDemand, sorted_sizes
+from .demand import BucketError, StepDemand, sorted_sizes
 from .size_dp import (
     fastest_sizes_batch,
     percentile_sizes_batch,

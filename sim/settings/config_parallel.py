@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import attrs
 
+from ..timing.parallel import split_problem
 from .config_model import ModelConfig
 from .config_values import INT, ConfigError
-from .parallel import split_problem
 
 #: Most tensor-parallel ranks: the GPUs of one NVLink node.
 MAX_TENSOR_RANKS = 8

@@ -10,7 +10,7 @@ import attrs
 
 from .bucket_search import TOTAL, Objective, fastest_list, within_memory
 from .bucket_time import SizeCosts, predict
-from .buckets import (
+from .demand import (
     BucketError,
     Score,
     StepDemand,
@@ -26,7 +26,7 @@ class TimedScore:
     """One size list's row of the table a person reads: its bucketing and its prediction.
 
     Attributes:
-        score: padding and graph hits (:func:`stepplan.sim.buckets.score`).
+        score: padding and graph hits (:func:`stepplan.sim.buckets.demand.score`).
         total_s: predicted total step time (s).
         percentile_us: the objective's percentile of step time (µs), ``None`` when the
             objective is the total.

@@ -3,7 +3,7 @@ type, unit, meaning) and every top-level key of its JSON documents, declared onc
 
 The writer and the reader (``results.py``), the loop's records (``records.py``), the
 plots and the test fixtures take their column names and types from here;
-``docs/results.md`` is :func:`markdown` of it (``python -m stepplan.sim.schema`` prints
+``docs/results.md`` is :func:`markdown` of it (``python -m stepplan.sim.results.schema`` prints
 it; a test keeps the two equal). The cost columns are :data:`~.cost.COST_TERMS` and
 the memory columns :class:`~.scheduler.StepMemory`'s fields: a new field there is a new
 column here, and importing this module fails until it has a meaning below.
@@ -18,9 +18,9 @@ from types import MappingProxyType
 import attrs
 import numpy as np
 
-from .cost import COST_TERMS
-from .pricing import SWEEP_DOLLAR_COLUMNS
-from .scheduler.step import StepMemory
+from ..scheduler.step import StepMemory
+from ..timing.cost import COST_TERMS
+from ..timing.pricing import SWEEP_DOLLAR_COLUMNS
 
 INT, FLOAT, TEXT = "int64", "float64", "text"
 #: Each type's numpy dtype in memory (text columns are numpy strings).
@@ -460,9 +460,9 @@ def markdown() -> str:
     lines = [
         "# Results folder",
         "",
-        "What `stepplan simulate` writes (`--out`, see `sim/outdir.py` for what it may "
-        "touch). Generated from `sim/schema.py` by `python -m stepplan.sim.schema`; edit "
-        "that, not this.",
+        "What `stepplan simulate` writes (`--out`, see `sim/results/outdir.py` for what it may "
+        "touch). Generated from `sim/results/schema.py` by "
+        "`python -m stepplan.sim.results.schema`; edit that, not this.",
         "",
         *_table(("file", "holds"), [(f"`{name}`", meaning) for name, meaning in _FILES]),
     ]

@@ -13,18 +13,18 @@ from typing import TYPE_CHECKING, Any, Protocol
 import attrs
 import numpy as np
 
-from .config import SimConfig
-from .memory_sizing import memory_summary
-from .pricing import deployment_dollars
+from ..memory_sizing import memory_summary
+from ..settings.config import SimConfig
+from ..timing.pricing import deployment_dollars
+from ..traces import RequestTable
 from .records import STEP_RECORD, RequestLog, RequestRows, step_columns
 from .schema import MEASURED, STEPS_IN_MEMORY
 from .summary import FINISHED_COLUMNS, StepTotals, summarize
 from .table import Table
-from .traces import RequestTable
 
 if TYPE_CHECKING:
-    from .live import LiveStepper
-    from .scheduler import Scheduler
+    from ..live import LiveStepper
+    from ..scheduler import Scheduler
 
 
 class StepStore(Protocol):

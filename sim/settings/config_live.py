@@ -1,6 +1,6 @@
 """The ``[live]`` section of the settings: live mode (``live.py``), where a real model
 decides acceptance. ``config.py`` holds the other sections and re-exports every name
-here, so settings import from ``stepplan.sim.config`` alone.
+here, so settings import from ``stepplan.sim.settings.config`` alone.
 """
 
 from __future__ import annotations

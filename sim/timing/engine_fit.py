@@ -1,5 +1,5 @@
 """Step shapes and the fit of their measured times: what the cost model predicts from an
-engine profile (:mod:`stepplan.sim.engine_profile`).
+engine profile (:mod:`stepplan.sim.timing.engine_profile`).
 
 **What a step's time depends on** (:class:`StepShape`): whether it replays a CUDA graph and
 which (a graph's dense work is fixed by its bucket), its live tokens and rows per kind, the

@@ -5,7 +5,7 @@ Which graph a step replays under a list of sizes is the planner's bucket rule,
 and uses its terms (row sizes; a uniform step's ``need`` and tokens per unit ``u``).
 
 The 1-D problem the optimizer solves, and why its dynamic program is exact:
-:mod:`stepplan.sim.size_dp`.
+:mod:`stepplan.sim.buckets.size_dp`.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from stepplan.planner.buckets import (
     uniform_demand,
 )
 
-from .schema import KIND_ROWS, KIND_TOKENS, STEP_COUNT
+from ..results.schema import KIND_ROWS, KIND_TOKENS, STEP_COUNT
 from .size_dp import BucketError, optimal_sizes, padded_cost, sorted_sizes
 
 __all__ = [  # the optimizer's names, wherever they live

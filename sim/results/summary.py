@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from .cost import COST_TERMS
-from .memory_sizing import memory_rows
-from .pricing import dollar_rows
+from ..memory_sizing import memory_rows
+from ..timing.cost import COST_TERMS
+from ..timing.pricing import dollar_rows
 from .schema import COST_COLUMNS, MEASURED, TIME_NAMES
 
 

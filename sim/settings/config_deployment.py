@@ -8,8 +8,8 @@ from typing import Any
 
 import attrs
 
+from ..deployment.routers import ROUTER_NAMES
 from .config_values import INT, ConfigError, _one_of
-from .deployment.routers import ROUTER_NAMES
 
 #: The most replicas one run takes: each holds its own arrays over the whole trace.
 MAX_REPLICAS = 1024

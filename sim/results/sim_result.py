@@ -17,7 +17,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from .cost import seed_host_us
+from ..timing.cost import seed_host_us
 from .outdir import ResultsFolder
 from .records import CHUNK_STEPS
 from .schema import (

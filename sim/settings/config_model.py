@@ -1,6 +1,6 @@
 """The ``[model]`` section of the settings: which model is served, by preset
 (``presets.py``) with explicit figures overriding it. ``config.py`` re-exports it, so
-settings import from ``stepplan.sim.config`` alone.
+settings import from ``stepplan.sim.settings.config`` alone.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Settings as TOML text that :func:`~stepplan.sim.config.load_config` (``--config``)
+"""Settings as TOML text that :func:`~stepplan.sim.settings.config.load_config` (``--config``)
 reads back to equal settings.
 
 Python's ``tomllib`` only reads. ``SimConfig`` is two top-level keys and flat sections

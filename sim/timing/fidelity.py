@@ -1,7 +1,7 @@
 """How far the simulator's step times and serving figures are from the engine it models.
 
 ``stepplan fidelity`` runs the live engine on a trace slice with measured time and keeps
-every step's :class:`~stepplan.sim.engine_fit.StepShape` with its measured time
+every step's :class:`~stepplan.sim.timing.engine_fit.StepShape` with its measured time
 (:class:`StepRecord`). This module scores that record: :func:`step_errors` replays every
 warm step through the cost model's engine fit and gives the absolute percentage error by
 step kind (``decode``, ``spec``, ``prefill``, ``mixed``); cold steps (a kernel compiled

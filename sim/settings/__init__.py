@@ -1,0 +1,2 @@
+"""Simulation settings: the TOML sections, their values and defaults, and the model and GPU
+presets they name."""
