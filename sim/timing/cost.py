@@ -68,7 +68,7 @@ from pathlib import Path
 import attrs
 import numpy as np
 
-from stepplan.planner import ExecutionPlan
+from stepplan.planner import ExecutionPlan, PlanShape
 
 from ..settings.config import CostConfig, GpuConfig, ModelConfig
 from ..settings.config_values import read_text
@@ -276,6 +276,10 @@ class StepCost:
         return attrs.astuple(self)
 
 
+#: What the cost model reads of a step: its compiled plan, or the plan's shape alone (the
+#: same counts, without the arrays: what the simulation loop compiles when nothing reads them).
+PlanCounts = ExecutionPlan | PlanShape
+
 #: The cost terms, in :class:`StepCost` field order; ``steps.csv`` has a ``<term>_s`` each.
 COST_TERMS: tuple[str, ...] = tuple(field.name for field in attrs.fields(StepCost))
 
@@ -327,11 +331,11 @@ class CostModel:
         engine = None if cost.profile is None else read_engine_profile(cost.profile)
         return cls(model, gpu, cost, profile, num_groups, scale, engine, share)
 
-    def model_s(self, plan: ExecutionPlan, load: StepLoad) -> float:
+    def model_s(self, plan: PlanCounts, load: StepLoad) -> float:
         """Roofline time of the model's non-conv work for the step."""
         return self._roofline(plan, load.kv_tokens, load.attention_pairs)
 
-    def _roofline(self, plan: ExecutionPlan, kv_tokens: int, attention_pairs: float) -> float:
+    def _roofline(self, plan: PlanCounts, kv_tokens: int, attention_pairs: float) -> float:
         m, share = self.model, self.share
         tokens = plan.num_tokens
         memory = share.weights_bytes + share.kv_bytes_per_token * (kv_tokens + tokens)
@@ -341,7 +345,7 @@ class CostModel:
         flops += 4.0 * m.hidden_size * attention_layers * attention_pairs / share.ranks
         return max(memory / self.gpu.memory_bw_bytes_s, flops / self.gpu.peak_flops)
 
-    def allreduce_s(self, plan: ExecutionPlan) -> float:
+    def allreduce_s(self, plan: PlanCounts) -> float:
         """The step's tensor-parallel all-reduces: two per layer of the padded batch's
         ``[padded_tokens, hidden]`` output, each a ring over the GPU's link; 0 on one rank."""
         ranks = self.share.ranks
@@ -352,13 +356,13 @@ class CostModel:
         one = ring_allreduce_s(message, ranks, gpu.link_bw_bytes_s, gpu.link_latency_us)
         return ALLREDUCES_PER_LAYER * m.layers * one
 
-    def conv_s(self, plan: ExecutionPlan) -> float:
+    def conv_s(self, plan: PlanCounts) -> float:
         """Short-conv time of every conv layer."""
         rows = (plan.num_spec_rows, plan.num_decode_rows, plan.num_prefill_rows)
         tokens = (plan.num_spec_decode_tokens, plan.num_decode_tokens, plan.num_prefill_tokens)
         return self.profile.time_us(rows, tokens) * self.model.conv_layers * 1e-6 * self.conv_scale
 
-    def host_s(self, plan: ExecutionPlan, plan_us: float) -> float:
+    def host_s(self, plan: PlanCounts, plan_us: float) -> float:
         """Host time of the step's conv metadata under ``cost.host_cost``."""
         cost = self.cost
         if cost.host_cost == "measured":
@@ -370,20 +374,20 @@ class CostModel:
         mixed_us = 0.0 if uniform else cost.host_mixed_us
         return (cost.host_base_us + cost.host_per_row_us * plan.num_rows + mixed_us) * 1e-6
 
-    def launch_s(self, plan: ExecutionPlan, busy_s: float) -> float:
+    def launch_s(self, plan: PlanCounts, busy_s: float) -> float:
         """Launch overhead not hidden behind ``busy_s`` of GPU work."""
         if plan.graph is not None:
             return self.gpu.graph_launch_us * 1e-6
         launches = self.model.layers * self.gpu.eager_launches_per_layer
         return max(0.0, launches * self.gpu.kernel_launch_us * 1e-6 - busy_s)
 
-    def step(self, plan: ExecutionPlan, load: StepLoad, plan_us: float) -> StepCost:
+    def step(self, plan: PlanCounts, load: StepLoad, plan_us: float) -> StepCost:
         """The step's :class:`StepCost`: the engine profile's prediction where it covers
         the step, else the four modelled terms."""
         return StepCost(*self.terms(plan, load.kv_tokens, load.attention_pairs, plan_us))
 
     def terms(
-        self, plan: ExecutionPlan, kv_tokens: int, attention_pairs: float, plan_us: float
+        self, plan: PlanCounts, kv_tokens: int, attention_pairs: float, plan_us: float
     ) -> tuple[float, float, float, float, float, float]:
         """:meth:`step`'s terms in :data:`COST_TERMS` order, for the simulation loop (one
         call, no :class:`StepLoad` or :class:`StepCost` to build)."""
