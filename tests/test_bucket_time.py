@@ -457,3 +457,19 @@ def test_the_live_check_records_the_commit_given_and_splits_steps_by_kind():
     kinds = graph_sizes_live._step_kinds(spec, decode, prefill, graph)
     names = [graph_sizes_live.STEP_KINDS[k] for k in kinds]
     assert names == ["uniform_graph", "uniform_eager", "uniform_eager", "prefill", "mixed", "empty"]
+
+
+def test_the_report_draws_the_time_memory_front_where_the_profile_has_memory(
+    profile_with_memory, tmp_path
+):
+    runs = {}
+    for name, profile in (("memory", profile_with_memory), ("none", BUNDLED_PROFILE)):
+        folder = tmp_path / name
+        trace = "sim/data/azure_llm_2023_code.csv"
+        argv = ["simulate", trace, "--limit", "300", "--profile", profile, "--out", str(folder)]
+        assert main([*argv, "--quiet"]) == 0
+        assert main(["report", str(folder), "--quiet"]) == 0
+        runs[name] = (folder / "report.html").read_text()
+    title = "CUDA graphs: predicted step time against graph memory"
+    assert title in runs["memory"]
+    assert title not in runs["none"]  # the bundled profile measured no graph memory

@@ -153,16 +153,31 @@ def run_buckets(args: argparse.Namespace) -> int:
         save_figure(plot_bucketing(results, bucketings, title), figure_file)
         print(f"figure: {figure_file.shown}")
     if front_file is not None:
-        from stepplan.plots.graph_front import plot_time_memory
-
-        budget = args.max_graphs or len(comparison.rows[0].score.sizes)  # vLLM's count
-        front = time_memory_front(demand, costs, max_graphs=budget, objective=objective)
-        points = [(r.score.label, r.memory_mib or 0.0, r.total_s) for r in comparison.rows]
-        curve = [(p.memory_mib or 0.0, p.total_s) for p in front]
-        title = f"{_run_title(results, demand)}: step time against graph memory"
-        save_figure(plot_time_memory(curve, points, title), front_file)
+        figure = front_figure(results, demand, costs, comparison, args.max_graphs, objective)
+        save_figure(figure, front_file)
         print(f"figure: {front_file.shown}")
     return 0
+
+
+def front_figure(
+    results: SimResult,
+    demand: StepDemand,
+    costs: SizeCosts,
+    comparison: Any,
+    max_graphs: int | None,
+    objective: Objective,
+) -> Any:
+    """The figure of predicted total step time against graph memory: the fastest list at
+    each memory (at most ``max_graphs`` graphs, by default vLLM's count) and the lists of
+    ``comparison`` as points."""
+    from stepplan.plots.graph_front import plot_time_memory
+
+    budget = max_graphs or len(comparison.rows[0].score.sizes)  # vLLM's count
+    front = time_memory_front(demand, costs, max_graphs=budget, objective=objective)
+    points = [(r.score.label, r.memory_mib or 0.0, r.total_s) for r in comparison.rows]
+    curve = [(p.memory_mib or 0.0, p.total_s) for p in front]
+    title = f"{_run_title(results, demand)}: step time against graph memory"
+    return plot_time_memory(curve, points, title)
 
 
 def run_costs(

@@ -112,12 +112,13 @@ def build_run_report(
     from stepplan.plots.report import build_report, report_figures
 
     config = run_config(run.shapes)
-    tables, bucketings = [], [run_bucketing(run.shapes)]
+    tables, bucketings, front = [], [run_bucketing(run.shapes)], None
     if config.planner.graph_mode != "none":
         demand = run_demand(run.shapes, config)
         comparison = compare_to_defaults(demand, max_graphs=max_graphs)
         tables.append(comparison_table(comparison))
         bucketings.append(bucketing_of(demand, comparison.recommended))
+        front = graph_memory_front(run.shapes, config, demand, max_graphs)
     plan = example_plan(run.richest, config)
     step = int(run.richest.steps.column("step")[richest_row(run.richest)])
     summary = run.latency.summary
@@ -136,6 +137,8 @@ def build_run_report(
         plan_title=f"Op graph of one plan: step {step:,}, the run's richest "
         f"({plan.num_rows} rows, {plan.num_tokens:,} tokens; rebuilt from its counts)",
     )
+    if front is not None:
+        figures["CUDA graphs: predicted step time against graph memory"] = front
     notes = _deployment_parts(run, tables, figures)
     if run.every > 1:
         notes.append(
@@ -155,6 +158,30 @@ def build_run_report(
         **page,
     )
     return out.write(text.encode())
+
+
+def graph_memory_front(
+    results: SimResult, config: SimConfig, demand: Any, max_graphs: int | None
+) -> Any:
+    """The figure of predicted step time against graph memory where the run's engine
+    profile measured graph memory (``stepplan buckets --front`` draws the same); ``None``
+    where it did not, or where the profile cannot be read or does not fit the run."""
+    if config.cost.profile is None:
+        return None
+    from ..buckets.bucket_search import Objective
+    from ..buckets.bucket_table import compare_times
+    from ..timing.engine_profile import EngineProfileError
+    from .buckets import front_figure, run_costs
+
+    try:
+        costs, _ = run_costs(demand, config, argparse.Namespace(profile=None, largest=None))
+    except (BucketError, ConfigError, EngineProfileError, OSError):
+        return None
+    if costs.graph_mib is None:
+        return None
+    objective = Objective(None)
+    comparison = compare_times(demand, costs, max_graphs=max_graphs, objective=objective)
+    return front_figure(results, demand, costs, comparison, max_graphs, objective)
 
 
 def _deployment_parts(run: ReportRun, tables: list, figures: dict) -> list[str]:
