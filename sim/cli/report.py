@@ -108,17 +108,10 @@ def build_run_report(
     sizes beside the run's own, and the bucket comparison table, under its verdict;
     ``others`` join the latency CDFs; ``differs`` (what a compare's runs differ in) goes
     into the verdict; ``page`` goes to ``build_report`` (``title``, ``leading_tables``)."""
-    from stepplan.plots.bucketing import run_bucketing
     from stepplan.plots.report import build_report, report_figures
 
     config = run_config(run.shapes)
-    tables, bucketings, front = [], [run_bucketing(run.shapes)], None
-    if config.planner.graph_mode != "none":
-        demand = run_demand(run.shapes, config)
-        comparison = compare_to_defaults(demand, max_graphs=max_graphs)
-        tables.append(comparison_table(comparison))
-        bucketings.append(bucketing_of(demand, comparison.recommended))
-        front = graph_memory_front(run.shapes, config, demand, max_graphs)
+    tables, bucketings, front = _graph_parts(run.shapes, config, max_graphs)
     plan = example_plan(run.richest, config)
     step = int(run.richest.steps.column("step")[richest_row(run.richest)])
     summary = run.latency.summary
@@ -158,6 +151,21 @@ def build_run_report(
         **page,
     )
     return out.write(text.encode())
+
+
+def _graph_parts(shapes: SimResult, config: SimConfig, max_graphs: int | None) -> tuple:
+    """The report's CUDA-graph parts: the sizes table, the bucketings to draw (the run's,
+    then the optimal list's) and the time-memory front figure (or ``None``)."""
+    from stepplan.plots.bucketing import run_bucketing
+
+    tables, bucketings = [], [run_bucketing(shapes)]
+    if config.planner.graph_mode == "none":
+        return tables, bucketings, None
+    demand = run_demand(shapes, config)
+    comparison = compare_to_defaults(demand, max_graphs=max_graphs)
+    tables.append(comparison_table(comparison))
+    bucketings.append(bucketing_of(demand, comparison.recommended))
+    return tables, bucketings, graph_memory_front(shapes, config, demand, max_graphs)
 
 
 def graph_memory_front(
