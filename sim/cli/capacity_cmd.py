@@ -135,6 +135,10 @@ def run_capacity(args: argparse.Namespace) -> int:
         from .capacity_replicas import run_replica_capacity
 
         return run_replica_capacity(args, config, slo)
+    if args.find == "cheapest":
+        from .capacity_cheapest import run_cheapest_capacity
+
+        return run_cheapest_capacity(args, config, slo)
     runner, where = runner_for(args)
     per_round = args.per_round or (args.workers or _default_per_round(args))
     check_bounds(args.lo, args.hi, args.tol, per_round)
@@ -304,11 +308,22 @@ def add_capacity(subparsers: Any) -> None:
     )
     add(
         "--find",
-        choices=("rate", "replicas"),
+        choices=("rate", "replicas", "cheapest"),
         default="rate",
         help="rate: the largest request-rate scale that meets the SLOs; replicas: the "
         "fewest replicas (deployment.replicas, behind --router) that meet them at the "
-        "settings' rate (--rate-scale) (default: rate)",
+        "settings' rate (--rate-scale); cheapest: the cheapest GPU (--gpus) x tensor "
+        "parallelism (--tensor) x replicas that meets them, by $/hour (default: rate)",
+    )
+    add(
+        "--gpus",
+        default="H100,H200,A100",
+        help="GPU presets --find cheapest tries, comma-separated (default: H100,H200,A100)",
+    )
+    add(
+        "--tensor",
+        default="1,2,4",
+        help="tensor-parallel sizes --find cheapest tries, comma-separated (default: 1,2,4)",
     )
     add(
         "--max-replicas",
