@@ -20,10 +20,10 @@ from typing import Any
 import numpy as np
 
 from ..results.outdir import config_digest
-from ..results.schema import CHEAPEST
 from ..results.table import Table
 from ..settings.config import ConfigError, SimConfig, with_settings
 from ..sweep.cheapest import (
+    CHEAPEST,
     Candidate,
     cheapest,
     check_grid,

@@ -427,24 +427,6 @@ CAPACITY = TableSchema(
         *SWEEP_METRICS,
     ),
 )
-CHEAPEST = TableSchema(
-    "capacity.csv",
-    "one GPU preset at one tensor-parallel size the cheapest-deployment search tried",
-    (
-        Column("gpu", TEXT, "", "the GPU preset (``gpu.name``)"),
-        Column("tensor", INT, "ranks", "tensor-parallel ranks per replica"),
-        Column("replicas", INT, "", "the fewest replicas that met the SLOs; 0: none did"),
-        Column("gpus", INT, "", "replicas x tensor"),
-        Column("usd_per_hour", FLOAT, "$/h", "the deployment's GPUs per hour"),
-        Column("goodput_req_s", FLOAT, "req/s", "requests meeting the config's SLO per second"),
-        Column("ttft_p99_ms", FLOAT, "ms", "p99 time to first token"),
-        Column("tpot_p99_ms", FLOAT, "ms", "p99 time per output token"),
-        Column("met", INT, "", "1 when a replica count met every SLO, else 0"),
-        Column("pareto", INT, "", "1 on the front of cost against goodput, else 0"),
-        Column("cheapest", INT, "", "1 for the answer, else 0"),
-        Column("refused", TEXT, "", "why the pair cannot run; empty when it ran"),
-    ),
-)
 SWEEP_TABLES = (SWEEP, SWEEP_MEASURED, CAPACITY)
 _SWEEP_FILES = (
     ("sweep.csv", "one row per point (and ``sweep.parquet`` when pyarrow is installed)"),

@@ -16,10 +16,30 @@ from collections.abc import Sequence
 import attrs
 import numpy as np
 
+from ..results.schema import FLOAT, INT, TEXT, Column, TableSchema
 from ..settings.config_parallel import MAX_TENSOR_RANKS
 from ..settings.gpus import find_preset
 from .search import SearchError
 
+#: ``capacity.csv`` of ``--find cheapest``: one row per pair, the front and answer marked.
+CHEAPEST = TableSchema(
+    "capacity.csv",
+    "one GPU preset at one tensor-parallel size the cheapest-deployment search tried",
+    (
+        Column("gpu", TEXT, "", "the GPU preset (``gpu.name``)"),
+        Column("tensor", INT, "ranks", "tensor-parallel ranks per replica"),
+        Column("replicas", INT, "", "the fewest replicas that met the SLOs; 0: none did"),
+        Column("gpus", INT, "", "replicas x tensor"),
+        Column("usd_per_hour", FLOAT, "$/h", "the deployment's GPUs per hour"),
+        Column("goodput_req_s", FLOAT, "req/s", "requests meeting the config's SLO per second"),
+        Column("ttft_p99_ms", FLOAT, "ms", "p99 time to first token"),
+        Column("tpot_p99_ms", FLOAT, "ms", "p99 time per output token"),
+        Column("met", INT, "", "1 when a replica count met every SLO, else 0"),
+        Column("pareto", INT, "", "1 on the front of cost against goodput, else 0"),
+        Column("cheapest", INT, "", "1 for the answer, else 0"),
+        Column("refused", TEXT, "", "why the pair cannot run; empty when it ran"),
+    ),
+)
 #: Most replica-count runs a search may plan (pairs x the replica search's rounds).
 MAX_RUNS = 4096
 
