@@ -35,7 +35,7 @@ from ..sweep.records import RECORDS, metric, write_table
 from ..sweep.replica_search import check_most, replica_search
 from ..sweep.spec import TraceEntry
 from ..sweep.tradeoff import Slo
-from .capacity_replicas import FILES, _ReplicaRun, _Stopped
+from .capacity_replicas import FILES, ReplicaRun, SearchStopped
 from .options import checked, run_name
 from .signals import StopRequest
 from .sweep_run import PointRun, TraceReader, check_points, claim_folder, runner_for
@@ -47,7 +47,7 @@ def _pair_config(config: SimConfig, gpu: str, tensor: int) -> SimConfig:
 
 
 def _candidate(
-    search: _ReplicaRun, slo: Slo, stop: StopRequest, most: int, per_round: int
+    search: ReplicaRun, slo: Slo, stop: StopRequest, most: int, per_round: int
 ) -> Candidate:
     """Search one pair's replicas; refused (not raised) when its settings cannot run."""
     gpu, tensor = search.config.gpu.name, search.config.parallel.tensor
@@ -122,7 +122,7 @@ def run_cheapest_capacity(args: argparse.Namespace, config: SimConfig, slo: Slo)
                     candidates.append(search)
                     continue
                 candidates.append(_candidate(search, slo, stop, args.max_replicas, per_round))
-        except _Stopped:
+        except SearchStopped:
             pass
         complete = len(candidates) == len(searches)
         table = candidate_table(candidates)
@@ -146,14 +146,14 @@ def run_cheapest_capacity(args: argparse.Namespace, config: SimConfig, slo: Slo)
 
 def _pair(
     config: SimConfig, gpu: str, tensor: int, run: PointRun, entry: TraceEntry
-) -> _ReplicaRun | Candidate:
+) -> ReplicaRun | Candidate:
     """The pair's replica search, or a refused candidate when its settings break a rule
     (the ranks do not split the model, a measured profile times one GPU)."""
     try:
         own = checked(_pair_config(config, gpu, tensor))
     except ConfigError as exc:
         return Candidate(gpu, tensor, refused=str(exc))
-    return _ReplicaRun(own, run, entry, True)
+    return ReplicaRun(own, run, entry, True)
 
 
 def _rows(table: Table) -> list[dict[str, Any]]:

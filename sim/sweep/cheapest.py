@@ -129,13 +129,12 @@ def pareto_front(cost: np.ndarray, goodput: np.ndarray) -> np.ndarray:
     """Which points no other beats: none costs no more with at least the goodput and is
     better in one. ``cost``, ``goodput``: [points] float64; NaN points are off the front.
     Returns [points] bool."""
-    n = len(cost)
     ok = ~(np.isnan(cost) | np.isnan(goodput))
     front = ok.copy()
     for i in np.flatnonzero(ok):
         others = ok & (cost <= cost[i]) & (goodput >= goodput[i])
         better = others & ((cost < cost[i]) | (goodput > goodput[i]))
-        front[i] = not better[:n].any()
+        front[i] = not better.any()
     return front
 
 
