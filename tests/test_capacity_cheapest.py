@@ -49,6 +49,7 @@ def searched(tmp_path_factory):
     argv += ["--gpus", ",".join(GRID["gpus"]), "--tensor", ",".join(map(str, GRID["tensor"]))]
     argv += ["--workers", "1", "--out", str(out)]
     assert cli.main(argv) == 0
+    assert (out / "capacity.png").stat().st_size > 10_000  # cost against goodput
     return read_csv(out / "capacity.csv", CHEAPEST), json.loads((out / "capacity.json").read_text())
 
 

@@ -35,11 +35,14 @@ from ..sweep.records import RECORDS, metric, write_table
 from ..sweep.replica_search import check_most, replica_search
 from ..sweep.spec import TraceEntry
 from ..sweep.tradeoff import Slo
-from .capacity_replicas import FILES, ReplicaRun, SearchStopped
+from .capacity_replicas import FILES as REPLICA_FILES
+from .capacity_replicas import ReplicaRun, SearchStopped
 from .options import checked, run_name
 from .signals import StopRequest
 from .sweep_run import PointRun, TraceReader, check_points, claim_folder, runner_for
 from .tables import align
+
+FILES = (*REPLICA_FILES, "capacity.png")
 
 
 def _pair_config(config: SimConfig, gpu: str, tensor: int) -> SimConfig:
@@ -130,18 +133,34 @@ def run_cheapest_capacity(args: argparse.Namespace, config: SimConfig, slo: Slo)
         if not candidates:
             stop.raise_if_stopped("no pair had finished, nothing written")
 
+        png = _figure(table, slo)
+
         def write(stage: Path) -> list[str]:
             names = write_table(stage, table)
             (stage / "capacity.json").write_text(json.dumps(document, indent=2) + "\n")
-            return [*names, "capacity.json"]
+            if png is None:
+                return [*names, "capacity.json"]
+            (stage / "capacity.png").write_bytes(png)
+            return [*names, "capacity.json", "capacity.png"]
 
         f.put(write, complete=complete, keep=[RECORDS])
     if not args.quiet:
         print(_report(table, slo, config))
     if not args.quiet or not args.out:
-        print(f"results: {f.shown}/capacity.csv, capacity.json")
+        print(f"results: {f.shown}/capacity.csv, capacity.json, capacity.png")
     stop.raise_if_stopped(f"{len(candidates)} pairs searched: the table so far is in {f.shown}/")
     return 0
+
+
+def _figure(table: Table, slo: Slo) -> bytes | None:
+    """``capacity.png``: cost against goodput; ``None`` when no pair met the SLOs."""
+    if not table.column("met").any():
+        return None
+    from stepplan.plots.canvas import figure_bytes
+    from stepplan.plots.sweep import plot_cost_front
+
+    title = f"Deployments meeting {slo.text()}: cost against goodput"
+    return figure_bytes(plot_cost_front(table, title=title), "png")
 
 
 def _pair(
