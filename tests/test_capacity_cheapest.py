@@ -154,3 +154,16 @@ def test_bad_flags_are_one_line(tmp_path, capsys, flags, said):
     err = capsys.readouterr().err.strip()
     assert err.startswith("stepplan: error: ") and said in err and "\n" not in err
     assert not out.exists()
+
+
+def test_replicas_time_their_steps_at_the_tensor_parallel_size():
+    """Behind a router each replica's step is one rank's share plus its all-reduces, as
+    for one replica: TP 2 shortens the busiest replica's steps on a compute-bound GPU."""
+    entry = TraceEntry(TRACE, None, "synthetic", "TRACE")
+    busy = {}
+    for tensor in (1, 2):
+        settings = {"gpu.name": "A100", "parallel.tensor": tensor, "deployment.replicas": 2}
+        config = checked(with_settings(SimConfig(), settings))
+        result = simulate(TraceReader().requests(entry, config), config)
+        busy[tensor] = float(np.sum(result.steps.column("duration_s")))
+    assert busy[2] < busy[1]
