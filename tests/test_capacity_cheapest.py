@@ -18,7 +18,8 @@ from stepplan.sim.cli.sweep_run import TraceReader
 from stepplan.sim.results.table import read_csv
 from stepplan.sim.run import simulate
 from stepplan.sim.settings.config import SimConfig, with_settings
-from stepplan.sim.sweep.cheapest import CHEAPEST, pareto_front
+from stepplan.sim.sweep.cheapest import CHEAPEST, Candidate, cheapest, pareto_front
+from stepplan.sim.sweep.records import metric
 from stepplan.sim.sweep.spec import TraceEntry
 from stepplan.sim.sweep.tradeoff import parse_slo
 
@@ -27,8 +28,9 @@ SLO = "ttft_p99_ms=150,tpot_p99_ms=20"
 GRID = {"rate": 8.0, "gpus": ("H100", "A100", "L40S"), "tensor": (1, 2, 3), "most": 6}
 
 
-def _fewest_by_hand(gpu: str, tensor: int) -> tuple[int, float] | None:
-    """The fewest replicas (1 to GRID's most) meeting SLO, and their $/h, each run here."""
+def _fewest_by_hand(gpu: str, tensor: int) -> tuple[int, float, float] | None:
+    """The fewest replicas (1 to GRID's most) meeting SLO, their $/h and goodput, each
+    run here."""
     slo = parse_slo(SLO, ("ttft_p99_ms", "tpot_p99_ms"), ValueError)
     entry = TraceEntry(TRACE, None, "synthetic", "TRACE")
     for replicas in range(1, GRID["most"] + 1):
@@ -37,7 +39,7 @@ def _fewest_by_hand(gpu: str, tensor: int) -> tuple[int, float] | None:
         config = checked(with_settings(SimConfig(), settings))
         summary = simulate(TraceReader().requests(entry, config), config).summary
         if meets(slo, summary):
-            return replicas, summary["dollars"]["per_hour"]
+            return replicas, summary["dollars"]["per_hour"], metric(summary, "goodput_req_s")
     return None
 
 
@@ -72,7 +74,7 @@ def test_the_answer_is_the_cheapest_candidate_run_by_hand(searched):
             assert table["gpus"][row] == by_hand[0] * pair[1]
     met = {pair: v for pair, v in found.items() if v is not None}
     assert met, "the grid must hold a deployment that meets the SLO"
-    best = min(met, key=lambda pair: (met[pair][1], met[pair][0] * pair[1]))
+    best = min(met, key=lambda pair: (met[pair][1], met[pair][0] * pair[1], -met[pair][2]))
     answer = document["answer"]
     assert (answer["gpu"], answer["tensor"], answer["replicas"]) == (*best, met[best][0])
     assert table["cheapest"].sum() == 1 and table["cheapest"][rows[best]] == 1
@@ -167,3 +169,11 @@ def test_replicas_time_their_steps_at_the_tensor_parallel_size():
         result = simulate(TraceReader().requests(entry, config), config)
         busy[tensor] = float(np.sum(result.steps.column("duration_s")))
     assert busy[2] < busy[1]
+
+
+def test_a_tie_in_cost_and_gpus_goes_to_more_goodput():
+    two = Candidate("H100", 2, 2, 13.0, goodput_req_s=7.0)
+    four = Candidate("H100", 4, 1, 13.0, goodput_req_s=8.0)
+    more = Candidate("H200", 1, 5, 13.0, goodput_req_s=9.0)
+    assert cheapest([two, four, more]) is four
+    assert cheapest([Candidate("A100", 3, refused="no")]) is None

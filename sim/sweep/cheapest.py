@@ -4,7 +4,7 @@ The grid is GPU preset x tensor-parallel ranks; for each pair the replica search
 (``replica_search.py``) finds the fewest replicas that meet the SLOs at the settings'
 rate, and that deployment's price per hour (``pricing.py``: GPUs = replicas x ranks)
 is the pair's cost. The answer is the cheapest pair that met the SLOs (ties: fewer
-GPUs, then the grid's order). A pair that cannot run (the ranks do not split the
+GPUs, then more goodput, then the grid's order). A pair that cannot run (the ranks do not split the
 model, the weights leave no cache) is refused with its reason, not searched.
 """
 
@@ -139,6 +139,7 @@ def pareto_front(cost: np.ndarray, goodput: np.ndarray) -> np.ndarray:
 
 
 def cheapest(candidates: Sequence[Candidate]) -> Candidate | None:
-    """The cheapest candidate that met the SLOs (ties: fewer GPUs, then listed first)."""
-    met = [(c.usd_per_hour, c.gpus, i) for i, c in enumerate(candidates) if c.met]
-    return candidates[min(met)[2]] if met else None
+    """The cheapest candidate that met the SLOs (ties: fewer GPUs, then more goodput, so
+    the answer is on the front; then listed first)."""
+    met = [(c.usd_per_hour, c.gpus, -c.goodput_req_s, i) for i, c in enumerate(candidates) if c.met]
+    return candidates[min(met)[3]] if met else None
