@@ -151,6 +151,7 @@ def test_a_point_without_figures_is_off_the_front():
     ],
 )
 def test_bad_flags_are_one_line(tmp_path, capsys, flags, said):
+    """Each refused before any folder is made (the grid's bound counts its runs first)."""
     out = tmp_path / "cap"
     assert cli.main(["capacity", TRACE, "--find", "cheapest", *flags, "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip()
@@ -177,3 +178,9 @@ def test_a_tie_in_cost_and_gpus_goes_to_more_goodput():
     more = Candidate("H200", 1, 5, 13.0, goodput_req_s=9.0)
     assert cheapest([two, four, more]) is four
     assert cheapest([Candidate("A100", 3, refused="no")]) is None
+
+
+def test_the_grid_flags_need_the_cheapest_search(tmp_path, capsys):
+    out = tmp_path / "cap"
+    assert cli.main(["capacity", TRACE, "--gpus", "H100", "--out", str(out)]) == 2
+    assert capsys.readouterr().err.strip() == "stepplan: error: --gpus: only with --find cheapest"

@@ -22,8 +22,11 @@ import numpy as np
 from ..results.outdir import config_digest
 from ..results.table import Table
 from ..settings.config import ConfigError, SimConfig, with_settings
+from ..settings.gpus import PRICE_SOURCE
 from ..sweep.cheapest import (
     CHEAPEST,
+    DEFAULT_GPUS,
+    DEFAULT_TENSOR,
     Candidate,
     cheapest,
     check_grid,
@@ -102,7 +105,8 @@ def candidate_table(candidates: list[Candidate]) -> Table:
 
 def run_cheapest_capacity(args: argparse.Namespace, config: SimConfig, slo: Slo) -> int:
     """Search every pair, write the table, print it and the answer."""
-    gpus, tensors = parse_gpus(args.gpus), parse_tensors(args.tensor)
+    gpus = parse_gpus(args.gpus or DEFAULT_GPUS)
+    tensors = parse_tensors(args.tensor or DEFAULT_TENSOR)
     runner, where = runner_for(args)
     per_round = args.per_round or args.workers or 2
     check_most(args.max_replicas, per_round)
@@ -129,7 +133,7 @@ def run_cheapest_capacity(args: argparse.Namespace, config: SimConfig, slo: Slo)
             pass
         complete = len(candidates) == len(searches)
         table = candidate_table(candidates)
-        document = _document(args, config, slo, table, complete)
+        document = _document(args, config, slo, table, complete, gpus, tensors)
         if not candidates:
             stop.raise_if_stopped("no pair had finished, nothing written")
 
@@ -186,7 +190,13 @@ def _rows(table: Table) -> list[dict[str, Any]]:
 
 
 def _document(
-    args: argparse.Namespace, config: SimConfig, slo: Slo, table: Table, complete: bool
+    args: argparse.Namespace,
+    config: SimConfig,
+    slo: Slo,
+    table: Table,
+    complete: bool,
+    gpus: tuple[str, ...],
+    tensors: tuple[int, ...],
 ) -> dict[str, Any]:
     """``capacity.json``: the answer, the grid searched and the table."""
     rows = _rows(table)
@@ -196,7 +206,11 @@ def _document(
         "slo": slo.to_dict(),
         "router": config.deployment.router,
         "rate_scale": config.workload.rate_scale,
-        "search": {"gpus": args.gpus, "tensor": args.tensor, "max_replicas": args.max_replicas},
+        "search": {"gpus": list(gpus), "tensor": list(tensors), "max_replicas": args.max_replicas},
+        "price_per_gpu_hour": {
+            gpu: _pair_config(config, gpu, 1).gpu.resolved().price_per_hour for gpu in gpus
+        },
+        "price_source": PRICE_SOURCE,
         "complete": complete,
         "answer": answer,
         "candidates": rows,

@@ -22,6 +22,7 @@ from ..results.outdir import config_digest
 from ..results.schema import CAPACITY, SWEEP_METRICS
 from ..results.table import Table
 from ..settings.config import SimConfig, with_settings
+from ..sweep.cheapest import DEFAULT_GPUS, DEFAULT_TENSOR
 from ..sweep.records import RECORDS, metric, metric_columns, point_digest, write_table
 from ..sweep.search import (
     Probe,
@@ -135,6 +136,8 @@ def run_capacity(args: argparse.Namespace) -> int:
         from .capacity_replicas import run_replica_capacity
 
         return run_replica_capacity(args, config, slo)
+    if args.find != "cheapest" and (args.gpus or args.tensor):
+        raise SearchError(f"--{'gpus' if args.gpus else 'tensor'}: only with --find cheapest")
     if args.find == "cheapest":
         from .capacity_cheapest import run_cheapest_capacity
 
@@ -317,13 +320,12 @@ def add_capacity(subparsers: Any) -> None:
     )
     add(
         "--gpus",
-        default="H100,H200,A100",
-        help="GPU presets --find cheapest tries, comma-separated (default: H100,H200,A100)",
+        help=f"GPU presets --find cheapest tries, comma-separated (default: {DEFAULT_GPUS})",
     )
     add(
         "--tensor",
-        default="1,2,4",
-        help="tensor-parallel sizes --find cheapest tries, comma-separated (default: 1,2,4)",
+        help="tensor-parallel sizes --find cheapest tries, comma-separated "
+        f"(default: {DEFAULT_TENSOR})",
     )
     add(
         "--max-replicas",

@@ -40,6 +40,8 @@ CHEAPEST = TableSchema(
         Column("refused", TEXT, "", "why the pair cannot run; empty when it ran"),
     ),
 )
+#: What ``--gpus`` and ``--tensor`` mean unset.
+DEFAULT_GPUS, DEFAULT_TENSOR = "H100,H200,A100", "1,2,4"
 #: Most replica-count runs a search may plan (pairs x the replica search's rounds).
 MAX_RUNS = 4096
 
