@@ -5,6 +5,8 @@ Each round's scales run as points of a sweep (worker processes, or Ray), each le
 its record in ``points/``, so a re-run of the same search finds them done. Written:
 ``capacity.csv`` (the curve: every scale run, met or not, with its metrics),
 ``capacity.json`` (the answer, the SLOs and the rounds) and ``capacity.png``.
+``--find replicas`` (``capacity_replicas.py``) and ``--find cheapest``
+(``capacity_cheapest.py``) search the deployment at the settings' rate instead.
 """
 
 from __future__ import annotations
