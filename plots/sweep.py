@@ -141,3 +141,38 @@ def plot_capacity(
 def _spans_decades(values: np.ndarray) -> bool:
     finite = values[np.isfinite(values) & (values > 0)]
     return bool(finite.size) and float(finite.max() / finite.min()) > 20.0
+
+
+def plot_cost_front(table: Table, *, title: str) -> Figure:
+    """The cheapest-deployment search's pairs that met the SLOs: $/hour against goodput,
+    each labelled ``GPU xreplicas tpN``, the Pareto front joined and the cheapest ringed.
+    ``table`` has the columns ``gpu``, ``tensor``, ``replicas``, ``usd_per_hour``,
+    ``goodput_req_s``, ``met``, ``pareto`` and ``cheapest``."""
+    met = table.column("met").astype(bool)
+    if not met.any():
+        raise ResultsError("the cost figure needs a deployment that met the SLOs")
+    cost, goodput = table.column("usd_per_hour")[met], table.column("goodput_req_s")[met]
+    front, best = table.column("pareto")[met] == 1, table.column("cheapest")[met] == 1
+    names = [
+        f"{g} x{r} tp{t}"
+        for g, r, t in zip(
+            table.column("gpu")[met],
+            table.column("replicas")[met],
+            table.column("tensor")[met],
+            strict=True,
+        )
+    ]
+    figure = new_figure(5.6, 4.0)
+    axes = figure.subplots()
+    order = np.argsort(cost[front], kind="stable")
+    axes.plot(cost[front][order], goodput[front][order], "-", color=COLORS["graph"], label="front")
+    axes.scatter(cost, goodput, color=COLORS["eager"], zorder=3, label="meets the SLOs")
+    axes.scatter(cost[best], goodput[best], s=140, facecolors="none", edgecolors=COLORS["spec"])
+    for x, y, name in zip(cost, goodput, names, strict=True):
+        axes.annotate(name, (x, y), fontsize=7, xytext=(4, 3), textcoords="offset points")
+    axes.set_xlabel("deployment $ per hour")
+    axes.set_ylabel(axis_label("goodput_req_s"))
+    axes.grid(alpha=0.3)
+    axes.legend(fontsize=7, loc="lower right")
+    axes.set_title(title, fontsize=9)
+    return figure

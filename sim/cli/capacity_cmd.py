@@ -5,6 +5,8 @@ Each round's scales run as points of a sweep (worker processes, or Ray), each le
 its record in ``points/``, so a re-run of the same search finds them done. Written:
 ``capacity.csv`` (the curve: every scale run, met or not, with its metrics),
 ``capacity.json`` (the answer, the SLOs and the rounds) and ``capacity.png``.
+``--find replicas`` (``capacity_replicas.py``) and ``--find cheapest``
+(``capacity_cheapest.py``) search the deployment at the settings' rate instead.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from ..results.outdir import config_digest
 from ..results.schema import CAPACITY, SWEEP_METRICS
 from ..results.table import Table
 from ..settings.config import SimConfig, with_settings
+from ..sweep.cheapest import DEFAULT_GPUS, DEFAULT_TENSOR
 from ..sweep.records import RECORDS, metric, metric_columns, point_digest, write_table
 from ..sweep.search import (
     Probe,
@@ -135,6 +138,12 @@ def run_capacity(args: argparse.Namespace) -> int:
         from .capacity_replicas import run_replica_capacity
 
         return run_replica_capacity(args, config, slo)
+    if args.find != "cheapest" and (args.gpus or args.tensor):
+        raise SearchError(f"--{'gpus' if args.gpus else 'tensor'}: only with --find cheapest")
+    if args.find == "cheapest":
+        from .capacity_cheapest import run_cheapest_capacity
+
+        return run_cheapest_capacity(args, config, slo)
     runner, where = runner_for(args)
     per_round = args.per_round or (args.workers or _default_per_round(args))
     check_bounds(args.lo, args.hi, args.tol, per_round)
@@ -304,11 +313,21 @@ def add_capacity(subparsers: Any) -> None:
     )
     add(
         "--find",
-        choices=("rate", "replicas"),
+        choices=("rate", "replicas", "cheapest"),
         default="rate",
         help="rate: the largest request-rate scale that meets the SLOs; replicas: the "
         "fewest replicas (deployment.replicas, behind --router) that meet them at the "
-        "settings' rate (--rate-scale) (default: rate)",
+        "settings' rate (--rate-scale); cheapest: the cheapest GPU (--gpus) x tensor "
+        "parallelism (--tensor) x replicas that meets them, by $/hour (default: rate)",
+    )
+    add(
+        "--gpus",
+        help=f"GPU presets --find cheapest tries, comma-separated (default: {DEFAULT_GPUS})",
+    )
+    add(
+        "--tensor",
+        help="tensor-parallel sizes --find cheapest tries, comma-separated "
+        f"(default: {DEFAULT_TENSOR})",
     )
     add(
         "--max-replicas",

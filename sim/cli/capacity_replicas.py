@@ -35,11 +35,11 @@ REPLICAS_KEY = "deployment.replicas"
 FILES = ("capacity.csv", "capacity.parquet", "capacity.json", RECORDS)
 
 
-class _Stopped(Exception):
+class SearchStopped(Exception):
     """A signal stopped a round before all its counts ran."""
 
 
-class _ReplicaRun:
+class ReplicaRun:
     """The search's points: one per replica count, run through a :class:`PointRun`."""
 
     def __init__(self, config: SimConfig, run: PointRun, entry: TraceEntry, quiet: bool) -> None:
@@ -69,7 +69,7 @@ class _ReplicaRun:
             self.run.run(chosen, stop)
             records = self.run.records
             if stop.signum is not None or any(p.digest not in records for p in chosen):
-                raise _Stopped
+                raise SearchStopped
             met = [meets(slo, records[p.digest].summary) for p in chosen]
             if not self.quiet:
                 pairs = zip(counts, met, strict=True)
@@ -107,7 +107,7 @@ def run_replica_capacity(args: argparse.Namespace, config: SimConfig, slo: Slo) 
     stem = f"capacity-replicas-{entry.label}-{config_digest([*key, args.max_replicas])}"
     with claim_folder(args, stem, "capacity", FILES) as folder:
         run = PointRun(folder, reader, runner, quiet=True, label="capacity")
-        search = _ReplicaRun(config, run, entry, args.quiet)
+        search = ReplicaRun(config, run, entry, args.quiet)
         check_points([search.point(1)], reader, None)
         run.load(args.overwrite)
         if not args.quiet:
@@ -115,7 +115,7 @@ def run_replica_capacity(args: argparse.Namespace, config: SimConfig, slo: Slo) 
         try:
             evaluate = search.evaluate(slo, stop)
             result: ReplicaResult | None = replica_search(evaluate, args.max_replicas, per_round)
-        except _Stopped:
+        except SearchStopped:
             result = None
         table = search.curve(slo)
         document = _document(args, config, slo, result, table, search.identity)

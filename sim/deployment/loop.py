@@ -93,7 +93,8 @@ def run_deployment(
     wall_start = time.perf_counter()
     count = config.deployment.replicas
     layout = plan_memory(config, table)
-    cost = CostModel.create(config.model, config.gpu, config.cost, config.scheduler.num_groups)
+    groups, tensor = config.scheduler.num_groups, config.parallel.tensor
+    cost = CostModel.create(config.model, config.gpu, config.cost, groups, tensor)
     totals = StepTotals()
 
     def sink(index: int, steps: Mapping[str, np.ndarray]) -> None:
