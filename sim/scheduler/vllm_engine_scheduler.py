@@ -346,21 +346,28 @@ class VllmEngineScheduler:
         if count == 0:
             self.engine.update_from_output(out, self._runner_output([], []))
             return None
-        self._names = list(out.num_scheduled_tokens)
-        ids = np.array([int(name) for name in self._names], np.int64)
-        q = np.fromiter(out.num_scheduled_tokens.values(), np.int64, count)
-        for request in ids[self.slot[ids] == 0].tolist():
-            self._admitted(request, self._live[request].num_computed_tokens)
+        # a step holds a few rows: lists, then one array each, cost less than array steps
+        scheduled = out.num_scheduled_tokens
+        self._names = names = list(scheduled)
+        ids = np.array([int(name) for name in names], np.int64)
+        q = np.array(list(scheduled.values()), np.int64)
+        slot = self.slot
+        if not slot[ids].all():
+            for request in ids[slot[ids] == 0].tolist():
+                self._admitted(request, self._live[request].num_computed_tokens)
         if self._moving_states:
             self._follow_states(ids)
-        computed = self.computed[ids]
-        decoding = computed >= self.target[ids]
-        is_spec = decoding if self.config.num_spec_tokens else np.zeros(count, bool)
-        prompt_q = q - self._placeholders(out, ids, decoding)
-        emits_first = ~decoding & (computed + prompt_q == self.target[ids])
-        flags = (is_spec * SPEC + decoding * DECODING + emits_first * EMITS_FIRST).astype(np.uint8)
+        computed, target = self.computed[ids], self.target[ids]
+        decoding = computed >= target
+        prompt_q = q
+        if out.scheduled_spec_decode_tokens and not decoding.all():
+            prompt_q = q - self._placeholders(out, ids, decoding)
+        emits_first = ~decoding & (computed + prompt_q == target)
+        running = DECODING | (SPEC if self.config.num_spec_tokens else 0)
+        flags = decoding.view(np.uint8) * np.uint8(running)
+        flags |= emits_first.view(np.uint8) * np.uint8(EMITS_FIRST)
         rows = self.rows
-        rows.fill(ids, q, computed, flags, self.slot[ids], self.last_accepted[ids])
+        rows.fill(ids, q, computed, flags, slot[ids], self.last_accepted[ids])
         rows.info[WAITING:] = self._memory_row(len(out.preempted_req_ids or ()))
         return count, int(rows.info[0]), float(rows.info[1])
 
@@ -430,16 +437,20 @@ class VllmEngineScheduler:
         ids = rows.ids[:count].copy()
         listed, names, live = ids.tolist(), self._names, self._live
         flags = rows.flags[:count]
-        spec, decoding = (flags & SPEC) != 0, (flags & DECODING) != 0
+        decoding = (flags & DECODING) != 0
         emitted = np.where(decoding, 1 + accepted, (flags & EMITS_FIRST) != 0).astype(np.int64)
         tokens = [[request] * k for request, k in zip(listed, emitted.tolist(), strict=True)]
         self.engine.update_from_output(self._scheduled, self._runner_output(names, tokens))
-        self.emitted[ids] += emitted
+        done = self.emitted[ids] + emitted
+        self.emitted[ids] = done
         self.computed[ids] = [live[request].num_computed_tokens for request in listed]
-        if spec.any():
-            self.last_accepted[ids[spec]] = 1 + accepted[spec]
-            self.spec_steps[ids[spec]] += 1
-        left = self.output[ids] - self.emitted[ids]
+        if self.config.num_spec_tokens:
+            spec = (flags & SPEC) != 0
+            if spec.any():
+                spec_ids = ids[spec]
+                self.last_accepted[spec_ids] = 1 + accepted[spec]
+                self.spec_steps[spec_ids] += 1
+        left = self.output[ids] - done
         finished = left <= 0
         if finished.any():
             for request in ids[finished].tolist():
