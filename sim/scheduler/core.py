@@ -27,7 +27,7 @@ from .state import (
     ROWS,
     RUNNING,
     SPEC,
-    Counters,
+    RequestProgress,
     StepRows,
 )
 from .step import ScheduledStep, StepMemory
@@ -47,7 +47,7 @@ def _counter(index: int, doc: str) -> property:
     return property(get, put, doc=doc)
 
 
-class Scheduler:
+class Scheduler(RequestProgress):
     """The scheduler's mutable state over one trace.
 
     Per-request state lives in ``[N]`` arrays indexed by request id (the table's
@@ -60,23 +60,10 @@ class Scheduler:
     def __init__(
         self, requests: RequestTable, config: SchedulerConfig, pool: BlockPool | None = None
     ) -> None:
+        super().__init__(requests)
         n = requests.num_requests
         self.config = config
         self.pool = pool
-        self.arrival = requests.arrival_s
-        self.prompt = requests.prompt_tokens
-        self.output = requests.output_tokens
-        self.target = np.array(requests.prompt_tokens, np.int64)  # tokens before decoding
-        self.computed = np.zeros(n, np.int64)  # tokens committed to state
-        self.emitted = np.zeros(n, np.int64)  # output tokens produced
-        self.slot = np.zeros(n, np.int32)  # 0 while not running
-        self.last_accepted = np.ones(n, np.int32)  # num_accepted_tokens of the next spec row
-        self.spec_steps = np.zeros(n, np.int64)
-        self.preemptions = np.zeros(n, np.int64)
-        self.recomputed = np.zeros(n, np.int64)  # lost tokens computed again
-        self.cached = np.zeros(n, np.int64)  # tokens the prefix cache saved
-        self.lost = np.zeros(n, np.int64)  # computed tokens at the last preemption
-        self.counters = Counters()
         capacity = config.slots if pool is None else pool.layout.slots
         self.slot_capacity = capacity
         most = max(1, min(capacity, config.max_num_seqs, n))  # running requests, at most

@@ -8,7 +8,12 @@ C function reads and writes them where Python would have to be called back.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
+
+if TYPE_CHECKING:
+    from ..traces import RequestTable
 
 #: Indices of :attr:`Counters.values`: running requests, the first request never admitted,
 #: finished requests, free slots, requests arrived by the step, preemptions while
@@ -29,6 +34,28 @@ class Counters:
 
     def __init__(self) -> None:
         self.values = np.zeros(NUM_COUNTERS, np.int64)
+
+
+class RequestProgress:
+    """Per-request arrays every scheduler implementation keeps (``[num_requests]`` each;
+    the loop, the stepper and the results read them by these names), and its counters."""
+
+    def __init__(self, requests: RequestTable) -> None:
+        n = requests.num_requests
+        self.arrival = requests.arrival_s
+        self.prompt = requests.prompt_tokens
+        self.output = requests.output_tokens
+        self.target = np.array(requests.prompt_tokens, np.int64)  # tokens before decoding
+        self.computed = np.zeros(n, np.int64)  # tokens committed to state
+        self.emitted = np.zeros(n, np.int64)  # output tokens produced
+        self.slot = np.zeros(n, np.int32)  # 0 while not running
+        self.last_accepted = np.ones(n, np.int32)  # num_accepted_tokens of the next spec row
+        self.spec_steps = np.zeros(n, np.int64)
+        self.preemptions = np.zeros(n, np.int64)
+        self.recomputed = np.zeros(n, np.int64)  # lost tokens computed again
+        self.cached = np.zeros(n, np.int64)  # tokens the prefix cache saved
+        self.lost = np.zeros(n, np.int64)  # computed tokens at the last preemption
+        self.counters = Counters()
 
 
 class StepRows:

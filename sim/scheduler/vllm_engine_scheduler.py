@@ -37,7 +37,16 @@ from ..settings.config import ConfigError, SchedulerConfig
 from ..settings.config_model import ModelConfig
 from ..traces import RequestTable
 from .core import Scheduler
-from .state import DECODING, EMITS_FIRST, FINISHED, ROWS, SPEC, WAITING, Counters, StepRows
+from .state import (
+    DECODING,
+    EMITS_FIRST,
+    FINISHED,
+    ROWS,
+    SPEC,
+    WAITING,
+    RequestProgress,
+    StepRows,
+)
 
 #: vLLM releases (``major.minor``) whose scheduler interface this module drives.
 SUPPORTED_VLLM = ("0.33",)
@@ -235,7 +244,7 @@ def _engine(
     return engine, state, hash_block_size
 
 
-class VllmEngineScheduler:
+class VllmEngineScheduler(RequestProgress):
     """:class:`~stepplan.sim.scheduler.Scheduler`'s interface over vLLM's scheduler:
     :meth:`schedule_rows` fills :attr:`rows`, :meth:`commit_rows` hands vLLM the
     step's outcome. Per-request arrays are ``[N]`` by the table's row, as there."""
@@ -260,7 +269,7 @@ class VllmEngineScheduler:
                 f"vLLM {version} lacks its scheduler interface ({error}): {INSTALL}"
             ) from None
 
-        n = requests.num_requests
+        super().__init__(requests)
         self.config, self.table = config, requests
         self._folder = tempfile.TemporaryDirectory(prefix="stepplan-vllm-")
         self.engine, self._state_group, block_size = _engine(
@@ -276,19 +285,6 @@ class VllmEngineScheduler:
         )
         self._request, self._sampling = Request, SamplingParams
         self._output, self._drafts = ModelRunnerOutput, DraftTokenIds
-        self.arrival, self.prompt = requests.arrival_s, requests.prompt_tokens
-        self.output = requests.output_tokens
-        self.target = np.array(requests.prompt_tokens, np.int64)
-        self.computed = np.zeros(n, np.int64)
-        self.emitted = np.zeros(n, np.int64)
-        self.slot = np.zeros(n, np.int32)
-        self.last_accepted = np.ones(n, np.int32)
-        self.spec_steps = np.zeros(n, np.int64)
-        self.preemptions = np.zeros(n, np.int64)
-        self.recomputed = np.zeros(n, np.int64)
-        self.cached = np.zeros(n, np.int64)
-        self.lost = np.zeros(n, np.int64)
-        self.counters = Counters()
         self.slot_capacity = self.engine.max_num_running_reqs
         self._free_slots = list(range(self.slot_capacity, 0, -1))  # a stack, top at end
         self.rows = StepRows(self.slot_capacity)
