@@ -13,6 +13,7 @@ import datetime as dt
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +21,13 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
+#: A record's file name: its benchmark, the UTC date and time it was written, and an
+#: optional suffix (``-2`` for a second record in the same second, ``-transcribed-H200``
+#: for figures copied from elsewhere). Its date is the record's ``date``.
+FILE_NAME = re.compile(
+    r"(?P<benchmark>.+)-(?P<date>\d{4}-\d{2}-\d{2})T\d{6}(-[A-Za-z0-9-]+)?\.json"
+)
+DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 
 
 def _first_line(path: str, prefix: str) -> str | None:
@@ -34,11 +42,13 @@ def device(machine: str | None = None) -> dict[str, Any]:
     """This host: ``machine`` names it; by default the GPU torch sees, else the cores and
     the CPU ("2-core AMD EPYC host": records group by it, so one host keeps one name)."""
     cpu = _first_line("/proc/cpuinfo", "model name") or platform.machine()
+    gpu = _gpu_name()
     if machine is None:
-        machine = _gpu_name() or f"{os.cpu_count()}-core {cpu} host"
+        machine = gpu or f"{os.cpu_count()}-core {cpu} host"
     memory = _first_line("/proc/meminfo", "MemTotal")
     return {
         "machine": machine,
+        "gpu": gpu,
         "cpu": cpu,
         "cores": os.cpu_count(),
         "memory_gib": round(int(memory.split()[0]) / 2**20, 1) if memory else None,
@@ -95,11 +105,46 @@ def new_record(
     }
 
 
+def host_of(device: dict[str, Any]) -> tuple[Any, ...] | None:
+    """What identifies the host a record ran on (CPU, cores, memory, GPU), or None where
+    the record does not say (figures transcribed from elsewhere)."""
+    if not (device.get("cpu") and device.get("cores")):
+        return None
+    return (device["cpu"], device["cores"], device.get("memory_gib"), device.get("gpu"))
+
+
+def naming_problems(records: dict[str, dict[str, Any]]) -> list[str]:
+    """What breaks the naming rule in ``records`` (file name to record): a file name that
+    is not ``<benchmark>-<date>T<HHMMSS>[-suffix].json`` of its record, a date that is not
+    ``YYYY-MM-DD``, one host under two machine names."""
+    problems = []
+    names: dict[tuple[Any, ...], dict[str, str]] = {}
+    for file, record in sorted(records.items()):
+        date = str(record.get("date"))
+        if not DATE.fullmatch(date):
+            problems.append(f"{file}: date {date!r} is not YYYY-MM-DD")
+        match = FILE_NAME.fullmatch(file)
+        if match is None or match["benchmark"] != record.get("benchmark"):
+            problems.append(f"{file}: not named <benchmark>-<YYYY-MM-DD>T<HHMMSS>.json")
+        elif match["date"] != date:
+            problems.append(f"{file}: named for {match['date']}, dated {date}")
+        device = record.get("device")
+        host = host_of(device) if isinstance(device, dict) else None
+        if host is not None:
+            names.setdefault(host, {}).setdefault(str(device.get("machine")), file)
+    for machines in names.values():
+        if len(machines) > 1:
+            shown = ", ".join(f"{name!r} ({file})" for name, file in sorted(machines.items()))
+            problems.append(f"one host under {len(machines)} machine names: {shown}")
+    return problems
+
+
 def write_record(record: dict[str, Any], folder: Path = RESULTS) -> Path:
     """Write ``record`` as a new file in ``folder`` (never over an earlier record) and
     say where on stderr."""
     folder.mkdir(parents=True, exist_ok=True)
-    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H%M%S")
+    # The name carries the record's date (FILE_NAME), then the time it was written.
+    stamp = f"{record['date']}T{dt.datetime.now(dt.timezone.utc):%H%M%S}"
     path = folder / f"{record['benchmark']}-{stamp}.json"
     suffix = 1
     while path.exists():

@@ -22,6 +22,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from bench_record import naming_problems
+
 ROOT = Path(__file__).resolve().parents[1]
 RECORDS = ROOT / "bench" / "results"
 PAGE = ROOT / "bench" / "RESULTS.md"
@@ -52,6 +54,13 @@ def load_records(folder: Path) -> list[dict[str, Any]]:
             raise SystemExit(f"{path}: not a benchmark record (missing {', '.join(missing)})")
         records.append({**record, "_file": path.name})
     return records
+
+
+def check_naming(records: Iterable[dict[str, Any]]) -> None:
+    """One clear line per record that breaks ``bench_record``'s naming rule, exit 2."""
+    problems = naming_problems({record["_file"]: record for record in records})
+    if problems:
+        raise SystemExit("\n".join(f"bench/results/{line}" for line in problems))
 
 
 def machine_of(record: dict[str, Any]) -> str:
@@ -220,6 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="exit 1 if a file is stale")
     args = parser.parse_args(argv)
     records = load_records(RECORDS)
+    check_naming(records)
     wanted = {
         PAGE: render_page(records),
         README: with_readme_section(README.read_text(), render_readme_section(records)),

@@ -114,6 +114,38 @@ def test_a_record_written_by_the_shared_writer_renders(tmp_path):
     assert "| wall_s | 1.25 |" in page
 
 
+def test_records_follow_one_naming_rule():
+    host = {**VM, "machine": "2-core AMD EPYC host"}
+    good = {"benchmark": "policy_bench", "date": "2026-12-06", "device": host}
+    assert bench_record.naming_problems({
+        "policy_bench-2026-12-06T083850.json": good,
+        "policy_bench-2026-12-06T083850-2.json": good,
+        "policy_bench-2026-12-06T000000-transcribed-H200.json": good,
+    }) == []  # fmt: skip
+    problems = bench_record.naming_problems({
+        "replicas_bench-20261206T085340Z.json": {**good, "benchmark": "replicas_bench"},
+        "policy_bench-2026-12-05T083850.json": good,
+        "policy_bench-2026-12-06T090000.json": {**good, "date": "2026-12-06T09:00:00+00:00"},
+        "policy_bench-2026-12-06T100000.json": {**good, "device": VM},
+    })  # fmt: skip
+    assert problems == [
+        "policy_bench-2026-12-05T083850.json: named for 2026-12-05, dated 2026-12-06",
+        "policy_bench-2026-12-06T090000.json: date '2026-12-06T09:00:00+00:00' is not YYYY-MM-DD",
+        "policy_bench-2026-12-06T090000.json: named for 2026-12-06, dated "
+        "2026-12-06T09:00:00+00:00",
+        "replicas_bench-20261206T085340Z.json: not named <benchmark>-<YYYY-MM-DD>T<HHMMSS>.json",
+        "one host under 2 machine names: '2-core AMD EPYC host' "
+        "(policy_bench-2026-12-05T083850.json), 'a test VM' (policy_bench-2026-12-06T100000.json)",
+    ]
+
+
+def test_the_shared_writer_names_its_records_by_the_rule(tmp_path):
+    path = bench_record.record_run("demo_bench", {"wall_s": 1.5}, folder=tmp_path)
+    again = bench_record.record_run("demo_bench", {"wall_s": 1.5}, folder=tmp_path)
+    records = {p.name: json.loads(p.read_text()) for p in (path, again)}
+    assert bench_record.naming_problems(records) == []
+
+
 def test_a_file_that_is_not_a_record_is_named(tmp_path):
     (tmp_path / "broken.json").write_text('{"benchmark": "x"}')
     with pytest.raises(SystemExit, match=r"broken.json: not a benchmark record \(missing date"):
