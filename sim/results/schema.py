@@ -177,7 +177,7 @@ MEASURED_STEPS = TableSchema(
     "one step's measured figures (they vary from run to run)",
     (
         Column("step", INT, "", "the step's number, as in steps.csv"),
-        Column("plan_us", FLOAT, "us", "host time of StepBatch validation + Planner.compile"),
+        Column("plan_us", FLOAT, "us", "the planner's host wall time for the step (see below)"),
     ),
 )
 #: The steps in memory (``SimResult.steps``): ``steps.csv``'s, then the measured ones.
@@ -304,6 +304,15 @@ NOTES = (
     "files hold what varies from run to run. In memory (``SimResult``) ``plan_us`` is a "
     "column of the steps and ``measured.json`` the summary's ``measured`` section; "
     "``read_results`` puts them back there.",
+    "``plan_us`` is the host wall time (``perf_counter_ns``) the planner spent on the "
+    "step. On the shape path (no engine profile in ``cost.profile``, ``cost.host_cost`` "
+    "not ``measured``, no live engine, no step observer: the step's time reads only the "
+    "plan's shape) it times "
+    "``Planner.shape_of_rows`` on the scheduler's rows, the checks and packing of "
+    "``compile`` without making the ``StepBatch`` or the plan; otherwise it times building "
+    "(validating) the ``StepBatch`` and ``Planner.compile``. The clock reads it only "
+    "with ``cost.host_cost = measured``; the ``host`` figures of ``measured.json`` are "
+    "its percentiles.",
     "Throughput, goodput and latency are over the finished requests (all of them in a "
     "complete run); the step figures over the steps simulated. A request is *good* when "
     "its TTFT and TPOT meet the SLOs. ITL is the gap between consecutive steps in which a "
