@@ -10,7 +10,14 @@ import pytest
 from golden_sim import MOONCAKE, RUNS
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
-from test_stepper import assert_same, both, golden_config, needs_compiled, synthetic_runs
+from test_stepper import (
+    assert_same,
+    assert_synthetic_run_steps_alike,
+    both,
+    golden_config,
+    needs_compiled,
+    synthetic_runs,
+)
 
 from stepplan.sim import cli
 from stepplan.sim.admission import POLICIES, admission_rank
@@ -147,13 +154,7 @@ def policy_runs(draw):
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(policy_runs())
 def test_every_policy_steps_alike_compiled_and_in_python(run):
-    spec, run_settings, seed = run
-    try:
-        config = with_settings(SimConfig(), run_settings)
-        native, python = both(parse_synthetic(spec, seed=seed), config)
-    except ConfigError:
-        assume(False)  # the cache cannot hold its longest request
-    assert_same(native, python)
+    assert_synthetic_run_steps_alike(run)
 
 
 @needs_compiled
