@@ -80,3 +80,32 @@ def test_a_sweep_folder_without_its_document_is_one_line(swept, tmp_path, capsys
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"stepplan: error: {folder / 'sweep.json'}: expected") and "\n" not in err
     assert not (folder / "report.html").exists()
+
+
+def test_sweep_with_report_writes_its_page_into_its_folder(swept, tmp_path, capsys):
+    (tmp_path / "sweep.toml").write_text(SWEEP_FILE)
+    argv = ["sweep", str(tmp_path / "sweep.toml"), "--out", str(tmp_path / "out")]
+    argv += ["--workers", "1", "--report"]
+    assert cli.main(argv) == 0
+    page = (tmp_path / "out" / "report.html").read_text()
+    assert f"report: {tmp_path / 'out' / 'report.html'}" in capsys.readouterr().out
+    headline = re.search(r"<p class='headline'>([^<]*)</p>", page).group(1)
+    assert headline == re.search(r"<p class='headline'>([^<]*)</p>", (swept / "report.html")
+                                 .read_text()).group(1)  # fmt: skip
+    assert "scheduler.num_spec_tokens: 1, 3; workload.rate_scale: 1, 3" in verdict_text(page)
+    # The same command again (every point done) replaces the folder's own report.
+    (tmp_path / "out" / "report.html").write_text(page.replace("<h2>", "<h2>old "))
+    assert cli.main([*argv, "--quiet"]) == 0
+    assert (tmp_path / "out" / "report.html").read_text() == page
+
+
+def test_sweep_refuses_to_write_its_report_over_a_users_file(tmp_path, capsys):
+    (tmp_path / "sweep.toml").write_text(SWEEP_FILE)
+    mine = tmp_path / "mine.html"
+    mine.write_text("<p>my notes</p>")
+    argv = ["sweep", str(tmp_path / "sweep.toml"), "--out", str(tmp_path / "out")]
+    assert cli.main([*argv, "--workers", "1", "--quiet", "--report", str(mine)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("stepplan: error: ") and str(mine) in err and "\n" not in err
+    assert mine.read_text() == "<p>my notes</p>"
+    assert not (tmp_path / "out" / "sweep.csv").exists()  # refused before any point ran

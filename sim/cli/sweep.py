@@ -7,7 +7,8 @@ same folder runs only the points without one. Written at the end (and when stopp
 ``sweep.csv`` (one row per point: settings and metrics; ``.parquet`` too with pyarrow),
 ``sweep_measured.csv``, ``sweep.json`` (Pareto front, best point per SLO) and the
 trade-off figure ``sweep.png``; with ``--keep-runs`` each point's results folder
-under ``runs/``.
+under ``runs/``; with ``--report`` the HTML report (``report_sweep.py``: what differs
+between the points, which meet each SLO), ``report.html`` in the folder by default.
 """
 
 from __future__ import annotations
@@ -25,12 +26,15 @@ import attrs
 import numpy as np
 
 from ..results.outdir import ResultsFolder, config_digest
+from ..results.outfile import OutputFile
 from ..results.table import Table
 from ..sweep.records import RECORDS, RUNS, TableRow, measured_table, sweep_table, write_table
 from ..sweep.spec import SweepError, SweepSpec, describe, read_sweep
 from ..sweep.tradeoff import Slo, best_points, default_slo, grouped_front
 from .helptext import Parser
 from .options import checked
+from .report import add_report_option, claim_report
+from .report_sweep import build_sweep_report
 from .signals import StopRequest
 from .sweep_run import (
     Point,
@@ -90,7 +94,9 @@ def run_sweep(args: argparse.Namespace) -> int:
     points = make_points(spec.traces, identities, spec.configs, spec.keys)
     stop: StopRequest = getattr(args, "stop", None) or StopRequest()
     stem = f"{spec.path.stem}-{config_digest([p.digest for p in points])}"
+    report: Path | None = None
     with claim_folder(args, stem, "sweep", SWEEP_FILES) as folder:
+        report_file = _claim_report(args, folder)
         check_points(points, reader, str(spec.path))
         run = PointRun(folder, reader, runner, keep_runs=args.keep_runs, quiet=args.quiet)
         run.meanwhile = import_figures
@@ -106,13 +112,15 @@ def run_sweep(args: argparse.Namespace) -> int:
         view = _write(folder, spec, points, run)
         if view is None:  # inside the claim: a folder it made is removed again
             stop.raise_if_stopped("no point had finished, nothing written")
+        if view is not None and report_file is not None:
+            report = build_sweep_report(folder.path, report_file)
     if not args.quiet and view is not None:
         print(_report(spec, view))
     if not args.quiet or not args.out:
-        print(
-            f"results: {folder.shown}/sweep.csv, sweep.png ({run.ran} points run now); "
-            f"`stepplan report {folder.shown}` writes its page"
+        page = (
+            f"report: {report}" if report else f"`stepplan report {folder.shown}` writes its page"
         )
+        print(f"results: {folder.shown}/sweep.csv, sweep.png ({run.ran} points run now); {page}")
     finished = sum(p.digest in run.records for p in points)
     stop.raise_if_stopped(
         f"{finished} of {len(points)} points done: their table is in {folder.shown}/; "
@@ -146,6 +154,17 @@ def _write(
     kept = [entry for entry in (RECORDS, RUNS) if entry in folder.entries]
     folder.put(write, complete=complete, keep=kept)
     return view
+
+
+def _claim_report(args: argparse.Namespace, folder: ResultsFolder) -> OutputFile | None:
+    """The file ``--report`` names (checked before any point runs), or None."""
+    if args.report is None:
+        return None
+    if args.report:
+        return claim_report(args.report, args.overwrite)
+    # The folder's own report.html from an earlier run of this sweep is replaced as the
+    # sweep goes on; OutputFile still refuses any file there that stepplan did not write.
+    return claim_report(folder.path / "report.html", overwrite=True)
 
 
 def sweep_view(table: Table, spec: SweepSpec) -> SweepView:
@@ -278,6 +297,7 @@ def add_sweep(subparsers: Any) -> None:
     parser.add_argument(
         "--quiet", action="store_true", help="no progress, no table (default: both)"
     )
+    add_report_option(parser)
     parser.set_defaults(handler=run_sweep)
 
 
