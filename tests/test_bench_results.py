@@ -213,3 +213,56 @@ def test_every_benchmark_writes_its_record_through_the_shared_writer():
     writes = re.compile(r"\b(record_run|write_record)\(")
     silent = [p.name for p in scripts if not writes.search(p.read_text())]
     assert not silent, f"benchmarks that write no record: {silent}"
+
+
+#: Pages that quote measured figures: the README and docs/.
+FIGURE_PAGES = ("README.md", "docs/*.md")
+CITED_RECORD = re.compile(r"bench/results/([^`\s)]+\.json)")
+
+
+def paragraphs(text: str) -> list[str]:
+    """Blank-line separated paragraphs, a list item or table row each on its own."""
+    blocks = re.split(r"\n\s*\n|\n(?=- |\| )", text)
+    return [" ".join(block.split()) for block in blocks if block.strip()]
+
+
+def cited_figures() -> list[tuple[str, str, str]]:
+    """(page, paragraph, record file) for every record a page's paragraph cites."""
+    return [
+        (str(page.relative_to(ROOT)), paragraph, name)
+        for pattern in FIGURE_PAGES
+        for page in sorted(ROOT.glob(pattern))
+        for paragraph in paragraphs(page.read_text())
+        for name in CITED_RECORD.findall(paragraph)
+    ]
+
+
+def test_a_cited_record_names_its_date_device_and_commit_beside_the_figures():
+    cited = cited_figures()
+    assert len(cited) >= 6
+    wrong = []
+    for page, paragraph, name in cited:
+        path = ROOT / "bench" / "results" / name
+        if not path.is_file():
+            wrong.append(f"{page}: {name}: no such record")
+            continue
+        record = json.loads(path.read_text())
+        machine = str(record["device"]["machine"]).removeprefix("NVIDIA ").split()[0]
+        commit = str(record["commit"])[:7] if record.get("commit") else "commit not recorded"
+        missing = [part for part in (record["date"], machine, commit) if part not in paragraph]
+        if missing:
+            wrong.append(f"{page}: {name}: the paragraph lacks {missing}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_no_page_names_a_machine_other_than_by_its_record_name():
+    # The host's records name it "2-core AMD EPYC host"; "the VM" or "here" named no
+    # machine a reader can find.
+    informal = re.compile(r"development VM|2-core VM|\bon the VM\b|\d\s?(s|MiB) here\b")
+    found = [
+        f"{page.relative_to(ROOT)}: {match.group(0)}"
+        for pattern in FIGURE_PAGES
+        for page in sorted(ROOT.glob(pattern))
+        for match in informal.finditer(page.read_text())
+    ]
+    assert not found, "\n".join(found)
