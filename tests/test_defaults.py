@@ -15,10 +15,15 @@ from stepplan.sim.settings.config import SimConfig, with_settings
 from stepplan.sim.settings.config_defaults import UNSET, setting_keys, setting_text, setting_value
 
 
-def help_texts(command: str) -> dict[str, str]:
-    """Each setting's ``--help`` text of ``command``, by the setting it overrides."""
+def subcommands() -> dict[str, argparse.ArgumentParser]:
     parser = cli.build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(sub.choices)
+
+
+def help_texts(command: str) -> dict[str, str]:
+    """Each setting's ``--help`` text of ``command``, by the setting it overrides."""
+    sub = argparse.Namespace(choices=subcommands())
     formatter = sub.choices[command]._get_formatter()
     return {
         _SETTINGS[action.dest]: formatter._get_help_string(action)
@@ -59,6 +64,19 @@ def test_help_config_and_the_settings_agree_on_every_default(capsys):
         if key in helps:
             assert helps[key].endswith(f"(default: {text})"), (key, helps[key])
             assert helps[key].lower().count("default") == 1, (key, helps[key])
+
+
+def test_every_command_with_setting_flags_shows_the_same_defaults():
+    defaults = SimConfig()
+    commands = [name for name, parser in subcommands().items()
+                if any(action.dest in _SETTINGS for action in parser._actions)]  # fmt: skip
+    assert {"simulate", "compare", "profile", "fidelity", "capacity", "buckets"} <= set(commands)
+    for command in commands:
+        for key, text in help_texts(command).items():
+            # buckets reads a run's folder: what it leaves unset is the run's setting.
+            expected = "(default: the run's" if command == "buckets" else (
+                f"(default: {setting_text(defaults, key)})")  # fmt: skip
+            assert expected in text and text.lower().count("default") == 1, (command, key, text)
 
 
 def test_every_unset_setting_says_what_it_stands_for():

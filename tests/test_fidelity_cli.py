@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 
 import pytest
 
@@ -149,3 +150,14 @@ def test_the_live_engine_has_the_profiled_engines_kv_positions(profile, tmp_path
     assert cli.main(argv) == 0
     live = json.loads((out / "live" / "summary.json").read_text())
     assert live["live_run"]["max_len"] == 512  # the slice alone needs 256
+
+
+def test_the_live_run_shows_progress_off_a_terminal_and_nothing_when_quiet(
+    profile, tmp_path, capsys
+):
+    argv = ["fidelity", "--limit", "6", "--profile", str(profile), *SETUP]
+    assert cli.main([*argv, "--out", str(tmp_path / "a")]) == 0
+    err = capsys.readouterr().err
+    assert re.search(r"^stepplan: live run: simulating \d+ requests$", err, re.MULTILINE), err
+    assert cli.main([*argv, "--out", str(tmp_path / "b"), "--quiet"]) == 0
+    assert "live run" not in capsys.readouterr().err  # the trace's notes stay

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import re
+import time
 
 from synthetic_results import write_synthetic_results
 
@@ -105,3 +106,38 @@ def test_the_live_run_of_fidelity_shows_progress_lines(tmp_path, capsys):
     assert capsys.readouterr().err == "stepplan: live run: simulating 7 requests\n"
     Args.quiet = True
     assert run_progress(Args(), 7, "live run") is None
+
+
+def test_the_printed_wall_time_holds_reading_as_well_as_the_loop(tmp_path, capsys, monkeypatch):
+    # Reading the trace takes 0.5 s more here: the printed wall time holds it, the
+    # loop's share does not.
+    from stepplan.sim.cli import options
+
+    def slow_load(args, config):
+        time.sleep(0.5)
+        return load_requests(args, config)
+
+    load_requests = options.load_requests
+    monkeypatch.setattr(options, "load_requests", slow_load)
+    assert cli.main(["simulate", "--limit", "50", "--out", str(tmp_path / "a")]) == 0
+    out = capsys.readouterr().out
+    found = re.search(r"\(wall ([\d.]+) s, of which the simulation loop ([\d.]+) s\)", out)
+    assert found and float(found[1]) >= float(found[2]) + 0.4
+
+
+PROFILE_SETUP = ["--set", "model.name=tiny", "--max-num-seqs", "2"]
+PROFILE_SETUP += ["--max-num-batched-tokens", "32", "--num-spec-tokens", "1"]
+PROFILE_SETUP += ["--max-model-len", "256", "--repeats", "1"]
+
+
+def test_profile_shows_its_shape_runs_off_a_terminal_and_nothing_when_quiet(tmp_path, capsys):
+    argv = ["profile", "--out", str(tmp_path / "p.json"), *PROFILE_SETUP]
+    assert cli.main(argv) == 0
+    lines = [line for line in capsys.readouterr().err.splitlines() if " shape runs done" in line]
+    total = re.fullmatch(r"stepplan: profile: ([\d,]+)/([\d,]+) shape runs done, \d+ s", lines[-1])
+    assert total and total[1] == total[2]
+    assert re.fullmatch(r"stepplan: profile: 1/[\d,]+ shape runs done, \d+ s, about \d+ s left",
+                        lines[0])  # fmt: skip
+    quiet = ["profile", "--out", str(tmp_path / "q.json"), "--quiet", *PROFILE_SETUP]
+    assert cli.main(quiet) == 0
+    assert capsys.readouterr().err == ""

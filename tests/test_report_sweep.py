@@ -88,7 +88,11 @@ def test_sweep_with_report_writes_its_page_into_its_folder(swept, tmp_path, caps
     argv += ["--workers", "1", "--report"]
     assert cli.main(argv) == 0
     page = (tmp_path / "out" / "report.html").read_text()
-    assert f"report: {tmp_path / 'out' / 'report.html'}" in capsys.readouterr().out
+    printed = capsys.readouterr()
+    assert f"report: {tmp_path / 'out' / 'report.html'}" in printed.out
+    # Off a terminal the points' progress is plain lines on stderr.
+    assert "stepplan: sweep: 4 points, 4 to run on this process" in printed.err
+    assert re.search(r"^stepplan: sweep: 4/4 points done, \d+ s$", printed.err, re.MULTILINE)
     headline = re.search(r"<p class='headline'>([^<]*)</p>", page).group(1)
     assert headline == re.search(r"<p class='headline'>([^<]*)</p>", (swept / "report.html")
                                  .read_text()).group(1)  # fmt: skip
@@ -97,6 +101,7 @@ def test_sweep_with_report_writes_its_page_into_its_folder(swept, tmp_path, caps
     (tmp_path / "out" / "report.html").write_text(page.replace("<h2>", "<h2>old "))
     assert cli.main([*argv, "--quiet"]) == 0
     assert (tmp_path / "out" / "report.html").read_text() == page
+    assert capsys.readouterr().err == ""  # --quiet: no progress
 
 
 def test_sweep_refuses_to_write_its_report_over_a_users_file(tmp_path, capsys):

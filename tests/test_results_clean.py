@@ -110,3 +110,17 @@ def test_the_default_folder_is_results_in_the_working_folder(tmp_path, capsys, m
     simulate(Path("results") / "one")
     assert cli.main(["results", "clean", "--yes"]) == 0
     assert os.listdir(tmp_path / "results") == []
+
+
+def test_the_readme_says_how_results_folders_are_reused_and_cleaned():
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    start = readme.index("- **Cleaning up `results/`.**")
+    section = readme[start : readme.index("\n- **", start + 1)]
+    for phrase in ("--name NAME", "--overwrite", "stepplan results list",
+                   "stepplan results clean", "--yes", "--older-than DAYS"):  # fmt: skip
+        assert phrase in section, phrase
+    # What it names is what the commands take.
+    parser = cli.build_parser()
+    parser.parse_args(["simulate", "--name", "mine", "--overwrite"])
+    parser.parse_args(["results", "list"])
+    parser.parse_args(["results", "clean", "--yes", "--older-than", "3"])
