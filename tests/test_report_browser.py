@@ -1,11 +1,12 @@
 """The report as a person first sees it: rendered by headless Chromium at 1400 px wide,
 the verdict (headline, SLOs, goodput, TTFT and TPOT p99) lies within the first screen,
 for a run's report, a compare folder's and a sweep folder's. Skips where no Chromium is
-installed (CI installs it: ``.ci/run``)."""
+found (``find_browser``; CI installs it: ``.ci/run``)."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -16,14 +17,24 @@ import pytest
 from stepplan.sim.cli import main
 
 WIDTH, SCREEN = 1400, 900
-BROWSER = next(
-    (
-        found
-        for name in ("chromium", "chromium-browser", "google-chrome")
-        if (found := shutil.which(name))
-    ),
-    None,
+#: Where Playwright keeps the Chromium it downloads (``playwright install chromium``).
+PLAYWRIGHT = Path(
+    os.environ.get("PLAYWRIGHT_BROWSERS_PATH") or Path.home() / ".cache/ms-playwright"
 )
+
+
+def find_browser() -> str | None:
+    """``$STEPPLAN_CHROMIUM``, else a Chromium on the PATH, else Playwright's newest."""
+    if os.environ.get("STEPPLAN_CHROMIUM"):
+        return os.environ["STEPPLAN_CHROMIUM"]
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        if found := shutil.which(name):
+            return found
+    downloaded = sorted(PLAYWRIGHT.glob("chromium-*/chrome-linux*/chrome"))
+    return str(downloaded[-1]) if downloaded else None
+
+
+BROWSER = find_browser()
 pytestmark = pytest.mark.skipif(
     BROWSER is None, reason="no chromium here (apt-get install chromium)"
 )
