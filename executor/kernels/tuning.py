@@ -47,7 +47,7 @@ class Blocks:
 
 
 #: Named defaults, oldest first (``default_blocks``' ``variant``; the runs behind each in
-#: ``bench/kernel_notes.md``, where the first two were once named v16 and v17):
+#: ``bench/kernel_notes.md``):
 #: ``program-per-tile`` one program per item in every launch, a graph bucket's padded tiles
 #: included; ``looping-tiles`` the tiles of a graph launch as looping programs (a bucket's
 #: padding costs a plan read per program); ``persistent`` looping-tiles with the rows as
@@ -67,7 +67,7 @@ def default_blocks(
     where C is small. The runs behind each choice: ``bench/kernel_notes.md``.
     """
     check_variant(variant)
-    blocks = _v16_blocks(channels, window_contiguous)
+    blocks = _program_per_tile_blocks(channels, window_contiguous)
     if variant == "program-per-tile":
         return blocks
     # Two waves of tile programs (12 one-warp programs of 168 registers fit on an SM in
@@ -92,7 +92,7 @@ def check_variant(variant: str) -> None:
         raise ValueError(f"kernel_variant: must be one of {VARIANTS}, got {variant!r}")
 
 
-def _v16_blocks(channels: int, window_contiguous: bool) -> Blocks:
+def _program_per_tile_blocks(channels: int, window_contiguous: bool) -> Blocks:
     # Row programs go rows first (one channel block of consecutive rows) in both
     # layouts: channels first ran the window layout's spec rows slower.
     if window_contiguous:
