@@ -304,15 +304,10 @@ NOTES = (
     "files hold what varies from run to run. In memory (``SimResult``) ``plan_us`` is a "
     "column of the steps and ``measured.json`` the summary's ``measured`` section; "
     "``read_results`` puts them back there.",
-    "``plan_us`` is the host wall time (``perf_counter_ns``) the planner spent on the "
-    "step. On the shape path (no engine profile in ``cost.profile``, ``cost.host_cost`` "
-    "not ``measured``, no live engine, no step observer: the step's time reads only the "
-    "plan's shape) it times "
-    "``Planner.shape_of_rows`` on the scheduler's rows, the checks and packing of "
-    "``compile`` without making the ``StepBatch`` or the plan; otherwise it times building "
-    "(validating) the ``StepBatch`` and ``Planner.compile``. The clock reads it only "
-    "with ``cost.host_cost = measured``; the ``host`` figures of ``measured.json`` are "
-    "its percentiles.",
+    "``plan_us``: the planner's host wall time for the step: ``Planner.shape_of_rows`` on the "
+    "scheduler's rows where the step's time reads only the plan's shape (no ``cost.profile``, "
+    "live engine or observer; ``cost.host_cost`` not ``measured``), else building the "
+    "``StepBatch`` and ``Planner.compile``. The clock reads it only with ``measured``.",
     "Throughput, goodput and latency are over the finished requests (all of them in a "
     "complete run); the step figures over the steps simulated. A request is *good* when "
     "its TTFT and TPOT meet the SLOs. ITL is the gap between consecutive steps in which a "
@@ -460,10 +455,6 @@ def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
     return [*lines, ""]
 
 
-def _keys(key: SummaryKey) -> str:
-    return ", ".join(f"`{name}`" for name in key.keys) if key.keys else ""
-
-
 def markdown() -> str:
     """``docs/results.md``: the schema as Markdown tables."""
     lines = [
@@ -482,7 +473,7 @@ def markdown() -> str:
         for old, new in table.renamed.items():
             lines += [f"Older folders' `{old}` is read as `{new}`.", ""]
     for name, keys in (("summary.json", SUMMARY), ("measured.json", MEASURED_SUMMARY)):
-        rows = [(f"`{key.name}`", key.meaning, _keys(key)) for key in keys]
+        rows = [(f"`{k.name}`", k.meaning, ", ".join(f"`{n}`" for n in k.keys or ())) for k in keys]
         lines += [f"## {name}", "", *_table(("key", "meaning", "its keys"), rows)]
     lines += ["## Notes", "", *(f"- {_cell(note)}" for note in NOTES), ""]
     return "\n".join(lines + _sweep_markdown()) + "\n"
