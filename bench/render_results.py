@@ -135,8 +135,9 @@ def device_line(record: dict[str, Any]) -> str:
         parts.append(f"{number(device['memory_gib'])} GiB")
     if device.get("python"):
         parts.append(f"Python {device['python']}")
-    parts += [f"{k} {v}" for k, v in device.items() if k not in {"machine", "cpu", "cores"}
-              and k not in {"memory_gib", "python"}]  # fmt: skip
+    shown = {"machine", "cpu", "cores", "memory_gib", "python"}
+    # A key without a value (no GPU on a CPU host) says nothing.
+    parts += [f"{k} {v}" for k, v in device.items() if k not in shown and v is not None]
     return ", ".join(parts)
 
 

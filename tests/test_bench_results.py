@@ -112,6 +112,7 @@ def test_a_record_written_by_the_shared_writer_renders(tmp_path):
     assert set(record) >= {"benchmark", "date", "device", "command", "commit", "dirty", "figures"}
     page = render_results.render_page(render_results.load_records(tmp_path))
     assert "| wall_s | 1.25 |" in page
+    assert record["device"]["gpu"] is None and "gpu None" not in page  # no GPU: not said
 
 
 def test_records_follow_one_naming_rule():
