@@ -167,7 +167,10 @@ def test_the_committed_pages_are_what_the_records_give():
 #: file passes its own scan.
 ROUNDS_OF_WORK = re.compile(
     r"\b(first|second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth|eleventh|twelfth"
-    r"|\d+(st|nd|rd|th))[ -](pass|round(?! trip)|session|sitting|try|attempt|iteration)s?\b",
+    r"|\d+(st|nd|rd|th))[ -](pass|round(?! trip)|session|sitting|try|attempt|iteration)s?\b"
+    # A version number on a piece of work (a "v" and a number); vLLM's v1 engine and
+    # DeepSeek-V3 are other projects' names, not counts of ours.
+    r"|(?<![-\w])v\d+ of\b|(?<!vLLM )(?<![-\w])v(?:[2-9]|1\d)\b",
     re.IGNORECASE,
 )
 TEXT_SUFFIXES = {".py", ".md", ".c", ".h", ".toml", ".txt", ".cfg", ".sh", ".json", ".yml"}
@@ -196,6 +199,10 @@ def test_the_scan_finds_counted_rounds():
     assert ROUNDS_OF_WORK.search("## Fifth" + " session: the copy")
     assert ROUNDS_OF_WORK.search("measured in the third" + "-pass run")
     assert ROUNDS_OF_WORK.search("the 2nd" + " attempt")
+    assert ROUNDS_OF_WORK.search("the window layout in v" + "12")
+    assert ROUNDS_OF_WORK.search("v" + "2 of the builder")
+    assert not ROUNDS_OF_WORK.search("DeepSeek-V" + "3's MTP figure")
+    assert not ROUNDS_OF_WORK.search("it follows vLLM v1's scheduler")
     assert not ROUNDS_OF_WORK.search("its first round trip on the load")
     assert not ROUNDS_OF_WORK.search("2026-12-03, H200")
 
