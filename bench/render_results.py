@@ -59,8 +59,10 @@ def load_records(folder: Path) -> list[dict[str, Any]]:
 def check_naming(records: Iterable[dict[str, Any]]) -> None:
     """One clear line per record that breaks ``bench_record``'s naming rule, exit 2."""
     problems = naming_problems({record["_file"]: record for record in records})
+    for line in problems:
+        print(f"bench/results/{line}", file=sys.stderr)
     if problems:
-        raise SystemExit("\n".join(f"bench/results/{line}" for line in problems))
+        raise SystemExit(2)
 
 
 def machine_of(record: dict[str, Any]) -> str:

@@ -140,6 +140,15 @@ def test_records_follow_one_naming_rule():
     ]
 
 
+def test_a_record_named_against_the_rule_stops_the_page_naming_it(tmp_path, capsys):
+    records = [{"benchmark": "x", "date": "2026-12-06T09:00:00", "device": VM,
+                "_file": "x-20261206T090000Z.json"}]  # fmt: skip
+    with pytest.raises(SystemExit) as stopped:
+        render_results.check_naming(records)
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err.startswith("bench/results/x-20261206T090000Z.json: date")
+
+
 def test_the_shared_writer_names_its_records_by_the_rule(tmp_path):
     path = bench_record.record_run("demo_bench", {"wall_s": 1.5}, folder=tmp_path)
     again = bench_record.record_run("demo_bench", {"wall_s": 1.5}, folder=tmp_path)
