@@ -249,7 +249,16 @@ class _Live:
     ``Request``, and what the step path reads of it each step (Python numbers: a step
     holds a few rows, where an array operation costs more than a loop over them)."""
 
-    __slots__ = ("accepted", "index", "left", "request", "slot", "target")
+    __slots__ = (
+        "accepted",
+        "emitted",
+        "index",
+        "left",
+        "request",
+        "slot",
+        "spec_steps",
+        "target",
+    )
 
     def __init__(self, index: int, request: Any, target: int, left: int) -> None:
         self.index, self.request = index, request
@@ -257,6 +266,8 @@ class _Live:
         self.slot = 0  # 0 while not running
         self.accepted = 1  # num_accepted_tokens of its next spec row
         self.left = left  # output tokens still to emit
+        self.emitted = 0  # output tokens emitted
+        self.spec_steps = 0  # spec rows it ran
 
 
 class VllmEngineScheduler(RequestProgress):
@@ -310,6 +321,7 @@ class VllmEngineScheduler(RequestProgress):
         self._scheduled: Any = None  # the step's SchedulerOutput
         self._step: list[_Live] = []  # its requests, in row order
         self._flags: list[int] = []  # their StepRows flags
+        self._ids: list[int] = []  # their rows in the table
         self._block_tokens = layout.prefix_block_tokens
         self.prefix_hits = 0  # prompt tokens vLLM's prefix cache gave at admissions
 
@@ -384,8 +396,8 @@ class VllmEngineScheduler(RequestProgress):
             computed.append(start)
         if self._moving_states:
             self._follow_states(step)
-        self._step, self._flags = step, flags
         ids = [entry.index for entry in step]
+        self._step, self._flags, self._ids = step, flags, ids
         slots = [entry.slot for entry in step]
         accepted = [entry.accepted for entry in step]
         kv_tokens, pairs = self.rows.fill_lists(ids, q, computed, flags, slots, accepted)
@@ -427,7 +439,7 @@ class VllmEngineScheduler(RequestProgress):
         self._release_slot(entry)
         self.lost[request] = self.computed[request]
         self.computed[request] = 0
-        entry.target = int(self.prompt[request] + self.emitted[request])
+        entry.target = int(self.prompt[request]) + entry.emitted
         self.target[request] = entry.target
         entry.accepted = 1
         self.last_accepted[request] = 1
@@ -457,14 +469,24 @@ class VllmEngineScheduler(RequestProgress):
         used = blocks - pool.get_num_free_blocks()
         return (waiting, preempted, used, 0, used / blocks)
 
+    def listed_rows(self) -> tuple[list[int], list[int]]:
+        """The step's requests and the spec steps each made before, as lists (what
+        :class:`~stepplan.sim.stepper.Stepper` reads of the step besides :attr:`rows`)."""
+        return self._ids, [entry.spec_steps for entry in self._step]
+
     def commit_rows(self, accepted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Hand vLLM the step in :attr:`rows` as its model runner would: the sampled
         tokens (``accepted`` drafts per row, ``[R], int64``, plus one), then the next
         drafts. Returns ``(emitted [R] int64, finished [R] bool)``."""
+        emitted, finished = self.commit_listed(accepted.tolist())
+        return np.array(emitted, np.int64), np.array(finished, bool)
+
+    def commit_listed(self, accepted: list[int]) -> tuple[list[int], list[bool]]:
+        """:meth:`commit_rows` with lists: ``(emitted, finished)`` per row. The
+        ``[N]`` arrays are written element by element (a step holds a few rows)."""
         step, flags = self._step, self._flags
-        count = len(step)
         emitted: list[int] = []
-        for flag, drawn in zip(flags, accepted.tolist(), strict=True):
+        for flag, drawn in zip(flags, accepted, strict=True):
             if flag & DECODING:
                 emitted.append(1 + drawn)
             else:
@@ -472,23 +494,23 @@ class VllmEngineScheduler(RequestProgress):
         names = [entry.request.request_id for entry in step]
         tokens = [[entry.index] * k for entry, k in zip(step, emitted, strict=True)]
         self.engine.update_from_output(self._scheduled, self._runner_output(names, tokens))
-        ids = self.rows.ids[:count]
-        self.emitted[ids] += emitted
-        self.computed[ids] = [entry.request.num_computed_tokens for entry in step]
         finished: list[bool] = []
-        for entry, k in zip(step, emitted, strict=True):
+        finishing = False
+        for entry, flag, drawn, k in zip(step, flags, accepted, emitted, strict=True):
+            request = entry.index
             entry.left -= k
-            finished.append(entry.left <= 0)
-        if self.config.num_spec_tokens:
-            spec = (self.rows.flags[:count] & SPEC) != 0
-            if spec.any():
-                spec_ids = ids[spec]
-                self.last_accepted[spec_ids] = 1 + accepted[spec]
-                self.spec_steps[spec_ids] += 1
-                for entry, flag, drawn in zip(step, flags, accepted.tolist(), strict=True):
-                    if flag & SPEC:
-                        entry.accepted = 1 + drawn
-        if any(finished):
+            entry.emitted += k
+            self.emitted[request] = entry.emitted
+            self.computed[request] = entry.request.num_computed_tokens
+            if flag & SPEC:
+                entry.accepted = 1 + drawn
+                entry.spec_steps += 1
+                self.last_accepted[request] = entry.accepted
+                self.spec_steps[request] = entry.spec_steps
+            done = entry.left <= 0
+            finishing |= done
+            finished.append(done)
+        if finishing:
             for entry, done in zip(step, finished, strict=True):
                 if done:
                     self._release_slot(entry)
@@ -496,7 +518,7 @@ class VllmEngineScheduler(RequestProgress):
             self.counters.values[FINISHED] += sum(finished)
         if self.config.num_spec_tokens:
             self._propose(step, names)
-        return np.array(emitted, np.int64), np.array(finished, bool)
+        return emitted, finished
 
     def _propose(self, step: list[_Live], names: list[str]) -> None:
         """Drafts for the step's rows still running: ``num_spec_tokens``, fewer near the
