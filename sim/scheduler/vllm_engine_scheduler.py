@@ -16,11 +16,8 @@ vLLM is imported when this class is built, never at package import. Its configur
 is built from values (a ``DeviceConfig`` of ``cpu`` in place of ``VLLM_TARGET_DEVICE``,
 a local model folder in place of the hub), so no environment variable is set.
 
-Prompt tokens: a trace's prefix hash ``h`` (Mooncake's ``hash_ids``, one per
-``memory.prefix_block_tokens`` tokens) becomes that many tokens of id ``HASHED_TOKEN + h
-mod 2**30``, so equal hash blocks are equal tokens and vLLM's block hasher sees the
-trace's sharing; the rest of a prompt, and every output token, is the request's own
-id, shared with no other request.
+The requests as vLLM sees them (their prompt tokens) and as the step path follows them:
+``vllm_requests.py``.
 """
 
 from __future__ import annotations
@@ -47,12 +44,11 @@ from .state import (
     RequestProgress,
     StepRows,
 )
+from .vllm_requests import HASHED_TOKEN, UnfinishedRequest, placeholder_drafts, prompt_tokens
 
 #: vLLM releases (``major.minor``) whose scheduler interface this module drives.
 SUPPORTED_VLLM = ("0.33",)
 INSTALL = "pip install 'vllm==0.33.*' einops"
-#: Token ids of hashed prompt blocks start here; request ids (the other tokens) are below.
-HASHED_TOKEN = 1 << 30
 
 
 class VllmUnavailable(ConfigError):
@@ -88,19 +84,6 @@ class VllmCache:
 
     layout: MemoryLayout
     manager: Any
-
-
-def prompt_tokens(table: RequestTable, request: int, block_tokens: int) -> list[int]:
-    """Request ``request``'s prompt as token ids (see the module docstring)."""
-    length = int(table.prompt_tokens[request])
-    tokens: list[int] = []
-    if table.prefix_offsets is not None and table.prefix_blocks is not None:
-        start, end = table.prefix_offsets[request], table.prefix_offsets[request + 1]
-        for block in table.prefix_blocks[start:end].tolist():
-            tokens += [HASHED_TOKEN + block % HASHED_TOKEN] * block_tokens
-    del tokens[length:]
-    tokens += [request] * (length - len(tokens))
-    return tokens
 
 
 def _vllm_config(
@@ -244,32 +227,6 @@ def _engine(
     return engine, state, hash_block_size
 
 
-class _Live:
-    """A request handed to vLLM and not finished: its row in the table, vLLM's
-    ``Request``, and what the step path reads of it each step (Python numbers: a step
-    holds a few rows, where an array operation costs more than a loop over them)."""
-
-    __slots__ = (
-        "accepted",
-        "emitted",
-        "index",
-        "left",
-        "request",
-        "slot",
-        "spec_steps",
-        "target",
-    )
-
-    def __init__(self, index: int, request: Any, target: int, left: int) -> None:
-        self.index, self.request = index, request
-        self.target = target  # tokens before decoding (prompt, plus output once preempted)
-        self.slot = 0  # 0 while not running
-        self.accepted = 1  # num_accepted_tokens of its next spec row
-        self.left = left  # output tokens still to emit
-        self.emitted = 0  # output tokens emitted
-        self.spec_steps = 0  # spec rows it ran
-
-
 class VllmEngineScheduler(RequestProgress):
     """:class:`~stepplan.sim.scheduler.Scheduler`'s interface over vLLM's scheduler:
     :meth:`schedule_rows` fills :attr:`rows`, :meth:`commit_rows` hands vLLM the
@@ -317,9 +274,11 @@ class VllmEngineScheduler(RequestProgress):
         self.native = None  # the compiled stepper binds to stepplan's scheduler only
         self._arrivals: list[float] = self.arrival.tolist()
         self._added = 0  # requests handed to vLLM (those arrived)
-        self._live: dict[str, _Live] = {}  # every unfinished request added, by vLLM's name
+        self._live: dict[
+            str, UnfinishedRequest
+        ] = {}  # every unfinished request added, by vLLM's name
         self._scheduled: Any = None  # the step's SchedulerOutput
-        self._step: list[_Live] = []  # its requests, in row order
+        self._step: list[UnfinishedRequest] = []  # its requests, in row order
         self._flags: list[int] = []  # their StepRows flags
         self._ids: list[int] = []  # their rows in the table
         self._block_tokens = layout.prefix_block_tokens
@@ -357,7 +316,7 @@ class VllmEngineScheduler(RequestProgress):
                 block_hasher=self._hasher,
             )
             self.engine.add_request(vllm_request)
-            self._live[name] = _Live(request, vllm_request, len(tokens), left)
+            self._live[name] = UnfinishedRequest(request, vllm_request, len(tokens), left)
             request += 1
         self._added = request
 
@@ -388,7 +347,7 @@ class VllmEngineScheduler(RequestProgress):
             if start >= entry.target:
                 flags.append(running)
             else:
-                # a prefill row's drafts are vLLM's placeholders (see _placeholders)
+                # a prefill row's drafts are vLLM's placeholders (placeholder_drafts)
                 prompt = tokens
                 if drafted:
                     prompt -= len(drafted.get(entry.request.request_id, ()))
@@ -404,19 +363,9 @@ class VllmEngineScheduler(RequestProgress):
         self.rows.info[WAITING:] = self._memory_row(len(preempted or ()))
         return count, kv_tokens, pairs
 
-    @staticmethod
-    def _placeholders(out: Any, ids: np.ndarray, decoding: np.ndarray) -> np.ndarray:
-        """``[R], int64`` placeholder drafts of prefill rows: vLLM pads an admitted
-        request with one token left to ``1 + num_spec_tokens`` rows when others run
-        (its full-graph padding); they are rejected, the row samples one token."""
-        padded = np.zeros(ids.size, np.int64)
-        drafts = out.scheduled_spec_decode_tokens
-        if drafts:
-            for row in np.flatnonzero(~decoding).tolist():
-                padded[row] = len(drafts.get(str(ids[row]), ()))
-        return padded
+    _placeholders = staticmethod(placeholder_drafts)
 
-    def _admitted(self, entry: _Live, start: int) -> None:
+    def _admitted(self, entry: UnfinishedRequest, start: int) -> None:
         """``entry`` was admitted (new or resumed) this step with ``start`` tokens
         computed: a slot, and the tokens its prefix-cache hit saved or its preemption
         lost."""
@@ -433,7 +382,7 @@ class VllmEngineScheduler(RequestProgress):
         self.prefix_hits += start
         self.computed[request] = start
 
-    def _preempted(self, entry: _Live) -> None:
+    def _preempted(self, entry: UnfinishedRequest) -> None:
         """vLLM preempted ``entry`` (by recompute) while scheduling this step."""
         request = entry.index
         self._release_slot(entry)
@@ -445,7 +394,7 @@ class VllmEngineScheduler(RequestProgress):
         self.last_accepted[request] = 1
         self.preemptions[request] += 1
 
-    def _follow_states(self, step: list[_Live]) -> None:
+    def _follow_states(self, step: list[UnfinishedRequest]) -> None:
         """Slots of the step's rows where vLLM keeps a conv state per block ("align"
         mode): the newest state block of each (its list holds NULL for states freed)."""
         blocks_of = self.engine.kv_cache_manager.get_block_ids
@@ -455,7 +404,7 @@ class VllmEngineScheduler(RequestProgress):
             entry.slot = next((block for block in reversed(held) if block), 0)
             self.slot[entry.index] = entry.slot
 
-    def _release_slot(self, entry: _Live) -> None:
+    def _release_slot(self, entry: UnfinishedRequest) -> None:
         if self._state_group is None:
             self._free_slots.append(entry.slot)
         entry.slot = 0
@@ -520,7 +469,7 @@ class VllmEngineScheduler(RequestProgress):
             self._propose(step, names)
         return emitted, finished
 
-    def _propose(self, step: list[_Live], names: list[str]) -> None:
+    def _propose(self, step: list[UnfinishedRequest], names: list[str]) -> None:
         """Drafts for the step's rows still running: ``num_spec_tokens``, fewer near the
         end of the output so no step overshoots it (stepplan's rule,
         ``scheduler/__init__``): a row may draft one token less than it has left."""
