@@ -74,6 +74,20 @@ def uniforms(seed: int, request_ids: np.ndarray, spec_steps: np.ndarray, width: 
     return (bits >> np.uint64(11)).astype(np.float64) * (1.0 / 2**53)
 
 
+_WORD = (1 << 64) - 1
+
+
+def uniform(seed: int, request_id: int, spec_step: int) -> float:
+    """:func:`uniforms`' first column for one row, in Python numbers (a step of a few
+    rows costs less so than in array operations; ``tests/test_acceptance.py`` holds
+    the two equal)."""
+    row = (request_id * int(_GOLDEN) & _WORD) ^ (spec_step * int(_STEP_KEY) & _WORD)
+    x = row ^ ((int(_POS_KEY) + uniform_key(seed)) & _WORD)
+    x = ((x ^ (x >> 30)) * int(_MIX1)) & _WORD
+    x = ((x ^ (x >> 27)) * int(_MIX2)) & _WORD
+    return ((x ^ (x >> 31)) >> 11) * (1.0 / 2**53)
+
+
 class AcceptanceModel(Protocol):
     """Draws accepted drafts for spec rows."""
 
@@ -118,6 +132,20 @@ class PerPosition:
         accepted = (u < self.survival(width)).sum(axis=1)
         return np.minimum(accepted, drafts).astype(np.int64)
 
+    def draw_rows(
+        self, request_ids: list[int], spec_steps: list[int], drafts: list[int]
+    ) -> list[int]:
+        """:meth:`draw` in Python numbers, for a few rows."""
+        survival, chance = [], 1.0
+        for j in range(max(drafts, default=0)):
+            chance *= self.probs[min(j, len(self.probs) - 1)]
+            survival.append(chance)
+        accepted = []
+        for request, step, k in zip(request_ids, spec_steps, drafts, strict=True):
+            u = uniform(self.seed, request, step)
+            accepted.append(min(sum(u < chance for chance in survival), k))
+        return accepted
+
     def mean_length(self, drafts: int) -> float:
         return 1.0 + float(self.survival(drafts).sum())
 
@@ -137,6 +165,16 @@ class FixedLength:
         whole, fraction = divmod(max(self.length - 1.0, 0.0), 1.0)
         extra = uniforms(self.seed, request_ids, spec_steps, 1)[:, 0] < fraction
         return np.minimum(int(whole) + extra, drafts).astype(np.int64)
+
+    def draw_rows(
+        self, request_ids: list[int], spec_steps: list[int], drafts: list[int]
+    ) -> list[int]:
+        """:meth:`draw` in Python numbers, for a few rows."""
+        whole, fraction = divmod(max(self.length - 1.0, 0.0), 1.0)
+        return [
+            min(int(whole) + (uniform(self.seed, request, step) < fraction), k)
+            for request, step, k in zip(request_ids, spec_steps, drafts, strict=True)
+        ]
 
     def mean_length(self, drafts: int) -> float:
         return min(self.length, drafts + 1.0)
@@ -166,6 +204,18 @@ class Replay:
 
     def mean_length(self, drafts: int) -> float:
         return 1.0 + float(np.minimum(self.values, drafts).mean())
+
+
+def draw_rows(
+    model: AcceptanceModel, request_ids: list[int], spec_steps: list[int], drafts: list[int]
+) -> list[int]:
+    """``model``'s draw for a few rows given as lists: its ``draw_rows`` where it has
+    one (Python numbers), else its :meth:`~AcceptanceModel.draw` on arrays."""
+    listed = getattr(model, "draw_rows", None)
+    if listed is not None:
+        return listed(request_ids, spec_steps, drafts)
+    ids, steps = np.array(request_ids, np.int64), np.array(spec_steps, np.int64)
+    return model.draw(ids, steps, np.array(drafts, np.int64)).tolist()
 
 
 def load_replay(path: str | Path) -> Replay:

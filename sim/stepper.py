@@ -24,7 +24,14 @@ import numpy as np
 
 from stepplan.planner.native import source_digest
 
-from .acceptance import AcceptanceModel, FixedLength, PerPosition, Replay, uniform_key
+from .acceptance import (
+    AcceptanceModel,
+    FixedLength,
+    PerPosition,
+    Replay,
+    draw_rows,
+    uniform_key,
+)
 from .results.records import RequestLog, StepTable
 from .scheduler import Scheduler
 from .scheduler.state import ROWS, SPEC, WAITING
@@ -78,6 +85,9 @@ class Stepper:
             message = f"stepplan.sim steps in Python ({_PYTHON_COST}): {why}"
             warnings.warn(message, RuntimeWarning, stacklevel=3)
         self._compiled: Any = None
+        # a scheduler holding its step's rows as Python numbers (the vLLM scheduler, a
+        # few rows a step) is finished with lists, where array operations cost more
+        self._listed = hasattr(scheduler, "commit_listed")
         self._bind()
 
     @property
@@ -101,7 +111,10 @@ class Stepper:
         compiled = self._compiled
         given = accepted is not None
         if compiled is None:
-            self._finish_python(end_s, record, accepted)
+            if self._listed:
+                self._finish_listed(end_s, record, accepted)
+            else:
+                self._finish_python(end_s, record, accepted)
             return
         if given:
             self.scheduler.rows.drawn[: accepted.size] = accepted
@@ -133,6 +146,33 @@ class Stepper:
         rows.drawn[:count] = accepted
         emitted, finished = scheduler.commit_rows(accepted)
         self.log.record(ids, emitted, finished, end_s)
+        self.table.append(record + tuple(rows.info[WAITING:].tolist()))
+
+    def _finish_listed(
+        self, end_s: float, record: tuple[float, ...], accepted: np.ndarray | None
+    ) -> None:
+        """:meth:`_finish_python` for a scheduler with ``listed_rows`` and
+        ``commit_listed``: the same draws, commit and records, on lists."""
+        scheduler, rows = self.scheduler, self.scheduler.rows
+        ids, spec_steps = scheduler.listed_rows()
+        count = len(ids)
+        if accepted is None:
+            drawn = [0] * count
+            drafts = rows.drafts[:count].tolist()  # -1 off the spec rows
+            spec = [row for row in range(count) if drafts[row] >= 0]
+            if spec:
+                spec_ids = [ids[row] for row in spec]
+                spec_drafts = [drafts[row] for row in spec]
+                steps = [spec_steps[row] for row in spec]
+                taken = draw_rows(self.acceptance, spec_ids, steps, spec_drafts)
+                for row, count_taken in zip(spec, taken, strict=True):
+                    drawn[row] = count_taken
+                self.log.record_spec_rows(spec_ids, spec_drafts, taken)
+        else:
+            drawn = accepted.tolist()
+        rows.drawn[:count] = drawn
+        emitted, finished = scheduler.commit_listed(drawn)
+        self.log.record_rows(ids, emitted, finished, end_s)
         self.table.append(record + tuple(rows.info[WAITING:].tolist()))
 
     def _fields(self) -> dict[str, Any]:

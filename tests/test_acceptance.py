@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -14,8 +16,10 @@ from stepplan.sim.acceptance import (
     FixedLength,
     PerPosition,
     Replay,
+    draw_rows,
     load_replay,
     make_acceptance,
+    uniform,
     uniforms,
 )
 from stepplan.sim.settings.config import AcceptanceConfig
@@ -109,6 +113,31 @@ def test_draws_are_bounded_and_independent_of_the_batch(items, kind, seed):
         alone = model.draw(ids[i : i + 1], steps[i : i + 1], drafts[i : i + 1])
         assert alone[0] == full[i]
     np.testing.assert_array_equal(model.draw(ids, steps, drafts), full)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 10**7), st.integers(0, 10**4), st.integers(0, 8)), min_size=1
+    ),
+    st.sampled_from(["per-position", "fixed", "replay"]),
+    st.lists(st.floats(0.0, 1.0), min_size=1, max_size=4),
+    st.floats(1.0, 6.0),
+    st.integers(0, 2**40),
+)
+def test_the_list_draw_is_the_array_draw(tmp_path_factory, items, kind, probs, length, seed):
+    """``draw_rows`` (Python numbers, a few rows a step) draws what ``draw`` draws."""
+    ids, steps, drafts = (list(column) for column in zip(*items, strict=True))
+    trace = None
+    if kind == "replay":
+        trace = str(tmp_path_factory.mktemp("replay") / "acc.jsonl")
+        Path(trace).write_text('{"accepted": [3, 0, 1]}\n{"accepted": [2, 5]}\n')
+    config = AcceptanceConfig(model=kind, probs=tuple(probs), length=length, trace=trace)
+    model = make_acceptance(config, seed)
+    arrays = (np.array(column, np.int64) for column in (ids, steps, drafts))
+    assert draw_rows(model, ids, steps, drafts) == model.draw(*arrays).tolist()
+    u = uniforms(seed, np.array(ids, np.int64), np.array(steps, np.int64), 1)[:, 0]
+    assert [uniform(seed, i, s) for i, s in zip(ids, steps, strict=True)] == u.tolist()
 
 
 def test_seed_changes_draws():

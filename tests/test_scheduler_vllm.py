@@ -9,12 +9,16 @@ import subprocess
 import sys
 from importlib import resources
 
+import attrs
 import numpy as np
 import pytest
 
+from stepplan.sim import admission
 from stepplan.sim.acceptance import make_acceptance
+from stepplan.sim.admission import AdmissionPolicy
 from stepplan.sim.memory_sizing import plan_memory
-from stepplan.sim.run import simulate
+from stepplan.sim.results.outcome import MemoryStore
+from stepplan.sim.run import run_steps, simulate
 from stepplan.sim.scheduler import Scheduler, vllm_engine_scheduler
 from stepplan.sim.scheduler.state import ROWS, SPEC
 from stepplan.sim.scheduler.vllm_engine_scheduler import (
@@ -277,6 +281,20 @@ def test_without_vllm_the_command_says_how_to_install_it(monkeypatch, capsys, tm
     assert not out.exists()
 
 
+@requires_vllm
+def test_a_vllm_whose_scheduler_interface_moved_is_one_line(monkeypatch, capsys, tmp_path):
+    from stepplan.sim import cli
+
+    monkeypatch.setitem(sys.modules, "vllm.v1.request", None)  # the module is gone
+    out = tmp_path / "run"
+    assert cli.main(["simulate", "--scheduler", "vllm", "--limit", "5", "--out", str(out)]) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1
+    assert error[0].startswith("stepplan: error: --scheduler vllm drives vLLM 0.33; the installed")
+    assert "lacks its scheduler interface" in error[0] and "pip install 'vllm==0.33.*'" in error[0]
+    assert not out.exists()
+
+
 def test_the_package_imports_without_loading_vllm():
     code = (
         "import sys, stepplan.sim.cli, stepplan.sim.scheduler_diff;"
@@ -298,3 +316,44 @@ def test_summary_names_the_vllm_that_scheduled(tmp_path):
     document = json.loads((out / "summary.json").read_text())
     assert document["provenance"]["vllm"] == vllm_engine_scheduler.vllm_version()
     assert document["config"]["scheduler"]["implementation"] == "vllm"
+
+
+def _scheduled_steps(table, config: SimConfig) -> list[list[tuple[int, int]]]:
+    """Every step's (request, tokens) pairs, ascending by request, read by an observer."""
+    steps: list[list[tuple[int, int]]] = []
+
+    def observe(event) -> None:
+        step = event.step
+        pairs = zip(step.request_ids.tolist(), step.batch.query_lens.tolist(), strict=True)
+        steps.append(sorted(pairs))
+
+    run_steps(table, config, MemoryStore(), observer=observe)
+    return steps
+
+
+@requires_vllm
+def test_a_test_only_admission_policy_is_caught_at_its_first_divergent_step(monkeypatch):
+    """Negative control: a stepplan policy that admits the newest request first (a rule
+    of this test only) parts from vLLM exactly at the first step where its decision
+    differs from first come first served, which agrees with vLLM on every step."""
+    newest = AdmissionPolicy("newest-first", "latest arrival first", _newest_first)
+    monkeypatch.setitem(admission.POLICIES, newest.name, newest)
+    config = with_settings(SimConfig(), {"scheduler.max_num_batched_tokens": 512})
+    with attrs.validators.disabled():  # the policy is not among the configurable names
+        policy = attrs.evolve(config.scheduler, policy=newest.name)
+    changed = attrs.evolve(config, scheduler=policy)
+    table = _table()
+    fcfs_steps, newest_steps = (_scheduled_steps(table, c) for c in (config, changed))
+    expected = next(
+        i for i, (a, b) in enumerate(zip(fcfs_steps, newest_steps, strict=False)) if a != b
+    )
+    assert expected > 0
+    assert compare_schedulers(table, config, _vllm(config)).agreement == 1.0
+    diff = compare_schedulers(table, changed, _vllm(config))
+    assert diff.first_divergence == expected, diff.format()
+    assert diff.agreeing_steps >= expected
+    assert f"step {expected} A:" in "\n".join(diff.context)
+
+
+def _newest_first(requests) -> np.ndarray:
+    return -np.arange(requests.num_requests, dtype=np.int64)

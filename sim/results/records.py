@@ -109,6 +109,37 @@ class RequestLog:
         self.drafted[ids] += drafts
         self.accepted[ids] += accepted
 
+    def record_rows(
+        self, ids: list[int], emitted: list[int], finished: list[bool], end_s: float
+    ) -> None:
+        """:meth:`record` for a few rows given as lists, element by element (array
+        operations cost more than that for a few rows; ``tests/test_records.py`` holds
+        the two equal). Requests are distinct, as in a step."""
+        num_steps, last_emit_s = self.num_steps, self.last_emit_s
+        gaps: list[float] = []
+        for request, count, done in zip(ids, emitted, finished, strict=True):
+            num_steps[request] += 1
+            if count > 0:
+                last = float(last_emit_s[request])
+                if last == last:  # not NaN: emitted before
+                    gaps.append(end_s - last)
+                else:
+                    self.first_token_s[request] = end_s
+                last_emit_s[request] = end_s
+            if done:
+                self.finish_s[request] = end_s
+        if gaps:
+            self.grow(len(gaps))
+            size = int(self.size[0])
+            self.gaps[size : size + len(gaps)] = gaps
+            self.size[0] = size + len(gaps)
+
+    def record_spec_rows(self, ids: list[int], drafts: list[int], accepted: list[int]) -> None:
+        """:meth:`record_spec` for a few rows given as lists."""
+        for request, count, taken in zip(ids, drafts, accepted, strict=True):
+            self.drafted[request] += count
+            self.accepted[request] += taken
+
 
 class StepTable:
     """The loop's per-step records, a chunk at a time: row ``i`` of ``array``

@@ -106,3 +106,37 @@ class StepRows:
         self.flags[:count] = flags
         self.info[KV_TOKENS] = int(computed.sum() + q.sum())
         self.info[ATTENTION_PAIRS] = float(q @ computed + 0.5 * (q @ (q + 1)))
+
+    def fill_lists(
+        self,
+        ids: list[int],
+        q: list[int],
+        computed: list[int],
+        flags: list[int],
+        slots: list[int],
+        accepted: list[int],
+    ) -> tuple[int, float]:
+        """:meth:`fill` from Python lists of ``R`` rows (a scheduler that holds its rows
+        as Python numbers: for a few rows a loop costs less than array operations);
+        returns the step's KV tokens and attention pairs."""
+        count = len(ids)
+        drafts, spec_accepted = [], []
+        kv_tokens = pairs = squares = 0
+        for tokens, start, flag, drawn in zip(q, computed, flags, accepted, strict=True):
+            spec = flag & SPEC
+            drafts.append(tokens - 1 if spec else -1)
+            spec_accepted.append(drawn if spec else 1)
+            kv_tokens += start + tokens
+            pairs += tokens * start
+            squares += tokens * (tokens + 1)
+        self.ids[:count] = ids
+        self.query_lens[:count] = q
+        self.computed[:count] = computed
+        self.slots[:count] = slots
+        self.drafts[:count] = drafts
+        self.accepted[:count] = spec_accepted
+        self.flags[:count] = flags
+        attention_pairs = pairs + 0.5 * squares
+        self.info[KV_TOKENS] = kv_tokens
+        self.info[ATTENTION_PAIRS] = attention_pairs
+        return kv_tokens, attention_pairs

@@ -16,11 +16,8 @@ vLLM is imported when this class is built, never at package import. Its configur
 is built from values (a ``DeviceConfig`` of ``cpu`` in place of ``VLLM_TARGET_DEVICE``,
 a local model folder in place of the hub), so no environment variable is set.
 
-Prompt tokens: a trace's prefix hash ``h`` (Mooncake's ``hash_ids``, one per
-``memory.prefix_block_tokens`` tokens) becomes that many tokens of id ``HASHED_TOKEN + h
-mod 2**30``, so equal hash blocks are equal tokens and vLLM's block hasher sees the
-trace's sharing; the rest of a prompt, and every output token, is the request's own
-id, shared with no other request.
+The requests as vLLM sees them (their prompt tokens) and as the step path follows them:
+``vllm_requests.py``.
 """
 
 from __future__ import annotations
@@ -47,12 +44,11 @@ from .state import (
     RequestProgress,
     StepRows,
 )
+from .vllm_requests import HASHED_TOKEN, UnfinishedRequest, placeholder_drafts, prompt_tokens
 
 #: vLLM releases (``major.minor``) whose scheduler interface this module drives.
 SUPPORTED_VLLM = ("0.33",)
 INSTALL = "pip install 'vllm==0.33.*' einops"
-#: Token ids of hashed prompt blocks start here; request ids (the other tokens) are below.
-HASHED_TOKEN = 1 << 30
 
 
 class VllmUnavailable(ConfigError):
@@ -88,19 +84,6 @@ class VllmCache:
 
     layout: MemoryLayout
     manager: Any
-
-
-def prompt_tokens(table: RequestTable, request: int, block_tokens: int) -> list[int]:
-    """Request ``request``'s prompt as token ids (see the module docstring)."""
-    length = int(table.prompt_tokens[request])
-    tokens: list[int] = []
-    if table.prefix_offsets is not None and table.prefix_blocks is not None:
-        start, end = table.prefix_offsets[request], table.prefix_offsets[request + 1]
-        for block in table.prefix_blocks[start:end].tolist():
-            tokens += [HASHED_TOKEN + block % HASHED_TOKEN] * block_tokens
-    del tokens[length:]
-    tokens += [request] * (length - len(tokens))
-    return tokens
 
 
 def _vllm_config(
@@ -289,10 +272,15 @@ class VllmEngineScheduler(RequestProgress):
         self._free_slots = list(range(self.slot_capacity, 0, -1))  # a stack, top at end
         self.rows = StepRows(self.slot_capacity)
         self.native = None  # the compiled stepper binds to stepplan's scheduler only
+        self._arrivals: list[float] = self.arrival.tolist()
         self._added = 0  # requests handed to vLLM (those arrived)
-        self._live: dict[int, Any] = {}  # vLLM's Request of every unfinished request added
+        self._live: dict[
+            str, UnfinishedRequest
+        ] = {}  # every unfinished request added, by vLLM's name
         self._scheduled: Any = None  # the step's SchedulerOutput
-        self._names: list[str] = []  # its requests as vLLM names them, in row order
+        self._step: list[UnfinishedRequest] = []  # its requests, in row order
+        self._flags: list[int] = []  # their StepRows flags
+        self._ids: list[int] = []  # their rows in the table
         self._block_tokens = layout.prefix_block_tokens
         self.prefix_hits = 0  # prompt tokens vLLM's prefix cache gave at admissions
 
@@ -310,24 +298,27 @@ class VllmEngineScheduler(RequestProgress):
 
     def next_arrival_s(self) -> float:
         """Arrival of the first request not yet handed to vLLM (``inf``: none left)."""
-        return float(self.arrival[self._added]) if self._added < self.arrival.size else np.inf
+        return self._arrivals[self._added] if self._added < len(self._arrivals) else np.inf
 
     def _add_arrived(self, now_s: float) -> None:
-        arrived = int(np.searchsorted(self.arrival, now_s, side="right"))
-        for request in range(self._added, arrived):
+        arrivals, request = self._arrivals, self._added
+        while request < len(arrivals) and arrivals[request] <= now_s:
             tokens = prompt_tokens(self.table, request, self._block_tokens)
-            params = self._sampling(max_tokens=int(self.output[request]), ignore_eos=True)
+            left = int(self.output[request])
+            params = self._sampling(max_tokens=left, ignore_eos=True)
+            name = str(request)
             vllm_request = self._request(
-                str(request),
+                name,
                 tokens,
                 params,
                 pooling_params=None,
-                arrival_time=float(self.arrival[request]),
+                arrival_time=arrivals[request],
                 block_hasher=self._hasher,
             )
             self.engine.add_request(vllm_request)
-            self._live[request] = vllm_request
-        self._added = max(self._added, arrived)
+            self._live[name] = UnfinishedRequest(request, vllm_request, len(tokens), left)
+            request += 1
+        self._added = request
 
     def schedule_rows(self, now_s: float) -> tuple[int, int, float] | None:
         """vLLM's next step at ``now_s`` in :attr:`rows`: ``(rows, kv_tokens,
@@ -335,87 +326,89 @@ class VllmEngineScheduler(RequestProgress):
         self._add_arrived(now_s)
         out = self.engine.schedule()
         self._scheduled = out
-        for name in out.preempted_req_ids or ():
-            self._preempted(int(name))
-        count = len(out.num_scheduled_tokens)
+        preempted = out.preempted_req_ids
+        for name in preempted or ():
+            self._preempted(self._live[name])
+        scheduled = out.num_scheduled_tokens
+        count = len(scheduled)
         self.counters.values[ROWS] = count
         if count == 0:
             self.engine.update_from_output(out, self._runner_output([], []))
             return None
-        # a step holds a few rows: lists, then one array each, cost less than array steps
-        scheduled = out.num_scheduled_tokens
-        self._names = names = list(scheduled)
-        ids = np.array([int(name) for name in names], np.int64)
-        q = np.array(list(scheduled.values()), np.int64)
-        slot = self.slot
-        if not slot[ids].all():
-            for request in ids[slot[ids] == 0].tolist():
-                self._admitted(request, self._live[request].num_computed_tokens)
-        if self._moving_states:
-            self._follow_states(ids)
-        computed, target = self.computed[ids], self.target[ids]
-        decoding = computed >= target
-        prompt_q = q
-        if out.scheduled_spec_decode_tokens and not decoding.all():
-            prompt_q = q - self._placeholders(out, ids, decoding)
-        emits_first = ~decoding & (computed + prompt_q == target)
+        live, drafted = self._live, out.scheduled_spec_decode_tokens
         running = DECODING | (SPEC if self.config.num_spec_tokens else 0)
-        flags = decoding.view(np.uint8) * np.uint8(running)
-        flags |= emits_first.view(np.uint8) * np.uint8(EMITS_FIRST)
-        rows = self.rows
-        rows.fill(ids, q, computed, flags, slot[ids], self.last_accepted[ids])
-        rows.info[WAITING:] = self._memory_row(len(out.preempted_req_ids or ()))
-        return count, int(rows.info[0]), float(rows.info[1])
+        step = [live[name] for name in scheduled]
+        q = list(scheduled.values())
+        computed, flags = [], []
+        for entry, tokens in zip(step, q, strict=True):
+            start = entry.request.num_computed_tokens - tokens  # schedule() advanced it
+            if not entry.slot:
+                self._admitted(entry, start)
+            if start >= entry.target:
+                flags.append(running)
+            else:
+                # a prefill row's drafts are vLLM's placeholders (placeholder_drafts)
+                prompt = tokens
+                if drafted:
+                    prompt -= len(drafted.get(entry.request.request_id, ()))
+                flags.append(EMITS_FIRST if start + prompt == entry.target else 0)
+            computed.append(start)
+        if self._moving_states:
+            self._follow_states(step)
+        ids = [entry.index for entry in step]
+        self._step, self._flags, self._ids = step, flags, ids
+        slots = [entry.slot for entry in step]
+        accepted = [entry.accepted for entry in step]
+        kv_tokens, pairs = self.rows.fill_lists(ids, q, computed, flags, slots, accepted)
+        self.rows.info[WAITING:] = self._memory_row(len(preempted or ()))
+        return count, kv_tokens, pairs
 
-    @staticmethod
-    def _placeholders(out: Any, ids: np.ndarray, decoding: np.ndarray) -> np.ndarray:
-        """``[R], int64`` placeholder drafts of prefill rows: vLLM pads an admitted
-        request with one token left to ``1 + num_spec_tokens`` rows when others run
-        (its full-graph padding); they are rejected, the row samples one token."""
-        padded = np.zeros(ids.size, np.int64)
-        drafts = out.scheduled_spec_decode_tokens
-        if drafts:
-            for row in np.flatnonzero(~decoding).tolist():
-                padded[row] = len(drafts.get(str(ids[row]), ()))
-        return padded
+    _placeholders = staticmethod(placeholder_drafts)
 
-    def _admitted(self, request: int, computed_after: int) -> None:
-        """``request`` was admitted (new or resumed) this step: a slot, and the tokens
-        its prefix-cache hit saved or its preemption lost."""
-        start = computed_after - self._scheduled.num_scheduled_tokens[str(request)]
+    def _admitted(self, entry: UnfinishedRequest, start: int) -> None:
+        """``entry`` was admitted (new or resumed) this step with ``start`` tokens
+        computed: a slot, and the tokens its prefix-cache hit saved or its preemption
+        lost."""
+        request = entry.index
         if self._state_group is None:
-            self.slot[request] = self._free_slots.pop()
+            entry.slot = self._free_slots.pop()
         elif not self._moving_states:  # its one conv-state block is its slot
-            blocks = self.engine.kv_cache_manager.get_block_ids(str(request))
-            self.slot[request] = blocks[self._state_group][0]
+            blocks = self.engine.kv_cache_manager.get_block_ids(entry.request.request_id)
+            entry.slot = blocks[self._state_group][0]
+        self.slot[request] = entry.slot
         lost = int(self.lost[request])
         self.recomputed[request] += max(0, lost - start)
         self.cached[request] += max(0, start - lost)
         self.prefix_hits += start
         self.computed[request] = start
 
-    def _preempted(self, request: int) -> None:
-        """vLLM preempted ``request`` (by recompute) while scheduling this step."""
-        self._release_slot(request)
+    def _preempted(self, entry: UnfinishedRequest) -> None:
+        """vLLM preempted ``entry`` (by recompute) while scheduling this step."""
+        request = entry.index
+        self._release_slot(entry)
         self.lost[request] = self.computed[request]
         self.computed[request] = 0
-        self.target[request] = self.prompt[request] + self.emitted[request]
+        entry.target = int(self.prompt[request]) + entry.emitted
+        self.target[request] = entry.target
+        entry.accepted = 1
         self.last_accepted[request] = 1
         self.preemptions[request] += 1
 
-    def _follow_states(self, ids: np.ndarray) -> None:
+    def _follow_states(self, step: list[UnfinishedRequest]) -> None:
         """Slots of the step's rows where vLLM keeps a conv state per block ("align"
         mode): the newest state block of each (its list holds NULL for states freed)."""
         blocks_of = self.engine.kv_cache_manager.get_block_ids
         group = self._state_group
-        for request in ids.tolist():
-            held = blocks_of(str(request))[group]
-            self.slot[request] = next((block for block in reversed(held) if block), 0)
+        for entry in step:
+            held = blocks_of(entry.request.request_id)[group]
+            entry.slot = next((block for block in reversed(held) if block), 0)
+            self.slot[entry.index] = entry.slot
 
-    def _release_slot(self, request: int) -> None:
+    def _release_slot(self, entry: UnfinishedRequest) -> None:
         if self._state_group is None:
-            self._free_slots.append(int(self.slot[request]))
-        self.slot[request] = 0
+            self._free_slots.append(entry.slot)
+        entry.slot = 0
+        self.slot[entry.index] = 0
 
     def _memory_row(self, preempted: int) -> tuple[int, int, int, int, float]:
         """The step's ``StepMemory`` fields: vLLM's queue and its block pool."""
@@ -425,45 +418,64 @@ class VllmEngineScheduler(RequestProgress):
         used = blocks - pool.get_num_free_blocks()
         return (waiting, preempted, used, 0, used / blocks)
 
+    def listed_rows(self) -> tuple[list[int], list[int]]:
+        """The step's requests and the spec steps each made before, as lists (what
+        :class:`~stepplan.sim.stepper.Stepper` reads of the step besides :attr:`rows`)."""
+        return self._ids, [entry.spec_steps for entry in self._step]
+
     def commit_rows(self, accepted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Hand vLLM the step in :attr:`rows` as its model runner would: the sampled
         tokens (``accepted`` drafts per row, ``[R], int64``, plus one), then the next
         drafts. Returns ``(emitted [R] int64, finished [R] bool)``."""
-        rows, count = self.rows, int(self.counters.values[ROWS])
-        ids = rows.ids[:count].copy()
-        listed, names, live = ids.tolist(), self._names, self._live
-        flags = rows.flags[:count]
-        decoding = (flags & DECODING) != 0
-        emitted = np.where(decoding, 1 + accepted, (flags & EMITS_FIRST) != 0).astype(np.int64)
-        tokens = [[request] * k for request, k in zip(listed, emitted.tolist(), strict=True)]
+        emitted, finished = self.commit_listed(accepted.tolist())
+        return np.array(emitted, np.int64), np.array(finished, bool)
+
+    def commit_listed(self, accepted: list[int]) -> tuple[list[int], list[bool]]:
+        """:meth:`commit_rows` with lists: ``(emitted, finished)`` per row. The
+        ``[N]`` arrays are written element by element (a step holds a few rows)."""
+        step, flags = self._step, self._flags
+        emitted: list[int] = []
+        for flag, drawn in zip(flags, accepted, strict=True):
+            if flag & DECODING:
+                emitted.append(1 + drawn)
+            else:
+                emitted.append(1 if flag & EMITS_FIRST else 0)
+        names = [entry.request.request_id for entry in step]
+        tokens = [[entry.index] * k for entry, k in zip(step, emitted, strict=True)]
         self.engine.update_from_output(self._scheduled, self._runner_output(names, tokens))
-        done = self.emitted[ids] + emitted
-        self.emitted[ids] = done
-        self.computed[ids] = [live[request].num_computed_tokens for request in listed]
+        finished: list[bool] = []
+        finishing = False
+        for entry, flag, drawn, k in zip(step, flags, accepted, emitted, strict=True):
+            request = entry.index
+            entry.left -= k
+            entry.emitted += k
+            self.emitted[request] = entry.emitted
+            self.computed[request] = entry.request.num_computed_tokens
+            if flag & SPEC:
+                entry.accepted = 1 + drawn
+                entry.spec_steps += 1
+                self.last_accepted[request] = entry.accepted
+                self.spec_steps[request] = entry.spec_steps
+            done = entry.left <= 0
+            finishing |= done
+            finished.append(done)
+        if finishing:
+            for entry, done in zip(step, finished, strict=True):
+                if done:
+                    self._release_slot(entry)
+                    del self._live[entry.request.request_id]
+            self.counters.values[FINISHED] += sum(finished)
         if self.config.num_spec_tokens:
-            spec = (flags & SPEC) != 0
-            if spec.any():
-                spec_ids = ids[spec]
-                self.last_accepted[spec_ids] = 1 + accepted[spec]
-                self.spec_steps[spec_ids] += 1
-        left = self.output[ids] - done
-        finished = left <= 0
-        if finished.any():
-            for request in ids[finished].tolist():
-                self._release_slot(request)
-                del live[request]
-            self.counters.values[FINISHED] += int(finished.sum())
-        if self.config.num_spec_tokens:
-            self._propose(listed, names, (left - 1).tolist())
+            self._propose(step, names)
         return emitted, finished
 
-    def _propose(self, ids: list[int], names: list[str], left: list[int]) -> None:
-        """Drafts for the rows still running (``left``: output tokens each may still
-        draft): ``num_spec_tokens``, fewer near the end of the output so no step
-        overshoots it (stepplan's rule, ``scheduler/__init__``)."""
+    def _propose(self, step: list[UnfinishedRequest], names: list[str]) -> None:
+        """Drafts for the step's rows still running: ``num_spec_tokens``, fewer near the
+        end of the output so no step overshoots it (stepplan's rule,
+        ``scheduler/__init__``): a row may draft one token less than it has left."""
         most = self.config.num_spec_tokens
-        kept = [row for row, room in enumerate(left) if room >= 0]
-        drafts = [[ids[row]] * min(most, left[row]) for row in kept]
+        kept = [row for row, entry in enumerate(step) if entry.left > 0]
+        drafts = [[step[row].index] * min(most, step[row].left - 1) for row in kept]
         self.engine.update_draft_token_ids(self._drafts([names[row] for row in kept], drafts))
 
     def _runner_output(self, names: list[str], tokens: list[list[int]]) -> Any:
