@@ -164,8 +164,10 @@ def csv_text(arrays: Sequence[np.ndarray], compiled: ModuleType | None = _CSV_TE
     ``csv_cells``, the same bytes, in one call of the ``compiled`` formatter where no cell
     needs quoting and every number column is float64 or int64 (``None``: Python alone)."""
     text = [array.dtype.kind in "OUS" for array in arrays]
-    if compiled is None or len(arrays) < 2 or not all(
-        may or array.dtype in _NUMBERS for array, may in zip(arrays, text, strict=True)
+    if (
+        compiled is None
+        or len(arrays) < 2
+        or not all(may or array.dtype in _NUMBERS for array, may in zip(arrays, text, strict=True))
     ):
         return csv_lines([csv_cells(array) for array in arrays], text)
     columns = [
