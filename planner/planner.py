@@ -16,7 +16,7 @@ from .buckets import choose_graph, may_replay
 from .compile import check_limits, compile_plan
 from .config import PlannerConfig
 from .errors import PlanError
-from .layout import PlanLayout, batch_buffer_arrays, batch_buffer_size
+from .layout import PlanLayout
 from .native import NativeBuildError, load_packer
 from .plan import SUMMARY, ExecutionPlan, GraphKey, PlanShape, plan_summary
 
@@ -136,10 +136,10 @@ class Planner:
         num_accepted_tokens: np.ndarray,
     ) -> PlanShape:
         """``compile(StepBatch(query_lens, num_computed_tokens, slots, num_draft_tokens,
-        num_accepted_tokens)).shape``, the same value, with the batch checked and the plan
-        packed by the same native calls, but neither the batch nor the plan made (the
-        packed bytes are let go): what a simulator that only times a step reads of its
-        plan, at about half the host time of :meth:`compile`'s path.
+        num_accepted_tokens)).shape``, the same value, with the batch checked as
+        ``check_batch`` checks it and counted as ``pack`` counts it, in one native call
+        (``shape_counts``), but neither the batch, the plan nor its bytes made: what a
+        simulator that only times a step reads of its plan.
 
         Args:
             query_lens, num_computed_tokens, num_draft_tokens, num_accepted_tokens:
@@ -151,34 +151,33 @@ class Planner:
         """
         packer = self._packer
         if packer is not None and type(slots) is np.ndarray and slots.ndim in (1, 2):
-            rows = query_lens.shape[0]
             grouped = slots if slots.ndim == 2 else slots[None]
-            groups = grouped.shape[0]
-            data = np.empty(batch_buffer_size(rows, groups), _INT32)
-            kinds = np.empty(rows, np.int8)
-            try:
-                counts = packer.check_batch(
+            try:  # check_batch's checks and pack's counts in one call, no bytes packed
+                counted = packer.shape_counts(
                     query_lens,
                     num_computed_tokens,
                     num_draft_tokens,
                     num_accepted_tokens,
                     grouped,
                     False,
-                    data,
-                    kinds,
+                    self._query_len_max,
+                    self._tile,
                 )
             except (TypeError, ValueError, AttributeError, BufferError):
-                counts = None
-            if counts is not None and sum(counts[:3]) <= self.config.max_num_seqs:
-                lens, computed, _, accepted, grouped, starts = batch_buffer_arrays(
-                    data, rows, groups
-                )
-                packed = self._pack_checked(
-                    packer, counts, None, lens, computed, grouped, accepted, starts, kinds
-                )
-                if packed is not None:
-                    graph, layout, _, found = packed
-                    return _new_shape((self.config, graph, layout, rows, None, *found))
+                counted = None
+            if counted is not None:
+                counts, found, num_tokens = counted
+                live = found[0] + found[1] + found[2]
+                tiles = found[7]
+                if live <= self.config.max_num_seqs:
+                    groups = grouped.shape[0]
+                    graph, layout, _, tokens, rows, room = self._shape(
+                        counts, num_tokens, None, groups, tiles
+                    )
+                    # pack refuses a layout too small (compile raises that, below)
+                    if live <= rows and num_tokens <= tokens and tiles <= room:
+                        shape = (self.config, graph, layout, query_lens.shape[0], None, *found)
+                        return _new_shape(shape)
         batch = StepBatch(
             query_lens, num_computed_tokens, slots, num_draft_tokens, num_accepted_tokens
         )

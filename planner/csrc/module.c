@@ -20,6 +20,8 @@ static PyMethodDef methods[] = {
     {"prefill_tiles", (PyCFunction)(void (*)(void))prefill_tiles, METH_FASTCALL,
      "prefill_tiles(query_lens, kinds, tile) -> int: work tiles of the prefill rows."},
     {"check_batch", (PyCFunction)(void (*)(void))check_batch, METH_FASTCALL, CHECK_DOC},
+    {"shape_counts", (PyCFunction)(void (*)(void))shape_counts, METH_FASTCALL,
+     SHAPE_COUNTS_DOC},
     {"pack_host", (PyCFunction)(void (*)(void))pack_host, METH_FASTCALL, PACK_HOST_DOC},
     {"pack_host_eager", (PyCFunction)(void (*)(void))pack_host_eager, METH_FASTCALL,
      PACK_HOST_EAGER_DOC},
