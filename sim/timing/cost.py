@@ -82,7 +82,7 @@ KINDS = ("spec", "decode", "prefill", "mixed")
 #: spec; pure decode is taken as uniform too), and any other batch.
 SEED_UNIFORM_US = 250.0
 SEED_MIXED_US = 900.0
-_MEMO_SIZE = 4096  # conv_s values kept; all are let go when this many are kept
+_MEMO_SIZE = 4096  # plan shapes kept; all are let go when this many are kept
 
 
 def seed_host_us(
@@ -299,9 +299,10 @@ class CostModel:
     share: RankShare = attrs.field(
         default=attrs.Factory(lambda self: split_model(self.model, 1), takes_self=True)
     )
-    # conv_s by the step's rows and tokens per kind (a pure function of them): light
-    # traces repeat a few shapes, and the profile's interpolation is the dear part
-    _conv_memo: dict[tuple[int, ...], float] = attrs.field(
+    # The terms a step's plan alone decides (conv_s, allreduce_s, and host_s and launch_s
+    # where they read nothing else), by its counts (:meth:`_plan_key`): a run repeats a
+    # few thousand shapes, and the profile's interpolation is the dear part.
+    _plan_memo: dict[tuple[int, ...], tuple[float | None, ...]] = attrs.field(
         factory=dict, init=False, eq=False, repr=False
     )
 
@@ -403,13 +404,27 @@ class CostModel:
             plan.num_spec_decode_tokens,
             plan.num_decode_tokens,
             plan.num_prefill_tokens,
+            plan.padded_tokens,
+            plan.graph is None,
         )
-        conv_s = self._conv_memo.get(key)
-        if conv_s is None:
-            if len(self._conv_memo) >= _MEMO_SIZE:
-                self._conv_memo.clear()
-            conv_s = self._conv_memo[key] = self.conv_s(plan)
-        allreduce_s = self.allreduce_s(plan)
+        fixed = self._plan_memo.get(key)
+        if fixed is None:
+            if len(self._plan_memo) >= _MEMO_SIZE:
+                self._plan_memo.clear()
+            fixed = self._plan_memo[key] = self._plan_terms(plan)
+        conv_s, allreduce_s, host_s, launch_s = fixed
+        if host_s is None:
+            host_s = self.host_s(plan, plan_us)
         busy_s = model_s + conv_s + allreduce_s
-        host_s, launch_s = self.host_s(plan, plan_us), self.launch_s(plan, busy_s)
+        if launch_s is None:
+            launch_s = self.launch_s(plan, busy_s)
         return model_s, conv_s, host_s, launch_s, 0.0, allreduce_s
+
+    def _plan_terms(self, plan: PlanCounts) -> tuple[float, float, float | None, float | None]:
+        """``conv_s``, ``allreduce_s``, ``host_s`` and ``launch_s`` of ``plan``, the last
+        two ``None`` where they read more than the plan's counts (the measured planner
+        time; the GPU's busy time, which hides an eager step's launches)."""
+        measured = self.cost.host_cost == "measured"
+        host_s = None if measured else self.host_s(plan, 0.0)
+        launch_s = None if plan.graph is None else self.launch_s(plan, 0.0)
+        return self.conv_s(plan), self.allreduce_s(plan), host_s, launch_s
