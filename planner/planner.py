@@ -56,6 +56,9 @@ class Planner:
         # A plan's shape, or None where the shape runs eagerly.
         self._graphs: dict[tuple[object, ...], _Shape | None] = {}
         self._layouts: dict[tuple[int, int, int, int], PlanLayout] = {}
+        # shape_of_rows' answers by what the native census counted and the layer groups:
+        # a repeated shape is the very PlanShape handed out before
+        self._shapes: dict[tuple[object, ...], PlanShape] = {}
         self._packer = _packer(native)
         # What the native path reads every step, kept out of the config's properties.
         self._graph_mode = config.graph_mode
@@ -166,22 +169,35 @@ class Planner:
             except (TypeError, ValueError, AttributeError, BufferError):
                 counted = None
             if counted is not None:
-                counts, found, num_tokens = counted
-                live = found[0] + found[1] + found[2]
-                tiles = found[7]
-                if live <= self.config.max_num_seqs:
-                    groups = grouped.shape[0]
-                    graph, layout, _, tokens, rows, room = self._shape(
-                        counts, num_tokens, None, groups, tiles
-                    )
-                    # pack refuses a layout too small (compile raises that, below)
-                    if live <= rows and num_tokens <= tokens and tiles <= room:
-                        shape = (self.config, graph, layout, query_lens.shape[0], None, *found)
-                        return _new_shape(shape)
+                key = (counted, grouped.shape[0])
+                shape = self._shapes.get(key)
+                if shape is None:
+                    shape = self._counted_shape(counted, grouped.shape[0])
+                if shape is not None:
+                    return shape
         batch = StepBatch(
             query_lens, num_computed_tokens, slots, num_draft_tokens, num_accepted_tokens
         )
         return self.compile(batch).shape
+
+    def _counted_shape(
+        self, counted: tuple[tuple[int, ...], tuple[int, ...], int], groups: int
+    ) -> PlanShape | None:
+        """The shape of a batch ``shape_counts`` counted (``counted``: its answer), kept
+        for the next batch it counts alike; ``None`` where ``compile`` must say why not
+        (more rows than the config allows, a layout too small for ``pack``)."""
+        counts, found, num_tokens = counted
+        live, tiles = found[0] + found[1] + found[2], found[7]
+        if live > self.config.max_num_seqs:
+            return None
+        graph, layout, _, tokens, rows, room = self._shape(counts, num_tokens, None, groups, tiles)
+        if live > rows or num_tokens > tokens or tiles > room:
+            return None
+        if len(self._shapes) >= _MAX_GRAPHS:
+            self._shapes.clear()
+        shape = _new_shape((self.config, graph, layout, sum(counts), None, *found))
+        self._shapes[(counted, groups)] = shape
+        return shape
 
     def _pack_checked(
         self,

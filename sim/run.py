@@ -47,6 +47,7 @@ _GRAPH_CODES = {kind: code for code, kind in enumerate(GRAPH_KINDS)}  # steps.cs
 #: The longest span of arrivals a run takes: 30 days. Longer is a broken row (a date of
 #: another year, a time in the wrong unit) or a rate scale far off, not a workload.
 MAX_SPAN_S = 30 * 86400
+_KEPT_SHAPES = 4096  # plan shapes whose record fields a loop keeps (all let go when full)
 
 
 def prepare_requests(table: RequestTable, config: SimConfig) -> RequestTable:
@@ -133,10 +134,14 @@ def _record(
     plan: ExecutionPlan | PlanShape, start_s: float, plan_us: float, terms: tuple[float, ...]
 ) -> tuple[float, ...]:
     """The step's record up to its memory row (``records.STEP_RECORD``'s order)."""
+    return (start_s, sum(terms), *_plan_fields(plan), plan_us, *terms)  # sum: StepCost.total
+
+
+def _plan_fields(plan: ExecutionPlan | PlanShape) -> tuple[int, ...]:
+    """The fields of a step's record that its plan alone decides, from ``num_spec_rows``
+    to ``padded_rows`` (``records.STEP_RECORD``'s order)."""
     graph = plan.graph
     return (
-        start_s,
-        sum(terms),  # StepCost.total
         plan.num_spec_rows,
         plan.num_decode_rows,
         plan.num_prefill_rows,
@@ -148,8 +153,6 @@ def _record(
         graph.num_rows if graph else 0,
         plan.padded_tokens - plan.num_tokens,
         plan.padded_rows - plan.num_rows,
-        plan_us,
-        *terms,
     )
 
 
@@ -288,6 +291,12 @@ class _Loop:
     #: (which reads the batch) nor measured host cost (the clock then reads what
     #: compiling the engine's batch costs) is in use.
     shape_only: bool = attrs.field(init=False)
+    #: :func:`_plan_fields` of the shapes the planner hands out again for a repeated
+    #: shape, by identity: ``id(shape) -> (shape, fields)`` (the shape held, so that its
+    #: id is no other object's).
+    _shape_fields: dict[int, tuple[PlanShape, tuple[int, ...]]] = attrs.field(
+        factory=dict, init=False
+    )
 
     def __attrs_post_init__(self) -> None:
         self.shape_only = self.cost.engine is None and self.cost.cost.host_cost != "measured"
@@ -361,16 +370,31 @@ class _Loop:
             rows.accepted[:count],
         )
         start = time.perf_counter_ns()
-        if self.shape_only:  # the same checks and packing, no batch or plan made
-            plan: ExecutionPlan | PlanShape = self.planner.shape_of_rows(*inputs)
-        else:
+        if not self.shape_only:
             plan = self.planner.compile(StepBatch(*inputs))
+            plan_us = (time.perf_counter_ns() - start) * 1e-3
+            terms = self._terms(plan, kv_tokens, attention_pairs, plan_us)
+            record = _record(plan, clock, plan_us, terms)
+            return clock + record[1], record
+        # the same checks and counts, no batch or plan made
+        shape = self.planner.shape_of_rows(*inputs)
         plan_us = (time.perf_counter_ns() - start) * 1e-3
-        terms = self.cost.terms(plan, kv_tokens, attention_pairs, plan_us)
+        terms = self._terms(shape, kv_tokens, attention_pairs, plan_us)
+        kept = self._shape_fields.get(id(shape))
+        if kept is None or kept[0] is not shape:
+            if len(self._shape_fields) >= _KEPT_SHAPES:
+                self._shape_fields.clear()
+            kept = self._shape_fields[id(shape)] = (shape, _plan_fields(shape))
+        total = sum(terms)  # StepCost.total
+        return clock + total, (clock, total, *kept[1], plan_us, *terms)
+
+    def _terms(
+        self, plan: ExecutionPlan | PlanShape, kv_tokens: int, pairs: float, plan_us: float
+    ) -> tuple[float, ...]:
+        """The step's cost terms (replayed durations where given)."""
         if self.durations is not None:
-            terms = _replayed(self.durations, len(self.table)).terms()
-        record = _record(plan, clock, plan_us, terms)
-        return clock + record[1], record
+            return _replayed(self.durations, len(self.table)).terms()
+        return self.cost.terms(plan, kv_tokens, pairs, plan_us)
 
     def _run_scheduled(self, step: ScheduledStep, clock: float) -> float:
         """:meth:`run_step` for a live engine or an observer, on a :class:`ScheduledStep`."""
