@@ -40,7 +40,7 @@ from .scheduler import ScheduledStep, Scheduler
 from .scheduler.implementations import make_scheduler
 from .settings.config import SimConfig
 from .stepper import Stepper
-from .timing.cost import CostModel, StepCost, StepLoad
+from .timing.cost import CostModel, PlanTerms, StepCost, StepLoad
 from .traces import RequestTable, TraceError
 
 _GRAPH_CODES = {kind: code for code, kind in enumerate(GRAPH_KINDS)}  # steps.csv graph_kind
@@ -291,10 +291,10 @@ class _Loop:
     #: (which reads the batch) nor measured host cost (the clock then reads what
     #: compiling the engine's batch costs) is in use.
     shape_only: bool = attrs.field(init=False)
-    #: :func:`_plan_fields` of the shapes the planner hands out again for a repeated
-    #: shape, by identity: ``id(shape) -> (shape, fields)`` (the shape held, so that its
-    #: id is no other object's).
-    _shape_fields: dict[int, tuple[PlanShape, tuple[int, ...]]] = attrs.field(
+    #: What a step reads of the shapes the planner hands out again for a repeated shape,
+    #: by identity: ``id(shape) -> (shape, _plan_fields(shape), cost.plan_terms(shape))``
+    #: (the shape held, so that its id is no other object's).
+    _shapes: dict[int, tuple[PlanShape, tuple[int, ...], PlanTerms]] = attrs.field(
         factory=dict, init=False
     )
 
@@ -379,12 +379,16 @@ class _Loop:
         # the same checks and counts, no batch or plan made
         shape = self.planner.shape_of_rows(*inputs)
         plan_us = (time.perf_counter_ns() - start) * 1e-3
-        terms = self._terms(shape, kv_tokens, attention_pairs, plan_us)
-        kept = self._shape_fields.get(id(shape))
+        kept = self._shapes.get(id(shape))
         if kept is None or kept[0] is not shape:
-            if len(self._shape_fields) >= _KEPT_SHAPES:
-                self._shape_fields.clear()
-            kept = self._shape_fields[id(shape)] = (shape, _plan_fields(shape))
+            if len(self._shapes) >= _KEPT_SHAPES:
+                self._shapes.clear()
+            kept = (shape, _plan_fields(shape), self.cost.plan_terms(shape))
+            self._shapes[id(shape)] = kept
+        if self.durations is None:
+            terms = self.cost.step_terms(kept[2], shape, kv_tokens, attention_pairs, plan_us)
+        else:
+            terms = _replayed(self.durations, len(self.table)).terms()
         total = sum(terms)  # StepCost.total
         return clock + total, (clock, total, *kept[1], plan_us, *terms)
 

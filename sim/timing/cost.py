@@ -64,6 +64,7 @@ import bisect
 import json
 from importlib import resources
 from pathlib import Path
+from typing import NamedTuple
 
 import attrs
 import numpy as np
@@ -276,6 +277,20 @@ class StepCost:
         return attrs.astuple(self)
 
 
+class PlanTerms(NamedTuple):
+    """What a step's time reads of its plan alone (:meth:`CostModel.plan_terms`): its
+    live and padded tokens, the terms the plan decides, and ``host_s`` and ``launch_s``
+    where they read nothing else (``None``: the measured planner time, or the GPU's busy
+    time that hides an eager step's launches, decides them per step)."""
+
+    num_tokens: int
+    padded_tokens: int
+    conv_s: float
+    allreduce_s: float
+    host_s: float | None
+    launch_s: float | None
+
+
 #: What the cost model reads of a step: its compiled plan, or the plan's shape alone (the
 #: same counts, without the arrays: what the simulation loop compiles when nothing reads them).
 PlanCounts = ExecutionPlan | PlanShape
@@ -299,12 +314,19 @@ class CostModel:
     share: RankShare = attrs.field(
         default=attrs.Factory(lambda self: split_model(self.model, 1), takes_self=True)
     )
-    # The terms a step's plan alone decides (conv_s, allreduce_s, and host_s and launch_s
-    # where they read nothing else), by its counts (:meth:`_plan_key`): a run repeats a
-    # few thousand shapes, and the profile's interpolation is the dear part.
-    _plan_memo: dict[tuple[int, ...], tuple[float | None, ...]] = attrs.field(
+    # plan_terms by the plan's counts: a run repeats a few thousand shapes, and the
+    # profile's interpolation is the dear part
+    _plan_memo: dict[tuple[int, ...], PlanTerms] = attrs.field(
         factory=dict, init=False, eq=False, repr=False
     )
+    # the roofline's factors, multiplied once (in the order its formula multiplies them)
+    _two_params: float = attrs.field(init=False, eq=False, repr=False)
+    _pair_flops: float = attrs.field(init=False, eq=False, repr=False)
+
+    def __attrs_post_init__(self) -> None:
+        m = self.model
+        object.__setattr__(self, "_two_params", 2.0 * self.share.params)
+        object.__setattr__(self, "_pair_flops", 4.0 * m.hidden_size * (m.layers - m.conv_layers))
 
     @classmethod
     def create(
@@ -334,16 +356,19 @@ class CostModel:
 
     def model_s(self, plan: PlanCounts, load: StepLoad) -> float:
         """Roofline time of the model's non-conv work for the step."""
-        return self._roofline(plan, load.kv_tokens, load.attention_pairs)
+        return self._roofline(
+            plan.num_tokens, plan.padded_tokens, load.kv_tokens, load.attention_pairs
+        )
 
-    def _roofline(self, plan: PlanCounts, kv_tokens: int, attention_pairs: float) -> float:
-        m, share = self.model, self.share
-        tokens = plan.num_tokens
+    def _roofline(
+        self, tokens: int, padded_tokens: int, kv_tokens: int, attention_pairs: float
+    ) -> float:
+        share = self.share
         memory = share.weights_bytes + share.kv_bytes_per_token * (kv_tokens + tokens)
-        attention_layers = m.layers - m.conv_layers
-        flops = 2.0 * share.params * plan.padded_tokens
-        # query heads split over the ranks (a copied KV head adds no query-key pairs)
-        flops += 4.0 * m.hidden_size * attention_layers * attention_pairs / share.ranks
+        flops = self._two_params * padded_tokens  # 2 * params FLOPs per (padded) token
+        # attention: 4 * hidden * attention layers per query-key pair; query heads split
+        # over the ranks (a copied KV head adds no query-key pairs)
+        flops += self._pair_flops * attention_pairs / share.ranks
         return max(memory / self.gpu.memory_bw_bytes_s, flops / self.gpu.peak_flops)
 
     def allreduce_s(self, plan: PlanCounts) -> float:
@@ -396,7 +421,11 @@ class CostModel:
             predicted_us = self.engine.fit.predict_us(step_shape(plan))
             if predicted_us is not None:
                 return 0.0, 0.0, 0.0, 0.0, predicted_us * 1e-6, 0.0
-        model_s = self._roofline(plan, kv_tokens, attention_pairs)
+        return self.step_terms(self.plan_terms(plan), plan, kv_tokens, attention_pairs, plan_us)
+
+    def plan_terms(self, plan: PlanCounts) -> PlanTerms:
+        """What the step's time reads of ``plan`` alone (:class:`PlanTerms`), kept by its
+        counts."""
         key = (
             plan.num_spec_rows,
             plan.num_decode_rows,
@@ -411,20 +440,32 @@ class CostModel:
         if fixed is None:
             if len(self._plan_memo) >= _MEMO_SIZE:
                 self._plan_memo.clear()
-            fixed = self._plan_memo[key] = self._plan_terms(plan)
-        conv_s, allreduce_s, host_s, launch_s = fixed
+            measured = self.cost.host_cost == "measured"
+            fixed = self._plan_memo[key] = PlanTerms(
+                plan.num_tokens,
+                plan.padded_tokens,
+                self.conv_s(plan),
+                self.allreduce_s(plan),
+                None if measured else self.host_s(plan, 0.0),
+                None if plan.graph is None else self.launch_s(plan, 0.0),
+            )
+        return fixed
+
+    def step_terms(
+        self,
+        fixed: PlanTerms,
+        plan: PlanCounts,
+        kv_tokens: int,
+        attention_pairs: float,
+        plan_us: float,
+    ) -> tuple[float, float, float, float, float, float]:
+        """:meth:`terms` without an engine profile, from ``fixed``
+        (``plan_terms(plan)``, which a caller may keep)."""
+        tokens, padded, conv_s, allreduce_s, host_s, launch_s = fixed
+        model_s = self._roofline(tokens, padded, kv_tokens, attention_pairs)
         if host_s is None:
             host_s = self.host_s(plan, plan_us)
         busy_s = model_s + conv_s + allreduce_s
         if launch_s is None:
             launch_s = self.launch_s(plan, busy_s)
         return model_s, conv_s, host_s, launch_s, 0.0, allreduce_s
-
-    def _plan_terms(self, plan: PlanCounts) -> tuple[float, float, float | None, float | None]:
-        """``conv_s``, ``allreduce_s``, ``host_s`` and ``launch_s`` of ``plan``, the last
-        two ``None`` where they read more than the plan's counts (the measured planner
-        time; the GPU's busy time, which hides an eager step's launches)."""
-        measured = self.cost.host_cost == "measured"
-        host_s = None if measured else self.host_s(plan, 0.0)
-        launch_s = None if plan.graph is None else self.launch_s(plan, 0.0)
-        return self.conv_s(plan), self.allreduce_s(plan), host_s, launch_s
