@@ -174,8 +174,8 @@ def csv_text(arrays: Sequence[np.ndarray], compiled: ModuleType | None = _CSV_TE
         csv_cells(array) if may else np.ascontiguousarray(array)
         for array, may in zip(arrays, text, strict=True)
     ]
-    cells = [column for column, may in zip(columns, text, strict=True) if may]
-    if any(special in cell for column in cells for cell in column for special in _SPECIAL):
+    cells = "".join(["".join(column) for column, may in zip(columns, text, strict=True) if may])
+    if any(special in cells for special in _SPECIAL):
         return csv_lines([csv_cells(array) for array in arrays], text)  # csv quotes them
     return compiled.csv_lines(columns)
 
