@@ -137,6 +137,8 @@ class Planner:
         slots: np.ndarray,
         num_draft_tokens: np.ndarray,
         num_accepted_tokens: np.ndarray,
+        *,
+        rows: int | None = None,
     ) -> PlanShape:
         """``compile(StepBatch(query_lens, num_computed_tokens, slots, num_draft_tokens,
         num_accepted_tokens)).shape``, the same value, with the batch checked as
@@ -148,6 +150,9 @@ class Planner:
             query_lens, num_computed_tokens, num_draft_tokens, num_accepted_tokens:
                 ``[R], int32`` as :class:`StepBatch` takes them.
             slots: ``[R]`` or ``[G, R]``, int32.
+            rows: the batch is the first ``rows`` rows of each array (of ``slots``' last
+                axis), which may hold more (a scheduler's arrays, no views made);
+                ``None``: all of them.
 
         Anything else (other dtypes, a batch the checks refuse, no compiled packer) goes
         through ``compile(StepBatch(...))``, which raises what it raises there.
@@ -165,6 +170,7 @@ class Planner:
                     False,
                     self._query_len_max,
                     self._tile,
+                    rows,
                 )
             except (TypeError, ValueError, AttributeError, BufferError):
                 counted = None
@@ -175,6 +181,13 @@ class Planner:
                     shape = self._counted_shape(counted, grouped.shape[0])
                 if shape is not None:
                     return shape
+        if rows is not None:
+            query_lens, num_computed_tokens = query_lens[:rows], num_computed_tokens[:rows]
+            num_draft_tokens, num_accepted_tokens = (
+                num_draft_tokens[:rows],
+                num_accepted_tokens[:rows],
+            )
+            slots = slots[..., :rows]
         batch = StepBatch(
             query_lens, num_computed_tokens, slots, num_draft_tokens, num_accepted_tokens
         )

@@ -361,23 +361,32 @@ class _Loop:
         count, kv_tokens, attention_pairs = found
         rows = self.scheduler.rows
         groups = self.scheduler.config.num_groups
-        slots = rows.slots[:count]
-        inputs = (  # positional, in StepBatch's field order: the cheapest call
-            rows.query_lens[:count],
-            rows.computed[:count],
-            slots if groups == 1 else np.broadcast_to(slots, (groups, count)),
-            rows.drafts[:count],
-            rows.accepted[:count],
-        )
-        start = time.perf_counter_ns()
         if not self.shape_only:
+            slots = rows.slots[:count]
+            inputs = (  # positional, in StepBatch's field order: the cheapest call
+                rows.query_lens[:count],
+                rows.computed[:count],
+                slots if groups == 1 else np.broadcast_to(slots, (groups, count)),
+                rows.drafts[:count],
+                rows.accepted[:count],
+            )
+            start = time.perf_counter_ns()
             plan = self.planner.compile(StepBatch(*inputs))
             plan_us = (time.perf_counter_ns() - start) * 1e-3
             terms = self._terms(plan, kv_tokens, attention_pairs, plan_us)
             record = _record(plan, clock, plan_us, terms)
             return clock + record[1], record
-        # the same checks and counts, no batch or plan made
-        shape = self.planner.shape_of_rows(*inputs)
+        # the same checks and counts, no batch or plan made (nor views of the rows)
+        slots = rows.slots
+        whole = (
+            rows.query_lens,
+            rows.computed,
+            slots if groups == 1 else np.broadcast_to(slots, (groups, slots.size)),
+            rows.drafts,
+            rows.accepted,
+        )
+        start = time.perf_counter_ns()
+        shape = self.planner.shape_of_rows(*whole, rows=count)
         plan_us = (time.perf_counter_ns() - start) * 1e-3
         kept = self._shapes.get(id(shape))
         if kept is None or kept[0] is not shape:

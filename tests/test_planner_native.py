@@ -166,6 +166,12 @@ def test_the_shape_of_rows_is_the_compiled_plans_shape(cases, wide):
         layout = want.layout
         assert (got.padded_tokens, got.padded_rows) == (layout.num_tokens, layout.num_rows)
         assert numpy.shape_of_rows(*rows) == want
+        # the first R rows of longer arrays (a scheduler's), whatever the rows past them
+        longer = tuple(
+            np.concatenate([a, np.full((*a.shape[:-1], 3), 7, a.dtype)], -1) for a in rows
+        )
+        assert native.shape_of_rows(*longer, rows=len(batch.query_lens)) == want
+        assert numpy.shape_of_rows(*longer, rows=len(batch.query_lens)) == want
 
 
 @pytest.mark.parametrize(

@@ -322,21 +322,42 @@ static PyObject *counts_of_copies(const Py_buffer views[NUM_VIEWS], Py_ssize_t r
 
 const char SHAPE_COUNTS_DOC[] =
     "shape_counts(query_lens, num_computed_tokens, num_draft_tokens, num_accepted_tokens,\n"
-    "             slots, allow_null_slots, query_len_max, tile)\n"
+    "             slots, allow_null_slots, query_len_max, tile, rows)\n"
     "What check_batch and then pack learn of a batch, without the packed bytes: the rows\n"
     "per kind (spec, decode, prefill, padding), the plan's counts in ExecutionPlan's field\n"
     "order (pack's answer) and the live tokens; None where check_batch or pack would\n"
-    "answer None. Inputs as check_batch takes them; the copies go to scratch memory.";
+    "answer None. Inputs as check_batch takes them, of which the first ``rows`` rows are\n"
+    "the batch (None: all, and they must agree); the copies go to scratch memory.";
+
+/* Whether the inputs lack ``*rows`` rows (``*rows`` < 0: all their rows, in which they
+ * must agree, as rows_disagree says; it sets *rows then). */
+static int rows_missing(const Py_buffer views[NUM_VIEWS], Py_ssize_t *rows,
+                        Py_ssize_t *groups) {
+    if (*rows < 0) {
+        return rows_disagree(views, rows, groups);
+    }
+    if (views[LENS].ndim != 1 || views[SLOTS].ndim != 2) {
+        return 1;
+    }
+    for (int i = LENS; i <= ACCEPTED; i++) {
+        if (views[i].ndim != 1 || views[i].shape[0] < *rows) {
+            return 1;
+        }
+    }
+    *groups = views[SLOTS].shape[0];
+    return views[SLOTS].shape[1] < *rows || *groups < 1;
+}
 
 PyObject *shape_counts(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 8) {
-        PyErr_Format(PyExc_TypeError, "shape_counts takes 8 arguments, got %zd", nargs);
+    if (nargs != 9) {
+        PyErr_Format(PyExc_TypeError, "shape_counts takes 9 arguments, got %zd", nargs);
         return NULL;
     }
     Py_ssize_t query_len_max = get_count(args[6], "query_len_max");
     Py_ssize_t tile = query_len_max < 0 ? -1 : get_count(args[7], "tile");
-    if (tile < 0) {
+    Py_ssize_t rows = -1; /* None: all */
+    if (tile < 0 || (args[8] != Py_None && (rows = get_count(args[8], "rows")) < 0)) {
         return NULL;
     }
     if (tile == 0) {
@@ -351,9 +372,9 @@ PyObject *shape_counts(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
         }
     }
     PyObject *result = NULL;
-    Py_ssize_t rows, groups;
+    Py_ssize_t groups;
     if (held == SLOTS + 1) {
-        if (rows_disagree(views, &rows, &groups) ||
+        if (rows_missing(views, &rows, &groups) ||
             groups > (PY_SSIZE_T_MAX / 8) / (rows + 1) - 8) {
             result = Py_NewRef(Py_None);
         } else {
