@@ -174,13 +174,9 @@ class Planner:
                 )
             except (TypeError, ValueError, AttributeError, BufferError):
                 counted = None
-            if counted is not None:
-                key = (counted, grouped.shape[0])
-                shape = self._shapes.get(key)
-                if shape is None:
-                    shape = self._counted_shape(counted, grouped.shape[0])
-                if shape is not None:
-                    return shape
+            shape = self._kept_shape(counted, grouped.shape[0])
+            if shape is not None:
+                return shape
         if rows is not None:
             query_lens, num_computed_tokens = query_lens[:rows], num_computed_tokens[:rows]
             num_draft_tokens, num_accepted_tokens = (
@@ -192,6 +188,53 @@ class Planner:
             query_lens, num_computed_tokens, slots, num_draft_tokens, num_accepted_tokens
         )
         return self.compile(batch).shape
+
+    def rows_shapes(
+        self,
+        query_lens: np.ndarray,
+        num_computed_tokens: np.ndarray,
+        slots: np.ndarray,
+        num_draft_tokens: np.ndarray,
+        num_accepted_tokens: np.ndarray,
+    ) -> Callable[[int], PlanShape]:
+        """``shape_of(rows)``, which is ``shape_of_rows(query_lens, ..., rows=rows)``, with
+        the arrays' buffers taken once (natively): what a loop that plans one scheduler's
+        rows step after step calls. The arrays must stay the ones it reads: written in
+        place, never resized. Arguments as :meth:`shape_of_rows` takes them."""
+        arrays = (query_lens, num_computed_tokens, slots, num_draft_tokens, num_accepted_tokens)
+        bound, groups = None, 1
+        if self._packer is not None and type(slots) is np.ndarray and slots.ndim in (1, 2):
+            grouped = slots if slots.ndim == 2 else slots[None]
+            groups = grouped.shape[0]
+            try:
+                bound = self._packer.BoundRows(
+                    query_lens, num_computed_tokens, num_draft_tokens, num_accepted_tokens, grouped
+                )
+            except (TypeError, ValueError, BufferError):
+                bound = None
+        query_len_max, tile, shape_of_rows = self._query_len_max, self._tile, self.shape_of_rows
+        counts = None if bound is None else bound.counts
+
+        def shape_of(rows: int) -> PlanShape:
+            shape = None
+            if counts is not None:
+                try:
+                    shape = self._kept_shape(counts(False, query_len_max, tile, rows), groups)
+                except (TypeError, ValueError):
+                    shape = None
+            return shape if shape is not None else shape_of_rows(*arrays, rows=rows)
+
+        return shape_of
+
+    def _kept_shape(
+        self, counted: tuple[tuple[int, ...], tuple[int, ...], int] | None, groups: int
+    ) -> PlanShape | None:
+        """The shape of a batch ``shape_counts`` counted (``None``: it did not), kept or
+        made (:meth:`_counted_shape`)."""
+        if counted is None:
+            return None
+        shape = self._shapes.get((counted, groups))
+        return shape if shape is not None else self._counted_shape(counted, groups)
 
     def _counted_shape(
         self, counted: tuple[tuple[int, ...], tuple[int, ...], int], groups: int

@@ -297,6 +297,8 @@ class _Loop:
     _shapes: dict[int, tuple[PlanShape, tuple[int, ...], PlanTerms]] = attrs.field(
         factory=dict, init=False
     )
+    #: The planner's ``rows_shapes`` of the scheduler's rows, made at the first step.
+    _shape_of: Callable[[int], PlanShape] | None = attrs.field(default=None, init=False)
 
     def __attrs_post_init__(self) -> None:
         self.shape_only = self.cost.engine is None and self.cost.cost.host_cost != "measured"
@@ -377,16 +379,17 @@ class _Loop:
             record = _record(plan, clock, plan_us, terms)
             return clock + record[1], record
         # the same checks and counts, no batch or plan made (nor views of the rows)
-        slots = rows.slots
-        whole = (
-            rows.query_lens,
-            rows.computed,
-            slots if groups == 1 else np.broadcast_to(slots, (groups, slots.size)),
-            rows.drafts,
-            rows.accepted,
-        )
+        if self._shape_of is None:
+            slots = rows.slots
+            self._shape_of = self.planner.rows_shapes(
+                rows.query_lens,
+                rows.computed,
+                slots if groups == 1 else np.broadcast_to(slots, (groups, slots.size)),
+                rows.drafts,
+                rows.accepted,
+            )
         start = time.perf_counter_ns()
-        shape = self.planner.shape_of_rows(*whole, rows=count)
+        shape = self._shape_of(count)
         plan_us = (time.perf_counter_ns() - start) * 1e-3
         kept = self._shapes.get(id(shape))
         if kept is None or kept[0] is not shape:

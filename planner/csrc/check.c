@@ -348,20 +348,30 @@ static int rows_missing(const Py_buffer views[NUM_VIEWS], Py_ssize_t *rows,
     return views[SLOTS].shape[1] < *rows || *groups < 1;
 }
 
-PyObject *shape_counts(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    (void)self;
-    if (nargs != 9) {
-        PyErr_Format(PyExc_TypeError, "shape_counts takes 9 arguments, got %zd", nargs);
-        return NULL;
-    }
-    Py_ssize_t query_len_max = get_count(args[6], "query_len_max");
-    Py_ssize_t tile = query_len_max < 0 ? -1 : get_count(args[7], "tile");
+/* shape_counts' answer for its arrays ``views`` and its last four arguments (``rest``:
+ * allow_null_slots, query_len_max, tile, rows). */
+static PyObject *counts_of_views(const Py_buffer views[NUM_VIEWS], PyObject *const *rest) {
+    Py_ssize_t query_len_max = get_count(rest[1], "query_len_max");
+    Py_ssize_t tile = query_len_max < 0 ? -1 : get_count(rest[2], "tile");
     Py_ssize_t rows = -1; /* None: all */
-    if (tile < 0 || (args[8] != Py_None && (rows = get_count(args[8], "rows")) < 0)) {
+    if (tile < 0 || (rest[3] != Py_None && (rows = get_count(rest[3], "rows")) < 0)) {
         return NULL;
     }
     if (tile == 0) {
         PyErr_SetString(PyExc_ValueError, "tile: must be positive");
+        return NULL;
+    }
+    Py_ssize_t groups;
+    if (rows_missing(views, &rows, &groups) || groups > (PY_SSIZE_T_MAX / 8) / (rows + 1) - 8) {
+        return Py_NewRef(Py_None);
+    }
+    return counts_of_copies(views, rows, groups, rest[0], query_len_max, tile);
+}
+
+PyObject *shape_counts(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 9) {
+        PyErr_Format(PyExc_TypeError, "shape_counts takes 9 arguments, got %zd", nargs);
         return NULL;
     }
     Py_buffer views[NUM_VIEWS];
@@ -371,18 +381,74 @@ PyObject *shape_counts(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
             break;
         }
     }
-    PyObject *result = NULL;
-    Py_ssize_t groups;
-    if (held == SLOTS + 1) {
-        if (rows_missing(views, &rows, &groups) ||
-            groups > (PY_SSIZE_T_MAX / 8) / (rows + 1) - 8) {
-            result = Py_NewRef(Py_None);
-        } else {
-            result = counts_of_copies(views, rows, groups, args[SLOTS + 1], query_len_max, tile);
-        }
-    }
+    PyObject *result = held == SLOTS + 1 ? counts_of_views(views, args + SLOTS + 1) : NULL;
     while (held > 0) {
         PyBuffer_Release(&views[--held]);
     }
     return result;
 }
+
+/* BoundRows: shape_counts' five arrays, their buffers taken once (numpy's buffer export
+ * costs more than counting a step's rows); a caller that counts the same arrays step
+ * after step (a scheduler's rows, written in place) binds them once. */
+typedef struct {
+    PyObject_HEAD
+    Py_buffer views[NUM_VIEWS];
+    int held;
+} BoundRows;
+
+static void bound_rows_dealloc(BoundRows *self) {
+    while (self->held > 0) {
+        PyBuffer_Release(&self->views[--self->held]);
+    }
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *bound_rows_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    PyObject *arrays[SLOTS + 1];
+    if (kwargs != NULL && PyDict_GET_SIZE(kwargs)) {
+        PyErr_SetString(PyExc_TypeError, "BoundRows takes no keywords");
+        return NULL;
+    }
+    if (!PyArg_ParseTuple(args, "OOOOO:BoundRows", &arrays[LENS], &arrays[COMPUTED],
+                          &arrays[DRAFTS], &arrays[ACCEPTED], &arrays[SLOTS])) {
+        return NULL;
+    }
+    BoundRows *self = (BoundRows *)type->tp_alloc(type, 0);
+    if (self == NULL) {
+        return NULL;
+    }
+    for (; self->held <= SLOTS; self->held++) {
+        if (get_strided(arrays[self->held], &self->views[self->held],
+                        CHECK_NAMES[self->held]) < 0) {
+            Py_DECREF(self);
+            return NULL;
+        }
+    }
+    return (PyObject *)self;
+}
+
+static PyObject *bound_rows_counts(BoundRows *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_Format(PyExc_TypeError, "counts takes 4 arguments, got %zd", nargs);
+        return NULL;
+    }
+    return counts_of_views(self->views, args);
+}
+
+static PyMethodDef bound_rows_methods[] = {
+    {"counts", (PyCFunction)(void (*)(void))bound_rows_counts, METH_FASTCALL,
+     "counts(allow_null_slots, query_len_max, tile, rows): shape_counts of the bound arrays."},
+    {NULL, NULL, 0, NULL},
+};
+
+PyTypeObject BoundRowsType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "stepplan.planner._packer.BoundRows",
+    .tp_basicsize = sizeof(BoundRows),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "BoundRows(query_lens, num_computed_tokens, num_draft_tokens, "
+              "num_accepted_tokens, slots): shape_counts' arrays, held.",
+    .tp_new = bound_rows_new,
+    .tp_dealloc = (destructor)bound_rows_dealloc,
+    .tp_methods = bound_rows_methods,
+};

@@ -36,8 +36,16 @@ static struct PyModuleDef module = {
 };
 
 PyMODINIT_FUNC PyInit__packer(void) {
+    if (PyType_Ready(&BoundRowsType) < 0) {
+        return NULL;
+    }
     PyObject *m = PyModule_Create(&module);
-    if (m != NULL && PyModule_AddStringConstant(m, "SOURCE_DIGEST", PACKER_SOURCE_DIGEST) < 0) {
+    if (m == NULL) {
+        return NULL;
+    }
+    Py_INCREF(&BoundRowsType);
+    if (PyModule_AddStringConstant(m, "SOURCE_DIGEST", PACKER_SOURCE_DIGEST) < 0 ||
+        PyModule_AddObject(m, "BoundRows", (PyObject *)&BoundRowsType) < 0) {
         Py_DECREF(m);
         return NULL;
     }
