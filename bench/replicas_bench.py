@@ -153,6 +153,9 @@ def main() -> None:
     parser.add_argument("--cores", default="0", help="taskset's core list (default: one core)")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results"))
     parser.add_argument(
+        "--note", action="append", default=[], help="a line for the record's notes (repeatable)"
+    )
+    parser.add_argument(
         "--vs-split",
         action="store_true",
         help="in one process, no files: round-robin replicas against single engines on the "
@@ -166,6 +169,8 @@ def main() -> None:
         case = run_case(args.replicas, args.scale, args.router, args.cores)
     print(json.dumps(case["figures"], indent=2))
     settings = {key: value for key, value in case.items() if key != "figures"}
+    if args.note:
+        settings["notes"] = args.note
     # The commit taken before the run overrides the writer's, taken after it.
     record_run("replicas_bench", case["figures"], folder=Path(args.out), **settings, **tree)
 

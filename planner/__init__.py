@@ -3,7 +3,7 @@
 Imports nothing else of stepplan. See ``SPEC.md`` §1 and §3.
 """
 
-from .batch import DECODE, KIND_NAMES, PADDING, PREFILL, SPEC, StepBatch
+from .batch import DECODE, KIND_NAMES, PADDING, PREFILL, SPEC, StepBatch, host_ints, host_step_batch
 from .buckets import (
     GraphChoices,
     choose_graph,
@@ -17,7 +17,7 @@ from .errors import PlanError
 from .layout import FIELDS, BufferField, PlanLayout
 from .native import NativeBuildError
 from .plan import SUMMARY, ExecutionPlan, GraphKey, Op, PlanShape, plan_summary
-from .planner import Planner, host_ints, host_step_batch
+from .planner import Planner
 
 __all__ = [
     "DECODE",

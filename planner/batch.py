@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Callable
+from typing import Any
 
 import attrs
 import numpy as np
@@ -415,3 +417,66 @@ class StepBatch:
                 None,
                 f"{tokens} is fewer than the {self.num_tokens} tokens",
             )
+
+
+def host_ints(values: Any) -> Any:
+    """``values`` itself, or for an ``(address, items)`` tuple a read-only ``[items],
+    int32`` array over that host memory, which the caller vouches for (keeps alive and
+    sized). The compiled packer takes such tuples straight (a CPU tensor's ``data_ptr()``
+    and ``numel()``: no ``numpy()`` view made); the Python paths read them through this."""
+    if type(values) is not tuple:
+        return values
+    if len(values) != 2 or not all(type(value) is int for value in values):
+        raise ValueError(f"host ints: must be an (address, items) tuple of ints, got {values!r}")
+    address, items = values
+    if items < 0 or (address == 0 and items > 0):  # the compiled packer refuses these too
+        raise ValueError(f"host ints: no {items} items at address {address}")
+    if items == 0:
+        return np.zeros(0, np.int32)
+    array = np.frombuffer((ctypes.c_int32 * items).from_address(address), np.int32)
+    array.flags.writeable = False
+    return array
+
+
+def host_step_batch(
+    query_start: np.ndarray,
+    num_draft_tokens: np.ndarray | None,
+    num_reqs: int,
+    *,
+    num_padded_tokens: int | None = None,
+    num_groups: int = 1,
+) -> StepBatch:
+    """The batch of a step known on the host by its query starts and drafts alone, as an
+    engine that keeps the rest on the device hands it over (vLLM): row ``r`` has
+    ``query_start[r + 1] - query_start[r]`` tokens and ``num_draft_tokens[r]`` drafts
+    (``None``: no spec row), and placeholders where the host does not know: no computed
+    tokens, one accepted token, NULL slots (``allow_null_slots``).
+
+    Args:
+        query_start: ``[>= num_reqs + 1]`` integers (the first ``num_reqs + 1`` are read),
+            or a :func:`host_ints` tuple.
+        num_draft_tokens: ``[>= num_reqs]`` integers, ``>= 0`` on spec rows, or ``None``
+            (or a :func:`host_ints` tuple).
+        num_reqs: ``R``, rows (padding rows included).
+        num_padded_tokens: as :class:`StepBatch`'s.
+        num_groups: ``G``, layer groups.
+    """
+    starts = np.asarray(host_ints(query_start))
+    if starts.ndim != 1 or starts.shape[0] < num_reqs + 1:
+        raise PlanError("query_start", None, f"needs num_reqs + 1 = {num_reqs + 1} entries")
+    starts = starts[: num_reqs + 1].astype(np.int64)
+    drafts = np.full(num_reqs, -1, np.int64)
+    if num_draft_tokens is not None:
+        drafts = np.asarray(host_ints(num_draft_tokens))
+        if drafts.ndim != 1 or drafts.shape[0] < num_reqs:
+            raise PlanError("num_draft_tokens", None, f"needs num_reqs = {num_reqs} entries")
+        drafts = drafts[:num_reqs]
+    return StepBatch(
+        np.diff(starts),
+        np.zeros(num_reqs, np.int32),
+        np.zeros((num_groups, num_reqs), np.int32),
+        drafts,
+        np.ones(num_reqs, np.int32),
+        num_padded_tokens=num_padded_tokens,
+        allow_null_slots=True,
+    )

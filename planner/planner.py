@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import warnings
 from collections.abc import Callable
@@ -11,12 +10,11 @@ from typing import Any
 
 import numpy as np
 
-from .batch import StepBatch
+from .batch import StepBatch, host_ints, host_step_batch
 from .buckets import choose_graph, may_replay
 from .compile import check_limits, compile_plan
 from .config import PlannerConfig
-from .errors import PlanError
-from .layout import PlanLayout, batch_buffer_arrays, batch_buffer_size
+from .layout import PlanLayout
 from .native import NativeBuildError, load_packer
 from .plan import SUMMARY, ExecutionPlan, GraphKey, PlanShape, plan_summary
 
@@ -56,6 +54,9 @@ class Planner:
         # A plan's shape, or None where the shape runs eagerly.
         self._graphs: dict[tuple[object, ...], _Shape | None] = {}
         self._layouts: dict[tuple[int, int, int, int], PlanLayout] = {}
+        # shape_of_rows' answers by what the native census counted and the layer groups:
+        # a repeated shape is the very PlanShape handed out before
+        self._shapes: dict[tuple[object, ...], PlanShape] = {}
         self._packer = _packer(native)
         # What the native path reads every step, kept out of the config's properties.
         self._graph_mode = config.graph_mode
@@ -134,55 +135,123 @@ class Planner:
         slots: np.ndarray,
         num_draft_tokens: np.ndarray,
         num_accepted_tokens: np.ndarray,
+        *,
+        rows: int | None = None,
     ) -> PlanShape:
         """``compile(StepBatch(query_lens, num_computed_tokens, slots, num_draft_tokens,
-        num_accepted_tokens)).shape``, the same value, with the batch checked and the plan
-        packed by the same native calls, but neither the batch nor the plan made (the
-        packed bytes are let go): what a simulator that only times a step reads of its
-        plan, at about half the host time of :meth:`compile`'s path.
+        num_accepted_tokens)).shape``, the same value, with the batch checked as
+        ``check_batch`` checks it and counted as ``pack`` counts it, in one native call
+        (``shape_counts``), but neither the batch, the plan nor its bytes made: what a
+        simulator that only times a step reads of its plan.
 
         Args:
             query_lens, num_computed_tokens, num_draft_tokens, num_accepted_tokens:
                 ``[R], int32`` as :class:`StepBatch` takes them.
             slots: ``[R]`` or ``[G, R]``, int32.
+            rows: the batch is the first ``rows`` rows of each array (of ``slots``' last
+                axis), which may hold more (a scheduler's arrays, no views made);
+                ``None``: all of them.
 
         Anything else (other dtypes, a batch the checks refuse, no compiled packer) goes
         through ``compile(StepBatch(...))``, which raises what it raises there.
         """
         packer = self._packer
         if packer is not None and type(slots) is np.ndarray and slots.ndim in (1, 2):
-            rows = query_lens.shape[0]
             grouped = slots if slots.ndim == 2 else slots[None]
-            groups = grouped.shape[0]
-            data = np.empty(batch_buffer_size(rows, groups), _INT32)
-            kinds = np.empty(rows, np.int8)
-            try:
-                counts = packer.check_batch(
+            try:  # check_batch's checks and pack's counts in one call, no bytes packed
+                counted = packer.shape_counts(
                     query_lens,
                     num_computed_tokens,
                     num_draft_tokens,
                     num_accepted_tokens,
                     grouped,
                     False,
-                    data,
-                    kinds,
+                    self._query_len_max,
+                    self._tile,
+                    rows,
                 )
             except (TypeError, ValueError, AttributeError, BufferError):
-                counts = None
-            if counts is not None and sum(counts[:3]) <= self.config.max_num_seqs:
-                lens, computed, _, accepted, grouped, starts = batch_buffer_arrays(
-                    data, rows, groups
-                )
-                packed = self._pack_checked(
-                    packer, counts, None, lens, computed, grouped, accepted, starts, kinds
-                )
-                if packed is not None:
-                    graph, layout, _, found = packed
-                    return _new_shape((self.config, graph, layout, rows, None, *found))
+                counted = None
+            shape = self._kept_shape(counted, grouped.shape[0])
+            if shape is not None:
+                return shape
+        if rows is not None:
+            query_lens, num_computed_tokens = query_lens[:rows], num_computed_tokens[:rows]
+            num_draft_tokens, num_accepted_tokens = (
+                num_draft_tokens[:rows],
+                num_accepted_tokens[:rows],
+            )
+            slots = slots[..., :rows]
         batch = StepBatch(
             query_lens, num_computed_tokens, slots, num_draft_tokens, num_accepted_tokens
         )
         return self.compile(batch).shape
+
+    def rows_shapes(
+        self,
+        query_lens: np.ndarray,
+        num_computed_tokens: np.ndarray,
+        slots: np.ndarray,
+        num_draft_tokens: np.ndarray,
+        num_accepted_tokens: np.ndarray,
+    ) -> Callable[[int], PlanShape]:
+        """``shape_of(rows)``, which is ``shape_of_rows(query_lens, ..., rows=rows)``, with
+        the arrays' buffers taken once (natively): what a loop that plans one scheduler's
+        rows step after step calls. The arrays must stay the ones it reads: written in
+        place, never resized. Arguments as :meth:`shape_of_rows` takes them."""
+        arrays = (query_lens, num_computed_tokens, slots, num_draft_tokens, num_accepted_tokens)
+        bound, groups = None, 1
+        if self._packer is not None and type(slots) is np.ndarray and slots.ndim in (1, 2):
+            grouped = slots if slots.ndim == 2 else slots[None]
+            groups = grouped.shape[0]
+            try:
+                bound = self._packer.BoundRows(
+                    query_lens, num_computed_tokens, num_draft_tokens, num_accepted_tokens, grouped
+                )
+            except (TypeError, ValueError, BufferError):
+                bound = None
+        query_len_max, tile, shape_of_rows = self._query_len_max, self._tile, self.shape_of_rows
+        counts = None if bound is None else bound.counts
+
+        def shape_of(rows: int) -> PlanShape:
+            shape = None
+            if counts is not None:
+                try:
+                    shape = self._kept_shape(counts(False, query_len_max, tile, rows), groups)
+                except (TypeError, ValueError):
+                    shape = None
+            return shape if shape is not None else shape_of_rows(*arrays, rows=rows)
+
+        return shape_of
+
+    def _kept_shape(
+        self, counted: tuple[tuple[int, ...], tuple[int, ...], int] | None, groups: int
+    ) -> PlanShape | None:
+        """The shape of a batch ``shape_counts`` counted (``None``: it did not), kept or
+        made (:meth:`_counted_shape`)."""
+        if counted is None:
+            return None
+        shape = self._shapes.get((counted, groups))
+        return shape if shape is not None else self._counted_shape(counted, groups)
+
+    def _counted_shape(
+        self, counted: tuple[tuple[int, ...], tuple[int, ...], int], groups: int
+    ) -> PlanShape | None:
+        """The shape of a batch ``shape_counts`` counted (``counted``: its answer), kept
+        for the next batch it counts alike; ``None`` where ``compile`` must say why not
+        (more rows than the config allows, a layout too small for ``pack``)."""
+        counts, found, num_tokens = counted
+        live, tiles = found[0] + found[1] + found[2], found[7]
+        if live > self.config.max_num_seqs:
+            return None
+        graph, layout, _, tokens, rows, room = self._shape(counts, num_tokens, None, groups, tiles)
+        if live > rows or num_tokens > tokens or tiles > room:
+            return None
+        if len(self._shapes) >= _MAX_GRAPHS:
+            self._shapes.clear()
+        shape = _new_shape((self.config, graph, layout, sum(counts), None, *found))
+        self._shapes[(counted, groups)] = shape
+        return shape
 
     def _pack_checked(
         self,
@@ -391,69 +460,6 @@ class Planner:
             self._graphs.clear()
         self._graphs[key] = found
         return found
-
-
-def host_ints(values: Any) -> Any:
-    """``values`` itself, or for an ``(address, items)`` tuple a read-only ``[items],
-    int32`` array over that host memory, which the caller vouches for (keeps alive and
-    sized). The compiled packer takes such tuples straight (a CPU tensor's ``data_ptr()``
-    and ``numel()``: no ``numpy()`` view made); the Python paths read them through this."""
-    if type(values) is not tuple:
-        return values
-    if len(values) != 2 or not all(type(value) is int for value in values):
-        raise ValueError(f"host ints: must be an (address, items) tuple of ints, got {values!r}")
-    address, items = values
-    if items < 0 or (address == 0 and items > 0):  # the compiled packer refuses these too
-        raise ValueError(f"host ints: no {items} items at address {address}")
-    if items == 0:
-        return np.zeros(0, _INT32)
-    array = np.frombuffer((ctypes.c_int32 * items).from_address(address), _INT32)
-    array.flags.writeable = False
-    return array
-
-
-def host_step_batch(
-    query_start: np.ndarray,
-    num_draft_tokens: np.ndarray | None,
-    num_reqs: int,
-    *,
-    num_padded_tokens: int | None = None,
-    num_groups: int = 1,
-) -> StepBatch:
-    """The batch of a step known on the host by its query starts and drafts alone, as an
-    engine that keeps the rest on the device hands it over (vLLM): row ``r`` has
-    ``query_start[r + 1] - query_start[r]`` tokens and ``num_draft_tokens[r]`` drafts
-    (``None``: no spec row), and placeholders where the host does not know: no computed
-    tokens, one accepted token, NULL slots (``allow_null_slots``).
-
-    Args:
-        query_start: ``[>= num_reqs + 1]`` integers (the first ``num_reqs + 1`` are read),
-            or a :func:`host_ints` tuple.
-        num_draft_tokens: ``[>= num_reqs]`` integers, ``>= 0`` on spec rows, or ``None``
-            (or a :func:`host_ints` tuple).
-        num_reqs: ``R``, rows (padding rows included).
-        num_padded_tokens: as :class:`StepBatch`'s.
-        num_groups: ``G``, layer groups.
-    """
-    starts = np.asarray(host_ints(query_start))
-    if starts.ndim != 1 or starts.shape[0] < num_reqs + 1:
-        raise PlanError("query_start", None, f"needs num_reqs + 1 = {num_reqs + 1} entries")
-    starts = starts[: num_reqs + 1].astype(np.int64)
-    drafts = np.full(num_reqs, -1, np.int64)
-    if num_draft_tokens is not None:
-        drafts = np.asarray(host_ints(num_draft_tokens))
-        if drafts.ndim != 1 or drafts.shape[0] < num_reqs:
-            raise PlanError("num_draft_tokens", None, f"needs num_reqs = {num_reqs} entries")
-        drafts = drafts[:num_reqs]
-    return StepBatch(
-        np.diff(starts),
-        np.zeros(num_reqs, np.int32),
-        np.zeros((num_groups, num_reqs), np.int32),
-        drafts,
-        np.ones(num_reqs, np.int32),
-        num_padded_tokens=num_padded_tokens,
-        allow_null_slots=True,
-    )
 
 
 def _no_host_bytes(query_start: Any, num_draft_tokens: Any, num_reqs: int, last: Any) -> None:

@@ -40,13 +40,14 @@ from .scheduler import ScheduledStep, Scheduler
 from .scheduler.implementations import make_scheduler
 from .settings.config import SimConfig
 from .stepper import Stepper
-from .timing.cost import CostModel, StepCost, StepLoad
+from .timing.cost import CostModel, PlanTerms, StepCost, StepLoad
 from .traces import RequestTable, TraceError
 
 _GRAPH_CODES = {kind: code for code, kind in enumerate(GRAPH_KINDS)}  # steps.csv graph_kind
 #: The longest span of arrivals a run takes: 30 days. Longer is a broken row (a date of
 #: another year, a time in the wrong unit) or a rate scale far off, not a workload.
 MAX_SPAN_S = 30 * 86400
+_KEPT_SHAPES = 4096  # plan shapes whose record fields a loop keeps (all let go when full)
 
 
 def prepare_requests(table: RequestTable, config: SimConfig) -> RequestTable:
@@ -133,10 +134,14 @@ def _record(
     plan: ExecutionPlan | PlanShape, start_s: float, plan_us: float, terms: tuple[float, ...]
 ) -> tuple[float, ...]:
     """The step's record up to its memory row (``records.STEP_RECORD``'s order)."""
+    return (start_s, sum(terms), *_plan_fields(plan), plan_us, *terms)  # sum: StepCost.total
+
+
+def _plan_fields(plan: ExecutionPlan | PlanShape) -> tuple[int, ...]:
+    """The fields of a step's record that its plan alone decides, from ``num_spec_rows``
+    to ``padded_rows`` (``records.STEP_RECORD``'s order)."""
     graph = plan.graph
     return (
-        start_s,
-        sum(terms),  # StepCost.total
         plan.num_spec_rows,
         plan.num_decode_rows,
         plan.num_prefill_rows,
@@ -148,8 +153,6 @@ def _record(
         graph.num_rows if graph else 0,
         plan.padded_tokens - plan.num_tokens,
         plan.padded_rows - plan.num_rows,
-        plan_us,
-        *terms,
     )
 
 
@@ -288,6 +291,14 @@ class _Loop:
     #: (which reads the batch) nor measured host cost (the clock then reads what
     #: compiling the engine's batch costs) is in use.
     shape_only: bool = attrs.field(init=False)
+    #: What a step reads of the shapes the planner hands out again for a repeated shape,
+    #: by identity: ``id(shape) -> (shape, _plan_fields(shape), cost.plan_terms(shape))``
+    #: (the shape held, so that its id is no other object's).
+    _shapes: dict[int, tuple[PlanShape, tuple[int, ...], PlanTerms]] = attrs.field(
+        factory=dict, init=False
+    )
+    #: The planner's ``rows_shapes`` of the scheduler's rows, made at the first step.
+    _shape_of: Callable[[int], PlanShape] | None = attrs.field(default=None, init=False)
 
     def __attrs_post_init__(self) -> None:
         self.shape_only = self.cost.engine is None and self.cost.cost.host_cost != "measured"
@@ -352,25 +363,54 @@ class _Loop:
         count, kv_tokens, attention_pairs = found
         rows = self.scheduler.rows
         groups = self.scheduler.config.num_groups
-        slots = rows.slots[:count]
-        inputs = (  # positional, in StepBatch's field order: the cheapest call
-            rows.query_lens[:count],
-            rows.computed[:count],
-            slots if groups == 1 else np.broadcast_to(slots, (groups, count)),
-            rows.drafts[:count],
-            rows.accepted[:count],
-        )
-        start = time.perf_counter_ns()
-        if self.shape_only:  # the same checks and packing, no batch or plan made
-            plan: ExecutionPlan | PlanShape = self.planner.shape_of_rows(*inputs)
-        else:
+        if not self.shape_only:
+            slots = rows.slots[:count]
+            inputs = (  # positional, in StepBatch's field order: the cheapest call
+                rows.query_lens[:count],
+                rows.computed[:count],
+                slots if groups == 1 else np.broadcast_to(slots, (groups, count)),
+                rows.drafts[:count],
+                rows.accepted[:count],
+            )
+            start = time.perf_counter_ns()
             plan = self.planner.compile(StepBatch(*inputs))
+            plan_us = (time.perf_counter_ns() - start) * 1e-3
+            terms = self._terms(plan, kv_tokens, attention_pairs, plan_us)
+            record = _record(plan, clock, plan_us, terms)
+            return clock + record[1], record
+        # the same checks and counts, no batch or plan made (nor views of the rows)
+        if self._shape_of is None:
+            slots = rows.slots
+            self._shape_of = self.planner.rows_shapes(
+                rows.query_lens,
+                rows.computed,
+                slots if groups == 1 else np.broadcast_to(slots, (groups, slots.size)),
+                rows.drafts,
+                rows.accepted,
+            )
+        start = time.perf_counter_ns()
+        shape = self._shape_of(count)
         plan_us = (time.perf_counter_ns() - start) * 1e-3
-        terms = self.cost.terms(plan, kv_tokens, attention_pairs, plan_us)
-        if self.durations is not None:
+        kept = self._shapes.get(id(shape))
+        if kept is None or kept[0] is not shape:
+            if len(self._shapes) >= _KEPT_SHAPES:
+                self._shapes.clear()
+            kept = (shape, _plan_fields(shape), self.cost.plan_terms(shape))
+            self._shapes[id(shape)] = kept
+        if self.durations is None:
+            terms = self.cost.step_terms(kept[2], shape, kv_tokens, attention_pairs, plan_us)
+        else:
             terms = _replayed(self.durations, len(self.table)).terms()
-        record = _record(plan, clock, plan_us, terms)
-        return clock + record[1], record
+        total = sum(terms)  # StepCost.total
+        return clock + total, (clock, total, *kept[1], plan_us, *terms)
+
+    def _terms(
+        self, plan: ExecutionPlan | PlanShape, kv_tokens: int, pairs: float, plan_us: float
+    ) -> tuple[float, ...]:
+        """The step's cost terms (replayed durations where given)."""
+        if self.durations is not None:
+            return _replayed(self.durations, len(self.table)).terms()
+        return self.cost.terms(plan, kv_tokens, pairs, plan_us)
 
     def _run_scheduled(self, step: ScheduledStep, clock: float) -> float:
         """:meth:`run_step` for a live engine or an observer, on a :class:`ScheduledStep`."""

@@ -95,6 +95,31 @@ def _spec_batch(accepted=(2, 4), drafts=(3, 3), rows=2) -> StepBatch:
     )
 
 
+@settings(max_examples=100, deadline=None)
+@given(st.lists(_BATCHES, min_size=1, max_size=4))
+def test_rows_shapes_reads_the_bound_arrays_as_written(cases):
+    """Arrays bound once (a scheduler's rows), each batch written into them in place: the
+    shape of their first R rows is compile's shape of the batch, natively and in numpy."""
+    for made, config in cases:
+        batch = attrs.evolve(made, num_padded_tokens=None)
+        room = (batch.num_groups, len(batch.query_lens) + 5)
+        held = [np.full(room[1:], 9, np.int32) for _ in range(4)] + [np.full(room, 9, np.int32)]
+        lens, computed, drafts, accepted, slots = held
+        shapes = [
+            Planner(config, native=native).rows_shapes(
+                lens, computed, slots if batch.num_groups > 1 else slots[0], drafts, accepted
+            )
+            for native in (True, False)
+        ]
+        for written in (made, batch):  # twice into the same arrays
+            rows = _rows_of(attrs.evolve(written, num_padded_tokens=None))
+            r = len(rows[0])
+            lens[:r], computed[:r], drafts[:r], accepted[:r] = rows[0], rows[1], rows[3], rows[4]
+            slots[:, :r] = rows[2]
+            want = compile_plan(batch, config).shape
+            assert [shape_of(r) for shape_of in shapes] == [want, want]
+
+
 @pytest.mark.parametrize(
     ("batch", "config"),
     [
@@ -166,6 +191,12 @@ def test_the_shape_of_rows_is_the_compiled_plans_shape(cases, wide):
         layout = want.layout
         assert (got.padded_tokens, got.padded_rows) == (layout.num_tokens, layout.num_rows)
         assert numpy.shape_of_rows(*rows) == want
+        # the first R rows of longer arrays (a scheduler's), whatever the rows past them
+        longer = tuple(
+            np.concatenate([a, np.full((*a.shape[:-1], 3), 7, a.dtype)], -1) for a in rows
+        )
+        assert native.shape_of_rows(*longer, rows=len(batch.query_lens)) == want
+        assert numpy.shape_of_rows(*longer, rows=len(batch.query_lens)) == want
 
 
 @pytest.mark.parametrize(

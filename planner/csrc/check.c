@@ -7,6 +7,7 @@
 
 #include "buffers.h"
 #include "layout.h"
+#include "rows.h"
 
 /* A set of positive slots, open-addressed (linear probing, 0 marks a free entry) in a
  * power-of-two table at least twice the rows it takes, so probes stay short. */
@@ -184,20 +185,20 @@ static void copy_inputs(const Py_buffer views[NUM_VIEWS], Py_ssize_t rows, Py_ss
     }
 }
 
-/* The checks on the copied arrays: the rows per kind, None, or NULL (no memory). A flag
- * whose truth raises, or rows past the hash's 32 bits: None, numpy decides. */
-static PyObject *check_data(int32_t *data, int8_t *kinds, Py_ssize_t rows, Py_ssize_t groups,
-                            PyObject *allow_null_slots) {
+/* The checks on the copied arrays: 1 when they hold (the rows per kind in ``counts``), 0
+ * when one fails, -1 with MemoryError. A flag whose truth raises, or rows past the hash's
+ * 32 bits: 0, numpy decides. */
+static int data_holds(int32_t *data, int8_t *kinds, Py_ssize_t rows, Py_ssize_t groups,
+                      PyObject *allow_null_slots, Py_ssize_t counts[4]) {
     int allow_null = PyObject_IsTrue(allow_null_slots);
-    Py_ssize_t counts[4];
     if (allow_null < 0 || rows > MAX_SET_ROWS) {
         PyErr_Clear();
-        return Py_NewRef(Py_None);
+        return 0;
     }
     const int32_t *slots = data + 4 * rows;
     if (rows_broken(data, data + rows, data + 2 * rows, rows, kinds, data + (4 + groups) * rows,
                     counts)) {
-        return Py_NewRef(Py_None);
+        return 0;
     }
     uint32_t stack_entries[2 * STACK_SET_ROWS];
     SlotSet set = {.entries = stack_entries, .mask = 15, .shift = 28};
@@ -206,13 +207,25 @@ static PyObject *check_data(int32_t *data, int8_t *kinds, Py_ssize_t rows, Py_ss
     }
     if (rows > STACK_SET_ROWS &&
         !(set.entries = PyMem_Malloc(((size_t)set.mask + 1) * sizeof(uint32_t)))) {
-        return PyErr_NoMemory();
+        PyErr_NoMemory();
+        return -1;
     }
     int broken = slots_broken(slots, kinds, rows, groups, allow_null, &set);
     if (set.entries != stack_entries) {
         PyMem_Free(set.entries);
     }
-    if (broken) {
+    return !broken;
+}
+
+/* data_holds as check_batch answers: the rows per kind, None, or NULL (no memory). */
+static PyObject *check_data(int32_t *data, int8_t *kinds, Py_ssize_t rows, Py_ssize_t groups,
+                            PyObject *allow_null_slots) {
+    Py_ssize_t counts[4];
+    int holds = data_holds(data, kinds, rows, groups, allow_null_slots, counts);
+    if (holds < 0) {
+        return NULL;
+    }
+    if (!holds) {
         return Py_NewRef(Py_None);
     }
     return Py_BuildValue("(nnnn)", counts[0], counts[1], counts[2], counts[3]);
@@ -259,3 +272,183 @@ PyObject *check_batch(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     }
     return result;
 }
+
+/* shape_counts' answer for the inputs ``views`` (rows and groups agreed): copied into
+ * scratch memory, checked as check_batch checks them, counted as pack counts them. */
+static PyObject *counts_of_copies(const Py_buffer views[NUM_VIEWS], Py_ssize_t rows,
+                                  Py_ssize_t groups, PyObject *allow_null_slots,
+                                  Py_ssize_t query_len_max, Py_ssize_t tile) {
+    Py_ssize_t size = batch_size(rows, groups);
+    int32_t *data = PyMem_Malloc((size_t)size * sizeof(int32_t) + (size_t)rows + 1);
+    if (data == NULL) {
+        return PyErr_NoMemory();
+    }
+    int8_t *kinds = (int8_t *)(data + size);
+    Py_ssize_t counts[4];
+    copy_inputs(views, rows, groups, data);
+    int holds = data_holds(data, kinds, rows, groups, allow_null_slots, counts);
+    PyObject *result = NULL;
+    Census census;
+    /* as pack reads the copies: query_start after the slots, kinds by the check's rule */
+    Batch batch = {.held = 0, .num_rows = rows, .query_start = data + (4 + groups) * rows,
+                   .computed = data + rows, .accepted = data + 3 * rows,
+                   .slots = data + 4 * rows, .kinds = kinds};
+    if (holds < 0) {
+        result = NULL;
+    } else if (!holds || take_census(&batch, query_len_max, &census) < 0) {
+        PyErr_Clear();
+        result = Py_NewRef(Py_None);
+    } else if (census.breaks_limits) {
+        result = Py_NewRef(Py_None);
+    } else {
+        for (Py_ssize_t r = 0; r < rows; r++) { /* pack's count_tiles, in engine order */
+            if (kinds[r] == PREFILL) {
+                int32_t q = data[r];
+                census.tiles += (q + tile - 1) / tile;
+                census.longest_prefill = q > census.longest_prefill ? q : census.longest_prefill;
+            }
+        }
+        int64_t tokens = census.tokens[SPEC] + census.tokens[DECODE] + census.tokens[PREFILL];
+        result = Py_BuildValue(
+            "((nnnn)(nnnLLLiL)L)", census.rows[SPEC], census.rows[DECODE], census.rows[PREFILL],
+            census.rows[PADDING], census.rows[SPEC], census.rows[DECODE], census.rows[PREFILL],
+            (long long)census.tokens[SPEC], (long long)census.tokens[DECODE],
+            (long long)census.tokens[PREFILL], (int)census.longest_prefill,
+            (long long)census.tiles, (long long)tokens);
+    }
+    PyMem_Free(data);
+    return result;
+}
+
+const char SHAPE_COUNTS_DOC[] =
+    "shape_counts(query_lens, num_computed_tokens, num_draft_tokens, num_accepted_tokens,\n"
+    "             slots, allow_null_slots, query_len_max, tile, rows)\n"
+    "What check_batch and then pack learn of a batch, without the packed bytes: the rows\n"
+    "per kind (spec, decode, prefill, padding), the plan's counts in ExecutionPlan's field\n"
+    "order (pack's answer) and the live tokens; None where check_batch or pack would\n"
+    "answer None. Inputs as check_batch takes them, of which the first ``rows`` rows are\n"
+    "the batch (None: all, and they must agree); the copies go to scratch memory.";
+
+/* Whether the inputs lack ``*rows`` rows (``*rows`` < 0: all their rows, in which they
+ * must agree, as rows_disagree says; it sets *rows then). */
+static int rows_missing(const Py_buffer views[NUM_VIEWS], Py_ssize_t *rows,
+                        Py_ssize_t *groups) {
+    if (*rows < 0) {
+        return rows_disagree(views, rows, groups);
+    }
+    if (views[LENS].ndim != 1 || views[SLOTS].ndim != 2) {
+        return 1;
+    }
+    for (int i = LENS; i <= ACCEPTED; i++) {
+        if (views[i].ndim != 1 || views[i].shape[0] < *rows) {
+            return 1;
+        }
+    }
+    *groups = views[SLOTS].shape[0];
+    return views[SLOTS].shape[1] < *rows || *groups < 1;
+}
+
+/* shape_counts' answer for its arrays ``views`` and its last four arguments (``rest``:
+ * allow_null_slots, query_len_max, tile, rows). */
+static PyObject *counts_of_views(const Py_buffer views[NUM_VIEWS], PyObject *const *rest) {
+    Py_ssize_t query_len_max = get_count(rest[1], "query_len_max");
+    Py_ssize_t tile = query_len_max < 0 ? -1 : get_count(rest[2], "tile");
+    Py_ssize_t rows = -1; /* None: all */
+    if (tile < 0 || (rest[3] != Py_None && (rows = get_count(rest[3], "rows")) < 0)) {
+        return NULL;
+    }
+    if (tile == 0) {
+        PyErr_SetString(PyExc_ValueError, "tile: must be positive");
+        return NULL;
+    }
+    Py_ssize_t groups;
+    if (rows_missing(views, &rows, &groups) || groups > (PY_SSIZE_T_MAX / 8) / (rows + 1) - 8) {
+        return Py_NewRef(Py_None);
+    }
+    return counts_of_copies(views, rows, groups, rest[0], query_len_max, tile);
+}
+
+PyObject *shape_counts(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 9) {
+        PyErr_Format(PyExc_TypeError, "shape_counts takes 9 arguments, got %zd", nargs);
+        return NULL;
+    }
+    Py_buffer views[NUM_VIEWS];
+    int held = 0;
+    for (; held <= SLOTS; held++) {
+        if (get_strided(args[held], &views[held], CHECK_NAMES[held]) < 0) {
+            break;
+        }
+    }
+    PyObject *result = held == SLOTS + 1 ? counts_of_views(views, args + SLOTS + 1) : NULL;
+    while (held > 0) {
+        PyBuffer_Release(&views[--held]);
+    }
+    return result;
+}
+
+/* BoundRows: shape_counts' five arrays, their buffers taken once (numpy's buffer export
+ * costs more than counting a step's rows); a caller that counts the same arrays step
+ * after step (a scheduler's rows, written in place) binds them once. */
+typedef struct {
+    PyObject_HEAD
+    Py_buffer views[NUM_VIEWS];
+    int held;
+} BoundRows;
+
+static void bound_rows_dealloc(BoundRows *self) {
+    while (self->held > 0) {
+        PyBuffer_Release(&self->views[--self->held]);
+    }
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *bound_rows_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    PyObject *arrays[SLOTS + 1];
+    if (kwargs != NULL && PyDict_GET_SIZE(kwargs)) {
+        PyErr_SetString(PyExc_TypeError, "BoundRows takes no keywords");
+        return NULL;
+    }
+    if (!PyArg_ParseTuple(args, "OOOOO:BoundRows", &arrays[LENS], &arrays[COMPUTED],
+                          &arrays[DRAFTS], &arrays[ACCEPTED], &arrays[SLOTS])) {
+        return NULL;
+    }
+    BoundRows *self = (BoundRows *)type->tp_alloc(type, 0);
+    if (self == NULL) {
+        return NULL;
+    }
+    for (; self->held <= SLOTS; self->held++) {
+        if (get_strided(arrays[self->held], &self->views[self->held],
+                        CHECK_NAMES[self->held]) < 0) {
+            Py_DECREF(self);
+            return NULL;
+        }
+    }
+    return (PyObject *)self;
+}
+
+static PyObject *bound_rows_counts(BoundRows *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_Format(PyExc_TypeError, "counts takes 4 arguments, got %zd", nargs);
+        return NULL;
+    }
+    return counts_of_views(self->views, args);
+}
+
+static PyMethodDef bound_rows_methods[] = {
+    {"counts", (PyCFunction)(void (*)(void))bound_rows_counts, METH_FASTCALL,
+     "counts(allow_null_slots, query_len_max, tile, rows): shape_counts of the bound arrays."},
+    {NULL, NULL, 0, NULL},
+};
+
+PyTypeObject BoundRowsType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "stepplan.planner._packer.BoundRows",
+    .tp_basicsize = sizeof(BoundRows),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "BoundRows(query_lens, num_computed_tokens, num_draft_tokens, "
+              "num_accepted_tokens, slots): shape_counts' arrays, held.",
+    .tp_new = bound_rows_new,
+    .tp_dealloc = (destructor)bound_rows_dealloc,
+    .tp_methods = bound_rows_methods,
+};

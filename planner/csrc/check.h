@@ -13,6 +13,17 @@ extern const char CHECK_DOC[];
  *             slots, allow_null_slots, data, kinds): CHECK_DOC. */
 PyObject *check_batch(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 
+extern const char SHAPE_COUNTS_DOC[];
+
+/* shape_counts(query_lens, num_computed_tokens, num_draft_tokens, num_accepted_tokens,
+ *              slots, allow_null_slots, query_len_max, tile): SHAPE_COUNTS_DOC. */
+PyObject *shape_counts(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+
+/* BoundRows(query_lens, num_computed_tokens, num_draft_tokens, num_accepted_tokens, slots):
+ * those arrays' buffers held; its counts(allow_null_slots, query_len_max, tile, rows) is
+ * shape_counts of them. */
+extern PyTypeObject BoundRowsType;
+
 /* Kinds and rows per kind (vectorized), then query starts; 1 when a length is negative,
  * a spec row's length is not its drafts + 1, or the token total passes int32. A row with
  * drafts >= 0 is spec; else 0, 1 or more tokens make it padding, decode or prefill (the

@@ -20,6 +20,8 @@ static PyMethodDef methods[] = {
     {"prefill_tiles", (PyCFunction)(void (*)(void))prefill_tiles, METH_FASTCALL,
      "prefill_tiles(query_lens, kinds, tile) -> int: work tiles of the prefill rows."},
     {"check_batch", (PyCFunction)(void (*)(void))check_batch, METH_FASTCALL, CHECK_DOC},
+    {"shape_counts", (PyCFunction)(void (*)(void))shape_counts, METH_FASTCALL,
+     SHAPE_COUNTS_DOC},
     {"pack_host", (PyCFunction)(void (*)(void))pack_host, METH_FASTCALL, PACK_HOST_DOC},
     {"pack_host_eager", (PyCFunction)(void (*)(void))pack_host_eager, METH_FASTCALL,
      PACK_HOST_EAGER_DOC},
@@ -34,8 +36,16 @@ static struct PyModuleDef module = {
 };
 
 PyMODINIT_FUNC PyInit__packer(void) {
+    if (PyType_Ready(&BoundRowsType) < 0) {
+        return NULL;
+    }
     PyObject *m = PyModule_Create(&module);
-    if (m != NULL && PyModule_AddStringConstant(m, "SOURCE_DIGEST", PACKER_SOURCE_DIGEST) < 0) {
+    if (m == NULL) {
+        return NULL;
+    }
+    Py_INCREF(&BoundRowsType);
+    if (PyModule_AddStringConstant(m, "SOURCE_DIGEST", PACKER_SOURCE_DIGEST) < 0 ||
+        PyModule_AddObject(m, "BoundRows", (PyObject *)&BoundRowsType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -5,16 +5,19 @@ naming the file, line and column."""
 from __future__ import annotations
 
 import csv
+import importlib
 import io
 import itertools
 import math
 import operator
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from types import MappingProxyType
+from types import MappingProxyType, ModuleType
 
 import attrs
 import numpy as np
+
+from stepplan.planner.native import source_digest
 
 from .schema import FLOAT, INT, TEXT, Column, TableSchema
 
@@ -133,6 +136,50 @@ def csv_lines(columns: Sequence[Sequence[str]], text: Sequence[bool]) -> str:
     return "\n".join(map(",".join, zip(*columns, strict=True))) + "\n"
 
 
+#: The C sources of the compiled formatter (``setup.py`` builds ``_csvtext`` from them).
+CSV_SOURCES = Path(__file__).with_name("csrc")
+
+
+def load_csv_text() -> ModuleType | None:
+    """The compiled formatter (``csv_lines(columns)``: :func:`csv_lines` of the columns'
+    :func:`csv_cells`), or ``None`` where it is not installed or was built from other
+    sources than those beside this file (then Python formats every cell)."""
+    try:
+        module = importlib.import_module(f"{__package__}._csvtext")
+    except ImportError:
+        return None
+    if CSV_SOURCES.is_dir() and getattr(module, "SOURCE_DIGEST", None) != source_digest(
+        CSV_SOURCES
+    ):
+        return None
+    return module
+
+
+_CSV_TEXT = load_csv_text()
+_NUMBERS = (np.dtype(np.float64), np.dtype(np.int64))  # what the compiled formatter reads
+
+
+def csv_text(arrays: Sequence[np.ndarray], compiled: ModuleType | None = _CSV_TEXT) -> str:
+    """The CSV lines of the columns ``arrays`` (``[k]`` each): ``csv_lines`` of their
+    ``csv_cells``, the same bytes, in one call of the ``compiled`` formatter where no cell
+    needs quoting and every number column is float64 or int64 (``None``: Python alone)."""
+    text = [array.dtype.kind in "OUS" for array in arrays]
+    if (
+        compiled is None
+        or len(arrays) < 2
+        or not all(may or array.dtype in _NUMBERS for array, may in zip(arrays, text, strict=True))
+    ):
+        return csv_lines([csv_cells(array) for array in arrays], text)
+    columns = [
+        csv_cells(array) if may else np.ascontiguousarray(array)
+        for array, may in zip(arrays, text, strict=True)
+    ]
+    cells = "".join(["".join(column) for column, may in zip(columns, text, strict=True) if may])
+    if any(special in cells for special in _SPECIAL):
+        return csv_lines([csv_cells(array) for array in arrays], text)  # csv quotes them
+    return compiled.csv_lines(columns)
+
+
 class CsvWriter:
     """A CSV file written a chunk of rows at a time (:meth:`append`): a header, then
     :func:`csv_cells` of each column -- the same bytes however the rows are chunked."""
@@ -145,9 +192,7 @@ class CsvWriter:
 
     def append(self, columns: Mapping[str, np.ndarray]) -> None:
         """Rows: ``columns`` (``[k]`` each), one for each of :attr:`names`."""
-        arrays = [np.asarray(columns[name]) for name in self.names]
-        text = [array.dtype.kind in "OUS" for array in arrays]
-        self.write(csv_lines([csv_cells(array) for array in arrays], text))
+        self.write(csv_text([np.asarray(columns[name]) for name in self.names]))
 
     def write(self, text: str) -> None:
         """Lines already made (:func:`csv_lines`)."""

@@ -64,6 +64,7 @@ import bisect
 import json
 from importlib import resources
 from pathlib import Path
+from typing import NamedTuple
 
 import attrs
 import numpy as np
@@ -82,7 +83,7 @@ KINDS = ("spec", "decode", "prefill", "mixed")
 #: spec; pure decode is taken as uniform too), and any other batch.
 SEED_UNIFORM_US = 250.0
 SEED_MIXED_US = 900.0
-_MEMO_SIZE = 4096  # conv_s values kept; all are let go when this many are kept
+_MEMO_SIZE = 4096  # plan shapes kept; all are let go when this many are kept
 
 
 def seed_host_us(
@@ -276,6 +277,20 @@ class StepCost:
         return attrs.astuple(self)
 
 
+class PlanTerms(NamedTuple):
+    """What a step's time reads of its plan alone (:meth:`CostModel.plan_terms`): its
+    live and padded tokens, the terms the plan decides, and ``host_s`` and ``launch_s``
+    where they read nothing else (``None``: the measured planner time, or the GPU's busy
+    time that hides an eager step's launches, decides them per step)."""
+
+    num_tokens: int
+    padded_tokens: int
+    conv_s: float
+    allreduce_s: float
+    host_s: float | None
+    launch_s: float | None
+
+
 #: What the cost model reads of a step: its compiled plan, or the plan's shape alone (the
 #: same counts, without the arrays: what the simulation loop compiles when nothing reads them).
 PlanCounts = ExecutionPlan | PlanShape
@@ -299,11 +314,19 @@ class CostModel:
     share: RankShare = attrs.field(
         default=attrs.Factory(lambda self: split_model(self.model, 1), takes_self=True)
     )
-    # conv_s by the step's rows and tokens per kind (a pure function of them): light
-    # traces repeat a few shapes, and the profile's interpolation is the dear part
-    _conv_memo: dict[tuple[int, ...], float] = attrs.field(
+    # plan_terms by the plan's counts: a run repeats a few thousand shapes, and the
+    # profile's interpolation is the dear part
+    _plan_memo: dict[tuple[int, ...], PlanTerms] = attrs.field(
         factory=dict, init=False, eq=False, repr=False
     )
+    # the roofline's factors, multiplied once (in the order its formula multiplies them)
+    _two_params: float = attrs.field(init=False, eq=False, repr=False)
+    _pair_flops: float = attrs.field(init=False, eq=False, repr=False)
+
+    def __attrs_post_init__(self) -> None:
+        m = self.model
+        object.__setattr__(self, "_two_params", 2.0 * self.share.params)
+        object.__setattr__(self, "_pair_flops", 4.0 * m.hidden_size * (m.layers - m.conv_layers))
 
     @classmethod
     def create(
@@ -333,16 +356,19 @@ class CostModel:
 
     def model_s(self, plan: PlanCounts, load: StepLoad) -> float:
         """Roofline time of the model's non-conv work for the step."""
-        return self._roofline(plan, load.kv_tokens, load.attention_pairs)
+        return self._roofline(
+            plan.num_tokens, plan.padded_tokens, load.kv_tokens, load.attention_pairs
+        )
 
-    def _roofline(self, plan: PlanCounts, kv_tokens: int, attention_pairs: float) -> float:
-        m, share = self.model, self.share
-        tokens = plan.num_tokens
+    def _roofline(
+        self, tokens: int, padded_tokens: int, kv_tokens: int, attention_pairs: float
+    ) -> float:
+        share = self.share
         memory = share.weights_bytes + share.kv_bytes_per_token * (kv_tokens + tokens)
-        attention_layers = m.layers - m.conv_layers
-        flops = 2.0 * share.params * plan.padded_tokens
-        # query heads split over the ranks (a copied KV head adds no query-key pairs)
-        flops += 4.0 * m.hidden_size * attention_layers * attention_pairs / share.ranks
+        flops = self._two_params * padded_tokens  # 2 * params FLOPs per (padded) token
+        # attention: 4 * hidden * attention layers per query-key pair; query heads split
+        # over the ranks (a copied KV head adds no query-key pairs)
+        flops += self._pair_flops * attention_pairs / share.ranks
         return max(memory / self.gpu.memory_bw_bytes_s, flops / self.gpu.peak_flops)
 
     def allreduce_s(self, plan: PlanCounts) -> float:
@@ -395,7 +421,11 @@ class CostModel:
             predicted_us = self.engine.fit.predict_us(step_shape(plan))
             if predicted_us is not None:
                 return 0.0, 0.0, 0.0, 0.0, predicted_us * 1e-6, 0.0
-        model_s = self._roofline(plan, kv_tokens, attention_pairs)
+        return self.step_terms(self.plan_terms(plan), plan, kv_tokens, attention_pairs, plan_us)
+
+    def plan_terms(self, plan: PlanCounts) -> PlanTerms:
+        """What the step's time reads of ``plan`` alone (:class:`PlanTerms`), kept by its
+        counts."""
         key = (
             plan.num_spec_rows,
             plan.num_decode_rows,
@@ -403,13 +433,39 @@ class CostModel:
             plan.num_spec_decode_tokens,
             plan.num_decode_tokens,
             plan.num_prefill_tokens,
+            plan.padded_tokens,
+            plan.graph is None,
         )
-        conv_s = self._conv_memo.get(key)
-        if conv_s is None:
-            if len(self._conv_memo) >= _MEMO_SIZE:
-                self._conv_memo.clear()
-            conv_s = self._conv_memo[key] = self.conv_s(plan)
-        allreduce_s = self.allreduce_s(plan)
+        fixed = self._plan_memo.get(key)
+        if fixed is None:
+            if len(self._plan_memo) >= _MEMO_SIZE:
+                self._plan_memo.clear()
+            measured = self.cost.host_cost == "measured"
+            fixed = self._plan_memo[key] = PlanTerms(
+                plan.num_tokens,
+                plan.padded_tokens,
+                self.conv_s(plan),
+                self.allreduce_s(plan),
+                None if measured else self.host_s(plan, 0.0),
+                None if plan.graph is None else self.launch_s(plan, 0.0),
+            )
+        return fixed
+
+    def step_terms(
+        self,
+        fixed: PlanTerms,
+        plan: PlanCounts,
+        kv_tokens: int,
+        attention_pairs: float,
+        plan_us: float,
+    ) -> tuple[float, float, float, float, float, float]:
+        """:meth:`terms` without an engine profile, from ``fixed``
+        (``plan_terms(plan)``, which a caller may keep)."""
+        tokens, padded, conv_s, allreduce_s, host_s, launch_s = fixed
+        model_s = self._roofline(tokens, padded, kv_tokens, attention_pairs)
+        if host_s is None:
+            host_s = self.host_s(plan, plan_us)
         busy_s = model_s + conv_s + allreduce_s
-        host_s, launch_s = self.host_s(plan, plan_us), self.launch_s(plan, busy_s)
+        if launch_s is None:
+            launch_s = self.launch_s(plan, busy_s)
         return model_s, conv_s, host_s, launch_s, 0.0, allreduce_s
