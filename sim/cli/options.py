@@ -18,6 +18,7 @@ from ..acceptance import DEEPSEEK_MTP_PROBS, EAGLE3_PROBS, load_replay
 from ..admission import POLICIES
 from ..deployment import ROUTER_NAMES
 from ..deployment import TABLE as ROUTERS
+from ..deployment.disaggregated import run_disaggregated
 from ..deployment.loop import run_deployment
 from ..live import check_live, engine_setup
 from ..progress import Progress, ProgressBar, ProgressLines, live_warning
@@ -412,8 +413,9 @@ def simulate_one(
         progress = run_progress(args, requests.num_requests, label)
         parquet = args.parquet and parquet_available()
         with ResultsWriter(folder, parquet=parquet, stop=event) as writer:
-            if config.deployment.replicas > 1:
-                deployed = run_deployment(requests, config, writer, progress=progress, stop=event)
+            if config.deployment.replicas > 1 or config.disaggregation.enabled:
+                run = run_disaggregated if config.disaggregation.enabled else run_deployment
+                deployed = run(requests, config, writer, progress=progress, stop=event)
                 rows, summary = None, deployed.summary
                 for first in range(0, requests.num_requests, CHUNK_STEPS):
                     writer.add_request_columns(deployed.request_columns(first, first + CHUNK_STEPS))

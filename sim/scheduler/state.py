@@ -55,6 +55,9 @@ class RequestProgress:
         self.recomputed = np.zeros(n, np.int64)  # lost tokens computed again
         self.cached = np.zeros(n, np.int64)  # tokens the prefix cache saved
         self.lost = np.zeros(n, np.int64)  # computed tokens at the last preemption
+        # prompt tokens whose state another engine computed (a disaggregated prefill),
+        # taken at the first admission as a prefix hit is; only the Python scheduler reads it
+        self.preloaded = np.zeros(n, np.int64)
         self.counters = Counters()
 
 
