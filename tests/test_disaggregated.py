@@ -23,6 +23,7 @@ from stepplan.sim.deployment import ROUTER_NAMES
 from stepplan.sim.deployment.disaggregated import run_disaggregated, transfer_bytes
 from stepplan.sim.deployment.replica import Replica
 from stepplan.sim.memory_sizing import plan_memory
+from stepplan.sim.results.summary import summary_rows
 from stepplan.sim.run import simulate
 from stepplan.sim.settings.config import ConfigError, SimConfig, check_config, with_settings
 from stepplan.sim.settings.links import KV_LINK_NAMES, KV_LINKS
@@ -224,3 +225,7 @@ def test_results_folder_names_the_pools_and_the_figures(tmp_path):
     assert section["pools"]["prefill"]["price_per_gpu_hour"] == 3.348
     per_hour = 3.348 * 1 + 4.464 * 2
     assert math.isclose(summary["dollars"]["per_hour"], per_hour)
+    rows = dict(summary_rows(summary))
+    assert rows["prefill pool"].startswith("1 x H100 tp 1, $3.348/GPU-h")
+    assert rows["decode pool"].startswith("2 x H200 tp 1, $4.464/GPU-h")
+    assert rows["KV link"] == "Ethernet 100 Gb/s (12.5 GB/s), 9.6 us latency"

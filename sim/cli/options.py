@@ -42,6 +42,7 @@ from ..settings.config import (
     load_config,
     with_settings,
 )
+from ..settings.links import KV_LINK_NAMES
 from ..timing.cost import load_profile
 from ..timing.engine_profile import read_engine_profile
 from ..traces import FORMATS
@@ -89,6 +90,10 @@ OVERRIDES = {
     "live_time": "live.time",
     "replicas": "deployment.replicas",
     "router": "deployment.router",
+    "prefill_replicas": "disaggregation.prefill_replicas",
+    "prefill_gpu": "disaggregation.prefill_gpu",
+    "prefill_tensor": "disaggregation.prefill_tensor",
+    "kv_link": "disaggregation.link",
 }
 #: ``--graph-sizes``: one list in two units (``sim/buckets/demand.py`` and ``planner/config.py``).
 GRAPH_SIZES_HELP = (
@@ -249,6 +254,20 @@ def _add_deployment_options(parser: argparse.ArgumentParser) -> None:
         choices=ROUTER_NAMES,
         help="which replica an arriving request goes to: "
         + "; ".join(f"{entry.name}: {entry.description}" for entry in ROUTERS),
+    )
+    add(
+        "--prefill-replicas",
+        type=int,
+        help="replicas of a prefill pool apart from the decode pool (--replicas, gpu.name, "
+        "parallel.tensor); 0: prefill and decode on the same replicas",
+    )
+    add("--prefill-gpu", help="the prefill pool's GPU preset")
+    add("--prefill-tensor", type=int, help="the prefill pool's tensor-parallel ranks")
+    add(
+        "--kv-link",
+        choices=KV_LINK_NAMES,
+        help="the link a request's KV blocks and conv state cross from its prefill "
+        "replica to its decode replica (docs/presets.md)",
     )
 
 

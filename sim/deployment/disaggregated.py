@@ -459,10 +459,9 @@ def _pools_summary(
             "gpus": pool.gpus,
             "price_per_gpu_hour": price,
             "usd_per_hour": None if price is None else price * pool.gpus,
-            "interconnect": {
-                "link_bw_bytes_s": gpu.link_bw_bytes_s,
-                "link_latency_us": gpu.link_latency_us,
-            },
+            "gpu_figures": gpu_summary(
+                pool.config.gpu, pool.cost.profile.device, pool.cost.conv_scale
+            ),
             "requests": sum(replica.count for replica in pool.replicas),
             "mean_queue": math.fsum(queued) / math.fsum(busy) if math.fsum(busy) else 0.0,
             "peak_queue": max(replica.peak_waiting for replica in pool.replicas),
