@@ -145,6 +145,14 @@ def test_with_disaggregation_the_answer_is_the_brute_force_cheapest(tmp_path, ca
     assert document["kv_link"]["name"] == "infiniband-400"
     assert document["interconnect"]["H100"]["link"] == "NVLink 4"
     assert "KV link InfiniBand NDR 400 Gb/s" in printed and "H100 $3.348/GPU-h" in printed
+    # the report: the front as a figure and a table, written by the search and by `report`
+    page = (out / "report.html").read_text()
+    assert "Pareto front" in page and page.count("data:image/png") == 1
+    front = [key for key, row in rows.items() if table["pareto"][row]]
+    assert front and all(f"<td>{gpu}</td>" in page for gpu, _, _ in front)
+    again = tmp_path / "again.html"
+    assert cli.main(["report", str(out), "--out", str(again)]) == 0
+    assert again.read_text() == page
 
 
 def test_tensor_parallelism_shortens_a_deployments_steps(searched):

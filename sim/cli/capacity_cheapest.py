@@ -45,11 +45,12 @@ from ..sweep.tradeoff import Slo
 from .capacity_replicas import FILES as REPLICA_FILES
 from .capacity_replicas import ReplicaRun, SearchStopped
 from .options import checked, run_name
+from .report_capacity import cheapest_page
 from .signals import StopRequest
 from .sweep_run import PointRun, TraceReader, check_points, claim_folder, runner_for
 from .tables import align
 
-FILES = (*REPLICA_FILES, "capacity.png")
+FILES = (*REPLICA_FILES, "capacity.png", "report.html")
 
 
 def _pair_config(config: SimConfig, gpu: str, tensor: int, split: bool = False) -> SimConfig:
@@ -156,20 +157,22 @@ def run_cheapest_capacity(args: argparse.Namespace, config: SimConfig, slo: Slo)
             stop.raise_if_stopped("no pair had finished, nothing written")
 
         png = _figure(table, slo)
+        page = cheapest_page(f.path.name, table, document)
 
         def write(stage: Path) -> list[str]:
             names = write_table(stage, table)
             (stage / "capacity.json").write_text(json.dumps(document, indent=2) + "\n")
+            (stage / "report.html").write_text(page)
             if png is None:
-                return [*names, "capacity.json"]
+                return [*names, "capacity.json", "report.html"]
             (stage / "capacity.png").write_bytes(png)
-            return [*names, "capacity.json", "capacity.png"]
+            return [*names, "capacity.json", "report.html", "capacity.png"]
 
         f.put(write, complete=complete, keep=[RECORDS])
     if not args.quiet:
         print(_report(table, slo, config))
     if not args.quiet or not args.out:
-        print(f"results: {f.shown}/capacity.csv, capacity.json, capacity.png")
+        print(f"results: {f.shown}/capacity.csv, capacity.json, capacity.png, report.html")
     stop.raise_if_stopped(f"{len(candidates)} pairs searched: the table so far is in {f.shown}/")
     return 0
 
