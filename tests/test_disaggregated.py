@@ -27,6 +27,7 @@ from stepplan.sim.results.summary import summary_rows
 from stepplan.sim.run import simulate
 from stepplan.sim.settings.config import ConfigError, SimConfig, check_config, with_settings
 from stepplan.sim.settings.links import KV_LINK_NAMES, KV_LINKS
+from stepplan.sim.stepper import load_stepper
 from stepplan.sim.timing.cost import CostModel
 from stepplan.sim.traces import RequestTable
 
@@ -39,9 +40,9 @@ def trace_and_config(**settings_) -> tuple[RequestTable, SimConfig]:
     return cli.load_requests(args, base), with_settings(base, settings_)
 
 
-def split(table: RequestTable, config: SimConfig):
+def split(table: RequestTable, config: SimConfig, native: bool | None = None):
     store = Chunks()
-    end = run_disaggregated(table, config, store)
+    end = run_disaggregated(table, config, store, native=native)
     return end, store.columns()
 
 
@@ -101,8 +102,9 @@ def test_decode_pool_is_a_colocated_engine_given_prefilled_requests():
     cost = CostModel.create(config.model, config.gpu, config.cost, 1, 1)
     acceptance = make_acceptance(config.acceptance, config.seed + 2)  # replica number 2
     sink = lambda index, chunk: chunks.append({k: np.array(v) for k, v in chunk.items()})  # noqa: E731
-    engine = Replica(0, rest, layout, config, config.plan, cost, acceptance, sink, native=False)
-    engine.scheduler.takes_preloaded = True
+    engine = Replica(
+        0, rest, layout, config, config.plan, cost, acceptance, sink, native=False, preloads=True
+    )
     for row in range(rest.num_requests):
         engine.route(row)
         engine.scheduler.preloaded[row] = table.prompt_tokens[order[row]]
@@ -229,3 +231,30 @@ def test_results_folder_names_the_pools_and_the_figures(tmp_path):
     assert rows["prefill pool"].startswith("1 x H100 tp 1, $3.348/GPU-h")
     assert rows["decode pool"].startswith("2 x H200 tp 1, $4.464/GPU-h")
     assert rows["KV link"] == "Ethernet 100 Gb/s (12.5 GB/s), 9.6 us latency"
+
+
+@pytest.mark.skipif(load_stepper() is None, reason="the compiled stepper is not built")
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_the_compiled_stepper_takes_computed_prompts_as_python_does(data):
+    table = random_table(data.draw)
+    settings_ = {
+        "disaggregation.prefill_replicas": data.draw(st.integers(1, 2), label="prefill"),
+        "deployment.replicas": data.draw(st.integers(1, 3), label="decode"),
+        "memory.kv_cache_gib": data.draw(st.sampled_from([0.15, 0.4, 8.0]), label="cache"),
+        "memory.prefix_caching": data.draw(st.booleans(), label="caching"),
+        "scheduler.max_num_seqs": data.draw(st.sampled_from([2, 8, 64]), label="seqs"),
+        "scheduler.max_num_batched_tokens": 1024,
+        "scheduler.num_spec_tokens": data.draw(st.integers(0, 3), label="spec"),
+    }
+    try:
+        config = with_settings(SimConfig(), settings_)
+        python, python_steps = split(table, config, native=False)
+    except ConfigError:
+        reject()
+    compiled, compiled_steps = split(table, config, native=True)
+    for name, values in python_steps.items():
+        if name != "plan_us":
+            assert same(compiled_steps[name], values), name
+    a, b = python.request_columns(), compiled.request_columns()
+    assert not [name for name in a if not same(a[name], b[name])]

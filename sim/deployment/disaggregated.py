@@ -21,9 +21,8 @@ The rules, as vLLM's disaggregated serving runs a request:
 So with the ``instant`` link the prefill pool runs the same steps as a co-located
 deployment given every request with one output token, and the decode pool as one given
 each request at its first token with its prompt already computed
-(``tests/test_disaggregated.py``). Decode replicas run the Python scheduler (the
-compiled stepper does not take computed prompts); the results are the same either way
-for the prefill pool.
+(``tests/test_disaggregated.py``). The compiled stepper takes computed prompts as the
+Python scheduler does (the test holds them equal).
 
 Replicas are numbered over both pools (prefill first): ``steps.csv``'s ``replica`` and
 ``pool`` columns say whose step a row is; ``requests.csv`` has each request's
@@ -96,9 +95,11 @@ def _pool(
     config: SimConfig,
     sink: ReplicaSink,
     native: bool | None,
+    preloads: bool = False,
 ) -> _Pool:
     """A pool of ``config.deployment.replicas`` replicas over ``table``, numbered from
-    ``first`` (each draws acceptance with the run's seed plus its number)."""
+    ``first`` (each draws acceptance with the run's seed plus its number); ``preloads``:
+    its requests come with their prompts computed."""
     layout = plan_memory(config, table)
     groups, tensor = config.scheduler.num_groups, config.parallel.tensor
     cost = CostModel.create(config.model, config.gpu, config.cost, groups, tensor)
@@ -106,7 +107,16 @@ def _pool(
     for index in range(first, first + config.deployment.replicas):
         acceptance = make_acceptance(config.acceptance, config.seed + index)
         replica = Replica(
-            index, table, layout, config, config.plan, cost, acceptance, sink, native=native
+            index,
+            table,
+            layout,
+            config,
+            config.plan,
+            cost,
+            acceptance,
+            sink,
+            native=native,
+            preloads=preloads,
         )
         replicas.append(replica)
     setup = RouterSetup(len(replicas), config.seed, table.prefix_offsets, table.prefix_blocks)
@@ -211,10 +221,7 @@ def _pools(
     rest = RequestTable(np.zeros(n), prompt + 1, np.maximum(output - 1, 1), offsets, blocks)
     prefill_config = prefill_pool_config(config)
     prefill = _pool(PREFILL, 0, one_token, prefill_config, sink, native)
-    # the compiled stepper does not take computed prompts
-    decode = _pool(DECODE, len(prefill.replicas), rest, config, sink, False)
-    for replica in decode.replicas:
-        replica.scheduler.takes_preloaded = True
+    decode = _pool(DECODE, len(prefill.replicas), rest, config, sink, native, preloads=True)
     return prefill, decode
 
 

@@ -73,7 +73,6 @@ class Scheduler(RequestProgress):
         self._num_free = capacity
         self.rows = StepRows(most)  # the step being run
         self.native = None  # the compiled stepper, where run.py attaches one
-        self.takes_preloaded = False  # a decode pool's: admits after ``preloaded`` tokens
         rank = admission_rank(requests, config.policy)
         limit = config.policy_age_limit_s
         self.queue = None

@@ -56,8 +56,9 @@ class RequestProgress:
         self.cached = np.zeros(n, np.int64)  # tokens the prefix cache saved
         self.lost = np.zeros(n, np.int64)  # computed tokens at the last preemption
         # prompt tokens whose state another engine computed (a disaggregated prefill),
-        # taken at the first admission as a prefix hit is; only the Python scheduler reads it
+        # taken at the first admission as a prefix hit is, where ``takes_preloaded``
         self.preloaded = np.zeros(n, np.int64)
+        self.takes_preloaded = False
         self.counters = Counters()
 
 
