@@ -212,7 +212,9 @@ def test_results_folder_names_the_pools_and_the_figures(tmp_path):
         "--replicas",
         "2",
     ]
-    assert cli.main([*argv, "--out", str(out), "--quiet"]) == 0
+    assert cli.main([*argv, "--out", str(out), "--quiet", "--report"]) == 0
+    page = (out / "report.html").read_text()
+    assert "<th>pool</th>" in page and page.count("<td>decode</td>") == 2
     with (out / "steps.csv").open() as file:
         rows = list(csv.DictReader(file))
     assert {row["pool"] for row in rows} == {"prefill", "decode"}
@@ -258,3 +260,19 @@ def test_the_compiled_stepper_takes_computed_prompts_as_python_does(data):
             assert same(compiled_steps[name], values), name
     a, b = python.request_columns(), compiled.request_columns()
     assert not [name for name in a if not same(a[name], b[name])]
+
+
+def test_the_replica_search_grows_both_pools_together(tmp_path):
+    out = tmp_path / "cap"
+    argv = ["capacity", TRACE, "--find", "replicas", "--prefill-replicas", "1"]
+    argv += ["--rate-scale", "40", "--slo", "ttft_p99_ms=100,tpot_p99_ms=20"]
+    assert (
+        cli.main([*argv, "--max-replicas", "4", "--workers", "1", "--out", str(out), "--quiet"])
+        == 0
+    )
+    counts = []
+    for path in (out / "points").glob("*.json"):
+        summary = json.loads(path.read_text())["summary"]
+        pools = summary["disaggregation"]["pools"]
+        counts.append((pools["prefill"]["replicas"], pools["decode"]["replicas"]))
+    assert len(counts) > 1 and all(prefill == decode for prefill, decode in counts)
