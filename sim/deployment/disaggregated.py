@@ -43,6 +43,7 @@ import attrs
 import numpy as np
 
 from ..acceptance import make_acceptance
+from ..live import engine_setup
 from ..memory_sizing import gpu_summary, model_footprint, plan_memory
 from ..progress import Progress
 from ..results.outcome import StepStore, run_summary
@@ -75,7 +76,7 @@ def transfer_bytes(config: SimConfig, prompt_tokens: np.ndarray) -> np.ndarray:
 
 @attrs.frozen(eq=False)
 class _Pool:
-    """One pool: its settings, replicas (numbered from ``first``), router and price."""
+    """One pool: its settings, replicas, router and cost model."""
 
     name: str
     config: SimConfig
@@ -103,6 +104,8 @@ def _pool(
     layout = plan_memory(config, table)
     groups, tensor = config.scheduler.num_groups, config.parallel.tensor
     cost = CostModel.create(config.model, config.gpu, config.cost, groups, tensor)
+    if cost.engine is not None:  # a profile of another model or planner would mislead
+        cost.engine.check_setup(*engine_setup(config, config.plan))
     replicas = []
     for index in range(first, first + config.deployment.replicas):
         acceptance = make_acceptance(config.acceptance, config.seed + index)
@@ -243,13 +246,16 @@ class _Handoff:
     """The requests between the pools: when each left its prefill replica, when it
     reaches the decode pool, and the transfers still under way (a heap)."""
 
-    def __init__(self, link: KvLink, sizes: np.ndarray, prompt: np.ndarray, output: np.ndarray):
+    def __init__(
+        self, link: KvLink, sizes: np.ndarray, prompt: np.ndarray, output: np.ndarray
+    ) -> None:
         n = sizes.size
         self.link, self.sizes, self.prompt, self.output = link, sizes, prompt, output
         self.seconds = np.full(n, np.nan)  # transfer time per request
         self.prefill_of = np.full(n, -1, np.int64)
         self.under_way: list[tuple[float, int]] = []  # (arrival at the decode pool, request)
         self.transferred = 0
+        self.one_token = 0  # requests finished at their prefill
 
     def prefilled(self, replica: Replica, end: float) -> None:
         """After a prefill replica's step ending at ``end``: send on the requests it
@@ -265,6 +271,8 @@ class _Handoff:
                 self.seconds[request] = seconds
                 heapq.heappush(self.under_way, (end + seconds, request))
                 self.transferred += 1
+            else:
+                self.one_token += 1
 
     def hand_on(self, now: float, decode: _Pool) -> int:
         """Route the first transfer to end (at ``now``) to a decode replica, which takes
@@ -326,7 +334,7 @@ def _run(
                 steps += 1
         if progress is not None:
             finished = sum(r.scheduler.num_finished for r in decode.replicas)
-            progress.update(steps, finished + total - int((handoff.output > 1).sum()), now)
+            progress.update(steps, finished + handoff.one_token, now)
     prefilled = sum(int(r.scheduler.counters.values[FINISHED]) for r in prefill.replicas)
     decoded = sum(r.scheduler.num_finished for r in decode.replicas)
     if prefilled != total or decoded != handoff.transferred:
