@@ -56,11 +56,13 @@ FILES = (*REPLICA_FILES, "capacity.png", "report.html")
 def _pair_config(config: SimConfig, gpu: str, tensor: int, split: bool = False) -> SimConfig:
     """The candidate's settings; disaggregated, both pools of ``gpu`` at ``tensor``
     (the replica search sets the pools' counts)."""
-    pools = {
-        "disaggregation.prefill_replicas": 1 if split else 0,
-        "disaggregation.prefill_gpu": gpu,
-        "disaggregation.prefill_tensor": tensor,
-    }
+    pools: dict[str, object] = {"disaggregation.prefill_replicas": 0}
+    if split:
+        pools = {
+            "disaggregation.prefill_replicas": 1,
+            "disaggregation.prefill_gpu": gpu,
+            "disaggregation.prefill_tensor": tensor,
+        }
     return with_settings(config, {"gpu.name": gpu, "parallel.tensor": tensor, **pools})
 
 
