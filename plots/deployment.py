@@ -42,7 +42,7 @@ def plot_replicas(series: Table) -> Figure:
 
 def replica_rows(per_replica: list[dict]) -> tuple[tuple[str, ...], list[tuple[object, ...]]]:
     """The report's table of replicas from ``summary.json``'s ``deployment.per_replica``:
-    its header and a row per replica."""
+    its header and a row per replica (with each one's pool where a run has two)."""
     header = (
         "replica",
         "requests",
@@ -69,5 +69,7 @@ def replica_rows(per_replica: list[dict]) -> tuple[tuple[str, ...], list[tuple[o
         "prefix_cache_hit_rate",
         "ttft_ms_mean",
     )
+    if any("pool" in entry for entry in per_replica):  # a prefill pool and a decode pool
+        header, keys = ("replica", "pool", *header[1:]), ("replica", "pool", *keys[1:])
     rows = [tuple(entry.get(key) for key in keys) for entry in per_replica]
     return header, rows

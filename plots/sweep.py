@@ -145,7 +145,8 @@ def _spans_decades(values: np.ndarray) -> bool:
 
 def plot_cost_front(table: Table, *, title: str) -> Figure:
     """The cheapest-deployment search's pairs that met the SLOs: $/hour against goodput,
-    each labelled ``GPU xreplicas tpN``, the Pareto front joined and the cheapest ringed.
+    each labelled ``GPU xreplicas tpN`` (``split``: disaggregated), the Pareto front joined
+    and the cheapest ringed.
     ``table`` has the columns ``gpu``, ``tensor``, ``replicas``, ``usd_per_hour``,
     ``goodput_req_s``, ``met``, ``pareto`` and ``cheapest``."""
     met = table.column("met").astype(bool)
@@ -162,6 +163,9 @@ def plot_cost_front(table: Table, *, title: str) -> Figure:
             strict=True,
         )
     ]
+    if "disaggregated" in table:  # a prefill pool and a decode pool of r each
+        split = table.column("disaggregated")[met] == 1
+        names = [f"{name} split" if s else name for name, s in zip(names, split, strict=True)]
     figure = new_figure(5.6, 4.0)
     axes = figure.subplots()
     order = np.argsort(cost[front], kind="stable")

@@ -206,6 +206,12 @@ def simulate(table: RequestTable, config: SimConfig, **options: Any) -> SimResul
     to that many replicas (``deployment/loop.py``; ``progress``, ``stop`` and ``native``
     only), and both tables have a ``replica`` column."""
     store = MemoryStore()
+    if config.disaggregation.enabled:
+        from .deployment.disaggregated import run_disaggregated  # it builds on this module
+
+        split = run_disaggregated(table, config, store, **options)
+        itl_s = split.rows.log.itl_s
+        return SimResult(store.table(), split.request_columns(), itl_s, split.summary)
     if config.deployment.replicas > 1:
         from .deployment.loop import run_deployment  # it builds on this module
 

@@ -195,6 +195,7 @@ class Stepper:
                     "preemptions",
                     "recomputed",
                     "cached",
+                    "preloaded",
                 )
             },
             "last_accepted": scheduler.last_accepted,
@@ -225,6 +226,7 @@ class Stepper:
             "max_num_seqs": config.max_num_seqs,
             "num_spec_tokens": config.num_spec_tokens,
             "has_pool": int(scheduler.pool is not None),
+            "takes_preloaded": int(scheduler.takes_preloaded),
         }
         fields.update(_pool_fields(scheduler))
         fields.update(_queue_fields(scheduler))

@@ -26,16 +26,39 @@ from stepplan.sim.sweep.tradeoff import parse_slo
 TRACE = "synthetic:n=60"
 SLO = "ttft_p99_ms=150,tpot_p99_ms=20"
 GRID = {"rate": 8.0, "gpus": ("H100", "A100", "L40S"), "tensor": (1, 2, 3), "most": 6}
+#: The grid with disaggregation as a dimension (smaller: each candidate runs twice).
+SPLIT_GRID = {"gpus": ("H100", "A100"), "tensor": (1, 2), "most": 4}
 
 
-def _fewest_by_hand(gpu: str, tensor: int) -> tuple[int, float, float] | None:
+def _fewest_by_hand(
+    gpu: str, tensor: int, most: int = GRID["most"]
+) -> tuple[int, float, float] | None:
     """The fewest replicas (1 to GRID's most) meeting SLO, their $/h and goodput, each
     run here."""
     slo = parse_slo(SLO, ("ttft_p99_ms", "tpot_p99_ms"), ValueError)
     entry = TraceEntry(TRACE, None, "synthetic", "TRACE")
-    for replicas in range(1, GRID["most"] + 1):
+    for replicas in range(1, most + 1):
         settings = {"workload.rate_scale": GRID["rate"], "gpu.name": gpu}
         settings |= {"parallel.tensor": tensor, "deployment.replicas": replicas}
+        config = checked(with_settings(SimConfig(), settings))
+        summary = simulate(TraceReader().requests(entry, config), config).summary
+        if meets(slo, summary):
+            return replicas, summary["dollars"]["per_hour"], metric(summary, "goodput_req_s")
+    return None
+
+
+def _fewest_split_by_hand(gpu: str, tensor: int) -> tuple[int, float, float] | None:
+    """:func:`_fewest_by_hand` of a prefill pool and a decode pool of ``n`` replicas each."""
+    slo = parse_slo(SLO, ("ttft_p99_ms", "tpot_p99_ms"), ValueError)
+    entry = TraceEntry(TRACE, None, "synthetic", "TRACE")
+    for replicas in range(1, SPLIT_GRID["most"] + 1):
+        settings = {"workload.rate_scale": GRID["rate"], "gpu.name": gpu}
+        settings |= {"parallel.tensor": tensor, "deployment.replicas": replicas}
+        settings |= {
+            "disaggregation.prefill_replicas": replicas,
+            "disaggregation.prefill_gpu": gpu,
+            "disaggregation.prefill_tensor": tensor,
+        }
         config = checked(with_settings(SimConfig(), settings))
         summary = simulate(TraceReader().requests(entry, config), config).summary
         if meets(slo, summary):
@@ -80,6 +103,56 @@ def test_the_answer_is_the_cheapest_candidate_run_by_hand(searched):
     assert table["cheapest"].sum() == 1 and table["cheapest"][rows[best]] == 1
     # More than one replica count answers somewhere, so the replica search did work.
     assert max(v[0] for v in met.values()) > 1
+
+
+def test_with_disaggregation_the_answer_is_the_brute_force_cheapest(tmp_path, capsys):
+    out = tmp_path / "cap"
+    argv = ["capacity", TRACE, "--find", "cheapest", "--slo", SLO]
+    argv += ["--rate-scale", str(GRID["rate"]), "--max-replicas", str(SPLIT_GRID["most"])]
+    argv += ["--gpus", ",".join(SPLIT_GRID["gpus"]), "--disaggregation", "off,on"]
+    argv += ["--tensor", ",".join(map(str, SPLIT_GRID["tensor"]))]
+    assert cli.main([*argv, "--workers", "1", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    table = read_csv(out / "capacity.csv", CHEAPEST)
+    document = json.loads((out / "capacity.json").read_text())
+    found = {}
+    for gpu in SPLIT_GRID["gpus"]:
+        for tensor in SPLIT_GRID["tensor"]:
+            found[gpu, tensor, 0] = _fewest_by_hand(gpu, tensor, SPLIT_GRID["most"])
+            found[gpu, tensor, 1] = _fewest_split_by_hand(gpu, tensor)
+    rows = {
+        (str(g), int(t), int(d)): i
+        for i, (g, t, d) in enumerate(
+            zip(table["gpu"], table["tensor"], table["disaggregated"], strict=True)
+        )
+    }
+    assert set(rows) == set(found)
+    for key, by_hand in found.items():
+        row = rows[key]
+        assert table["met"][row] == (by_hand is not None), key
+        if by_hand is not None:
+            assert table["replicas"][row] == by_hand[0], key
+            assert table["usd_per_hour"][row] == pytest.approx(by_hand[1]), key
+            assert table["gpus"][row] == by_hand[0] * key[1] * (2 if key[2] else 1)
+    met = {key: v for key, v in found.items() if v is not None}
+    assert any(key[2] for key in met), "a disaggregated deployment must meet the SLO"
+    gpus = {key: met[key][0] * key[1] * (2 if key[2] else 1) for key in met}
+    best = min(met, key=lambda key: (met[key][1], gpus[key], -met[key][2]))
+    answer = document["answer"]
+    assert (answer["gpu"], answer["tensor"], answer["disaggregated"]) == best
+    assert answer["replicas"] == met[best][0]
+    # the figures it priced and timed with are named
+    assert document["kv_link"]["name"] == "infiniband-400"
+    assert document["interconnect"]["H100"]["link"] == "NVLink 4"
+    assert "KV link InfiniBand NDR 400 Gb/s" in printed and "H100 $3.348/GPU-h" in printed
+    # the report: the front as a figure and a table, written by the search and by `report`
+    page = (out / "report.html").read_text()
+    assert "Pareto front" in page and page.count("data:image/png") == 1
+    front = [key for key, row in rows.items() if table["pareto"][row]]
+    assert front and all(f"<td>{gpu}</td>" in page for gpu, _, _ in front)
+    again = tmp_path / "again.html"
+    assert cli.main(["report", str(out), "--out", str(again)]) == 0
+    assert again.read_text() == page
 
 
 def test_tensor_parallelism_shortens_a_deployments_steps(searched):
@@ -137,6 +210,7 @@ def test_a_point_without_figures_is_off_the_front():
         (["--gpus", "H100,h100"], "--gpus: 'H100,h100' names a GPU twice"),
         (["--tensor", "0"], "--tensor: 0 must be 1 to 8"),
         (["--tensor", "two"], "--tensor: 'two' is not a whole number"),
+        (["--disaggregation", "off,maybe"], "--disaggregation: 'maybe' is not one of off, on"),
         (
             [
                 "--gpus",

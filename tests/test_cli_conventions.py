@@ -45,6 +45,7 @@ from stepplan.sim.settings.config import (
     with_settings,
 )
 from stepplan.sim.settings.config_toml import config_toml
+from stepplan.sim.settings.links import KV_LINK_NAMES
 
 EMBEDDED = Path(str(resources.files("stepplan.sim").joinpath("data/azure_llm_2023_code.csv")))
 SYNTHETIC = "synthetic:n=30,rate=10,prompt=fixed:64,output=fixed:8"
@@ -192,6 +193,10 @@ _SPECIAL["gpu.name"] = st.sampled_from(["H100", "H200", "B200", "A100", "L40S"])
 _SPECIAL["model.name"] = st.sampled_from(["hybrid-8b", "hybrid-1b", "tiny"])
 _SPECIAL["memory.gpu_memory_utilization"] = st.floats(0.05, 1.0)
 _SPECIAL["parallel.tensor"] = st.integers(1, 8)
+_SPECIAL["disaggregation.prefill_replicas"] = st.integers(0, 4)
+_SPECIAL["disaggregation.prefill_gpu"] = st.none() | _SPECIAL["gpu.name"]
+_SPECIAL["disaggregation.prefill_tensor"] = st.none() | st.integers(1, 8)
+_SPECIAL["disaggregation.link"] = st.sampled_from(KV_LINK_NAMES)
 
 
 def _strategy(key: str, default: object) -> st.SearchStrategy:

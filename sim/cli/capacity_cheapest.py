@@ -1,6 +1,7 @@
-"""``stepplan capacity --find cheapest --gpus H100,H200 --tensor 1,2``: the cheapest
-deployment (GPU preset x tensor-parallel ranks x replicas) that meets every SLO at the
-settings' request rate (``sweep/cheapest.py``).
+"""``stepplan capacity --find cheapest --gpus H100,H200 --tensor 1,2 --disaggregation
+off,on``: the cheapest deployment (GPU preset x tensor-parallel ranks x co-located or
+disaggregated x replicas) that meets every SLO at the settings' request rate
+(``sweep/cheapest.py``).
 
 Each pair's replica search runs as in ``--find replicas``, its counts' records kept in
 ``points/`` of one folder, so a re-run finds them done. Written: ``capacity.csv`` (every
@@ -22,16 +23,19 @@ import numpy as np
 from ..results.outdir import config_digest
 from ..results.table import Table
 from ..settings.config import ConfigError, SimConfig, with_settings
-from ..settings.gpus import PRICE_SOURCE
+from ..settings.gpus import PRICE_SOURCE, find_preset
+from ..settings.links import KV_LINKS
 from ..sweep.cheapest import (
     CHEAPEST,
     DEFAULT_GPUS,
+    DEFAULT_LAYOUTS,
     DEFAULT_TENSOR,
     Candidate,
     cheapest,
     check_grid,
     pareto_front,
     parse_gpus,
+    parse_layouts,
     parse_tensors,
 )
 from ..sweep.records import RECORDS, metric, write_table
@@ -41,15 +45,25 @@ from ..sweep.tradeoff import Slo
 from .capacity_replicas import FILES as REPLICA_FILES
 from .capacity_replicas import ReplicaRun, SearchStopped
 from .options import checked, run_name
+from .report_capacity import cheapest_page
 from .signals import StopRequest
 from .sweep_run import PointRun, TraceReader, check_points, claim_folder, runner_for
 from .tables import align
 
-FILES = (*REPLICA_FILES, "capacity.png")
+FILES = (*REPLICA_FILES, "capacity.png", "report.html")
 
 
-def _pair_config(config: SimConfig, gpu: str, tensor: int) -> SimConfig:
-    return with_settings(config, {"gpu.name": gpu, "parallel.tensor": tensor})
+def _pair_config(config: SimConfig, gpu: str, tensor: int, split: bool = False) -> SimConfig:
+    """The candidate's settings; disaggregated, both pools of ``gpu`` at ``tensor``
+    (the replica search sets the pools' counts)."""
+    pools: dict[str, object] = {"disaggregation.prefill_replicas": 0}
+    if split:
+        pools = {
+            "disaggregation.prefill_replicas": 1,
+            "disaggregation.prefill_gpu": gpu,
+            "disaggregation.prefill_tensor": tensor,
+        }
+    return with_settings(config, {"gpu.name": gpu, "parallel.tensor": tensor, **pools})
 
 
 def _candidate(
@@ -57,13 +71,14 @@ def _candidate(
 ) -> Candidate:
     """Search one pair's replicas; refused (not raised) when its settings cannot run."""
     gpu, tensor = search.config.gpu.name, search.config.parallel.tensor
+    split = search.config.disaggregation.enabled
     try:
         check_points([search.point(1)], search.run.reader, None)
     except ConfigError as exc:
-        return Candidate(gpu, tensor, refused=str(exc))
+        return Candidate(gpu, tensor, refused=str(exc), disaggregated=split)
     result = replica_search(search.evaluate(slo, stop), most, per_round)
     if result.answer is None:
-        return Candidate(gpu, tensor)
+        return Candidate(gpu, tensor, disaggregated=split)
     summary = search.run.records[search.points[result.answer].digest].summary
 
     def figure(name: str) -> float:
@@ -78,6 +93,7 @@ def _candidate(
         figure("goodput_req_s"),
         figure("ttft_p99_ms"),
         figure("tpot_p99_ms"),
+        disaggregated=split,
     )
 
 
@@ -89,6 +105,7 @@ def candidate_table(candidates: list[Candidate]) -> Table:
     columns: dict[str, Any] = {
         "gpu": np.array([c.gpu for c in candidates], dtype=str),
         "tensor": np.array([c.tensor for c in candidates], np.int64),
+        "disaggregated": np.array([c.disaggregated for c in candidates], np.int64),
         "replicas": np.array([c.replicas or 0 for c in candidates], np.int64),
         "gpus": np.array([c.gpus for c in candidates], np.int64),
         "usd_per_hour": cost,
@@ -107,18 +124,22 @@ def run_cheapest_capacity(args: argparse.Namespace, config: SimConfig, slo: Slo)
     """Search every pair, write the table, print it and the answer."""
     gpus = parse_gpus(args.gpus or DEFAULT_GPUS)
     tensors = parse_tensors(args.tensor or DEFAULT_TENSOR)
+    layouts = parse_layouts(args.disaggregation or DEFAULT_LAYOUTS)
     runner, where = runner_for(args)
     per_round = args.per_round or args.workers or 2
     check_most(args.max_replicas, per_round)
-    check_grid(gpus, tensors, args.max_replicas)
+    check_grid(gpus, tensors, args.max_replicas, layouts)
     entry = TraceEntry(args.trace, args.format, run_name(args, config), "TRACE")
     stop: StopRequest = getattr(args, "stop", None) or StopRequest()
     reader = TraceReader()
     key = [reader.identity(entry), entry.format, config.to_dict(), slo.to_dict()]
-    digest = config_digest([*key, args.max_replicas, gpus, tensors])
+    grid = [args.max_replicas, gpus, tensors] + ([layouts] if layouts != (False,) else [])
+    digest = config_digest([*key, *grid])
     with claim_folder(args, f"capacity-cheapest-{entry.label}-{digest}", "capacity", FILES) as f:
         run = PointRun(f, reader, runner, quiet=True, label="capacity")
-        searches = [_pair(config, g, t, run, entry) for g in gpus for t in tensors]
+        searches = [
+            _pair(config, g, t, s, run, entry) for s in layouts for g in gpus for t in tensors
+        ]
         run.load(args.overwrite)
         if not args.quiet:
             print(f"stepplan: capacity: {len(searches)} pairs on {where}", file=sys.stderr)
@@ -133,25 +154,27 @@ def run_cheapest_capacity(args: argparse.Namespace, config: SimConfig, slo: Slo)
             pass
         complete = len(candidates) == len(searches)
         table = candidate_table(candidates)
-        document = _document(args, config, slo, table, complete, gpus, tensors)
+        document = _document(args, config, slo, table, complete, (gpus, tensors, layouts))
         if not candidates:
             stop.raise_if_stopped("no pair had finished, nothing written")
 
         png = _figure(table, slo)
+        page = cheapest_page(f.path.name, table, document)
 
         def write(stage: Path) -> list[str]:
             names = write_table(stage, table)
             (stage / "capacity.json").write_text(json.dumps(document, indent=2) + "\n")
+            (stage / "report.html").write_text(page)
             if png is None:
-                return [*names, "capacity.json"]
+                return [*names, "capacity.json", "report.html"]
             (stage / "capacity.png").write_bytes(png)
-            return [*names, "capacity.json", "capacity.png"]
+            return [*names, "capacity.json", "report.html", "capacity.png"]
 
         f.put(write, complete=complete, keep=[RECORDS])
     if not args.quiet:
         print(_report(table, slo, config))
     if not args.quiet or not args.out:
-        print(f"results: {f.shown}/capacity.csv, capacity.json, capacity.png")
+        print(f"results: {f.shown}/capacity.csv, capacity.json, capacity.png, report.html")
     stop.raise_if_stopped(f"{len(candidates)} pairs searched: the table so far is in {f.shown}/")
     return 0
 
@@ -168,15 +191,38 @@ def _figure(table: Table, slo: Slo) -> bytes | None:
 
 
 def _pair(
-    config: SimConfig, gpu: str, tensor: int, run: PointRun, entry: TraceEntry
+    config: SimConfig, gpu: str, tensor: int, split: bool, run: PointRun, entry: TraceEntry
 ) -> ReplicaRun | Candidate:
-    """The pair's replica search, or a refused candidate when its settings break a rule
-    (the ranks do not split the model, a measured profile times one GPU)."""
+    """The candidate's replica search, or a refused candidate when its settings break a
+    rule (the ranks do not split the model, a measured profile times one GPU)."""
     try:
-        own = checked(_pair_config(config, gpu, tensor))
+        own = checked(_pair_config(config, gpu, tensor, split))
     except ConfigError as exc:
-        return Candidate(gpu, tensor, refused=str(exc))
+        return Candidate(gpu, tensor, refused=str(exc), disaggregated=split)
     return ReplicaRun(own, run, entry, True)
+
+
+def _interconnect(config: SimConfig, gpu: str) -> dict[str, Any]:
+    """The link ``gpu``'s tensor-parallel all-reduces were timed over."""
+    resolved = _pair_config(config, gpu, 1).gpu.resolved()
+    preset = find_preset(gpu)
+    return {
+        "link": preset.link.name if preset is not None else "custom",
+        "link_bw_bytes_s": resolved.link_bw_bytes_s,
+        "link_latency_us": resolved.link_latency_us,
+    }
+
+
+def _kv_link(config: SimConfig) -> dict[str, Any]:
+    """The link a disaggregated candidate's requests crossed (``settings/links.py``)."""
+    link = KV_LINKS[config.disaggregation.link]
+    bandwidth = None if math.isinf(link.bw_bytes_s) else link.bw_bytes_s
+    return {
+        "name": link.name,
+        "part": link.part,
+        "bw_bytes_s": bandwidth,
+        "latency_us": link.latency_us,
+    }
 
 
 def _rows(table: Table) -> list[dict[str, Any]]:
@@ -195,10 +241,11 @@ def _document(
     slo: Slo,
     table: Table,
     complete: bool,
-    gpus: tuple[str, ...],
-    tensors: tuple[int, ...],
+    grid: tuple[tuple[str, ...], tuple[int, ...], tuple[bool, ...]],
 ) -> dict[str, Any]:
-    """``capacity.json``: the answer, the grid searched and the table."""
+    """``capacity.json``: the answer, the grid searched (``grid``: GPUs, ranks, layouts),
+    the figures it priced and timed with, and the table."""
+    gpus, tensors, layouts = grid
     rows = _rows(table)
     answer = next((row for row in rows if row["cheapest"]), None)
     return {
@@ -206,11 +253,18 @@ def _document(
         "slo": slo.to_dict(),
         "router": config.deployment.router,
         "rate_scale": config.workload.rate_scale,
-        "search": {"gpus": list(gpus), "tensor": list(tensors), "max_replicas": args.max_replicas},
+        "search": {
+            "gpus": list(gpus),
+            "tensor": list(tensors),
+            "disaggregated": list(layouts),
+            "max_replicas": args.max_replicas,
+        },
         "price_per_gpu_hour": {
             gpu: _pair_config(config, gpu, 1).gpu.resolved().price_per_hour for gpu in gpus
         },
         "price_source": PRICE_SOURCE,
+        "interconnect": {gpu: _interconnect(config, gpu) for gpu in gpus},
+        "kv_link": _kv_link(config) if True in layouts else None,
         "complete": complete,
         "answer": answer,
         "candidates": rows,
@@ -227,6 +281,7 @@ def _report(table: Table, slo: Slo, config: SimConfig) -> str:
         [
             row["gpu"],
             str(row["tensor"]),
+            "split" if row["disaggregated"] else "",
             str(row["replicas"] or "-"),
             str(row["gpus"] or "-"),
             number(row["usd_per_hour"], 2),
@@ -238,17 +293,43 @@ def _report(table: Table, slo: Slo, config: SimConfig) -> str:
         ]
         for row in rows
     ]
-    header = ["gpu", "tp", "replicas", "gpus", "$/h", "goodput", "ttft p99", "tpot p99"]
+    header = ["gpu", "tp", "pools", "replicas", "gpus", "$/h", "goodput", "ttft p99", "tpot p99"]
     lines = [align([*header, "meets", "front"], body) if body else "(no pair ran)"]
-    lines += [f"refused: {r['gpu']} tp {r['tensor']}: {r['refused']}" for r in rows if r["refused"]]
+    lines += [
+        f"refused: {r['gpu']} tp {r['tensor']}{' split' if r['disaggregated'] else ''}: "
+        f"{r['refused']}"
+        for r in rows
+        if r["refused"]
+    ]
     answer = next((row for row in rows if row["cheapest"]), None)
     where = f"behind {config.deployment.router} at rate scale {config.workload.rate_scale:g}"
     if answer is None:
         lines.append(f"capacity: no pair meets {slo.text()} {where}: raise --max-replicas")
     else:
+        pools = " per pool, prefill apart from decode" if answer["disaggregated"] else ""
         lines.append(
             f"capacity: cheapest: {answer['replicas']} x {answer['gpu']} at tp "
-            f"{answer['tensor']} ({answer['gpus']} GPUs, ${answer['usd_per_hour']:,.2f}/h) "
-            f"{where} meets {slo.text()}"
+            f"{answer['tensor']}{pools} ({answer['gpus']} GPUs, "
+            f"${answer['usd_per_hour']:,.2f}/h) {where} meets {slo.text()}"
         )
+    lines.append(_figures_line(config, rows))
     return "\n".join(lines)
+
+
+def _figures_line(config: SimConfig, rows: list[dict[str, Any]]) -> str:
+    """Where the table's dollars and times came from: each GPU's price and link, and the
+    KV link of the disaggregated rows."""
+    gpus = dict.fromkeys(row["gpu"] for row in rows)
+    parts = []
+    for gpu in gpus:
+        price = _pair_config(config, gpu, 1).gpu.resolved().price_per_hour
+        link = _interconnect(config, gpu)
+        bandwidth = link["link_bw_bytes_s"]
+        shown = "-" if bandwidth is None else f"{bandwidth / 1e9:,.0f} GB/s"
+        priced = "no price" if price is None else f"${price:,.3f}/GPU-h"
+        parts.append(f"{gpu} {priced}, {link['link']} {shown}")
+    line = f"figures: {'; '.join(parts)} (prices: {PRICE_SOURCE})"
+    if any(row["disaggregated"] for row in rows):
+        kv = _kv_link(config)
+        line += f"; KV link {kv['part']}, {kv['latency_us']} us"
+    return line

@@ -24,7 +24,7 @@ from ..results.outdir import config_digest
 from ..results.schema import CAPACITY, SWEEP_METRICS
 from ..results.table import Table
 from ..settings.config import SimConfig, with_settings
-from ..sweep.cheapest import DEFAULT_GPUS, DEFAULT_TENSOR
+from ..sweep.cheapest import DEFAULT_GPUS, DEFAULT_LAYOUTS, DEFAULT_TENSOR
 from ..sweep.records import RECORDS, metric, metric_columns, point_digest, write_table
 from ..sweep.search import (
     Probe,
@@ -138,8 +138,10 @@ def run_capacity(args: argparse.Namespace) -> int:
         from .capacity_replicas import run_replica_capacity
 
         return run_replica_capacity(args, config, slo)
-    if args.find != "cheapest" and (args.gpus or args.tensor):
-        raise SearchError(f"--{'gpus' if args.gpus else 'tensor'}: only with --find cheapest")
+    grid = {"gpus": args.gpus, "tensor": args.tensor, "disaggregation": args.disaggregation}
+    given = next((flag for flag, value in grid.items() if value), None)
+    if args.find != "cheapest" and given:
+        raise SearchError(f"--{given}: only with --find cheapest")
     if args.find == "cheapest":
         from .capacity_cheapest import run_cheapest_capacity
 
@@ -328,6 +330,12 @@ def add_capacity(subparsers: Any) -> None:
         "--tensor",
         help="tensor-parallel sizes --find cheapest tries, comma-separated "
         f"(default: {DEFAULT_TENSOR})",
+    )
+    add(
+        "--disaggregation",
+        help="layouts --find cheapest tries, comma-separated: off (prefill and decode on "
+        "the same replicas), on (a prefill pool and a decode pool of the same size, "
+        f"over disaggregation.link) (default: {DEFAULT_LAYOUTS})",
     )
     add(
         "--max-replicas",

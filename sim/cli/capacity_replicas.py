@@ -32,6 +32,7 @@ from .sweep_run import Point, PointRun, TraceReader, check_points, claim_folder,
 from .tables import align
 
 REPLICAS_KEY = "deployment.replicas"
+PREFILL_KEY = "disaggregation.prefill_replicas"
 FILES = ("capacity.csv", "capacity.parquet", "capacity.json", RECORDS)
 
 
@@ -52,6 +53,8 @@ class ReplicaRun:
         """The point of ``count`` replicas, checked."""
         if count not in self.points:
             settings = {REPLICAS_KEY: count}
+            if self.config.disaggregation.enabled:  # the pools grow together, 1:1
+                settings[PREFILL_KEY] = count
             own = checked(with_settings(self.config, settings))
             digest = point_digest(self.identity, self.entry.format, own)
             index = len(self.points)

@@ -18,6 +18,7 @@ from ..acceptance import DEEPSEEK_MTP_PROBS, EAGLE3_PROBS, load_replay
 from ..admission import POLICIES
 from ..deployment import ROUTER_NAMES
 from ..deployment import TABLE as ROUTERS
+from ..deployment.disaggregated import run_disaggregated
 from ..deployment.loop import run_deployment
 from ..live import check_live, engine_setup
 from ..progress import Progress, ProgressBar, ProgressLines, live_warning
@@ -41,6 +42,7 @@ from ..settings.config import (
     load_config,
     with_settings,
 )
+from ..settings.links import KV_LINK_NAMES
 from ..timing.cost import load_profile
 from ..timing.engine_profile import read_engine_profile
 from ..traces import FORMATS
@@ -88,6 +90,10 @@ OVERRIDES = {
     "live_time": "live.time",
     "replicas": "deployment.replicas",
     "router": "deployment.router",
+    "prefill_replicas": "disaggregation.prefill_replicas",
+    "prefill_gpu": "disaggregation.prefill_gpu",
+    "prefill_tensor": "disaggregation.prefill_tensor",
+    "kv_link": "disaggregation.link",
 }
 #: ``--graph-sizes``: one list in two units (``sim/buckets/demand.py`` and ``planner/config.py``).
 GRAPH_SIZES_HELP = (
@@ -248,6 +254,20 @@ def _add_deployment_options(parser: argparse.ArgumentParser) -> None:
         choices=ROUTER_NAMES,
         help="which replica an arriving request goes to: "
         + "; ".join(f"{entry.name}: {entry.description}" for entry in ROUTERS),
+    )
+    add(
+        "--prefill-replicas",
+        type=int,
+        help="replicas of a prefill pool apart from the decode pool (--replicas, gpu.name, "
+        "parallel.tensor); 0: prefill and decode on the same replicas",
+    )
+    add("--prefill-gpu", help="the prefill pool's GPU preset")
+    add("--prefill-tensor", type=int, help="the prefill pool's tensor-parallel ranks")
+    add(
+        "--kv-link",
+        choices=KV_LINK_NAMES,
+        help="the link a request's KV blocks and conv state cross from its prefill "
+        "replica to its decode replica (docs/presets.md)",
     )
 
 
@@ -412,8 +432,9 @@ def simulate_one(
         progress = run_progress(args, requests.num_requests, label)
         parquet = args.parquet and parquet_available()
         with ResultsWriter(folder, parquet=parquet, stop=event) as writer:
-            if config.deployment.replicas > 1:
-                deployed = run_deployment(requests, config, writer, progress=progress, stop=event)
+            if config.deployment.replicas > 1 or config.disaggregation.enabled:
+                run = run_disaggregated if config.disaggregation.enabled else run_deployment
+                deployed = run(requests, config, writer, progress=progress, stop=event)
                 rows, summary = None, deployed.summary
                 for first in range(0, requests.num_requests, CHUNK_STEPS):
                     writer.add_request_columns(deployed.request_columns(first, first + CHUNK_STEPS))

@@ -23,6 +23,7 @@ from ..results.table import ResultsError
 from ..settings.config import ConfigError, SimConfig
 from .buckets import bucketing_of, comparison_table, run_config, run_demand
 from .outputs import REPORT
+from .report_capacity import cheapest_page, is_cheapest_folder, read_cheapest_folder
 from .report_reading import ReportRun, read_latency, read_report_run
 from .report_sweep import build_sweep_report, is_sweep_folder
 from .report_verdict import differences, summary_table, verdict_of
@@ -286,12 +287,16 @@ def run_report(args: argparse.Namespace) -> int:
         raise ResultsError(f"{folder}: not a results folder (no such directory); {EXPECTS}")
     is_run = any((folder / name).exists() for name in RESULT_FILES)
     is_sweep = not is_run and is_sweep_folder(folder)
-    if not is_run and not is_sweep and not is_compare_folder(folder):
+    is_cheapest = not is_run and is_cheapest_folder(folder)
+    if not is_run and not is_sweep and not is_cheapest and not is_compare_folder(folder):
         raise ResultsError(f"{folder}: not a results folder; {EXPECTS}")
     out = claim_report(args.out or folder / "report.html", args.overwrite)
     others = tuple(read_latency(Path(other)) for other in args.compare or ())
     if is_sweep:
         build_sweep_report(folder, out)
+    elif is_cheapest:
+        table, document = read_cheapest_folder(folder)
+        out.write(cheapest_page(folder.name, table, document).encode())
     elif is_run:
         run = read_report_run(folder, progress=reading_progress(args.quiet))
         build_run_report(run, out, others, args.max_graphs)

@@ -78,7 +78,7 @@ static int bind_state(Stepper *self, PyObject *f) {
         I64("computed", computed) < 0 || I64("emitted", emitted) < 0 ||
         I64("spec_steps", spec_steps) < 0 || I64("lost", lost) < 0 ||
         I64("preemptions", preemptions) < 0 || I64("recomputed", recomputed) < 0 ||
-        I64("cached", cached) < 0 || I32("slot", slot) < 0 ||
+        I64("cached", cached) < 0 || I64("preloaded", preloaded) < 0 || I32("slot", slot) < 0 ||
         I32("last_accepted", last_accepted) < 0 || I64("counters", counters) < 0 ||
         I64("running", running) < 0 || I64("resumed", resumed) < 0 ||
         I32("free_slots", free_slots) < 0 || I64("ids", ids) < 0 || I64("drawn", drawn) < 0 ||
@@ -102,6 +102,7 @@ static int bind_state(Stepper *self, PyObject *f) {
     self->has_pool = (int)get_int(f, "has_pool", &failed);
     self->accept_kind = (int)get_int(f, "accept_kind", &failed);
     self->ordered = (int)get_int(f, "ordered", &failed);
+    self->takes_preloaded = (int)get_int(f, "takes_preloaded", &failed);
     return failed ? -1 : 0;
 }
 

@@ -213,7 +213,8 @@ static Py_ssize_t admit_each(Stepper *self, Py_ssize_t rows, int64_t room, int64
         if (hits < 0) {
             return -1;
         }
-        int64_t begin = hits * self->prefix_tokens;
+        int64_t hit = hits * self->prefix_tokens;
+        int64_t begin = hit > self->preloaded[request] ? hit : self->preloaded[request];
         int64_t q = target - begin;
         if (q == 1 && pad && (rows || begin)) {
             if (1 + pad > budget) {
@@ -240,8 +241,9 @@ static Py_ssize_t admit_each(Stepper *self, Py_ssize_t rows, int64_t room, int64
         }
         int64_t lost = self->lost[request];
         self->recomputed[request] += lost > begin ? lost - begin : 0;
-        self->cached[request] += begin > lost ? begin - lost : 0;
+        self->cached[request] += hit > lost ? hit - lost : 0;
         self->computed[request] = begin;
+        self->preloaded[request] = 0; /* preempted, it computes its state here */
         put_row(self, rows + count++, request, q, 0);
         room -= 1, budget -= q;
     }
@@ -305,7 +307,8 @@ PyObject *stepper_schedule(Stepper *self, PyObject *now_obj) {
             pad = (self->flags[r] & DECODING) ? pad : 0;
         }
         Py_ssize_t admitted;
-        if (counters[RESUMED] || self->ordered || (self->has_pool && self->caching)) {
+        if (counters[RESUMED] || self->ordered || (self->has_pool && self->caching) ||
+            self->takes_preloaded) {
             admitted = admit_each(self, rows, room, budget, now, pad);
         } else {
             admitted = counters[NEXT_ADMIT] < counters[ARRIVED]

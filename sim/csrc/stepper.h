@@ -30,6 +30,9 @@ typedef struct {
     const double *arrival;
     const int64_t *prompt, *output;
     int64_t *target, *computed, *emitted, *spec_steps, *lost, *preemptions, *recomputed, *cached;
+    /* prompt tokens computed elsewhere (a decode pool's requests); takes_preloaded 0: none */
+    int64_t *preloaded;
+    int takes_preloaded;
     int32_t *slot, *last_accepted;
     int64_t *counters, *running, *resumed;
     int32_t *free_slots;

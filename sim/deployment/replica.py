@@ -50,6 +50,8 @@ class Replica:
         acceptance: this replica's acceptance model.
         sink: where its steps go, a chunk at a time.
         native: as :func:`~stepplan.sim.run.run_steps`'s.
+        preloads: its requests come with their prompts computed elsewhere
+            (``Scheduler.preloaded``: a disaggregated deployment's decode pool).
     """
 
     def __init__(
@@ -64,6 +66,7 @@ class Replica:
         sink: ReplicaSink,
         *,
         native: bool | None = None,
+        preloads: bool = False,
     ) -> None:
         n = table.num_requests
         self.index = index
@@ -82,6 +85,7 @@ class Replica:
         scheduler.arrival = np.full(n, np.inf)
         scheduler.prompt = np.zeros(n, np.int64)
         scheduler.output = np.zeros(n, np.int64)
+        scheduler.takes_preloaded = preloads
         self.scheduler = scheduler
         self.totals = StepTotals()
         self.queue_busy: list[float] = []  # per chunk: sum of num_waiting * duration_s

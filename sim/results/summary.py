@@ -19,7 +19,7 @@ import numpy as np
 
 from ..memory_sizing import memory_rows
 from ..timing.cost import COST_TERMS
-from ..timing.pricing import dollar_rows
+from ..timing.pricing import dollar_rows, figure_rows
 from .schema import COST_COLUMNS, MEASURED, TIME_NAMES
 
 
@@ -288,6 +288,7 @@ def summary_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
         ("output tok/s", _cell(summary["throughput"]["output_tokens_per_s"], 1)),
         ("goodput share", _cell(summary["goodput"]["share"], 3)),
         *dollar_rows(summary),
+        *figure_rows(summary),
     ]
     for name in ("ttft", "tpot", "itl", "e2e"):
         for stat in ("mean", "p50", "p99"):

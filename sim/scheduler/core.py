@@ -288,7 +288,7 @@ class Scheduler(RequestProgress):
         room = min(self.config.max_num_seqs - self.running.size, self._num_free)
         if room <= 0 or budget <= 0:
             return _EMPTY, _EMPTY
-        each = self.counters.values[RESUMED] or self.queue is not None
+        each = self.counters.values[RESUMED] or self.queue is not None or self.takes_preloaded
         if each or (self.pool is not None and self.pool.caching):
             return self._admit_each(room, budget, now_s, pad, running_rows)
         first = self.next_admit
@@ -335,7 +335,8 @@ class Scheduler(RequestProgress):
                 break
             target = int(self.target[request])
             hits = self.pool.lookup(request, target) if self.pool is not None else []
-            start = len(hits) * (self.pool.layout.prefix_block_tokens if hits else 0)
+            hit = len(hits) * (self.pool.layout.prefix_block_tokens if hits else 0)
+            start = max(hit, int(self.preloaded[request]))
             q = target - start
             if q == 1 and pad and (running_rows or start):
                 if 1 + pad > budget:
@@ -353,8 +354,9 @@ class Scheduler(RequestProgress):
                 self._admitted += 1
             lost = int(self.lost[request])
             self.recomputed[request] += max(0, lost - start)
-            self.cached[request] += max(0, start - lost)
+            self.cached[request] += max(0, hit - lost)
             self.computed[request] = start
+            self.preloaded[request] = 0  # preempted, it computes its state here
             ids.append(request)
             chunks.append(q)
             room, budget = room - 1, budget - q

@@ -55,6 +55,10 @@ class RequestProgress:
         self.recomputed = np.zeros(n, np.int64)  # lost tokens computed again
         self.cached = np.zeros(n, np.int64)  # tokens the prefix cache saved
         self.lost = np.zeros(n, np.int64)  # computed tokens at the last preemption
+        # prompt tokens whose state another engine computed (a disaggregated prefill),
+        # taken at the first admission as a prefix hit is, where ``takes_preloaded``
+        self.preloaded = np.zeros(n, np.int64)
+        self.takes_preloaded = False
         self.counters = Counters()
 
 

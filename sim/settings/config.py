@@ -8,9 +8,6 @@ A TOML file has one table per section, each key a field of that section's class:
     [scheduler]
     max_num_seqs = 128
 
-    [planner]
-    graph_sizes = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
-
     [memory]            # KV cache, conv-state slots, prefix cache (docs/memory.md)
     kv_cache_gib = 40
 
@@ -24,8 +21,8 @@ A TOML file has one table per section, each key a field of that section's class:
 Unknown sections or keys are errors (a misspelt key must not be silently ignored), and
 values are checked as the flags check them (``config_values.py``: ``64.5`` is not an
 integer). Rules across sections hold on the final settings (:func:`check_config`).
-Overrides use dotted keys, ``scheduler.max_num_seqs = 128``. The ``[live]``,
-``[parallel]`` and ``[deployment]`` sections' classes are in ``config_*.py`` (re-exported).
+Overrides use dotted keys, ``scheduler.max_num_seqs = 128``. The ``[live]``, ``[parallel]``,
+``[deployment]`` and ``[disaggregation]`` sections' classes are in ``config_*.py``.
 """
 
 from __future__ import annotations
@@ -43,6 +40,7 @@ from stepplan.planner import GRAPH_MODES, PlanError, PlannerConfig
 
 from ..admission import POLICY_NAMES
 from .config_deployment import DeploymentConfig, check_replicas
+from .config_disaggregation import DisaggregationConfig, check_disaggregation
 from .config_live import (  # noqa: F401 (re-exported: every setting imports from here)
     LIVE_ATTENTION,
     LIVE_BACKENDS,
@@ -352,6 +350,7 @@ SECTIONS: dict[str, type] = {
     "live": LiveConfig,
     "parallel": ParallelConfig,
     "deployment": DeploymentConfig,
+    "disaggregation": DisaggregationConfig,
 }
 
 
@@ -388,6 +387,7 @@ class SimConfig:
     live: LiveConfig = attrs.Factory(LiveConfig)
     parallel: ParallelConfig = attrs.Factory(ParallelConfig)
     deployment: DeploymentConfig = attrs.Factory(DeploymentConfig)
+    disaggregation: DisaggregationConfig = attrs.Factory(DisaggregationConfig)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready dict (tuples become lists)."""
@@ -480,6 +480,7 @@ def check_config(config: SimConfig) -> SimConfig:
             f"= {q} (a spec step emits at most Q tokens)"
         )
     check_replicas(config.deployment.replicas, config)
+    check_disaggregation(config)
     start, end = config.workload.start_s, config.workload.end_s
     if start is not None and end is not None and start >= end:
         raise ConfigError(f"workload.start_s: {start} is not before workload.end_s = {end}")

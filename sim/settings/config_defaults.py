@@ -97,6 +97,8 @@ UNSET: dict[str, Callable[[SimConfig], str]] = {
     "live.dtype": lambda c: f"the {c.model.name} preset's",
     "live.attention": lambda c: "flash on cuda with bf16 or fp16, else sdpa",
     "live.max_len": lambda c: "the trace's longest request",
+    "disaggregation.prefill_gpu": lambda c: f"{c.gpu.name}, gpu.name's",
+    "disaggregation.prefill_tensor": lambda c: f"{c.parallel.tensor}, parallel.tensor",
 }
 
 

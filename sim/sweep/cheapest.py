@@ -1,9 +1,12 @@
 """The cheapest deployment that meets the SLOs (``stepplan capacity --find cheapest``).
 
-The grid is GPU preset x tensor-parallel ranks; for each pair the replica search
-(``replica_search.py``) finds the fewest replicas that meet the SLOs at the settings'
-rate, and that deployment's price per hour (``pricing.py``: GPUs = replicas x ranks)
-is the pair's cost. The answer is the cheapest pair that met the SLOs (ties: fewer
+The grid is GPU preset x tensor-parallel ranks x co-located or disaggregated; for each
+candidate the replica search (``replica_search.py``) finds the fewest replicas that meet
+the SLOs at the settings' rate, and that deployment's price per hour (``pricing.py``:
+GPUs = replicas x ranks) is its cost. A disaggregated candidate of ``n`` replicas is a
+prefill pool and a decode pool of ``n`` replicas each of that GPU and ranks (the search
+grows both together, 1:1), its GPUs ``2 x n x ranks``, the state crossing
+``disaggregation.link``. The answer is the cheapest pair that met the SLOs (ties: fewer
 GPUs, then more goodput, then the grid's order). A pair that cannot run (the ranks do not split the
 model, the weights leave no cache) is refused with its reason, not searched.
 """
@@ -28,8 +31,14 @@ CHEAPEST = TableSchema(
     (
         Column("gpu", TEXT, "", "the GPU preset (``gpu.name``)"),
         Column("tensor", INT, "ranks", "tensor-parallel ranks per replica"),
+        Column(
+            "disaggregated",
+            INT,
+            "",
+            "1: a prefill pool and a decode pool of `replicas` each; 0: co-located",
+        ),
         Column("replicas", INT, "", "the fewest replicas that met the SLOs; 0: none did"),
-        Column("gpus", INT, "", "replicas x tensor"),
+        Column("gpus", INT, "", "replicas x tensor (x 2 disaggregated)"),
         Column("usd_per_hour", FLOAT, "$/h", "the deployment's GPUs per hour"),
         Column("goodput_req_s", FLOAT, "req/s", "requests meeting the config's SLO per second"),
         Column("ttft_p99_ms", FLOAT, "ms", "p99 time to first token"),
@@ -40,8 +49,10 @@ CHEAPEST = TableSchema(
         Column("refused", TEXT, "", "why the pair cannot run; empty when it ran"),
     ),
 )
-#: What ``--gpus`` and ``--tensor`` mean unset.
-DEFAULT_GPUS, DEFAULT_TENSOR = "H100,H200,A100", "1,2,4"
+#: What ``--gpus``, ``--tensor`` and ``--disaggregation`` mean unset.
+DEFAULT_GPUS, DEFAULT_TENSOR, DEFAULT_LAYOUTS = "H100,H200,A100", "1,2,4", "off"
+#: ``--disaggregation``'s words: co-located (off) or a prefill pool apart (on).
+LAYOUT_WORDS = {"off": False, "on": True}
 #: Most replica-count runs a search may plan (pairs x the replica search's rounds).
 MAX_RUNS = 4096
 
@@ -56,6 +67,7 @@ class Candidate:
         usd_per_hour: the deployment's price at ``replicas`` (``None`` without one).
         goodput_req_s, ttft_p99_ms, tpot_p99_ms: that run's figures (NaN without one).
         refused: why the pair cannot run (empty when it ran).
+        disaggregated: a prefill pool and a decode pool of ``replicas`` each.
     """
 
     gpu: str
@@ -66,11 +78,13 @@ class Candidate:
     ttft_p99_ms: float = math.nan
     tpot_p99_ms: float = math.nan
     refused: str = ""
+    disaggregated: bool = False
 
     @property
     def gpus(self) -> int:
         """GPUs the deployment holds (0 without a count that met the SLOs)."""
-        return 0 if self.replicas is None else self.replicas * self.tensor
+        pools = 2 if self.disaggregated else 1
+        return 0 if self.replicas is None else self.replicas * self.tensor * pools
 
     @property
     def met(self) -> bool:
@@ -111,18 +125,32 @@ def parse_tensors(text: str) -> tuple[int, ...]:
     return tuple(sizes)
 
 
+def parse_layouts(text: str) -> tuple[bool, ...]:
+    """``--disaggregation off,on``: co-located (off), disaggregated (on), once each."""
+    words = tuple(part.strip() for part in text.split(","))
+    for word in words:
+        if word not in LAYOUT_WORDS:
+            raise SearchError(f"--disaggregation: {word!r} is not one of off, on")
+    if len(set(words)) != len(words):
+        raise SearchError(f"--disaggregation: {text!r} names a value twice")
+    return tuple(LAYOUT_WORDS[word] for word in words)
+
+
 def search_runs(pairs: int, most: int) -> int:
     """At most how many runs the search plans: each pair doubles up to ``most`` then
     bisects back, ``2 * ceil(log2(most)) + 1`` counts at most."""
     return pairs * (2 * math.ceil(math.log2(max(most, 1))) + 1)
 
 
-def check_grid(gpus: Sequence[str], tensors: Sequence[int], most: int) -> None:
+def check_grid(
+    gpus: Sequence[str], tensors: Sequence[int], most: int, layouts: Sequence[bool] = (False,)
+) -> None:
     """Refuse a grid whose searches could plan more than ``MAX_RUNS`` runs."""
-    runs = search_runs(len(gpus) * len(tensors), most)
+    pairs = len(gpus) * len(tensors) * len(layouts)
+    runs = search_runs(pairs, most)
     if runs > MAX_RUNS:
         raise SearchError(
-            f"--gpus x --tensor x --max-replicas: {len(gpus)} x {len(tensors)} pairs could "
+            f"--gpus x --tensor x --disaggregation x --max-replicas: {pairs} candidates could "
             f"run up to {runs:,} replica counts, more than {MAX_RUNS:,}; narrow the grid"
         )
 

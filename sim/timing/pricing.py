@@ -62,3 +62,42 @@ def dollar_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
         ("$ per M output tokens", cell("per_million_output_tokens", 3)),
         ("good requests per $", cell("good_requests_per_dollar", 1)),
     ]
+
+
+def _pool_cell(pool: dict[str, Any]) -> str:
+    price = pool.get("price_per_gpu_hour")
+    priced = "no price" if price is None else f"${price:,.3f}/GPU-h"
+    return (
+        f"{pool['replicas']} x {pool['gpu']} tp {pool['tensor']}, {priced}, "
+        f"queue mean {pool['mean_queue']:.2f} peak {pool['peak_queue']}"
+    )
+
+
+def figure_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
+    """The summary table's lines naming the figures its dollars and times came from: the
+    price per GPU-hour, the GPUs' link where tensor parallelism used it, and with a prefill
+    pool each pool and the link between them (``summary.json``: ``gpu``,
+    ``disaggregation``)."""
+    rows = []
+    gpu, config = summary.get("gpu"), summary.get("config", {})
+    if isinstance(gpu, dict) and gpu.get("price_per_hour") is not None:
+        rows.append(("$ per GPU-hour", f"{gpu['price_per_hour']:,.3f} ({gpu.get('name')})"))
+    tensor = config.get("parallel", {}).get("tensor", 1) if isinstance(config, dict) else 1
+    if isinstance(gpu, dict) and tensor > 1 and gpu.get("link_bw_bytes_s") is not None:
+        rows.append(
+            (
+                "GPU link",
+                f"{gpu.get('link')}, {gpu['link_bw_bytes_s'] / 1e9:,.0f} GB/s, "
+                f"{gpu['link_latency_us']} us per ring step",
+            )
+        )
+    split = summary.get("disaggregation")
+    if not isinstance(split, dict):
+        return rows
+    for name, pool in split["pools"].items():
+        rows.append((f"{name} pool", _pool_cell(pool)))
+    link, moved = split["link"], split["transfers"]
+    rows.append(("KV link", f"{link['part']}, {link['latency_us']} us latency"))
+    mean = moved["seconds_mean"]
+    rows.append(("KV transfer mean ms", "-" if mean is None else f"{mean * 1e3:,.3f}"))
+    return rows
