@@ -1,10 +1,12 @@
 """The build of the compiled parts; everything else is in pyproject.toml.
 
-Two optional C extensions: the planner's packer, ``stepplan.planner._packer`` from
-``planner/csrc/``, and the simulator's stepper, ``stepplan.sim._stepper`` from
-``sim/csrc/``. Where they do not build (no C compiler, no Python headers), pip warns and
-installs the rest: the planner packs plans with numpy (``planner/native.py``) and the
-simulator steps in Python (``sim/stepper.py``), with the same results.
+Optional C extensions: the planner's packer, ``stepplan.planner._packer`` from
+``planner/csrc/``, the simulator's stepper, ``stepplan.sim._stepper`` from
+``sim/csrc/``, and the results tables' CSV number reader, ``stepplan.sim.results._csvread``
+from ``sim/results/csvread/``. Where they do not build (no C compiler, no Python headers),
+pip warns and installs the rest: the planner packs plans with numpy
+(``planner/native.py``), the simulator steps in Python (``sim/stepper.py``) and the
+tables are read in Python (``sim/results/table.py``), with the same results.
 """
 
 import importlib.util
@@ -15,6 +17,7 @@ from setuptools import Extension, setup
 
 CSRC = Path("planner/csrc")
 SIM_CSRC = Path("sim/csrc")
+CSV_READ_CSRC = Path("sim/results/csvread")
 
 
 def _source_digest(folder: Path) -> str:
@@ -45,4 +48,12 @@ stepper = Extension(
     optional=True,
 )
 
-setup(ext_modules=[packer, stepper])
+csv_read = Extension(
+    "stepplan.sim.results._csvread",
+    sources=sorted(path.as_posix() for path in CSV_READ_CSRC.glob("*.c")),
+    define_macros=[("CSV_READ_SOURCE_DIGEST", f'"{_source_digest(CSV_READ_CSRC)}"')],
+    extra_compile_args=[] if sys.platform == "win32" else ["-O2"],
+    optional=True,
+)
+
+setup(ext_modules=[packer, stepper, csv_read])
