@@ -6,12 +6,14 @@ number forms, blank lines, carriage returns, other field counts -- and any chunk
 from __future__ import annotations
 
 import math
+from unittest import mock
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from stepplan.sim.results import table
 from stepplan.sim.results.csv_read import load_csv_reader, read_number_lines
 from stepplan.sim.results.schema import FLOAT, INT, TEXT, Column, TableSchema
 from stepplan.sim.results.table import ResultsError, iter_csv
@@ -109,10 +111,15 @@ def write(tmp_path, rows, ending: str = "\n", last: bool = True):
     columns=st.sampled_from([None, NUMBERS, ("value",), ("last", "step")]),
     ending=st.sampled_from(["\n", "\n", "\r\n"]),
     last=st.booleans(),
+    block=st.sampled_from([1, 7, 64, table.READ_BYTES]),
 )
-def test_compiled_reads_as_python(tmp_path_factory, rows, chunk, columns, ending, last) -> None:
+def test_compiled_reads_as_python(
+    tmp_path_factory, rows, chunk, columns, ending, last, block
+) -> None:
     path = write(tmp_path_factory.mktemp("csv"), rows, ending, last)
-    assert outcome(path, columns, chunk, COMPILED) == outcome(path, columns, chunk, None)
+    with mock.patch.object(table, "READ_BYTES", block):  # lines across blocks
+        compiled = outcome(path, columns, chunk, COMPILED)
+    assert compiled == outcome(path, columns, chunk, None)
 
 
 @pytest.mark.parametrize(
@@ -130,14 +137,20 @@ def test_compiled_reads_as_python(tmp_path_factory, rows, chunk, columns, ending
 def test_refused_lines_read_by_python(tmp_path, body: str) -> None:
     path = tmp_path / "t.csv"
     path.write_text(",".join(SCHEMA.names) + "\n" + "0,y,1.0,1,1.0\n" * 3 + body)
-    for chunk in (1, 2, 100):
-        assert outcome(path, NUMBERS, chunk, COMPILED) == outcome(path, NUMBERS, chunk, None)
+    for chunk, block in ((1, 3), (2, 1 << 22), (100, 5)):
+        with mock.patch.object(table, "READ_BYTES", block):
+            compiled = outcome(path, NUMBERS, chunk, COMPILED)
+        assert compiled == outcome(path, NUMBERS, chunk, None)
 
 
 def test_plain_lines_read_in_one_call() -> None:
-    lines = [b"1,x,0.25,3,\n", b"-4,y,1e-3,0,2.5"]
-    parsed = read_number_lines(COMPILED, lines, 5, [0, 2, 3, 4], [np.int64, float, np.int64, float])
-    assert parsed is not None
-    assert parsed[0].tolist() == [1, -4] and parsed[1].tolist() == [0.25, 0.001]
-    assert parsed[2].tolist() == [3, 0] and math.isnan(parsed[3][0]) and parsed[3][1] == 2.5
-    assert read_number_lines(COMPILED, [b'1,"x",0.25,3,1\n'], 5, [0], [np.int64]) is None
+    data = b"1,x,0.25,3,\n-4,y,1e-3,0,2.5"
+    columns = [np.empty(3, np.int64), np.empty(3), np.empty(3, np.int64), np.empty(3)]
+    # not the file's end: the last line, without its newline, waits for more
+    assert read_number_lines(COMPILED, data, 0, 5, [0, 2, 3, 4], columns, 0, False) == (1, 12)
+    assert read_number_lines(COMPILED, data, 12, 5, [0, 2, 3, 4], columns, 1, True) == (2, 27)
+    assert columns[0][:2].tolist() == [1, -4] and columns[1][:2].tolist() == [0.25, 0.001]
+    assert columns[2][:2].tolist() == [3, 0] and math.isnan(columns[3][0]) and columns[3][1] == 2.5
+    full = [np.empty(1, np.int64)]
+    assert read_number_lines(COMPILED, data, 0, 5, [0], full, 0, True) == (1, 12)
+    assert read_number_lines(COMPILED, b'1,"x",0.25,3,1\n', 0, 5, [0], full, 0, True) is None

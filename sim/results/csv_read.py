@@ -35,17 +35,23 @@ def load_csv_reader() -> ModuleType | None:
 
 def read_number_lines(
     compiled: ModuleType,
-    lines: Sequence[bytes],
+    data: bytes,
+    offset: int,
     num_fields: int,
     fields: Sequence[int],
-    dtypes: Sequence[type],
-) -> list[np.ndarray] | None:
-    """The fields ``fields`` (indexes into lines of ``num_fields`` fields) of the CSV
-    ``lines`` (each ended by ``\\n`` but perhaps the last), as ``[len(lines)]`` arrays of
-    ``dtypes`` (int64 or float64; an empty float cell is NaN); ``None`` where any line is
-    not plain (quotes, a carriage return, a blank line, other fields than ``num_fields``,
-    a byte beyond ASCII) or any cell not a number of a plain form."""
-    columns = [np.empty(len(lines), dtype) for dtype in dtypes]
+    columns: Sequence[np.ndarray],
+    first_row: int,
+    final: bool,
+) -> tuple[int, int] | None:
+    """Parse the whole CSV lines of ``data`` from byte ``offset`` on (lines of
+    ``num_fields`` fields, each ended by ``\\n``; a last one without it only where
+    ``final``, the file's end) into ``columns`` (``[rows]`` int64 or float64 arrays, one
+    per field index of ``fields``; an empty float cell is NaN) from row ``first_row`` on,
+    until they are full or the lines end. Returns the row after the last one read and the
+    offset after its line; ``None`` where a line is not plain (quotes, a carriage return,
+    a blank line, other fields than ``num_fields``, a byte beyond ASCII) or a cell not a
+    number of a plain form."""
     kinds = "".join(_KINDS[column.dtype] for column in columns)
-    rows = compiled.read_columns(b"".join(lines), num_fields, tuple(fields), kinds, tuple(columns))
-    return columns if rows == len(lines) else None
+    return compiled.read_columns(
+        data, offset, num_fields, tuple(fields), kinds, tuple(columns), first_row, final
+    )

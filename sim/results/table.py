@@ -195,6 +195,8 @@ def header_names(path: Path, header: list[str], schema: TableSchema | None) -> l
 
 #: Rows :func:`iter_csv` parses at a time.
 READ_ROWS = 1 << 16
+#: Bytes the compiled reader is given at a time.
+READ_BYTES = 1 << 22
 _CSV_READER = load_csv_reader()
 
 
@@ -281,23 +283,33 @@ def _compiled_chunks(
     compiled: ModuleType,
 ) -> Generator[Table, None, tuple[int, int] | None]:
     """The chunks of ``raw`` (past its header) that ``compiled`` reads, each of ``rows``
-    lines (the last of fewer); returns ``None`` when it read them all, else the byte offset
-    and line number of the chunk it refused, from which Python reads."""
+    lines (the last of fewer), from blocks of :data:`READ_BYTES`; returns ``None`` when it
+    read them all, else the byte offset and line number of the chunk it refused (or of
+    an empty first chunk), from which Python reads."""
     fields = [header.index(key) for key in wanted]
     dtypes = [schema.get(key).numpy_dtype for key in wanted]
-    start, line = raw.tell(), 2
+    start, line = raw.tell(), 2  # the chunk's first line's
+    data, at, final = b"", 0, False  # data[at:]: read, not parsed
     while True:
-        lines = list(itertools.islice(raw, rows))
-        parsed = None
-        if lines:
-            parsed = read_number_lines(compiled, lines, len(header), fields, dtypes)
-        if parsed is None:
-            return start, line
-        yield Table.from_columns(path.name, dict(zip(wanted, parsed, strict=True)), schema)
-        if len(lines) < rows:
+        columns = [np.empty(rows, dtype) for dtype in dtypes]
+        filled, width = 0, len(header)
+        while True:
+            read = read_number_lines(compiled, data, at, width, fields, columns, filled, final)
+            if read is None:
+                return start, line
+            filled, at = read
+            if filled == rows or final:
+                break
+            more = raw.read(READ_BYTES)
+            data, at, final = data[at:] + more, 0, not more
+        if filled == 0 and line == 2:
+            return start, line  # a header alone: Python gives its empty chunk
+        if filled:
+            parts = {key: column[:filled] for key, column in zip(wanted, columns, strict=True)}
+            yield Table.from_columns(path.name, parts, schema)
+        if filled < rows:
             return None
-        start += sum(map(len, lines))
-        line += len(lines)
+        start, line = raw.tell() - (len(data) - at), line + filled
 
 
 def _number_columns(

@@ -32,7 +32,7 @@
 #define MAX_INT_DIGITS 18
 
 enum { SKIP = -1 };
-enum { REFUSED = -1, FAILED = -2 };
+enum { REFUSED = -1, FAILED = -2 }; /* parse_lines' answers besides 0 */
 
 typedef struct {
     char kind;         /* 'i': int64, 'f': float64 */
@@ -142,28 +142,36 @@ static int parse_float(const char *start, const char *end, double *value) {
     return 0;
 }
 
-/* Parse the lines of [data, data + size) into the outputs (slot[f]: the output of field f,
- * or SKIP); the rows read, or REFUSED where a line is not what this reader takes. */
-static Py_ssize_t parse_lines(const char *data, Py_ssize_t size, Py_ssize_t num_fields,
-                              const Py_ssize_t *slot, Output *outputs, Py_ssize_t room) {
-    const char *at = data;
-    const char *stop = data + size;
-    Py_ssize_t row = 0;
-    while (at < stop) {
-        if (*at == '\n' || row == room) {
-            return REFUSED; /* a blank line, or more lines than the outputs hold */
+/* Parse whole lines of [at, stop) into the outputs from row ``row`` on (slot[f]: the output
+ * of field f, or SKIP), until the outputs are full or the lines end; a last line without
+ * its '\n' counts only where ``final`` (the file's end). *rows: the row after the last
+ * read, *end: where its line ends; 0, or REFUSED where a line is not what this reader
+ * takes. */
+static int parse_lines(const char *at, const char *stop, int final, Py_ssize_t num_fields,
+                       const Py_ssize_t *slot, Output *outputs, Py_ssize_t room,
+                       Py_ssize_t *rows, const char **end) {
+    Py_ssize_t row = *rows;
+    while (at < stop && row < room) {
+        const char *line_end = memchr(at, '\n', (size_t)(stop - at));
+        if (line_end == NULL) {
+            if (!final) {
+                break; /* the rest of the line comes with the next block */
+            }
+            line_end = stop;
+        }
+        if (line_end == at) {
+            return REFUSED; /* a blank line */
         }
         for (Py_ssize_t field = 0; field < num_fields; field++) {
             const char *cell = at;
-            while (at < stop && *at != ',' && *at != '\n') {
+            while (at < line_end && *at != ',') {
                 unsigned char c = (unsigned char)*at;
                 if (c == '"' || c == '\r' || c == 0 || c >= 0x80) {
                     return REFUSED;
                 }
                 at++;
             }
-            int last = field == num_fields - 1;
-            if (last ? (at < stop && *at == ',') : (at == stop || *at == '\n')) {
+            if ((field == num_fields - 1) != (at == line_end)) {
                 return REFUSED; /* more or fewer fields than the header */
             }
             Py_ssize_t index = slot[field];
@@ -176,33 +184,39 @@ static Py_ssize_t parse_lines(const char *data, Py_ssize_t size, Py_ssize_t num_
                     return REFUSED;
                 }
             }
-            if (at < stop) {
-                at++; /* the comma or the line's end */
-            }
+            at++; /* past the comma or the line's end */
         }
         row++;
+        at = line_end < stop ? line_end + 1 : stop;
     }
-    return row;
+    *rows = row;
+    *end = at;
+    return 0;
 }
 
 static PyObject *read_columns(PyObject *module, PyObject *args) {
     (void)module;
     Py_buffer data;
-    Py_ssize_t num_fields;
+    Py_ssize_t offset, num_fields, first_row;
+    int final;
     PyObject *fields, *kinds, *columns;
-    if (!PyArg_ParseTuple(args, "y*nO!UO!:read_columns", &data, &num_fields, &PyTuple_Type,
-                          &fields, &kinds, &PyTuple_Type, &columns)) {
+    if (!PyArg_ParseTuple(args, "y*nnO!UO!np:read_columns", &data, &offset, &num_fields,
+                          &PyTuple_Type, &fields, &kinds, &PyTuple_Type, &columns,
+                          &first_row, &final)) {
         return NULL;
     }
     Py_ssize_t wanted = PyTuple_GET_SIZE(fields);
     Py_ssize_t *slot = NULL;
     Output *outputs = NULL;
     Py_ssize_t bound = 0;
-    Py_ssize_t rows = FAILED;
+    int status = FAILED;
+    Py_ssize_t rows = first_row;
+    const char *end = NULL;
     if (num_fields < 1 || PyUnicode_GET_LENGTH(kinds) != wanted ||
-        PyTuple_GET_SIZE(columns) != wanted) {
-        PyErr_SetString(PyExc_ValueError,
-                        "read_columns: fields, kinds and columns differ in length");
+        PyTuple_GET_SIZE(columns) != wanted || offset < 0 || offset > data.len ||
+        first_row < 0) {
+        PyErr_SetString(PyExc_ValueError, "read_columns: fields, kinds and columns differ in "
+                                          "length, or the offset or first row is out of range");
         goto done;
     }
     slot = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)num_fields);
@@ -245,7 +259,12 @@ static PyObject *read_columns(PyObject *module, PyObject *args) {
         room = out->count < room ? out->count : room;
         slot[field] = bound;
     }
-    rows = parse_lines(data.buf, data.len, num_fields, slot, outputs, room);
+    const char *base = data.buf;
+    status = parse_lines(base + offset, base + data.len, final, num_fields, slot, outputs,
+                         room, &rows, &end);
+    if (status == 0) {
+        offset = end - base;
+    }
 done:
     for (Py_ssize_t i = 0; i < bound; i++) {
         PyBuffer_Release(&outputs[i].view);
@@ -253,21 +272,25 @@ done:
     PyMem_Free(slot);
     PyMem_Free(outputs);
     PyBuffer_Release(&data);
-    if (rows == FAILED) {
+    if (status == FAILED) {
         return NULL;
     }
-    if (rows == REFUSED) {
+    if (status == REFUSED) {
         Py_RETURN_NONE;
     }
-    return PyLong_FromSsize_t(rows);
+    return Py_BuildValue("(nn)", rows, offset);
 }
 
 static PyMethodDef methods[] = {
     {"read_columns", read_columns, METH_VARARGS,
-     "read_columns(data, num_fields, fields, kinds, columns) -> rows or None\n\n"
-     "Parse the CSV lines ``data`` (bytes, num_fields fields a line) into ``columns``\n"
-     "(writable int64/float64 buffers, one per field index of ``fields``, of the kind\n"
-     "'i' or 'f' in ``kinds``); the rows read, or None where a line is not plain."},
+     "read_columns(data, offset, num_fields, fields, kinds, columns, first_row, final)\n"
+     "-> (rows, end) or None\n\n"
+     "Parse the CSV lines of ``data`` (bytes, num_fields fields a line) from ``offset``\n"
+     "into ``columns`` (writable int64/float64 buffers, one per field index of\n"
+     "``fields``, of the kind 'i' or 'f' in ``kinds``) from row ``first_row`` on, until\n"
+     "they are full or the whole lines end (a last line without its newline counts\n"
+     "where ``final``): the row after the last read and the offset after its line, or\n"
+     "None where a line is not plain."},
     {NULL, NULL, 0, NULL},
 };
 
