@@ -14,7 +14,7 @@ from stepplan.sim.results.schema import STEP_COUNT
 from stepplan.sim.results.sim_result import SimResult
 from stepplan.sim.results.table import ResultsError
 
-from .canvas import COLORS, new_figure
+from .canvas import COLORS, new_figure, plain_log_labels
 
 #: Line colours of the bucketings drawn over one histogram, in order.
 EDGE_COLORS = ("#C44E52", "#4C72B0", "#8172B3", "#937860")
@@ -138,6 +138,8 @@ def _histogram(
     axes.set_xscale("log", base=2)
     axes.set_xlim(left=0.7)
     axes.set_yscale("log")
+    plain_log_labels(axes.xaxis, base=2)
+    plain_log_labels(axes.yaxis)
     axes.set_xlabel(xlabel)
     axes.set_ylabel("steps (log scale)")
     axes.legend(loc="upper left", fontsize=8)
@@ -164,6 +166,7 @@ def _padded_share(
         label = f"{bucketing.label}: {share:.1%} of graph tokens padded"
         axes.plot(buckets, padded / filled, "o-", color=color, markersize=3, label=label)
     axes.set_xscale("log", base=2)
+    plain_log_labels(axes.xaxis, base=2)
     axes.set_ylim(bottom=0)
     axes.set_xlabel("graph bucket (tokens)")
     axes.set_ylabel("padded share of bucket")

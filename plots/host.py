@@ -8,7 +8,7 @@ from matplotlib.figure import Figure
 from stepplan.sim.results.sim_result import SimResult
 from stepplan.sim.results.table import ResultsError
 
-from .canvas import COLORS, new_figure
+from .canvas import COLORS, new_figure, plain_log_labels
 from .latency import cdf_points
 
 
@@ -48,6 +48,7 @@ def plot_host_time(results: SimResult, num_groups: int | None = None) -> Figure:
     ):
         series.plot(start, values, ".", color=COLORS[name], markersize=1.5, label=label)
     series.set_yscale("log")
+    plain_log_labels(series.yaxis)
     series.set_xlabel("simulated time (s)")
     series.set_ylabel("host µs per step")
     series.legend(loc="center right", fontsize=8, markerscale=6)
@@ -58,6 +59,7 @@ def plot_host_time(results: SimResult, num_groups: int | None = None) -> Figure:
             ordered, share, where="post", color=COLORS[name], label=f"{name}: p50 {median:.0f} µs"
         )
     cdf.set_xscale("log")
+    plain_log_labels(cdf.xaxis)
     cdf.set_xlabel("host µs per step")
     cdf.set_ylabel("share of steps")
     cdf.legend(loc="lower right", fontsize=8)

@@ -12,7 +12,7 @@ from matplotlib.ticker import NullFormatter
 from stepplan.sim.results.sim_result import SimResult
 from stepplan.sim.results.table import ResultsError
 
-from .canvas import new_figure
+from .canvas import new_figure, plain_log_labels
 
 #: Quantiles ``0, 0.01, ..., 1`` of the inter-token latency, as the summary stores them.
 ITL_QUANTILES = np.linspace(0.0, 1.0, 101)
@@ -72,6 +72,7 @@ def plot_latency_cdfs(
     for axes, name in ((ttft, "TTFT"), (tpot, "TPOT"), (itl, "ITL")):
         axes.set_xlabel(f"{name} (ms)")
         axes.set_xscale("log")
+        plain_log_labels(axes.xaxis)
         axes.xaxis.set_minor_formatter(NullFormatter())  # minor labels collide on short ranges
         axes.grid(alpha=0.3)
     for axes, name in ((ttft, "TTFT"), (tpot, "TPOT")):

@@ -9,7 +9,7 @@ from stepplan.sim.results.schema import KIND_TOKENS
 from stepplan.sim.results.sim_result import SimResult
 from stepplan.sim.results.table import ResultsError, Table
 
-from .canvas import COLORS, new_figure
+from .canvas import COLORS, new_figure, plain_log_labels
 
 
 def plot_timeline(results: SimResult, first_step: int = 0, num_steps: int = 400) -> Figure:
@@ -40,6 +40,7 @@ def plot_timeline(results: SimResult, first_step: int = 0, num_steps: int = 400)
         axes.stairs(values, edges, baseline=baseline, fill=True, color=COLORS[part], label=part)
         baseline = values
     axes.set_yscale("symlog", linthresh=16)
+    plain_log_labels(axes.yaxis)
     axes.set_ylim(bottom=0)
     axes.set_ylabel("tokens per step (symlog)")
     axes.legend(loc="upper right", fontsize=8, ncols=3)

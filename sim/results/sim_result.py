@@ -256,21 +256,50 @@ class StepShapes:
         block = np.stack([steps.column(name) for name in SHAPE_COLUMNS], axis=1)
         shapes = np.concatenate([self._shapes, block.astype(np.int64)])
         counts = np.concatenate([self._counts, np.ones(len(block), np.int64)])
-        # each row as one opaque value: unique() sorts those by their bytes, 15x faster
-        # than rows field by field (the order of the shapes means nothing)
-        rows = shapes.view(np.dtype((np.void, shapes.shape[1] * 8))).ravel()
-        _, first, index = np.unique(rows, return_index=True, return_inverse=True)
+        _, first, index = np.unique(_packed_rows(shapes), return_index=True, return_inverse=True)
         self._shapes = shapes[first]
         self._counts = np.bincount(index, counts, len(first)).astype(np.int64)
 
     def table(self) -> Table:
         """The shapes as a step table (with ``num_rows``, ``num_tokens``) and their
-        :data:`~.schema.STEP_COUNT`."""
-        columns = {name: self._shapes[:, i] for i, name in enumerate(SHAPE_COLUMNS)}
+        :data:`~.schema.STEP_COUNT`, ordered by each row's bytes."""
+        # The order of the bytes of each row, whatever order the packed keys kept them in.
+        _, order = np.unique(_row_bytes(self._shapes), return_index=True)
+        shapes, counts = self._shapes[order], self._counts[order]
+        columns = {name: shapes[:, i] for i, name in enumerate(SHAPE_COLUMNS)}
         columns["num_rows"] = sum(columns[name] for name in KIND_ROWS.values())
         columns["num_tokens"] = sum(columns[name] for name in KIND_TOKENS.values())
-        columns[STEP_COUNT] = self._counts
+        columns[STEP_COUNT] = counts
         return Table.from_columns("steps (distinct shapes)", columns, STEPS_IN_MEMORY)
+
+
+def _row_bytes(rows: np.ndarray) -> np.ndarray:
+    """``[n]`` each row of ``rows`` (``[n, k], int64``) as one opaque value of its bytes:
+    ``np.unique`` sorts those 15x faster than rows field by field."""
+    rows = np.ascontiguousarray(rows)
+    return rows.view(np.dtype((np.void, rows.shape[1] * rows.itemsize))).ravel()
+
+
+def _packed_rows(rows: np.ndarray) -> np.ndarray:
+    """``[n]`` keys of the rows of ``rows`` (``[n, k], int64``), equal where the rows are
+    equal: each column's bits (as many as its largest value needs; 64 for a column with
+    a negative value) packed into as few uint64 words as hold them -- one word for step
+    shapes, which sorts another 10x faster than the rows' bytes."""
+    if len(rows) == 0:
+        return np.zeros(0, np.uint64)
+    words, shift = [np.zeros(len(rows), np.uint64)], 0
+    for low, high, column in zip(rows.min(axis=0), rows.max(axis=0), rows.T, strict=True):
+        width = 64 if low < 0 else int(high).bit_length()
+        if width == 0:
+            continue
+        if shift + width > 64:
+            words.append(np.zeros(len(rows), np.uint64))
+            shift = 0
+        words[-1] |= column.astype(np.uint64) << np.uint64(shift)
+        shift += width
+    if len(words) == 1:
+        return words[0]
+    return _row_bytes(np.stack(words, axis=1))
 
 
 def read_step_shapes(folder: str | Path) -> SimResult:

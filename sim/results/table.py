@@ -10,7 +10,7 @@ import io
 import itertools
 import math
 import operator
-from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Generator, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType, ModuleType
 
@@ -19,6 +19,7 @@ import numpy as np
 
 from stepplan.planner.native import source_digest
 
+from .csv_read import load_csv_reader, read_number_lines
 from .schema import FLOAT, INT, TEXT, Column, TableSchema
 
 #: Array kinds (``dtype.kind``) each schema type takes from memory, cast to its dtype.
@@ -239,6 +240,9 @@ def header_names(path: Path, header: list[str], schema: TableSchema | None) -> l
 
 #: Rows :func:`iter_csv` parses at a time.
 READ_ROWS = 1 << 16
+#: Bytes the compiled reader is given at a time.
+READ_BYTES = 1 << 22
+_CSV_READER = load_csv_reader()
 
 
 def iter_csv(
@@ -247,20 +251,34 @@ def iter_csv(
     *,
     columns: Collection[str] | None = None,
     rows: int = READ_ROWS,
+    compiled: ModuleType | None = _CSV_READER,
 ) -> Iterator[Table]:
     """Read a CSV file with a header line a chunk of ``rows`` rows at a time (at least one
     chunk, empty for a file of a header alone), typed by ``schema`` (a column it does not
     name is numbers when every cell of the chunk parses as one, else text); ``columns``
     keeps only those (those the file lacks are left out: a reader that needs one says so).
-    Memory: one chunk."""
+    Chunks of plain lines whose columns are all numbers of ``schema`` are read by the
+    ``compiled`` reader (``csv_read.py``; ``None``: Python alone), from the first chunk it
+    refuses on by Python. Memory: one chunk."""
     try:
-        handle = path.open(newline="")
+        raw = path.open("rb")
     except FileNotFoundError:
         raise ResultsError(f"{path}: missing") from None
-    with handle:
-        header = header_names(path, next(csv.reader(handle), None) or _no_header(path), schema)
+    with raw:
+        header, start, line = None, 0, 2
+        if compiled is not None:
+            header, wanted = _plain_header(path, raw.readline(), schema, columns)
+            if header is not None:
+                chunks = _compiled_chunks(raw, path, schema, header, wanted, rows, compiled)
+                rest = yield from chunks
+                if rest is None:
+                    return
+                start, line = rest
+        raw.seek(start)
+        handle = io.TextIOWrapper(raw, newline="")
+        if header is None:
+            header = header_names(path, next(csv.reader(handle), None) or _no_header(path), schema)
         wanted = header if columns is None else [c for c in header if c in set(columns)]
-        line = 2  # the chunk's first row's; the header is line 1
         while True:
             lines = list(itertools.islice(handle, rows))
             numbers = _number_columns(schema, header, wanted, lines)
@@ -275,6 +293,68 @@ def iter_csv(
             if body_rows < rows:
                 return
             line += body_rows
+
+
+def _plain_header(
+    path: Path, first: bytes, schema: TableSchema | None, columns: Collection[str] | None
+) -> tuple[list[str] | None, list[str]]:
+    """The header and the columns wanted of a file whose ``first`` line is plain (ASCII,
+    no quote, no carriage return, ended by ``\n``) and whose wanted columns are numbers of
+    ``schema``: what the compiled reader may read; ``(None, [])`` otherwise."""
+    cells = first.removesuffix(b"\n")
+    if (
+        schema is None
+        or not cells
+        or not first.endswith(b"\n")
+        or not cells.isascii()
+        or any(mark in cells for mark in (b'"', b"\r"))
+    ):
+        return None, []
+    header = header_names(path, cells.decode().split(","), schema)
+    wanted = header if columns is None else [c for c in header if c in set(columns)]
+    types = [schema.get(key) for key in wanted]
+    if not wanted or any(c is None or c.dtype == TEXT for c in types):
+        return None, []
+    return header, wanted
+
+
+def _compiled_chunks(
+    raw: io.BufferedReader,
+    path: Path,
+    schema: TableSchema,
+    header: list[str],
+    wanted: list[str],
+    rows: int,
+    compiled: ModuleType,
+) -> Generator[Table, None, tuple[int, int] | None]:
+    """The chunks of ``raw`` (past its header) that ``compiled`` reads, each of ``rows``
+    lines (the last of fewer), from blocks of :data:`READ_BYTES`; returns ``None`` when it
+    read them all, else the byte offset and line number of the chunk it refused (or of
+    an empty first chunk), from which Python reads."""
+    fields = [header.index(key) for key in wanted]
+    dtypes = [schema.get(key).numpy_dtype for key in wanted]
+    start, line = raw.tell(), 2  # the chunk's first line's
+    data, at, final = b"", 0, False  # data[at:]: read, not parsed
+    while True:
+        columns = [np.empty(rows, dtype) for dtype in dtypes]
+        filled, width = 0, len(header)
+        while True:
+            read = read_number_lines(compiled, data, at, width, fields, columns, filled, final)
+            if read is None:
+                return start, line
+            filled, at = read
+            if filled == rows or final:
+                break
+            more = raw.read(READ_BYTES)
+            data, at, final = data[at:] + more, 0, not more
+        if filled == 0 and line == 2:
+            return start, line  # a header alone: Python gives its empty chunk
+        if filled:
+            parts = {key: column[:filled] for key, column in zip(wanted, columns, strict=True)}
+            yield Table.from_columns(path.name, parts, schema)
+        if filled < rows:
+            return None
+        start, line = raw.tell() - (len(data) - at), line + filled
 
 
 def _number_columns(
