@@ -46,7 +46,7 @@ from ..acceptance import make_acceptance
 from ..live import engine_setup
 from ..memory_sizing import gpu_summary, model_footprint, plan_memory
 from ..progress import Progress
-from ..results.outcome import StepStore, run_summary
+from ..results.outcome import StepStore
 from ..results.records import RequestLog, RequestRows
 from ..results.summary import StepTotals
 from ..scheduler.state import FINISHED, ROWS
@@ -56,7 +56,7 @@ from ..settings.links import KV_LINKS, KvLink
 from ..timing.cost import CostModel
 from ..timing.pricing import deployment_dollars
 from ..traces import RequestTable
-from .loop import REPLICA_COLUMN, _Engines, deployment_summary
+from .loop import REPLICA_COLUMN, _Engines, deployment_summary, ended, ended_summary
 from .replica import Replica, ReplicaSink
 from .routers import Router, RouterSetup, make_router
 
@@ -184,24 +184,10 @@ def run_disaggregated(
     sizes = transfer_bytes(config, table.prompt_tokens)
     handoff = _Handoff(link, sizes, table.prompt_tokens, table.output_tokens)
     stopped = _run(prefill, decode, handoff, table, progress, stop)
-    if progress is not None:
-        progress.close()
-    for replica in (*prefill.replicas, *decode.replicas):
-        replica.flush()
+    ended((*prefill.replicas, *decode.replicas), progress)
     rows, columns, engines = _gathered(table, prefill, decode, handoff)
     wall_s = time.perf_counter() - wall_start
-    extra = {"gpu": gpu_summary(config.gpu, decode.cost.profile.device, decode.cost.conv_scale)}
-    summary = run_summary(
-        table,
-        config,
-        totals,
-        rows,
-        engines,
-        wall_s,
-        None,
-        extra,
-        complete=not stopped,  # type: ignore[arg-type]
-    )
+    summary = ended_summary(table, config, totals, rows, engines, wall_s, decode.cost, stopped)
     output = int(table.output_tokens[~np.isnan(rows.log.finish_s)].sum())
     summary["dollars"] = _dollars(output, summary, (prefill, decode))
     summary["disaggregation"] = _pools_summary((prefill, decode), link, columns)

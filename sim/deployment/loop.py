@@ -19,7 +19,7 @@ import heapq
 import math
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import attrs
@@ -106,26 +106,46 @@ def run_deployment(
     setup = RouterSetup(count, config.seed, table.prefix_offsets, table.prefix_blocks)
     router = make_router(config.deployment.router, setup)
     stopped = _run(replicas, router, table, progress, stop)
+    ended(replicas, progress)
+    wall_s = time.perf_counter() - wall_start
+    rows, replica_of, engines = _gathered(table, replicas)
+    summary = ended_summary(table, config, totals, rows, engines, wall_s, cost, stopped)
+    summary["deployment"] = deployment_summary(replicas, router, config, summary["duration_s"])
+    return DeploymentEnd(summary, rows, replica_of)
+
+
+def ended(replicas: Iterable[Replica], progress: Progress | None) -> None:
+    """Close the progress line and hand on every replica's steps still held."""
     if progress is not None:
         progress.close()
     for replica in replicas:
         replica.flush()
-    wall_s = time.perf_counter() - wall_start
-    rows, replica_of, engines = _gathered(table, replicas)
+
+
+def ended_summary(
+    table: RequestTable,
+    config: SimConfig,
+    totals: StepTotals,
+    rows: RequestRows,
+    engines: _Engines,
+    wall_s: float,
+    cost: CostModel,
+    stopped: bool,
+) -> dict[str, Any]:
+    """The ``summary.json`` document of a deployment whose loop ended (``cost``: the
+    cost model whose GPU the summary names)."""
     extra = {"gpu": gpu_summary(config.gpu, cost.profile.device, cost.conv_scale)}
-    summary = run_summary(
+    return run_summary(
         table,
         config,
         totals,
         rows,
-        engines,
+        engines,  # type: ignore[arg-type]
         wall_s,
         None,
         extra,
-        complete=not stopped,  # type: ignore[arg-type]
+        complete=not stopped,
     )
-    summary["deployment"] = deployment_summary(replicas, router, config, summary["duration_s"])
-    return DeploymentEnd(summary, rows, replica_of)
 
 
 def _replicas(
