@@ -87,7 +87,11 @@ class MemoryLayout:
         num_blocks: KV blocks of the pool (:data:`UNBOUNDED_BLOCKS` without KV).
         prefix_caching: whether cached prompt blocks are reused (the setting, a trace
             with hashes, and no live model).
-        prefix_block_tokens: tokens per hashed block.
+        prefix_block_tokens: tokens per hashed block of the trace.
+        entry_tokens: tokens per prefix-cache entry, the granularity of hits: a KV block
+            for an attention-only model (vLLM hashes every full block, a partial last
+            hashed block of the trace shares its full KV blocks), a whole hashed block
+            where conv states are kept (a hit must end on a kept state).
         kept_state_blocks: blocks one kept prefix state is charged (0 without caching).
         check: verify the accounting every step.
     """
@@ -105,11 +109,26 @@ class MemoryLayout:
     prefix_block_tokens: int
     kept_state_blocks: int
     check: bool = False
+    entry_tokens: int = attrs.field()
+
+    @entry_tokens.default
+    def _whole_hashed_block(self) -> int:
+        return self.prefix_block_tokens
 
     @property
     def entry_blocks(self) -> int:
-        """Blocks of one cached prefix block: its KV and its kept state."""
-        return self.prefix_block_tokens // self.block_size + self.kept_state_blocks
+        """Blocks of one prefix-cache entry: its KV and its kept state."""
+        return self.entry_tokens // self.block_size + self.kept_state_blocks
+
+    @property
+    def entries_per_hash(self) -> int:
+        """Prefix-cache entries one hashed block of the trace holds."""
+        return self.prefix_block_tokens // self.entry_tokens
+
+    def cacheable_entries(self, num_hashes: Any, prompt: Any) -> Any:
+        """Entries a prompt of ``prompt`` tokens with ``num_hashes`` hashed blocks can
+        share: its full entries within the hashed tokens (an int, or ``[n], int64``)."""
+        return np.minimum(num_hashes * self.prefix_block_tokens, prompt) // self.entry_tokens
 
     def kv_blocks(self, tokens: Any) -> Any:
         """KV blocks of ``tokens`` positions: an int, or ``[n], int64`` for an array."""
@@ -120,18 +139,18 @@ class MemoryLayout:
         when its prompt has ``hashed`` (``[n], int64``) cacheable blocks."""
         blocks = self.kv_blocks(tokens)
         if self.kept_state_blocks:
-            boundaries = np.minimum(tokens // self.prefix_block_tokens, hashed)
+            boundaries = np.minimum(tokens // self.entry_tokens, hashed)
             blocks = blocks + boundaries * self.kept_state_blocks
         return blocks
 
 
-def cacheable_blocks(table: RequestTable, block_tokens: int) -> np.ndarray:
-    """``[N], int64`` full hashed blocks of every prompt (a partial last block is never
-    shared); zeros when the trace has no hashes."""
+def cacheable_blocks(table: RequestTable, layout: MemoryLayout) -> np.ndarray:
+    """``[N], int64`` prefix-cache entries every prompt can share
+    (:meth:`MemoryLayout.cacheable_entries`); zeros when the trace has no hashes."""
     offsets = table.prefix_offsets
     if offsets is None or table.prefix_blocks is None:
         return np.zeros(table.num_requests, np.int64)
-    return np.minimum(np.diff(offsets), table.prompt_tokens // block_tokens)
+    return layout.cacheable_entries(np.diff(offsets), table.prompt_tokens)
 
 
 def _budget(config: SimConfig, footprint: ModelFootprint) -> tuple[float, str]:
@@ -193,6 +212,8 @@ def plan_memory(config: SimConfig, table: RequestTable, *, live: bool = False) -
         prefix_block_tokens=memory.prefix_block_tokens,
         kept_state_blocks=kept,
         check=memory.check,
+        # without conv layers no state bounds a hit: every full KV block is one, as vLLM's
+        entry_tokens=memory.block_size if caching and not kept else memory.prefix_block_tokens,
     )
     _check_longest(layout, table)
     return layout
@@ -203,7 +224,7 @@ def _check_longest(layout: MemoryLayout, table: RequestTable) -> None:
         return
     # every position but the last output token is computed: prompt + output - 1
     positions = table.prompt_tokens + table.output_tokens - 1
-    hashed = cacheable_blocks(table, layout.prefix_block_tokens) * layout.prefix_caching
+    hashed = cacheable_blocks(table, layout) * layout.prefix_caching
     needs = layout.blocks_for(positions, hashed)
     worst = int(np.argmax(needs))
     if needs[worst] > layout.num_blocks:

@@ -33,6 +33,8 @@ def make_table(arrivals, prompts, outputs, hashes=None) -> RequestTable:
 
 
 def make_layout(num_blocks, *, block_size=1, slots=8, prefix=False, prefix_block_tokens=4, kept=0):
+    # entries as plan_memory makes them: a KV block without kept states, else a hashed block
+    entry_tokens = block_size if prefix and not kept else prefix_block_tokens
     return MemoryLayout(
         budget_bytes=float(num_blocks),
         budget_source="test",
@@ -47,6 +49,7 @@ def make_layout(num_blocks, *, block_size=1, slots=8, prefix=False, prefix_block
         prefix_block_tokens=prefix_block_tokens,
         kept_state_blocks=kept if prefix else 0,
         check=True,
+        entry_tokens=entry_tokens,
     )
 
 
@@ -140,7 +143,7 @@ def workloads(draw):
     probe = make_layout(
         1, block_size=block_size, prefix=prefix, kept=kept, prefix_block_tokens=prefix_block_tokens
     )
-    hashed = cacheable_blocks(table, prefix_block_tokens) * prefix
+    hashed = cacheable_blocks(table, probe) * prefix
     longest = int(probe.blocks_for(table.prompt_tokens + table.output_tokens - 1, hashed).max())
     layout = make_layout(
         longest + draw(st.integers(0, 8)),

@@ -11,6 +11,8 @@ from importlib import resources
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from stepplan.sim.acceptance import make_acceptance
 from stepplan.sim.memory_sizing import plan_memory
@@ -25,7 +27,7 @@ from stepplan.sim.scheduler.vllm_engine_scheduler import (
 )
 from stepplan.sim.scheduler_diff import compare_schedulers
 from stepplan.sim.settings.config import SimConfig, with_settings
-from stepplan.sim.traces import load_trace
+from stepplan.sim.traces import RequestTable, load_trace
 from stepplan.sim.workloads import parse_synthetic
 
 #: The tests that drive vLLM (CI installs it); the rest check the refusals without it.
@@ -234,6 +236,65 @@ def test_a_perturbed_budget_is_caught_at_its_first_divergent_step():
     assert diff.first_divergence == expected
     assert diff.agreeing_steps >= expected
     assert f"step {expected} A:" in "\n".join(diff.context)
+
+
+#: The model without conv layers: prefix-cache hits are whole KV blocks, as vLLM's.
+ATTENTION_ONLY = {"model.conv_layers": 0}
+
+
+@requires_vllm
+def test_prefix_caching_agrees_attention_only():
+    """Mooncake's shared prefixes, attention only: both hit the same blocks on every
+    step (vLLM's entries are cached when allocated, so a request admitted in the step
+    that computes them hits them; a partial last hashed block shares its full blocks)."""
+    config = with_settings(SimConfig(), ATTENTION_ONLY)
+    table = load_trace("tests/data/mooncake_slice.jsonl").limit(150)
+    diff = compare_schedulers(table, config, _vllm(config))
+    assert diff.sides[0]["prefix_cached_tokens"] > 100_000
+    assert diff.agreement == 1.0, diff.format()
+
+
+@st.composite
+def hashed_traces(draw):
+    """Small traces whose requests share prefixes of 64-token hashed blocks (a family's
+    requests share every hash id, so a shared id is a shared prefix), prompts that end
+    inside a hashed block, and arrivals together so that one step admits several."""
+    n = draw(st.integers(2, 12))
+    prompts = draw(st.lists(st.integers(1, 300), min_size=n, max_size=n))
+    families = draw(st.lists(st.integers(0, 2), min_size=n, max_size=n))
+    hashes = [
+        [f * 1000 + j for j in range(-(-p // 64))] for f, p in zip(families, prompts, strict=True)
+    ]
+    offsets = np.cumsum([0] + [len(h) for h in hashes]).astype(np.int64)
+    table = RequestTable(
+        arrival_s=np.sort(
+            draw(st.lists(st.sampled_from([0.0, 0.01, 0.3]), min_size=n, max_size=n))
+        ),
+        prompt_tokens=np.array(prompts, np.int64),
+        output_tokens=np.array(draw(st.lists(st.integers(1, 30), min_size=n, max_size=n))),
+        prefix_offsets=offsets,
+        prefix_blocks=np.array([b for h in hashes for b in h], np.int64),
+    )
+    run = {
+        **ATTENTION_ONLY,
+        "memory.prefix_block_tokens": 64,
+        "scheduler.num_spec_tokens": draw(st.integers(0, 3)),
+        "scheduler.max_num_seqs": 8,  # vLLM wants a budget of at least max_num_seqs
+        "scheduler.max_num_batched_tokens": draw(st.sampled_from([64, 200, 2048])),
+    }
+    return table, with_settings(SimConfig(), run)
+
+
+@requires_vllm
+@settings(max_examples=15, deadline=None)
+@given(hashed_traces())
+def test_prefix_hits_are_vllms_block_for_block(case):
+    """vLLM's KV-cache manager is the reference: the same hits, step for step, on
+    prompts sharing whole and partial hashed blocks, admitted together or apart."""
+    table, config = case
+    diff = compare_schedulers(table, config, _vllm(config))
+    assert diff.agreement == 1.0, diff.format()
+    assert diff.sides[0]["prefix_cached_tokens"] == diff.sides[1]["prefix_cached_tokens"]
 
 
 def test_equal_hash_blocks_give_equal_tokens():
