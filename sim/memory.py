@@ -81,14 +81,15 @@ class BlockPool:
 
     def need(self, ids: np.ndarray, positions: np.ndarray) -> np.ndarray:
         """``[n], int64`` blocks requests ``ids`` hold at ``positions`` (``[n], int64``)."""
-        if not self.layout.kept_state_blocks:
+        if not self.layout.kept_state_blocks and not self.layout.state_blocks:
             return self.layout.kv_blocks(positions)
         return self.layout.blocks_for(positions, self.hashed[ids])
 
     def grow_all(self, ids: np.ndarray, positions: np.ndarray) -> bool:
         """Grow every request of ``ids`` to ``positions`` (``[n], int64`` each) from free
         blocks only, or change nothing and return ``False``."""
-        if ids.size <= _FEW_ROWS and not self.layout.kept_state_blocks:
+        plain = not self.layout.kept_state_blocks and not self.layout.state_blocks
+        if ids.size <= _FEW_ROWS and plain:
             return self._grow_few(ids.tolist(), positions.tolist())
         held = self.held[ids]
         delta = self.need(ids, positions) - held

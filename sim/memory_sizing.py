@@ -8,7 +8,9 @@ the weights, of each KV block and of each conv state; each rank holds every bloc
 every slot's share, so the counts are the replica's. The
 conv-state slot pool is reserved first -- ``min(scheduler.slots, budget // slot
 bytes)`` slots, allocated once as the executor's slot pool is -- and the rest is cut
-into KV blocks of ``memory.block_size`` tokens. A request's blocks hold its attention
+into KV blocks of ``memory.block_size`` tokens. A hybrid model without prefix caching
+is laid out as vLLM lays one out instead (:func:`_shared_pool`): its conv states are
+blocks of the same pool, held by each running request. A request's blocks hold its attention
 KV, and (with prefix caching) the conv state kept at each hashed-block boundary of
 its prompt, charged as :attr:`MemoryLayout.kept_state_blocks` blocks each.
 
@@ -93,6 +95,9 @@ class MemoryLayout:
             hashed block of the trace shares its full KV blocks), a whole hashed block
             where conv states are kept (a hit must end on a kept state).
         kept_state_blocks: blocks one kept prefix state is charged (0 without caching).
+        state_blocks: blocks of conv state every running request holds in the pool, as
+            vLLM's hybrid cache keeps them (:func:`_shared_pool`); 0 where the slots'
+            memory is reserved apart.
         check: verify the accounting every step.
     """
 
@@ -110,6 +115,7 @@ class MemoryLayout:
     kept_state_blocks: int
     check: bool = False
     entry_tokens: int = attrs.field()
+    state_blocks: int = 0
 
     @entry_tokens.default
     def _whole_hashed_block(self) -> int:
@@ -137,7 +143,7 @@ class MemoryLayout:
     def blocks_for(self, tokens: np.ndarray, hashed: np.ndarray) -> np.ndarray:
         """``[n], int64`` blocks a request holds for ``tokens`` positions (``[n], int64``)
         when its prompt has ``hashed`` (``[n], int64``) cacheable blocks."""
-        blocks = self.kv_blocks(tokens)
+        blocks = self.kv_blocks(tokens) + self.state_blocks
         if self.kept_state_blocks:
             boundaries = np.minimum(tokens // self.entry_tokens, hashed)
             blocks = blocks + boundaries * self.kept_state_blocks
@@ -198,6 +204,12 @@ def plan_memory(config: SimConfig, table: RequestTable, *, live: bool = False) -
             "(or set memory.prefix_caching = false)"
         )
     kept = math.ceil(footprint.kept_state_bytes / block_bytes) if caching and block_bytes else 0
+    block_size, state_blocks = memory.block_size, 0
+    if footprint.slot_bytes and block_bytes and not caching:
+        block_size, block_bytes, num_blocks, state_blocks = _shared_pool(
+            config.model.resolved(), footprint, budget, memory.block_size, scheduler.num_spec_tokens
+        )
+        slots = scheduler.slots  # no memory set apart: the pool binds
     layout = MemoryLayout(
         budget_bytes=budget,
         budget_source=source,
@@ -205,18 +217,42 @@ def plan_memory(config: SimConfig, table: RequestTable, *, live: bool = False) -
         slots=slots,
         configured_slots=scheduler.slots,
         slot_bytes=footprint.slot_bytes,
-        block_size=memory.block_size,
+        block_size=block_size,
         block_bytes=block_bytes,
         num_blocks=num_blocks,
         prefix_caching=caching,
         prefix_block_tokens=memory.prefix_block_tokens,
         kept_state_blocks=kept,
         check=memory.check,
+        state_blocks=state_blocks,
         # without conv layers no state bounds a hit: every full KV block is one, as vLLM's
         entry_tokens=memory.block_size if caching and not kept else memory.prefix_block_tokens,
     )
     _check_longest(layout, table)
     return layout
+
+
+def _shared_pool(
+    model: ModelConfig, footprint: ModelFootprint, budget: float, align: int, spec_tokens: int
+) -> tuple[int, float, int, int]:
+    """A hybrid model's cache as vLLM 0.33 lays it out: ``(block_size, block_bytes,
+    num_blocks, state_blocks)``. Layers go in groups of one kind and equal size (the
+    fewer layers of a kind, or the more where they are under 1.5 times as many); a
+    block is one page of every layer of a group; an attention page holds
+    ``block_size`` tokens, the smallest multiple of ``align`` whose page holds a conv
+    state, which is padded to it. Attention and conv-state groups draw blocks from the
+    one pool (less vLLM's null block); a running request holds ``1 + spec_tokens``
+    state blocks per conv-state group (one per draft) and its KV blocks."""
+    attention, conv = model.layers - model.conv_layers, model.conv_layers
+    token_page = footprint.kv_bytes_per_token / attention  # one layer's K and V per token
+    state_page = footprint.kept_state_bytes / conv
+    block_size = align * math.ceil(state_page / (align * token_page))
+    fewer, more = min(attention, conv), max(attention, conv)
+    group = more if more < 1.5 * fewer else fewer
+    block_bytes = block_size * token_page * group
+    num_blocks = int(budget // block_bytes) - 1
+    state_blocks = math.ceil(conv / group) * (1 + spec_tokens)
+    return block_size, block_bytes, num_blocks, state_blocks
 
 
 def _check_longest(layout: MemoryLayout, table: RequestTable) -> None:

@@ -32,7 +32,9 @@ def make_table(arrivals, prompts, outputs, hashes=None) -> RequestTable:
     )
 
 
-def make_layout(num_blocks, *, block_size=1, slots=8, prefix=False, prefix_block_tokens=4, kept=0):
+def make_layout(
+    num_blocks, *, block_size=1, slots=8, prefix=False, prefix_block_tokens=4, kept=0, state=0
+):
     # entries as plan_memory makes them: a KV block without kept states, else a hashed block
     entry_tokens = block_size if prefix and not kept else prefix_block_tokens
     return MemoryLayout(
@@ -50,6 +52,7 @@ def make_layout(num_blocks, *, block_size=1, slots=8, prefix=False, prefix_block
         kept_state_blocks=kept if prefix else 0,
         check=True,
         entry_tokens=entry_tokens,
+        state_blocks=state,
     )
 
 
@@ -140,8 +143,15 @@ def workloads(draw):
         ]
     table = make_table(arrivals, prompts, outputs, hashes)
     kept = draw(st.integers(0, 2))
+    # conv states in the pool (vLLM's hybrid layout) only where no prefix is cached
+    state = 0 if prefix else draw(st.integers(0, 4))
     probe = make_layout(
-        1, block_size=block_size, prefix=prefix, kept=kept, prefix_block_tokens=prefix_block_tokens
+        1,
+        block_size=block_size,
+        prefix=prefix,
+        kept=kept,
+        prefix_block_tokens=prefix_block_tokens,
+        state=state,
     )
     hashed = cacheable_blocks(table, probe) * prefix
     longest = int(probe.blocks_for(table.prompt_tokens + table.output_tokens - 1, hashed).max())
@@ -155,6 +165,7 @@ def workloads(draw):
         prefix=prefix,
         prefix_block_tokens=prefix_block_tokens,
         kept=kept,
+        state=state,
     )
     config = SchedulerConfig(
         max_num_seqs=draw(st.integers(1, 6)),

@@ -221,6 +221,47 @@ def test_preemption_agrees_under_vllms_whole_prompt_admission(monkeypatch):
 
 
 @requires_vllm
+@pytest.mark.parametrize("gib", [0.6, 2.0, 20.0])
+@pytest.mark.parametrize("spec_tokens", [0, 3])
+def test_a_hybrid_models_pool_is_vllms(gib, spec_tokens):
+    """vLLM's own planner is the reference for the hybrid model's shared pool: the
+    same block size and block count (less its null block), and state blocks per
+    running request as its conv-state group allocates them."""
+    import tempfile
+
+    config = with_settings(
+        SimConfig(), {"memory.kv_cache_gib": gib, "scheduler.num_spec_tokens": spec_tokens}
+    )
+    table = _embedded(20)
+    layout = plan_memory(config, table)
+    with tempfile.TemporaryDirectory() as folder:
+        engine, state, _ = vllm_engine_scheduler._engine(
+            config.scheduler, layout, config.model.resolved(), folder
+        )
+    manager = engine.kv_cache_manager
+    groups = engine.kv_cache_config.kv_cache_groups
+    assert engine.kv_cache_config.num_blocks - 1 == layout.num_blocks
+    assert {g.kv_cache_spec.block_size for g in groups if g is not groups[state]} == {
+        layout.block_size
+    }
+    spec = groups[state].kv_cache_spec
+    per_group = -(-(1 + spec.block_size * spec.num_speculative_blocks) // spec.block_size)
+    assert per_group * sum(g is groups[state] for g in groups) == layout.state_blocks
+    assert manager.block_pool.get_num_free_blocks() == layout.num_blocks
+
+
+@requires_vllm
+def test_preemption_agrees_on_the_hybrid_models_shared_pool():
+    """A hybrid model under a small cache: conv states and KV blocks in vLLM's one
+    pool, both admit and preempt alike on every step."""
+    hybrid = {key: value for key, value in PREEMPTING.items() if key != "model.conv_layers"}
+    config = with_settings(SimConfig(), hybrid)
+    diff = compare_schedulers(_embedded(300).scale_rate(4.0), config, _vllm(config))
+    assert diff.sides[0]["preemptions"] > 0
+    assert diff.agreement == 1.0, diff.format()
+
+
+@requires_vllm
 def test_a_perturbed_budget_is_caught_at_its_first_divergent_step():
     """Negative control: vLLM with one token less of budget must part from stepplan
     exactly at the first step where stepplan fills its whole budget."""

@@ -134,7 +134,9 @@ CROWD = "synthetic:n=40,rate=5000,cv2=4,prompt=uniform:16:300,output=uniform:16:
 @needs_compiled
 @pytest.mark.parametrize("spec_tokens", [0, 3])
 @pytest.mark.parametrize("budget", [64, 512])
-@pytest.mark.parametrize("gib", [0.07, 0.1])  # 35 to 75 KV blocks: preemptions by the dozen
+@pytest.mark.parametrize(
+    "gib", [0.07, 0.1]
+)  # 22 to 33 blocks of 48 tokens: preemptions by the dozen
 def test_preempting_runs_step_alike(spec_tokens, budget, gib):
     config = with_settings(
         SimConfig(),
@@ -149,7 +151,8 @@ def test_preempting_runs_step_alike(spec_tokens, budget, gib):
     )
     native, python = both(parse_synthetic(CROWD), config)
     assert_same(native, python)
-    assert native.requests["num_preemptions"].sum() >= 30  # 30 to 58 admitting whole prompts
+    # states in the pool (4 blocks a request at 3 drafts, 1 without) and whole prompts admitted
+    assert native.requests["num_preemptions"].sum() >= 20
 
 
 @needs_compiled
