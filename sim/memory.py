@@ -5,10 +5,13 @@ Blocks are counted, not named. A request holds ``layout.blocks_for(positions)``
 blocks for the positions its steps have reached (computed tokens plus the tokens
 scheduled, spec drafts included): its attention KV and, with prefix caching, the
 conv state kept at each hashed-block boundary it has passed. Part of them may be
-*entries* of the prefix cache: a hashed prompt block whose KV and kept state are
-complete is registered under its hash (unless that hash is cached already) and is
-then shared; a later request whose prompt starts with cached hashes references
-those entries at admission, and its computed tokens start after them. An entry
+*entries* of the prefix cache (``MemoryLayout.entry_tokens`` each: a KV block of an
+attention-only model, a whole hashed block and its kept state otherwise): an entry
+of a hashed prompt block is registered under its key (unless that key is cached
+already) when its blocks are allocated for the step that computes it, as vLLM 0.33
+caches them, and is then shared; a later request -- one admitted later in the same
+step included -- whose prompt starts with cached entries references them at
+admission, and its computed tokens start after them. An entry
 nobody references stays cached, evictable, least recently released first (a
 request releases its entries last block first, so a prefix's tail goes before its
 head). Blocks are *free*, *private* to one request, or in an entry:
@@ -46,15 +49,13 @@ class BlockPool:
         self.free_blocks = np.array([layout.num_blocks], np.int64)
         self.held = np.zeros(n, np.int64)
         self.caching = layout.prefix_caching
-        self.hashed = (
-            cacheable_blocks(table, layout.prefix_block_tokens)
-            if self.caching
-            else np.zeros(n, np.int64)
-        )
+        # prefix-cache entries of each prompt (layout.cacheable_entries)
+        self.hashed = cacheable_blocks(table, layout) if self.caching else np.zeros(n, np.int64)
         # the trace's prompt block hashes: request r's are hashes[offsets[r]:offsets[r + 1]]
         self.prefix_offsets, self.prefix_hashes = table.prefix_offsets, table.prefix_blocks
         self._entry_blocks = layout.entry_blocks
-        self.entries: dict[int, int] = {}  # hash -> requests referencing it
+        self._entry_tokens, self._per_hash = layout.entry_tokens, layout.entries_per_hash
+        self.entries: dict[int, int] = {}  # entry key -> requests referencing it
         self.lru: dict[int, None] = {}  # unreferenced entries, least recently used first
         self.refs: dict[int, list[int]] = {}  # request -> entries it references, in order
         self.registered = np.zeros(n, np.int64)  # hashed blocks of a request considered
@@ -80,14 +81,15 @@ class BlockPool:
 
     def need(self, ids: np.ndarray, positions: np.ndarray) -> np.ndarray:
         """``[n], int64`` blocks requests ``ids`` hold at ``positions`` (``[n], int64``)."""
-        if not self.layout.kept_state_blocks:
+        if not self.layout.kept_state_blocks and not self.layout.state_blocks:
             return self.layout.kv_blocks(positions)
         return self.layout.blocks_for(positions, self.hashed[ids])
 
     def grow_all(self, ids: np.ndarray, positions: np.ndarray) -> bool:
         """Grow every request of ``ids`` to ``positions`` (``[n], int64`` each) from free
         blocks only, or change nothing and return ``False``."""
-        if ids.size <= _FEW_ROWS and not self.layout.kept_state_blocks:
+        plain = not self.layout.kept_state_blocks and not self.layout.state_blocks
+        if ids.size <= _FEW_ROWS and plain:
             return self._grow_few(ids.tolist(), positions.tolist())
         held = self.held[ids]
         delta = self.need(ids, positions) - held
@@ -153,21 +155,36 @@ class BlockPool:
             self.free += self._entry_blocks
             blocks -= self._entry_blocks
 
-    def _request_hashes(self, request: int, count: int) -> list[int]:
+    def entry_keys(self, request: int, first: int, stop: int) -> list[int]:
+        """Keys of the request's prefix-cache entries ``first`` to ``stop`` (exclusive):
+        entry ``j`` of the trace hash ``h`` is ``h * entries_per_hash + j``."""
+        per = self._per_hash
         start = int(self.prefix_offsets[request])  # type: ignore[index]
-        return self.prefix_hashes[start : start + count].tolist()  # type: ignore[index]
+        hashes = self.prefix_hashes[start + first // per : start + (stop + per - 1) // per]  # type: ignore[index]
+        if per == 1:
+            return hashes.tolist()
+        keys = [h * per + j for h in hashes.tolist() for j in range(per)]
+        skip = first % per
+        return keys[skip : skip + stop - first]
+
+    def hashes_cached(self, hashes: list[int]) -> int:
+        """The leading run of trace hashes whose every entry is cached."""
+        per, run = self._per_hash, 0
+        for entry in hashes:
+            if any(entry * per + j not in self.entries for j in range(per)):
+                break
+            run += 1
+        return run
 
     def lookup(self, request: int, limit_tokens: int) -> list[int]:
         """The cached entries the request's prompt starts with, at most
-        ``(limit_tokens - 1) // prefix_block_tokens`` of them (a hit leaves at least
-        one token to compute, and ends where a conv state was kept)."""
+        ``(limit_tokens - 1) // entry_tokens`` of them (a hit leaves at least one token
+        to compute, and ends where a conv state was kept)."""
         if not self.caching:
             return []
-        count = min(
-            int(self.hashed[request]), (limit_tokens - 1) // self.layout.prefix_block_tokens
-        )
+        count = min(int(self.hashed[request]), (limit_tokens - 1) // self._entry_tokens)
         hits = []
-        for entry in self._request_hashes(request, count):
+        for entry in self.entry_keys(request, 0, count):
             if entry not in self.entries:
                 break
             hits.append(entry)
@@ -194,17 +211,19 @@ class BlockPool:
         assert grown, "admission was checked"
         return True
 
-    def register(self, ids: np.ndarray, computed: np.ndarray) -> None:
-        """Cache the hashed blocks requests ``ids`` completed (``computed``: ``[n], int64``
-        their computed tokens after a step); a hash already cached stays private."""
+    def register(self, ids: np.ndarray, positions: np.ndarray) -> None:
+        """Cache the entries requests ``ids`` fill up to ``positions`` (``[n], int64``):
+        as vLLM, when the blocks are allocated for the step that computes them, so a
+        request admitted later in the same step hits them. An entry already cached
+        stays private."""
         if not self.caching:
             return
-        done = np.minimum(computed // self.layout.prefix_block_tokens, self.hashed[ids])
+        done = np.minimum(positions // self._entry_tokens, self.hashed[ids])
         for row in np.flatnonzero(done > self.registered[ids]).tolist():
             request, upto = int(ids[row]), int(done[row])
             first = int(self.registered[request])
             refs = self.refs.setdefault(request, [])
-            for entry in self._request_hashes(request, upto)[first:]:
+            for entry in self.entry_keys(request, first, upto):
                 if entry not in self.entries:
                     self.entries[entry] = 1
                     refs.append(entry)

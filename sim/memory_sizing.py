@@ -8,7 +8,9 @@ the weights, of each KV block and of each conv state; each rank holds every bloc
 every slot's share, so the counts are the replica's. The
 conv-state slot pool is reserved first -- ``min(scheduler.slots, budget // slot
 bytes)`` slots, allocated once as the executor's slot pool is -- and the rest is cut
-into KV blocks of ``memory.block_size`` tokens. A request's blocks hold its attention
+into KV blocks of ``memory.block_size`` tokens. A hybrid model without prefix caching
+is laid out as vLLM lays one out instead (:func:`_shared_pool`): its conv states are
+blocks of the same pool, held by each running request. A request's blocks hold its attention
 KV, and (with prefix caching) the conv state kept at each hashed-block boundary of
 its prompt, charged as :attr:`MemoryLayout.kept_state_blocks` blocks each.
 
@@ -87,8 +89,15 @@ class MemoryLayout:
         num_blocks: KV blocks of the pool (:data:`UNBOUNDED_BLOCKS` without KV).
         prefix_caching: whether cached prompt blocks are reused (the setting, a trace
             with hashes, and no live model).
-        prefix_block_tokens: tokens per hashed block.
+        prefix_block_tokens: tokens per hashed block of the trace.
+        entry_tokens: tokens per prefix-cache entry, the granularity of hits: a KV block
+            for an attention-only model (vLLM hashes every full block, a partial last
+            hashed block of the trace shares its full KV blocks), a whole hashed block
+            where conv states are kept (a hit must end on a kept state).
         kept_state_blocks: blocks one kept prefix state is charged (0 without caching).
+        state_blocks: blocks of conv state every running request holds in the pool, as
+            vLLM's hybrid cache keeps them (:func:`_shared_pool`); 0 where the slots'
+            memory is reserved apart.
         check: verify the accounting every step.
     """
 
@@ -105,11 +114,27 @@ class MemoryLayout:
     prefix_block_tokens: int
     kept_state_blocks: int
     check: bool = False
+    entry_tokens: int = attrs.field()
+    state_blocks: int = 0
+
+    @entry_tokens.default
+    def _whole_hashed_block(self) -> int:
+        return self.prefix_block_tokens
 
     @property
     def entry_blocks(self) -> int:
-        """Blocks of one cached prefix block: its KV and its kept state."""
-        return self.prefix_block_tokens // self.block_size + self.kept_state_blocks
+        """Blocks of one prefix-cache entry: its KV and its kept state."""
+        return self.entry_tokens // self.block_size + self.kept_state_blocks
+
+    @property
+    def entries_per_hash(self) -> int:
+        """Prefix-cache entries one hashed block of the trace holds."""
+        return self.prefix_block_tokens // self.entry_tokens
+
+    def cacheable_entries(self, num_hashes: Any, prompt: Any) -> Any:
+        """Entries a prompt of ``prompt`` tokens with ``num_hashes`` hashed blocks can
+        share: its full entries within the hashed tokens (an int, or ``[n], int64``)."""
+        return np.minimum(num_hashes * self.prefix_block_tokens, prompt) // self.entry_tokens
 
     def kv_blocks(self, tokens: Any) -> Any:
         """KV blocks of ``tokens`` positions: an int, or ``[n], int64`` for an array."""
@@ -118,20 +143,20 @@ class MemoryLayout:
     def blocks_for(self, tokens: np.ndarray, hashed: np.ndarray) -> np.ndarray:
         """``[n], int64`` blocks a request holds for ``tokens`` positions (``[n], int64``)
         when its prompt has ``hashed`` (``[n], int64``) cacheable blocks."""
-        blocks = self.kv_blocks(tokens)
+        blocks = self.kv_blocks(tokens) + self.state_blocks
         if self.kept_state_blocks:
-            boundaries = np.minimum(tokens // self.prefix_block_tokens, hashed)
+            boundaries = np.minimum(tokens // self.entry_tokens, hashed)
             blocks = blocks + boundaries * self.kept_state_blocks
         return blocks
 
 
-def cacheable_blocks(table: RequestTable, block_tokens: int) -> np.ndarray:
-    """``[N], int64`` full hashed blocks of every prompt (a partial last block is never
-    shared); zeros when the trace has no hashes."""
+def cacheable_blocks(table: RequestTable, layout: MemoryLayout) -> np.ndarray:
+    """``[N], int64`` prefix-cache entries every prompt can share
+    (:meth:`MemoryLayout.cacheable_entries`); zeros when the trace has no hashes."""
     offsets = table.prefix_offsets
     if offsets is None or table.prefix_blocks is None:
         return np.zeros(table.num_requests, np.int64)
-    return np.minimum(np.diff(offsets), table.prompt_tokens // block_tokens)
+    return layout.cacheable_entries(np.diff(offsets), table.prompt_tokens)
 
 
 def _budget(config: SimConfig, footprint: ModelFootprint) -> tuple[float, str]:
@@ -179,6 +204,12 @@ def plan_memory(config: SimConfig, table: RequestTable, *, live: bool = False) -
             "(or set memory.prefix_caching = false)"
         )
     kept = math.ceil(footprint.kept_state_bytes / block_bytes) if caching and block_bytes else 0
+    block_size, state_blocks = memory.block_size, 0
+    if footprint.slot_bytes and block_bytes and not caching:
+        block_size, block_bytes, num_blocks, state_blocks = _shared_pool(
+            config.model.resolved(), footprint, budget, memory.block_size, scheduler.num_spec_tokens
+        )
+        slots = scheduler.slots  # no memory set apart: the pool binds
     layout = MemoryLayout(
         budget_bytes=budget,
         budget_source=source,
@@ -186,16 +217,42 @@ def plan_memory(config: SimConfig, table: RequestTable, *, live: bool = False) -
         slots=slots,
         configured_slots=scheduler.slots,
         slot_bytes=footprint.slot_bytes,
-        block_size=memory.block_size,
+        block_size=block_size,
         block_bytes=block_bytes,
         num_blocks=num_blocks,
         prefix_caching=caching,
         prefix_block_tokens=memory.prefix_block_tokens,
         kept_state_blocks=kept,
         check=memory.check,
+        state_blocks=state_blocks,
+        # without conv layers no state bounds a hit: every full KV block is one, as vLLM's
+        entry_tokens=memory.block_size if caching and not kept else memory.prefix_block_tokens,
     )
     _check_longest(layout, table)
     return layout
+
+
+def _shared_pool(
+    model: ModelConfig, footprint: ModelFootprint, budget: float, align: int, spec_tokens: int
+) -> tuple[int, float, int, int]:
+    """A hybrid model's cache as vLLM 0.33 lays it out: ``(block_size, block_bytes,
+    num_blocks, state_blocks)``. Layers go in groups of one kind and equal size (the
+    fewer layers of a kind, or the more where they are under 1.5 times as many); a
+    block is one page of every layer of a group; an attention page holds
+    ``block_size`` tokens, the smallest multiple of ``align`` whose page holds a conv
+    state, which is padded to it. Attention and conv-state groups draw blocks from the
+    one pool (less vLLM's null block); a running request holds ``1 + spec_tokens``
+    state blocks per conv-state group (one per draft) and its KV blocks."""
+    attention, conv = model.layers - model.conv_layers, model.conv_layers
+    token_page = footprint.kv_bytes_per_token / attention  # one layer's K and V per token
+    state_page = footprint.kept_state_bytes / conv
+    block_size = align * math.ceil(state_page / (align * token_page))
+    fewer, more = min(attention, conv), max(attention, conv)
+    group = more if more < 1.5 * fewer else fewer
+    block_bytes = block_size * token_page * group
+    num_blocks = int(budget // block_bytes) - 1
+    state_blocks = math.ceil(conv / group) * (1 + spec_tokens)
+    return block_size, block_bytes, num_blocks, state_blocks
 
 
 def _check_longest(layout: MemoryLayout, table: RequestTable) -> None:
@@ -203,7 +260,7 @@ def _check_longest(layout: MemoryLayout, table: RequestTable) -> None:
         return
     # every position but the last output token is computed: prompt + output - 1
     positions = table.prompt_tokens + table.output_tokens - 1
-    hashed = cacheable_blocks(table, layout.prefix_block_tokens) * layout.prefix_caching
+    hashed = cacheable_blocks(table, layout) * layout.prefix_caching
     needs = layout.blocks_for(positions, hashed)
     worst = int(np.argmax(needs))
     if needs[worst] > layout.num_blocks:

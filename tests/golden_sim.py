@@ -8,7 +8,13 @@ unchanged is checked against that code, not against itself. The runs added for i
 ``plan_us`` (measured, run dependent) is left out. Columns renamed since are compared
 under their old name (:data:`RENAMED`). Regenerate only when a change is *meant* to alter results:
 ``python tests/golden_sim.py --write`` (and say so in the commit). ``mooncake-bound-caching``
-was re-pinned when admission came to wait for a whole prompt's blocks, as vLLM 0.33's does.
+was re-pinned when admission came to wait for a whole prompt's blocks, as vLLM 0.33's does,
+and again when prefix-cache entries came to be registered when allocated for the step
+that computes them (vLLM's rule; a request admitted later in that step hits them).
+Every run of the hybrid model without prefix caching was re-pinned when its cache came
+to be laid out as vLLM 0.33 lays out a hybrid model's (48-token KV blocks and the conv
+states in one pool, ``memory_sizing._shared_pool``): ``kv_used_blocks`` and ``kv_usage``
+everywhere, and the scheduling where memory binds.
 
 The old code's model had 8e9 parameters by label; the model presets give ``hybrid-8b``
 its real count (8,433,438,720). Every run here sets ``model.params = 8e9`` (:data:`PINNED`),

@@ -32,7 +32,11 @@ def make_table(arrivals, prompts, outputs, hashes=None) -> RequestTable:
     )
 
 
-def make_layout(num_blocks, *, block_size=1, slots=8, prefix=False, prefix_block_tokens=4, kept=0):
+def make_layout(
+    num_blocks, *, block_size=1, slots=8, prefix=False, prefix_block_tokens=4, kept=0, state=0
+):
+    # entries as plan_memory makes them: a KV block without kept states, else a hashed block
+    entry_tokens = block_size if prefix and not kept else prefix_block_tokens
     return MemoryLayout(
         budget_bytes=float(num_blocks),
         budget_source="test",
@@ -47,6 +51,8 @@ def make_layout(num_blocks, *, block_size=1, slots=8, prefix=False, prefix_block
         prefix_block_tokens=prefix_block_tokens,
         kept_state_blocks=kept if prefix else 0,
         check=True,
+        entry_tokens=entry_tokens,
+        state_blocks=state,
     )
 
 
@@ -137,23 +143,34 @@ def workloads(draw):
         ]
     table = make_table(arrivals, prompts, outputs, hashes)
     kept = draw(st.integers(0, 2))
+    # conv states in the pool (vLLM's hybrid layout) only where no prefix is cached
+    state = 0 if prefix else draw(st.integers(0, 4))
     probe = make_layout(
-        1, block_size=block_size, prefix=prefix, kept=kept, prefix_block_tokens=prefix_block_tokens
+        1,
+        block_size=block_size,
+        prefix=prefix,
+        kept=kept,
+        prefix_block_tokens=prefix_block_tokens,
+        state=state,
     )
-    hashed = cacheable_blocks(table, prefix_block_tokens) * prefix
+    hashed = cacheable_blocks(table, probe) * prefix
     longest = int(probe.blocks_for(table.prompt_tokens + table.output_tokens - 1, hashed).max())
+    spec_tokens = draw(st.integers(0, 3))
+    # a request its hit leaves one token takes placeholder drafts past its last position
+    # (vLLM's padding): a pool only as large as the longest request may never admit it
     layout = make_layout(
-        longest + draw(st.integers(0, 8)),
+        longest + spec_tokens + draw(st.integers(0, 8)),
         block_size=block_size,
         slots=draw(st.integers(1, 6)),
         prefix=prefix,
         prefix_block_tokens=prefix_block_tokens,
         kept=kept,
+        state=state,
     )
     config = SchedulerConfig(
         max_num_seqs=draw(st.integers(1, 6)),
         max_num_batched_tokens=draw(st.integers(1, 64)),
-        num_spec_tokens=draw(st.integers(0, 3)),
+        num_spec_tokens=spec_tokens,
     )
     return table, config, layout, draw(st.integers(0, 2**16))
 
@@ -332,3 +349,22 @@ def test_admission_waits_until_the_whole_prompt_fits(policy):
         clock += 0.01
     assert admitted == [[0], [0], [1], [1]]
     assert scheduler.preemptions.sum() == 0
+
+
+def test_entries_are_hits_in_the_step_that_allocates_them_and_whole_kv_blocks():
+    # attention only (no kept state): an entry is one 4-token KV block of an 8-token
+    # hashed block. r0's 14 tokens fill three entries (its second hashed block is
+    # partial, 6 tokens: one full KV block), registered when step 0 allocates them;
+    # r1, admitted later in that step, hits all three: 12 tokens, as vLLM would
+    table = make_table([0.0, 0.0], [14, 16], [2, 2], [[1, 2], [1, 2]])
+    layout = make_layout(200, block_size=4, prefix=True, prefix_block_tokens=8)
+    assert layout.entry_tokens == 4 and layout.entry_blocks == 1
+    pool = BlockPool(layout, table)
+    config = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64, num_spec_tokens=0)
+    step = Scheduler(table, config, pool).schedule(0.0)
+    assert step.request_ids.tolist() == [0, 1]
+    assert step.batch.query_lens.tolist() == [14, 4]
+    assert step.batch.num_computed_tokens.tolist() == [0, 12]
+    # keys: hash * 2 + index of the KV block in its hashed block; r1 fills the last
+    assert pool.entries == {2: 2, 3: 2, 4: 2, 5: 1}
+    assert pool.entry_keys(1, 1, 4) == [3, 4, 5]

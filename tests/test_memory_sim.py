@@ -13,6 +13,7 @@ from golden_sim import GOLDEN, RUNS, digests, simulate_run
 from stepplan.plots.memory import plot_memory
 from stepplan.plots.report import report_figures
 from stepplan.sim import cli
+from stepplan.sim.memory_sizing import plan_memory
 from stepplan.sim.results.records import STEP_RECORD
 from stepplan.sim.results.schema import MEMORY_COLUMNS, STEPS
 from stepplan.sim.results.sim_result import read_results, write_results
@@ -82,16 +83,27 @@ def test_prefix_caching_can_be_turned_off():
     assert not result.requests["cached_tokens"].any()
 
 
-def test_memory_can_limit_the_slot_pool():
+def test_memory_limits_the_running_requests_through_their_state_blocks():
+    """The hybrid model's conv states share the pool with its KV blocks (vLLM's layout):
+    nothing is set apart for slots, and each running request holds ``1 + k`` state
+    blocks per conv-state group, so the pool caps how many run at once."""
     trace = "synthetic:n=60,rate=200,prompt=uniform:16:200,output=uniform:1:50"
     settings = {"memory.kv_cache_gib": 0.1, "model.kv_bytes_per_token": 64, "workload.limit": 60}
     args = cli.build_parser().parse_args(["simulate", trace])
     config = cli.with_settings(cli.build_config(args), settings)
-    result = simulate(cli.load_requests(args, config), config)
-    slots = result.summary["memory"]["slots"]
-    slot_bytes = 16 * 8192 * (9 + 3) * 2  # conv layers x C x W x bf16, W = (K-1) D + Q - 1
-    assert slots == int(0.1 * 2**30 // slot_bytes) < result.summary["memory"]["configured_slots"]
-    assert result.steps["num_rows"].max() <= slots
+    table = cli.load_requests(args, config)
+    layout = plan_memory(config, table)
+    state_bytes = 8192 * 9 * 2  # one conv layer's state: C x (K-1) D x bf16
+    # the smallest multiple of 16 tokens whose page (4 bytes a token a layer) holds it
+    assert layout.block_size == 16 * -(-state_bytes // (16 * 4))
+    assert layout.block_bytes == layout.block_size * 4 * 16  # a page of the 16 layers
+    assert layout.num_blocks == int(0.1 * 2**30 // layout.block_bytes) - 1  # less the null
+    assert layout.state_blocks == 1 + config.scheduler.num_spec_tokens
+    assert layout.slots == config.scheduler.slots
+    result = simulate(table, config)
+    # every prompt fits one KV block: a running request holds it and its state blocks
+    most = layout.num_blocks // (layout.state_blocks + 1)
+    assert result.steps["num_rows"].max() == most < config.scheduler.max_num_seqs
 
 
 def test_results_carry_the_memory_columns_and_the_figure(bound, tmp_path):

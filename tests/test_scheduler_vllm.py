@@ -12,6 +12,8 @@ from importlib import resources
 import attrs
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from stepplan.sim import admission
 from stepplan.sim.acceptance import make_acceptance
@@ -29,7 +31,7 @@ from stepplan.sim.scheduler.vllm_engine_scheduler import (
 )
 from stepplan.sim.scheduler_diff import compare_schedulers
 from stepplan.sim.settings.config import SimConfig, with_settings
-from stepplan.sim.traces import load_trace
+from stepplan.sim.traces import RequestTable, load_trace
 from stepplan.sim.workloads import parse_synthetic
 
 #: The tests that drive vLLM (CI installs it); the rest check the refusals without it.
@@ -223,6 +225,47 @@ def test_preemption_agrees_under_vllms_whole_prompt_admission(monkeypatch):
 
 
 @requires_vllm
+@pytest.mark.parametrize("gib", [0.6, 2.0, 20.0])
+@pytest.mark.parametrize("spec_tokens", [0, 3])
+def test_a_hybrid_models_pool_is_vllms(gib, spec_tokens):
+    """vLLM's own planner is the reference for the hybrid model's shared pool: the
+    same block size and block count (less its null block), and state blocks per
+    running request as its conv-state group allocates them."""
+    import tempfile
+
+    config = with_settings(
+        SimConfig(), {"memory.kv_cache_gib": gib, "scheduler.num_spec_tokens": spec_tokens}
+    )
+    table = _embedded(20)
+    layout = plan_memory(config, table)
+    with tempfile.TemporaryDirectory() as folder:
+        engine, state, _ = vllm_engine_scheduler._engine(
+            config.scheduler, layout, config.model.resolved(), folder
+        )
+    manager = engine.kv_cache_manager
+    groups = engine.kv_cache_config.kv_cache_groups
+    assert engine.kv_cache_config.num_blocks - 1 == layout.num_blocks
+    assert {g.kv_cache_spec.block_size for g in groups if g is not groups[state]} == {
+        layout.block_size
+    }
+    spec = groups[state].kv_cache_spec
+    per_group = -(-(1 + spec.block_size * spec.num_speculative_blocks) // spec.block_size)
+    assert per_group * sum(g is groups[state] for g in groups) == layout.state_blocks
+    assert manager.block_pool.get_num_free_blocks() == layout.num_blocks
+
+
+@requires_vllm
+def test_preemption_agrees_on_the_hybrid_models_shared_pool():
+    """A hybrid model under a small cache: conv states and KV blocks in vLLM's one
+    pool, both admit and preempt alike on every step."""
+    hybrid = {key: value for key, value in PREEMPTING.items() if key != "model.conv_layers"}
+    config = with_settings(SimConfig(), hybrid)
+    diff = compare_schedulers(_embedded(300).scale_rate(4.0), config, _vllm(config))
+    assert diff.sides[0]["preemptions"] > 0
+    assert diff.agreement == 1.0, diff.format()
+
+
+@requires_vllm
 def test_a_perturbed_budget_is_caught_at_its_first_divergent_step():
     """Negative control: vLLM with one token less of budget must part from stepplan
     exactly at the first step where stepplan fills its whole budget."""
@@ -238,6 +281,65 @@ def test_a_perturbed_budget_is_caught_at_its_first_divergent_step():
     assert diff.first_divergence == expected
     assert diff.agreeing_steps >= expected
     assert f"step {expected} A:" in "\n".join(diff.context)
+
+
+#: The model without conv layers: prefix-cache hits are whole KV blocks, as vLLM's.
+ATTENTION_ONLY = {"model.conv_layers": 0}
+
+
+@requires_vllm
+def test_prefix_caching_agrees_attention_only():
+    """Mooncake's shared prefixes, attention only: both hit the same blocks on every
+    step (vLLM's entries are cached when allocated, so a request admitted in the step
+    that computes them hits them; a partial last hashed block shares its full blocks)."""
+    config = with_settings(SimConfig(), ATTENTION_ONLY)
+    table = load_trace("tests/data/mooncake_slice.jsonl").limit(150)
+    diff = compare_schedulers(table, config, _vllm(config))
+    assert diff.sides[0]["prefix_cached_tokens"] > 100_000
+    assert diff.agreement == 1.0, diff.format()
+
+
+@st.composite
+def hashed_traces(draw):
+    """Small traces whose requests share prefixes of 64-token hashed blocks (a family's
+    requests share every hash id, so a shared id is a shared prefix), prompts that end
+    inside a hashed block, and arrivals together so that one step admits several."""
+    n = draw(st.integers(2, 12))
+    prompts = draw(st.lists(st.integers(1, 300), min_size=n, max_size=n))
+    families = draw(st.lists(st.integers(0, 2), min_size=n, max_size=n))
+    hashes = [
+        [f * 1000 + j for j in range(-(-p // 64))] for f, p in zip(families, prompts, strict=True)
+    ]
+    offsets = np.cumsum([0] + [len(h) for h in hashes]).astype(np.int64)
+    table = RequestTable(
+        arrival_s=np.sort(
+            draw(st.lists(st.sampled_from([0.0, 0.01, 0.3]), min_size=n, max_size=n))
+        ),
+        prompt_tokens=np.array(prompts, np.int64),
+        output_tokens=np.array(draw(st.lists(st.integers(1, 30), min_size=n, max_size=n))),
+        prefix_offsets=offsets,
+        prefix_blocks=np.array([b for h in hashes for b in h], np.int64),
+    )
+    run = {
+        **ATTENTION_ONLY,
+        "memory.prefix_block_tokens": 64,
+        "scheduler.num_spec_tokens": draw(st.integers(0, 3)),
+        "scheduler.max_num_seqs": 8,  # vLLM wants a budget of at least max_num_seqs
+        "scheduler.max_num_batched_tokens": draw(st.sampled_from([64, 200, 2048])),
+    }
+    return table, with_settings(SimConfig(), run)
+
+
+@requires_vllm
+@settings(max_examples=15, deadline=None)
+@given(hashed_traces())
+def test_prefix_hits_are_vllms_block_for_block(case):
+    """vLLM's KV-cache manager is the reference: the same hits, step for step, on
+    prompts sharing whole and partial hashed blocks, admitted together or apart."""
+    table, config = case
+    diff = compare_schedulers(table, config, _vllm(config))
+    assert diff.agreement == 1.0, diff.format()
+    assert diff.sides[0]["prefix_cached_tokens"] == diff.sides[1]["prefix_cached_tokens"]
 
 
 def test_equal_hash_blocks_give_equal_tokens():

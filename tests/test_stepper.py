@@ -140,7 +140,9 @@ CROWD = "synthetic:n=40,rate=5000,cv2=4,prompt=uniform:16:300,output=uniform:16:
 @needs_compiled
 @pytest.mark.parametrize("spec_tokens", [0, 3])
 @pytest.mark.parametrize("budget", [64, 512])
-@pytest.mark.parametrize("gib", [0.07, 0.1])  # 35 to 75 KV blocks: preemptions by the dozen
+@pytest.mark.parametrize(
+    "gib", [0.07, 0.1]
+)  # 22 to 33 blocks of 48 tokens: preemptions by the dozen
 def test_preempting_runs_step_alike(spec_tokens, budget, gib):
     config = with_settings(
         SimConfig(),
@@ -155,7 +157,8 @@ def test_preempting_runs_step_alike(spec_tokens, budget, gib):
     )
     native, python = both(parse_synthetic(CROWD), config)
     assert_same(native, python)
-    assert native.requests["num_preemptions"].sum() >= 30  # 30 to 58 admitting whole prompts
+    # states in the pool (4 blocks a request at 3 drafts, 1 without) and whole prompts admitted
+    assert native.requests["num_preemptions"].sum() >= 20
 
 
 @needs_compiled
@@ -165,8 +168,11 @@ def test_preempting_runs_step_alike(spec_tokens, budget, gib):
     st.sampled_from([4.0, 5.0, 8.0, 1e3]),
     st.integers(0, 4),
     st.sampled_from([1, 8, 64]),
+    st.sampled_from([None, 0]),
 )
-def test_prefix_cached_runs_step_alike(limit, gib, spec_tokens, max_num_seqs):
+def test_prefix_cached_runs_step_alike(limit, gib, spec_tokens, max_num_seqs, conv_layers):
+    # conv_layers 0: attention only, whose prefix-cache entries are single KV blocks
+    layers = {} if conv_layers is None else {"model.conv_layers": conv_layers}
     config = with_settings(
         SimConfig(),
         {
@@ -175,9 +181,11 @@ def test_prefix_cached_runs_step_alike(limit, gib, spec_tokens, max_num_seqs):
             "memory.check": True,
             "scheduler.num_spec_tokens": spec_tokens,
             "scheduler.max_num_seqs": max_num_seqs,
+            **layers,
         },
     )
-    table = load_trace(MOONCAKE).limit(limit)
+    # attention-only entries are 32 per hashed block: fewer requests keep Python's side short
+    table = load_trace(MOONCAKE).limit(limit if conv_layers is None else min(limit, 50))
     try:
         native, python = both(table, config)
     except ConfigError:

@@ -107,10 +107,6 @@ static int commit(Stepper *self, Py_ssize_t rows, double end, int given, uint8_t
             self->last_accepted[request] = (int32_t)(1 + a);
             self->spec_steps[request] += 1;
         }
-        /* rows register in order, each on its own computed tokens: as after the loop */
-        if (self->has_pool && self->caching && register_blocks(self, request) < 0) {
-            return -1;
-        }
         finished[r] = self->emitted[request] >= self->output[request];
         count += finished[r];
         self->num_steps[request] += 1;

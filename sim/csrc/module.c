@@ -133,7 +133,9 @@ static int bind_pool(Stepper *self, PyObject *f) {
     self->capacity = get_int(f, "capacity", &failed);
     self->block_size = get_int(f, "block_size", &failed);
     self->kept = get_int(f, "kept_state_blocks", &failed);
-    self->prefix_tokens = get_int(f, "prefix_block_tokens", &failed);
+    self->entry_tokens = get_int(f, "entry_tokens", &failed);
+    self->state_blocks = get_int(f, "state_blocks", &failed);
+    self->per_hash = get_int(f, "entries_per_hash", &failed);
     self->entry_blocks = get_int(f, "entry_blocks", &failed);
     self->entries = PyDict_GetItemString(f, "entries");
     self->lru = PyDict_GetItemString(f, "lru");

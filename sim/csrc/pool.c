@@ -5,9 +5,9 @@
 #include "pool.h"
 
 int64_t blocks_for(const Stepper *self, int64_t request, int64_t positions) {
-    int64_t blocks = (positions + self->block_size - 1) / self->block_size;
+    int64_t blocks = (positions + self->block_size - 1) / self->block_size + self->state_blocks;
     if (self->kept) {
-        int64_t boundaries = positions / self->prefix_tokens;
+        int64_t boundaries = positions / self->entry_tokens;
         int64_t hashed = self->hashed[request];
         blocks += (boundaries < hashed ? boundaries : hashed) * self->kept;
     }
@@ -18,9 +18,25 @@ int64_t cached_blocks(const Stepper *self) {
     return (int64_t)PyDict_Size(self->lru) * self->entry_blocks;
 }
 
-/* The hash of the request's ``index``-th prompt block, as a new Python int. */
+/* The key of the request's ``index``-th prefix-cache entry, as a new Python int:
+ * BlockPool.entry_keys, ``hash * per_hash + index % per_hash`` (in Python's integers
+ * where int64 would overflow). */
 static PyObject *block_hash(const Stepper *self, int64_t request, int64_t index) {
-    return PyLong_FromLongLong(self->hashes[self->prefix_offsets[request] + index]);
+    int64_t hash = self->hashes[self->prefix_offsets[request] + index / self->per_hash];
+    int64_t part = index % self->per_hash, key;
+    if (!__builtin_mul_overflow(hash, self->per_hash, &key) &&
+        !__builtin_add_overflow(key, part, &key)) {
+        return PyLong_FromLongLong(key);
+    }
+    PyObject *h = PyLong_FromLongLong(hash), *per = PyLong_FromLongLong(self->per_hash);
+    PyObject *scaled = h && per ? PyNumber_Multiply(h, per) : NULL;
+    PyObject *offset = scaled ? PyLong_FromLongLong(part) : NULL;
+    PyObject *sum = offset ? PyNumber_Add(scaled, offset) : NULL;
+    Py_XDECREF(h);
+    Py_XDECREF(per);
+    Py_XDECREF(scaled);
+    Py_XDECREF(offset);
+    return sum;
 }
 
 /* BlockPool._evict: drop least recently released entries until ``blocks`` are free. */
@@ -99,7 +115,7 @@ Py_ssize_t lookup(const Stepper *self, int64_t request, int64_t limit_tokens) {
     if (!self->caching) {
         return 0;
     }
-    int64_t count = (limit_tokens - 1) / self->prefix_tokens;
+    int64_t count = (limit_tokens - 1) / self->entry_tokens;
     count = self->hashed[request] < count ? self->hashed[request] : count;
     Py_ssize_t hits = 0;
     for (; hits < count; hits++) {
@@ -175,8 +191,8 @@ int admit_one(Stepper *self, int64_t request, Py_ssize_t hits, int64_t positions
     return grown < 0 ? -1 : 1;
 }
 
-int register_blocks(Stepper *self, int64_t request) {
-    int64_t done = self->computed[request] / self->prefix_tokens;
+int register_blocks(Stepper *self, int64_t request, int64_t positions) {
+    int64_t done = positions / self->entry_tokens;
     done = self->hashed[request] < done ? self->hashed[request] : done;
     int64_t first = self->registered[request];
     if (done <= first) {

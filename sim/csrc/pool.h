@@ -18,7 +18,7 @@ Py_ssize_t lookup(const Stepper *self, int64_t request, int64_t limit_tokens);
  * the blocks for ``whole`` fit: 1 admitted, 0 not (unchanged). */
 int admit_one(Stepper *self, int64_t request, Py_ssize_t hits, int64_t positions,
               int64_t whole);
-/* BlockPool.register of one request after its commit. */
-int register_blocks(Stepper *self, int64_t request);
+/* BlockPool.register of one request whose blocks reach ``positions`` this step. */
+int register_blocks(Stepper *self, int64_t request, int64_t positions);
 
 #endif

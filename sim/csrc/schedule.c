@@ -213,7 +213,7 @@ static Py_ssize_t admit_each(Stepper *self, Py_ssize_t rows, int64_t room, int64
         if (hits < 0) {
             return -1;
         }
-        int64_t hit = hits * self->prefix_tokens;
+        int64_t hit = hits * self->entry_tokens;
         int64_t begin = hit > self->preloaded[request] ? hit : self->preloaded[request];
         int64_t q = target - begin;
         if (q == 1 && pad && (rows || begin)) {
@@ -229,6 +229,9 @@ static Py_ssize_t admit_each(Stepper *self, Py_ssize_t rows, int64_t room, int64
                 return -1;
             }
             break;
+        }
+        if (self->has_pool && self->caching && register_blocks(self, request, begin + q) < 0) {
+            return -1;
         }
         if (resumed) {
             memmove(self->resumed, self->resumed + 1, (size_t)(resumed - 1) * sizeof(int64_t));
@@ -298,6 +301,12 @@ PyObject *stepper_schedule(Stepper *self, PyObject *now_obj) {
     Py_ssize_t rows = running_with_blocks(self, &used);
     if (rows < 0) {
         return NULL;
+    }
+    /* BlockPool.register at allocation: rows in order, before any admission looks up */
+    for (Py_ssize_t r = 0; self->has_pool && self->caching && r < rows; r++) {
+        if (register_blocks(self, self->ids[r], (int64_t)self->comp[r] + self->q[r]) < 0) {
+            return NULL;
+        }
     }
     int64_t room = self->max_seqs - counters[RUNNING], budget = self->max_batched - used;
     room = counters[NUM_FREE] < room ? counters[NUM_FREE] : room;

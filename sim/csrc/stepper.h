@@ -46,7 +46,7 @@ typedef struct {
     /* the block pool (has_pool 0: none) */
     int has_pool, caching;
     int64_t *held, *hashed, *registered, *free_blocks;
-    int64_t capacity, block_size, kept, prefix_tokens, entry_blocks;
+    int64_t capacity, block_size, kept, entry_tokens, per_hash, entry_blocks, state_blocks;
     const int64_t *prefix_offsets, *hashes; /* the trace's prompt block hashes */
     /* the step's rows */
     int64_t *ids, *drawn;

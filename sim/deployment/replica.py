@@ -134,12 +134,7 @@ class Replica:
         pool = self.scheduler.pool
         if pool is None or not pool.caching:
             return 0
-        entries, run = pool.entries, 0
-        for entry in hashes:
-            if entry not in entries:
-                break
-            run += 1
-        return run
+        return pool.hashes_cached(list(hashes))
 
     def predicted_wait_s(self, now_s: float) -> float:
         """What is left of the step in flight, plus the prompt tokens of the requests
@@ -168,8 +163,7 @@ class Replica:
             self._blocks[first : first + stop - start] = source.prefix_blocks[start:stop]  # type: ignore[index]
             pool = scheduler.pool
             if pool is not None and pool.caching:
-                whole = prompt // pool.layout.prefix_block_tokens
-                pool.hashed[k] = min(int(stop - start), whole)
+                pool.hashed[k] = pool.layout.cacheable_entries(int(stop - start), prompt)
         self.request_ids[k] = request
         self.count = k + 1
 

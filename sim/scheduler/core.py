@@ -151,6 +151,8 @@ class Scheduler(RequestProgress):
         self._preempted = 0
         self._arrived = int(np.searchsorted(self.arrival, now_s, side="right"))
         run_ids, run_q, prefilling = self._running_rows(budget)
+        if self.pool is not None and self.pool.caching:
+            self.pool.register(run_ids, self.computed[run_ids] + run_q)
         # as vLLM v1: a step that preempted admits nothing
         used = int(run_q.sum())
         # vLLM pads a request with one token left to 1 + k rows unless a prefill runs
@@ -335,7 +337,7 @@ class Scheduler(RequestProgress):
                 break
             target = int(self.target[request])
             hits = self.pool.lookup(request, target) if self.pool is not None else []
-            hit = len(hits) * (self.pool.layout.prefix_block_tokens if hits else 0)
+            hit = len(hits) * (self.pool.layout.entry_tokens if hits else 0)
             start = max(hit, int(self.preloaded[request]))
             q = target - start
             if q == 1 and pad and (running_rows or start):
@@ -343,8 +345,10 @@ class Scheduler(RequestProgress):
                     break
                 q += pad
             q = min(q, budget)
-            if self.pool is not None and not self.pool.admit(request, hits, start + q, target):
-                break
+            if self.pool is not None:
+                if not self.pool.admit(request, hits, start + q, target):
+                    break
+                self.pool.register(np.array([request]), np.array([start + q]))
             if resumed:
                 self._pop_resumed()
             elif queue is not None:
@@ -435,8 +439,6 @@ class Scheduler(RequestProgress):
             spec_ids = ids[spec]
             self.last_accepted[spec_ids] = 1 + accepted[spec]
             self.spec_steps[spec_ids] += 1
-        if self.pool is not None and self.pool.caching:
-            self.pool.register(ids, self.computed[ids])
         finished = self.emitted[ids] >= self.output[ids]
         if finished.any():
             self._finish(ids[finished])
