@@ -162,6 +162,8 @@ CASES: list[tuple[str, dict[str, str | bytes], list[str], str]] = [
      "planner.graph_sizes: 64 exceeds scheduler.max_num_batched_tokens = 32"),
     ("max-num-seqs-above-budget", {}, ["--max-num-seqs", "1000000000"],
      "scheduler.max_num_seqs: 1000000000 exceeds scheduler.max_num_batched_tokens = 8192"),
+    ("budget-below-q", {}, ["--max-num-batched-tokens", "2", "--max-num-seqs", "1"],
+     "scheduler.max_num_batched_tokens = 2 is less than Q = scheduler.num_spec_tokens + 1 = 4"),
     ("acceptance-length-above-q", {}, ["--acceptance", "fixed", "--acceptance-length", "9"],
      "acceptance.length: 9.0 exceeds Q = scheduler.num_spec_tokens + 1 = 4"),
     ("acceptance-length-below-one", {}, ["--acceptance-length", "0.5"],

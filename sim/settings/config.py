@@ -462,18 +462,15 @@ def check_config(config: SimConfig) -> SimConfig:
     (a file's graph sizes may need the budget a later flag raises). Every limit that
     keeps a run finite is checked here, before anything is allocated."""
     scheduler, sizes = config.scheduler, config.planner.graph_sizes
-    budget = scheduler.max_num_batched_tokens
+    budget, q = scheduler.max_num_batched_tokens, scheduler.num_spec_tokens + 1
+    budget_name = f"scheduler.max_num_batched_tokens = {budget}"
     if sizes and sizes[-1] > budget:
-        raise ConfigError(
-            f"planner.graph_sizes: {sizes[-1]} exceeds scheduler.max_num_batched_tokens = "
-            f"{budget} (no step holds more tokens than the budget)"
-        )
+        raise ConfigError(f"planner.graph_sizes: {sizes[-1]} exceeds {budget_name}")
     if scheduler.max_num_seqs > budget:  # vLLM's rule too: every running request may step
-        raise ConfigError(
-            f"scheduler.max_num_seqs: {scheduler.max_num_seqs} exceeds "
-            f"scheduler.max_num_batched_tokens = {budget}"
-        )
-    acceptance, q = config.acceptance, scheduler.num_spec_tokens + 1
+        raise ConfigError(f"scheduler.max_num_seqs: {scheduler.max_num_seqs} exceeds {budget_name}")
+    if budget < q:  # a prompt with one token left is padded to Q rows: it would never start
+        raise ConfigError(f"{budget_name} is less than Q = scheduler.num_spec_tokens + 1 = {q}")
+    acceptance = config.acceptance
     if acceptance.model == "fixed" and q > 1 and acceptance.length > q:
         raise ConfigError(
             f"acceptance.length: {acceptance.length} exceeds Q = scheduler.num_spec_tokens + 1 "
