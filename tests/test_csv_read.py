@@ -12,26 +12,15 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_csv_number_columns import SCHEMA
 
 from stepplan.sim.results import table
 from stepplan.sim.results.csv_read import load_csv_reader, read_number_lines
-from stepplan.sim.results.schema import FLOAT, INT, TEXT, Column, TableSchema
 from stepplan.sim.results.table import ResultsError, iter_csv
 
 COMPILED = load_csv_reader()
 pytestmark = pytest.mark.skipif(COMPILED is None, reason="the compiled reader is not built")
 
-SCHEMA = TableSchema(
-    "t.csv",
-    "a test table",
-    (
-        Column("step", INT, "", ""),
-        Column("note", TEXT, "", ""),
-        Column("value", FLOAT, "s", ""),
-        Column("count", INT, "", ""),
-        Column("last", FLOAT, "", ""),
-    ),
-)
 NUMBERS = ("step", "value", "count", "last")
 floats = st.floats(width=64).map(lambda v: "" if v != v else repr(v))
 #: Cells the compiled reader refuses or must read exactly as Python does.

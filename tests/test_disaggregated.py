@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, reject, settings
 from hypothesis import strategies as st
-from test_replicas import Chunks, random_table, same
+from test_replicas import Chunks, drawn_engine_settings, random_table, same
 
 from stepplan.sim import cli
 from stepplan.sim.acceptance import make_acceptance
@@ -151,12 +151,7 @@ def test_every_request_is_prefilled_transferred_and_decoded_once(data):
         "disaggregation.link": data.draw(st.sampled_from(KV_LINK_NAMES), label="link"),
         "deployment.replicas": decode,
         "deployment.router": data.draw(st.sampled_from(ROUTER_NAMES), label="router"),
-        "memory.check": True,
-        "memory.kv_cache_gib": data.draw(st.sampled_from([0.15, 0.4, 8.0]), label="cache"),
-        "scheduler.max_num_seqs": data.draw(st.sampled_from([2, 8, 64]), label="seqs"),
-        "scheduler.max_num_batched_tokens": 1024,
-        "scheduler.num_spec_tokens": data.draw(st.integers(0, 3), label="spec"),
-        "seed": data.draw(st.integers(0, 3), label="seed"),
+        **drawn_engine_settings(data),
     }
     try:
         config = with_settings(SimConfig(), settings_)

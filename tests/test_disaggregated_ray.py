@@ -4,8 +4,6 @@ two workers the very tables they give in this process."""
 
 from __future__ import annotations
 
-import pytest
-
 from stepplan.sim import cli
 
 TRACE = "synthetic:n=40,rate=10,prompt=uniform:64:1024,output=uniform:1:48"
@@ -19,15 +17,6 @@ deployment.replicas = [1, 2]
 CHEAPEST = ["--find", "cheapest", "--slo", "ttft_p99_ms=150,tpot_p99_ms=20"]
 CHEAPEST += ["--rate-scale", "6", "--max-replicas", "3", "--gpus", "H100,A100"]
 CHEAPEST += ["--tensor", "1,2", "--disaggregation", "off,on", "--quiet"]
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    """One small local Ray of two workers for the module (it takes seconds to start)."""
-    ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR")
-    yield ray
-    ray.shutdown()
 
 
 def test_a_disaggregation_sweep_on_ray_gives_the_serial_table(tmp_path, local_ray):

@@ -145,6 +145,19 @@ def random_table(draw) -> RequestTable:
     )
 
 
+def drawn_engine_settings(data) -> dict:
+    """Each engine's settings for a deployment property: memory checked at every step of
+    every replica, a cache from tight to ample, speculation on or off."""
+    return {
+        "memory.check": True,
+        "memory.kv_cache_gib": data.draw(st.sampled_from([0.15, 0.4, 8.0]), label="cache"),
+        "scheduler.max_num_seqs": data.draw(st.sampled_from([2, 8, 64]), label="seqs"),
+        "scheduler.max_num_batched_tokens": 1024,
+        "scheduler.num_spec_tokens": data.draw(st.integers(0, 3), label="spec"),
+        "seed": data.draw(st.integers(0, 3), label="seed"),
+    }
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_every_request_is_served_once_and_the_accounting_holds(data):
@@ -155,12 +168,7 @@ def test_every_request_is_served_once_and_the_accounting_holds(data):
     settings_ = {
         "deployment.replicas": replicas,
         "deployment.router": router,
-        "memory.check": True,  # blocks and slots asserted at every step of every replica
-        "memory.kv_cache_gib": data.draw(st.sampled_from([0.15, 0.4, 8.0]), label="cache"),
-        "scheduler.max_num_seqs": data.draw(st.sampled_from([2, 8, 64]), label="seqs"),
-        "scheduler.max_num_batched_tokens": 1024,
-        "scheduler.num_spec_tokens": data.draw(st.integers(0, 3), label="spec"),
-        "seed": data.draw(st.integers(0, 3), label="seed"),
+        **drawn_engine_settings(data),
     }
     try:
         config = with_settings(SimConfig(), settings_)

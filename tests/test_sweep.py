@@ -218,15 +218,6 @@ def test_two_workers_give_the_serial_table(serial, tmp_path, monkeypatch, start)
         assert (tmp_path / "out" / name).read_bytes() == (serial / name).read_bytes(), name
 
 
-@pytest.fixture(scope="module")
-def local_ray():
-    """One small local Ray for the module (started once: it takes seconds)."""
-    ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR")
-    yield ray
-    ray.shutdown()
-
-
 def test_a_ray_sweep_gives_the_local_table(serial, tmp_path, local_ray):
     assert sweep(write(tmp_path, SWEEP_FILE), tmp_path / "out", "--ray") == 0
     assert local_ray.is_initialized()  # a Ray it did not start is left running
