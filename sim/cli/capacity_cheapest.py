@@ -45,7 +45,7 @@ from ..sweep.tradeoff import Slo
 from .capacity_replicas import FILES as REPLICA_FILES
 from .capacity_replicas import ReplicaRun, SearchStopped
 from .options import checked, run_name
-from .report_capacity import cheapest_page
+from .report_capacity import candidate_figures, cheapest_page
 from .signals import StopRequest
 from .sweep_run import PointRun, TraceReader, check_points, claim_folder, runner_for
 from .tables import align
@@ -274,20 +274,12 @@ def _document(
 def _report(table: Table, slo: Slo, config: SimConfig) -> str:
     rows = _rows(table)
 
-    def number(value: float | None, digits: int) -> str:
-        return "-" if value is None else f"{value:,.{digits}f}"
-
     body = [
         [
             row["gpu"],
             str(row["tensor"]),
             "split" if row["disaggregated"] else "",
-            str(row["replicas"] or "-"),
-            str(row["gpus"] or "-"),
-            number(row["usd_per_hour"], 2),
-            number(row["goodput_req_s"], 2),
-            number(row["ttft_p99_ms"], 1),
-            number(row["tpot_p99_ms"], 1),
+            *candidate_figures(row),
             "refused" if row["refused"] else ("yes" if row["met"] else "no"),
             "*" if row["pareto"] else "",
         ]

@@ -120,18 +120,26 @@ def cheapest_verdict(table: Table, document: dict[str, Any]) -> Verdict:
     return Verdict(headline, subject, figures, checks, notes)
 
 
+def candidate_figures(row: dict[str, Any]) -> list[str]:
+    """One candidate's replicas, GPUs, $/h, goodput, TTFT p99 and TPOT p99 (ms), as the
+    console's table and the report's show them."""
+    return [
+        str(row["replicas"] or "-"),
+        str(row["gpus"] or "-"),
+        _number(row["usd_per_hour"], 2),
+        _number(row["goodput_req_s"], 2),
+        _number(row["ttft_p99_ms"], 1),
+        _number(row["tpot_p99_ms"], 1),
+    ]
+
+
 def _table_rows(rows: list[dict[str, Any]]) -> list[list[str]]:
     return [
         [
             row["gpu"],
             str(row["tensor"]),
             "disaggregated" if row["disaggregated"] else "co-located",
-            str(row["replicas"] or "-"),
-            str(row["gpus"] or "-"),
-            _number(row["usd_per_hour"], 2),
-            _number(row["goodput_req_s"], 2),
-            _number(row["ttft_p99_ms"], 1),
-            _number(row["tpot_p99_ms"], 1),
+            *candidate_figures(row),
             row["refused"] or ("yes" if row["met"] else "no"),
         ]
         for row in rows
