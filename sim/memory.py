@@ -30,6 +30,27 @@ from .traces import RequestTable
 _FEW_ROWS = 12
 
 
+def aligned_chunk(start: int, tokens: int, prompt_end: int, size: int, junction: int) -> int:
+    """Tokens of a prefill chunk of ``tokens`` from ``start`` in vLLM's "align" mode
+    (``MemoryLayout.align_tokens`` = ``size``; 0: none fit). A chunk that stops short of
+    ``prompt_end`` (the tokens to compute) ends on a multiple of ``size``, where the
+    state is written; none runs past the prompt's last aligned boundary before its last
+    token (the state kept for a later request), past its ``junction`` (0: none), or,
+    starting mid-block, past the next boundary."""
+    if start >= prompt_end:
+        return tokens
+    end = start + tokens
+    if end < prompt_end:
+        end = end // size * size
+    stops = (
+        (start // size + 1) * size if start % size else 0,
+        (prompt_end - 1) // size * size,
+        start + (junction - start) // size * size if start < junction < end else 0,
+    )
+    end = min((stop for stop in stops if start < stop < end), default=end)
+    return max(end - start, 0)
+
+
 class BlockPool:
     """The pool's mutable state over one run; per-request arrays are ``[N]`` by id.
 
@@ -59,6 +80,12 @@ class BlockPool:
         self.lru: dict[int, None] = {}  # unreferenced entries, least recently used first
         self.refs: dict[int, list[int]] = {}  # request -> entries it references, in order
         self.registered = np.zeros(n, np.int64)  # hashed blocks of a request considered
+        self.align = layout.align_tokens if self.caching else 0
+        self.prompt = table.prompt_tokens
+        self.kept_states: set[int] = set()  # entries ending where a conv state is kept
+        # where the last lookup found a prefix cached for attention past its last kept
+        # state: the request keeps a state there (vLLM's shared-prefix junction); [N], int64
+        self.junction = np.zeros(n, np.int64)
 
     @property
     def free(self) -> int:
@@ -152,14 +179,25 @@ class BlockPool:
         while blocks > 0:
             entry = next(iter(self.lru))
             del self.lru[entry], self.entries[entry]
+            self.kept_states.discard(entry)
             self.free += self._entry_blocks
             blocks -= self._entry_blocks
 
     def entry_keys(self, request: int, first: int, stop: int) -> list[int]:
         """Keys of the request's prefix-cache entries ``first`` to ``stop`` (exclusive):
-        entry ``j`` of the trace hash ``h`` is ``h * entries_per_hash + j``."""
+        entry ``j`` of the trace hash ``h`` is ``h * entries_per_hash + j``; where entries
+        do not divide hashed blocks (``align``), entry ``i`` is keyed by ``i`` and the hash
+        of the hashed block holding its last token (that hash stands for every token
+        before it)."""
         per = self._per_hash
         start = int(self.prefix_offsets[request])  # type: ignore[index]
+        if self.align:
+            size, hashed = self.align, self.layout.prefix_block_tokens
+            hashes = self.prefix_hashes  # type: ignore[index]
+            return [
+                int(hashes[start + (size * i + size - 1) // hashed]) << 32 | i  # type: ignore[index]
+                for i in range(first, stop)
+            ]
         hashes = self.prefix_hashes[start + first // per : start + (stop + per - 1) // per]  # type: ignore[index]
         if per == 1:
             return hashes.tolist()
@@ -179,7 +217,8 @@ class BlockPool:
     def lookup(self, request: int, limit_tokens: int) -> list[int]:
         """The cached entries the request's prompt starts with, at most
         ``(limit_tokens - 1) // entry_tokens`` of them (a hit leaves at least one token
-        to compute, and ends where a conv state was kept)."""
+        to compute, and ends where a conv state was kept). Aligned, it sets the
+        request's :attr:`junction`."""
         if not self.caching:
             return []
         count = min(int(self.hashed[request]), (limit_tokens - 1) // self._entry_tokens)
@@ -188,6 +227,11 @@ class BlockPool:
             if entry not in self.entries:
                 break
             hits.append(entry)
+        if self.align:
+            run = len(hits)
+            while hits and hits[-1] not in self.kept_states:
+                hits.pop()
+            self.junction[request] = run * self.align if run > len(hits) else 0
         return hits
 
     def admit(self, request: int, hits: list[int], positions: int, whole: int) -> bool:
@@ -218,6 +262,8 @@ class BlockPool:
         stays private."""
         if not self.caching:
             return
+        if self.align:
+            self._keep_states(ids.tolist(), positions.tolist())
         done = np.minimum(positions // self._entry_tokens, self.hashed[ids])
         for row in np.flatnonzero(done > self.registered[ids]).tolist():
             request, upto = int(ids[row]), int(done[row])
@@ -228,6 +274,21 @@ class BlockPool:
                     self.entries[entry] = 1
                     refs.append(entry)
             self.registered[request] = upto
+
+    def aligned_chunk(self, request: int, start: int, tokens: int, prompt_end: int) -> int:
+        """:func:`aligned_chunk` for ``request`` (its :attr:`junction`)."""
+        return aligned_chunk(start, tokens, prompt_end, self.align, int(self.junction[request]))
+
+    def _keep_states(self, ids: list[int], positions: list[int]) -> None:
+        """Aligned: a request reaching its prompt's last aligned boundary before the
+        last token, or its :attr:`junction`, keeps the conv state there (vLLM 0.33
+        keeps no other: its retention interval is 0)."""
+        size = self.align
+        for request, reach in zip(ids, positions, strict=True):
+            last = (int(self.prompt[request]) - 1) // size * size
+            block = reach // size
+            if reach in (last, int(self.junction[request])) and 0 < block <= self.hashed[request]:
+                self.kept_states.update(self.entry_keys(request, block - 1, block))
 
     def release(self, ids: np.ndarray) -> None:
         """Give back every block of requests ``ids`` (``[n], int64``): private blocks are

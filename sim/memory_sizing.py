@@ -11,8 +11,9 @@ bytes)`` slots, allocated once as the executor's slot pool is -- and the rest is
 into KV blocks of ``memory.block_size`` tokens. A hybrid model without prefix caching
 is laid out as vLLM lays one out instead (:func:`_shared_pool`): its conv states are
 blocks of the same pool, held by each running request. A request's blocks hold its attention
-KV, and (with prefix caching) the conv state kept at each hashed-block boundary of
-its prompt, charged as :attr:`MemoryLayout.kept_state_blocks` blocks each.
+KV. Where a hybrid model caches prefixes, the reserved slots stay and chunks and entries
+follow vLLM's "align" mode (:attr:`MemoryLayout.align_tokens`); its kept conv states
+are not charged to the pool.
 
 Checked before the run: the weights leave a budget, it holds a slot, and the
 longest request fits in the whole block pool (else it could never finish).
@@ -92,12 +93,17 @@ class MemoryLayout:
         prefix_block_tokens: tokens per hashed block of the trace.
         entry_tokens: tokens per prefix-cache entry, the granularity of hits: a KV block
             for an attention-only model (vLLM hashes every full block, a partial last
-            hashed block of the trace shares its full KV blocks), a whole hashed block
-            where conv states are kept (a hit must end on a kept state).
+            hashed block of the trace shares its full KV blocks), an aligned block
+            (``align_tokens``) for a hybrid model.
         kept_state_blocks: blocks one kept prefix state is charged (0 without caching).
         state_blocks: blocks of conv state every running request holds in the pool, as
             vLLM's hybrid cache keeps them (:func:`_shared_pool`); 0 where the slots'
             memory is reserved apart.
+        align_tokens: vLLM's "align" mode, where a hybrid model caches prefixes: prefill
+            chunks end on multiples of this many tokens (vLLM's hybrid attention block),
+            a prefix-cache entry is one such block of the prompt, and a conv state is
+            kept only at a prompt's last such boundary and where a request's prefix was
+            cached for attention alone (``docs/memory.md``); 0 otherwise.
         check: verify the accounting every step.
     """
 
@@ -116,6 +122,7 @@ class MemoryLayout:
     check: bool = False
     entry_tokens: int = attrs.field()
     state_blocks: int = 0
+    align_tokens: int = 0
 
     @entry_tokens.default
     def _whole_hashed_block(self) -> int:
@@ -203,8 +210,9 @@ def plan_memory(config: SimConfig, table: RequestTable, *, live: bool = False) -
             f"{memory.prefix_block_tokens}-token hashed blocks, as prefix caching needs "
             "(or set memory.prefix_caching = false)"
         )
-    kept = math.ceil(footprint.kept_state_bytes / block_bytes) if caching and block_bytes else 0
-    block_size, state_blocks = memory.block_size, 0
+    block_size, state_blocks, align = memory.block_size, 0, 0
+    if caching and footprint.slot_bytes and block_bytes:
+        align = _hybrid_block_size(config.model.resolved(), footprint, memory.block_size)
     if footprint.slot_bytes and block_bytes and not caching:
         block_size, block_bytes, num_blocks, state_blocks = _shared_pool(
             config.model.resolved(), footprint, budget, memory.block_size, scheduler.num_spec_tokens
@@ -222,11 +230,12 @@ def plan_memory(config: SimConfig, table: RequestTable, *, live: bool = False) -
         num_blocks=num_blocks,
         prefix_caching=caching,
         prefix_block_tokens=memory.prefix_block_tokens,
-        kept_state_blocks=kept,
+        kept_state_blocks=0,
         check=memory.check,
         state_blocks=state_blocks,
-        # without conv layers no state bounds a hit: every full KV block is one, as vLLM's
-        entry_tokens=memory.block_size if caching and not kept else memory.prefix_block_tokens,
+        align_tokens=align,
+        # every full KV block is an entry, as vLLM's (its hybrid blocks where aligned)
+        entry_tokens=align or memory.block_size if caching else memory.prefix_block_tokens,
     )
     _check_longest(layout, table)
     return layout
@@ -245,14 +254,21 @@ def _shared_pool(
     state blocks per conv-state group (one per draft) and its KV blocks."""
     attention, conv = model.layers - model.conv_layers, model.conv_layers
     token_page = footprint.kv_bytes_per_token / attention  # one layer's K and V per token
-    state_page = footprint.kept_state_bytes / conv
-    block_size = align * math.ceil(state_page / (align * token_page))
+    block_size = _hybrid_block_size(model, footprint, align)
     fewer, more = min(attention, conv), max(attention, conv)
     group = more if more < 1.5 * fewer else fewer
     block_bytes = block_size * token_page * group
     num_blocks = int(budget // block_bytes) - 1
     state_blocks = math.ceil(conv / group) * (1 + spec_tokens)
     return block_size, block_bytes, num_blocks, state_blocks
+
+
+def _hybrid_block_size(model: ModelConfig, footprint: ModelFootprint, align: int) -> int:
+    """Tokens of vLLM's hybrid attention block: the smallest multiple of ``align``
+    whose page (one layer's K and V) holds a conv state."""
+    token_page = footprint.kv_bytes_per_token / (model.layers - model.conv_layers)
+    state_page = footprint.kept_state_bytes / model.conv_layers
+    return align * math.ceil(state_page / (align * token_page))
 
 
 def _check_longest(layout: MemoryLayout, table: RequestTable) -> None:

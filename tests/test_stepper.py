@@ -171,7 +171,8 @@ def test_preempting_runs_step_alike(spec_tokens, budget, gib):
     st.sampled_from([None, 0]),
 )
 def test_prefix_cached_runs_step_alike(limit, gib, spec_tokens, max_num_seqs, conv_layers):
-    # conv_layers 0: attention only, whose prefix-cache entries are single KV blocks
+    # conv_layers 0: attention only, whose prefix-cache entries are single KV blocks; the
+    # hybrid model's aligned caching (docs/memory.md) runs in Python on both sides
     layers = {} if conv_layers is None else {"model.conv_layers": conv_layers}
     config = with_settings(
         SimConfig(),

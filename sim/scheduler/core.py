@@ -219,6 +219,13 @@ class Scheduler(RequestProgress):
             self.config.num_spec_tokens, self.output[run] - self.emitted[run] - 1
         )
         want = np.where(prefilling, target - computed, 1 + lookahead)
+        if self.pool is not None and self.pool.align:
+            keep = self._aligned_wants(run, want, prefilling, budget)
+            run, want, prefilling = run[keep], want[keep], prefilling[keep]
+            computed = computed[keep]
+            if self.pool.grow_all(run, computed + want):
+                return run, want, prefilling
+            return self._running_rows_preempting(budget)
         ends = np.cumsum(want)
         if ends[-1] > budget:
             got = np.clip(budget - (ends - want), 0, want)
@@ -227,6 +234,24 @@ class Scheduler(RequestProgress):
         if self.pool is None or self.pool.grow_all(run, computed + want):
             return run, want, prefilling
         return self._running_rows_preempting(budget)
+
+    def _aligned_wants(
+        self, run: np.ndarray, want: np.ndarray, prefilling: np.ndarray, budget: int
+    ) -> np.ndarray:
+        """Cut ``want`` (``[n], int64``, in place) to the budget in order, prefill chunks
+        aligned (``memory.aligned_chunk``); ``[n], bool`` the rows that get tokens (vLLM
+        skips a request with no aligned chunk and goes on to the next)."""
+        keep = np.zeros(run.size, bool)
+        left = budget
+        for row, request in enumerate(run.tolist()):
+            tokens = min(int(want[row]), left)
+            if prefilling[row] and tokens > 0:
+                tokens = self.pool.aligned_chunk(
+                    request, int(self.computed[request]), tokens, int(self.target[request])
+                )
+            want[row], keep[row] = tokens, tokens > 0
+            left -= tokens
+        return keep
 
     def _running_rows_preempting(self, budget: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """:meth:`_running_rows` one request at a time when the free blocks do not cover
@@ -244,6 +269,11 @@ class Scheduler(RequestProgress):
                 left_out = int(self.output[request] - self.emitted[request]) - 1
                 want = 1 + min(self.config.num_spec_tokens, left_out)
             q = min(want, left)
+            if self.pool.align and computed < target:
+                q = self.pool.aligned_chunk(request, computed, q, target)
+                if q == 0:  # no aligned chunk fits: vLLM goes on to the next request
+                    index += 1
+                    continue
             if not self._make_room(running, request, computed + q):
                 break  # it preempted itself, the last running request
             ids.append(request)
@@ -345,6 +375,13 @@ class Scheduler(RequestProgress):
                     break
                 q += pad
             q = min(q, budget)
+            if self.pool is not None and self.pool.align:
+                padded = bool(pad) and q == 1 + pad and q > target - start
+                q = self.pool.aligned_chunk(request, start, q, target)
+                if q == 0:
+                    break
+                if padded and q != 1 + pad:  # vLLM drops the placeholders it would cut
+                    q = 1
             if self.pool is not None:
                 if not self.pool.admit(request, hits, start + q, target):
                     break
