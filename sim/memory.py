@@ -3,10 +3,10 @@ KV cache manager keeps them (``docs/memory.md``).
 
 Blocks are counted, not named. A request holds ``layout.blocks_for(positions)``
 blocks for the positions its steps have reached (computed tokens plus the tokens
-scheduled, spec drafts included): its attention KV and, with prefix caching, the
-conv state kept at each hashed-block boundary it has passed. Part of them may be
-*entries* of the prefix cache (``MemoryLayout.entry_tokens`` each: a KV block of an
-attention-only model, a whole hashed block and its kept state otherwise): an entry
+scheduled, spec drafts included): its attention KV and, where a hybrid model's conv
+states share the pool, its state blocks. Part of them may be *entries* of the prefix
+cache (``MemoryLayout.entry_tokens`` each: a KV block of an attention-only model, an
+aligned block of a hybrid model's, ``MemoryLayout.align_tokens``): an entry
 of a hashed prompt block is registered under its key (unless that key is cached
 already) when its blocks are allocated for the step that computes it, as vLLM 0.33
 caches them, and is then shared; a later request -- one admitted later in the same
@@ -106,20 +106,13 @@ class BlockPool:
         """Blocks held by running requests (private and referenced entries)."""
         return self.capacity - self.free - self.cached_blocks
 
-    def need(self, ids: np.ndarray, positions: np.ndarray) -> np.ndarray:
-        """``[n], int64`` blocks requests ``ids`` hold at ``positions`` (``[n], int64``)."""
-        if not self.layout.kept_state_blocks and not self.layout.state_blocks:
-            return self.layout.kv_blocks(positions)
-        return self.layout.blocks_for(positions, self.hashed[ids])
-
     def grow_all(self, ids: np.ndarray, positions: np.ndarray) -> bool:
         """Grow every request of ``ids`` to ``positions`` (``[n], int64`` each) from free
         blocks only, or change nothing and return ``False``."""
-        plain = not self.layout.kept_state_blocks and not self.layout.state_blocks
-        if ids.size <= _FEW_ROWS and plain:
+        if ids.size <= _FEW_ROWS and not self.layout.state_blocks:
             return self._grow_few(ids.tolist(), positions.tolist())
         held = self.held[ids]
-        delta = self.need(ids, positions) - held
+        delta = self.layout.blocks_for(positions) - held
         if not ids.size or delta.max() <= 0:
             return True  # most steps: no row enters a new block
         np.maximum(delta, 0, out=delta)  # a row with fewer drafts than before keeps its blocks
@@ -152,9 +145,9 @@ class BlockPool:
         free blocks, less those its predecessors took, hold the blocks for ``whole``
         (``[n], int64``, its whole prompt: vLLM's ``scheduler_reserve_full_isl``);
         returns its length. Only without prefix caching (nothing evictable)."""
-        need = self.need(ids, positions)
+        need = self.layout.blocks_for(positions)
         ends = np.cumsum(need)
-        fits = ends - need + self.need(ids, whole) <= self.free
+        fits = ends - need + self.layout.blocks_for(whole) <= self.free
         count = int(fits.argmin()) if not fits.all() else ids.size
         if count:
             self.free -= int(ends[count - 1])
@@ -164,7 +157,7 @@ class BlockPool:
     def grow(self, request: int, positions: int) -> bool:
         """Grow one request to ``positions``, evicting cached entries if need be; ``False``
         (nothing changed) when even eviction leaves too few blocks."""
-        need = int(self.need(np.array([request]), np.array([positions]))[0])
+        need = int(self.layout.blocks_for(positions))
         delta = need - int(self.held[request])
         if delta <= 0:
             return True
@@ -240,7 +233,7 @@ class BlockPool:
         hold the blocks for ``whole`` (the request's whole prompt, as vLLM admits)."""
         base = len(hits) * self._entry_blocks
         reach = max(whole, positions)  # positions pass it by placeholder drafts
-        delta = int(self.need(np.array([request]), np.array([reach]))[0]) - base
+        delta = int(self.layout.blocks_for(reach)) - base
         reclaimed = sum(entry in self.lru for entry in hits)  # would no longer be evictable
         if delta > self.free + (len(self.lru) - reclaimed) * self._entry_blocks:
             return False
@@ -319,7 +312,7 @@ class BlockPool:
         assert self.free >= 0 and (private >= 0).all(), "negative block count"
         assert total == self.capacity, f"blocks leaked: {total} accounted of {self.capacity}"
         assert self.held.sum() == held.sum(), "a request that is not running holds blocks"
-        assert (held >= self.need(running, positions)).all(), "positions without blocks"
+        assert (held >= self.layout.blocks_for(positions)).all(), "positions without blocks"
         counts: dict[int, int] = {}
         for entry in (e for r in refs for e in r):
             counts[entry] = counts.get(entry, 0) + 1

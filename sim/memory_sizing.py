@@ -95,7 +95,6 @@ class MemoryLayout:
             for an attention-only model (vLLM hashes every full block, a partial last
             hashed block of the trace shares its full KV blocks), an aligned block
             (``align_tokens``) for a hybrid model.
-        kept_state_blocks: blocks one kept prefix state is charged (0 without caching).
         state_blocks: blocks of conv state every running request holds in the pool, as
             vLLM's hybrid cache keeps them (:func:`_shared_pool`); 0 where the slots'
             memory is reserved apart.
@@ -118,7 +117,6 @@ class MemoryLayout:
     num_blocks: int
     prefix_caching: bool
     prefix_block_tokens: int
-    kept_state_blocks: int
     check: bool = False
     entry_tokens: int = attrs.field()
     state_blocks: int = 0
@@ -130,8 +128,8 @@ class MemoryLayout:
 
     @property
     def entry_blocks(self) -> int:
-        """Blocks of one prefix-cache entry: its KV and its kept state."""
-        return self.entry_tokens // self.block_size + self.kept_state_blocks
+        """KV blocks of one prefix-cache entry."""
+        return self.entry_tokens // self.block_size
 
     @property
     def entries_per_hash(self) -> int:
@@ -147,14 +145,10 @@ class MemoryLayout:
         """KV blocks of ``tokens`` positions: an int, or ``[n], int64`` for an array."""
         return (tokens + self.block_size - 1) // self.block_size
 
-    def blocks_for(self, tokens: np.ndarray, hashed: np.ndarray) -> np.ndarray:
-        """``[n], int64`` blocks a request holds for ``tokens`` positions (``[n], int64``)
-        when its prompt has ``hashed`` (``[n], int64``) cacheable blocks."""
-        blocks = self.kv_blocks(tokens) + self.state_blocks
-        if self.kept_state_blocks:
-            boundaries = np.minimum(tokens // self.entry_tokens, hashed)
-            blocks = blocks + boundaries * self.kept_state_blocks
-        return blocks
+    def blocks_for(self, tokens: Any) -> Any:
+        """Blocks a request holds for ``tokens`` positions (an int, or ``[n], int64``):
+        its KV blocks and its conv-state blocks where those are in the pool."""
+        return self.kv_blocks(tokens) + self.state_blocks
 
 
 def cacheable_blocks(table: RequestTable, layout: MemoryLayout) -> np.ndarray:
@@ -213,6 +207,13 @@ def plan_memory(config: SimConfig, table: RequestTable, *, live: bool = False) -
     block_size, state_blocks, align = memory.block_size, 0, 0
     if caching and footprint.slot_bytes and block_bytes:
         align = _hybrid_block_size(config.model.resolved(), footprint, memory.block_size)
+        if scheduler.max_num_batched_tokens < align:  # no prefill chunk could ever run
+            raise ConfigError(
+                f"scheduler.max_num_batched_tokens = {scheduler.max_num_batched_tokens} is "
+                f"less than the {align}-token blocks a hybrid model caching prefixes "
+                "computes its prompt in (vLLM's align mode); raise it or set "
+                "memory.prefix_caching = false"
+            )
     if footprint.slot_bytes and block_bytes and not caching:
         block_size, block_bytes, num_blocks, state_blocks = _shared_pool(
             config.model.resolved(), footprint, budget, memory.block_size, scheduler.num_spec_tokens
@@ -230,7 +231,6 @@ def plan_memory(config: SimConfig, table: RequestTable, *, live: bool = False) -
         num_blocks=num_blocks,
         prefix_caching=caching,
         prefix_block_tokens=memory.prefix_block_tokens,
-        kept_state_blocks=0,
         check=memory.check,
         state_blocks=state_blocks,
         align_tokens=align,
@@ -276,8 +276,7 @@ def _check_longest(layout: MemoryLayout, table: RequestTable) -> None:
         return
     # every position but the last output token is computed: prompt + output - 1
     positions = table.prompt_tokens + table.output_tokens - 1
-    hashed = cacheable_blocks(table, layout) * layout.prefix_caching
-    needs = layout.blocks_for(positions, hashed)
+    needs = layout.blocks_for(positions)
     worst = int(np.argmax(needs))
     if needs[worst] > layout.num_blocks:
         raise ConfigError(
@@ -312,7 +311,6 @@ def memory_summary(
         "preempted_requests": int((requests["num_preemptions"] > 0).sum()),
         "recomputed_tokens": int(requests["recomputed_tokens"].sum()),
         "prefix_caching": layout.prefix_caching,
-        "kept_state_blocks": layout.kept_state_blocks,
         "cached_tokens": cached,
         "prefix_cache_hit_rate": cached / prompt if prompt else 0.0,
     }

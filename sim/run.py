@@ -326,8 +326,6 @@ class _Loop:
         scheduler = make_scheduler(table, config, layout)
         if config.scheduler.implementation != "stepplan":
             native = False  # the compiled stepper binds to stepplan's scheduler's arrays
-        elif layout.align_tokens:
-            native = False  # the compiled stepper does not follow vLLM's align mode
         plan_config = config.plan
         planner = Planner(plan_config)  # compile_plan's plans, keeping what repeats between steps
         if live is not None and not config.live.enabled:
