@@ -20,6 +20,8 @@ head). Blocks are *free*, *private* to one request, or in an entry:
 
 from __future__ import annotations
 
+from collections.abc import Hashable
+
 import numpy as np
 
 from .memory_sizing import MemoryLayout, cacheable_blocks
@@ -76,9 +78,9 @@ class BlockPool:
         self.prefix_offsets, self.prefix_hashes = table.prefix_offsets, table.prefix_blocks
         self._entry_blocks = layout.entry_blocks
         self._entry_tokens, self._per_hash = layout.entry_tokens, layout.entries_per_hash
-        self.entries: dict[int, int] = {}  # entry key -> requests referencing it
-        self.lru: dict[int, None] = {}  # unreferenced entries, least recently used first
-        self.refs: dict[int, list[int]] = {}  # request -> entries it references, in order
+        self.entries: dict[Hashable, int] = {}  # entry key -> requests referencing it
+        self.lru: dict[Hashable, None] = {}  # unreferenced entries, least recently used first
+        self.refs: dict[int, list[Hashable]] = {}  # request -> entries it references, in order
         self.registered = np.zeros(n, np.int64)  # hashed blocks of a request considered
         self.align = layout.align_tokens if self.caching else 0
         self.prompt = table.prompt_tokens
@@ -176,12 +178,23 @@ class BlockPool:
             self.free += self._entry_blocks
             blocks -= self._entry_blocks
 
-    def entry_keys(self, request: int, first: int, stop: int) -> list[int]:
-        """Keys of the request's prefix-cache entries ``first`` to ``stop`` (exclusive):
-        entry ``j`` of the trace hash ``h`` is ``h * entries_per_hash + j``; where entries
-        do not divide hashed blocks (``align``), entry ``i`` is keyed by ``i`` and the hash
-        of the hashed block holding its last token (that hash stands for every token
-        before it)."""
+    def entry_keys(self, request: int, first: int, stop: int) -> list[Hashable]:
+        """Keys of the request's prefix-cache entries ``first`` to ``stop`` (exclusive).
+        Within its trace hashes (the first ``hashed`` entries), entry ``j`` of the trace
+        hash ``h`` is ``h * entries_per_hash + j``; where entries do not divide hashed
+        blocks (``align``), entry ``i`` is keyed by ``i`` and the hash of the hashed block
+        holding its last token (that hash stands for every token before it). Past them
+        (the rest of the prompt and the output, which no other request shares) entry
+        ``j`` is ``(request, j)``."""
+        hashed = int(self.hashed[request])
+        keys: list[Hashable] = []
+        if first < hashed:
+            keys.extend(self._trace_keys(request, first, min(stop, hashed)))
+        keys.extend((request, j) for j in range(max(first, hashed), stop))
+        return keys
+
+    def _trace_keys(self, request: int, first: int, stop: int) -> list[int]:
+        """:meth:`entry_keys` within the request's trace hashes."""
         per = self._per_hash
         start = int(self.prefix_offsets[request])  # type: ignore[index]
         if self.align:
@@ -214,7 +227,7 @@ class BlockPool:
         request's :attr:`junction`."""
         if not self.caching:
             return []
-        count = min(int(self.hashed[request]), (limit_tokens - 1) // self._entry_tokens)
+        count = (limit_tokens - 1) // self._entry_tokens
         hits = []
         for entry in self.entry_keys(request, 0, count):
             if entry not in self.entries:
@@ -248,16 +261,19 @@ class BlockPool:
         assert grown, "admission was checked"
         return True
 
-    def register(self, ids: np.ndarray, positions: np.ndarray) -> None:
-        """Cache the entries requests ``ids`` fill up to ``positions`` (``[n], int64``):
-        as vLLM, when the blocks are allocated for the step that computes them, so a
-        request admitted later in the same step hits them. An entry already cached
+    def register(self, ids: np.ndarray, positions: np.ndarray, known: np.ndarray) -> None:
+        """Cache the entries requests ``ids`` fill up to ``positions`` (``[n], int64``)
+        with tokens known (``known``, ``[n], int64``: prompt and emitted tokens, drafts
+        not): as vLLM, when the blocks are allocated for the step that computes them, so
+        a request admitted later in the same step hits them. Every full entry is cached,
+        output tokens' too (a preempted request hits its own). An entry already cached
         stays private."""
         if not self.caching:
             return
+        reach = np.minimum(positions, known)
         if self.align:
-            self._keep_states(ids.tolist(), positions.tolist())
-        done = np.minimum(positions // self._entry_tokens, self.hashed[ids])
+            self._keep_states(ids.tolist(), reach.tolist())
+        done = reach // self._entry_tokens
         for row in np.flatnonzero(done > self.registered[ids]).tolist():
             request, upto = int(ids[row]), int(done[row])
             first = int(self.registered[request])

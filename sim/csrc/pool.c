@@ -12,12 +12,16 @@ int64_t cached_blocks(const Stepper *self) {
     return (int64_t)PyDict_Size(self->lru) * self->entry_blocks;
 }
 
-/* The key of the request's ``index``-th prefix-cache entry, as a new Python int:
- * BlockPool.entry_keys, ``hash * per_hash + index % per_hash``; in align mode
- * ``hash * 2**32 + index`` with the hash of the hashed block holding the entry's last
- * token (in Python's integers where int64 would overflow). */
+/* The key of the request's ``index``-th prefix-cache entry (BlockPool.entry_keys), a
+ * new Python object: within its trace hashes ``hash * per_hash + index % per_hash``, in
+ * align mode ``hash * 2**32 + index`` with the hash of the hashed block holding the
+ * entry's last token (in Python's integers where int64 would overflow); past them the
+ * tuple ``(request, index)``. */
 static PyObject *block_hash(const Stepper *self, int64_t request, int64_t index) {
     int64_t scale, part, hash, key;
+    if (index >= self->hashed[request]) { /* past the trace hashes: the request's own */
+        return Py_BuildValue("(LL)", (long long)request, (long long)index);
+    }
     if (self->align) {
         int64_t last = self->align * index + self->align - 1;
         hash = self->hashes[self->prefix_offsets[request] + last / self->hashed_tokens];
@@ -126,7 +130,6 @@ Py_ssize_t lookup(Stepper *self, int64_t request, int64_t limit_tokens) {
         return 0;
     }
     int64_t count = (limit_tokens - 1) / self->entry_tokens;
-    count = self->hashed[request] < count ? self->hashed[request] : count;
     Py_ssize_t hits = 0;
     for (; hits < count; hits++) {
         int found = entry_in(self, self->entries, request, hits);
@@ -254,11 +257,12 @@ int admit_one(Stepper *self, int64_t request, Py_ssize_t hits, int64_t positions
 }
 
 int register_blocks(Stepper *self, int64_t request, int64_t positions) {
+    int64_t known = self->prompt[request] + self->emitted[request]; /* drafts are not */
+    positions = positions < known ? positions : known;
     if (self->align && keep_state(self, request, positions) < 0) {
         return -1;
     }
     int64_t done = positions / self->entry_tokens;
-    done = self->hashed[request] < done ? self->hashed[request] : done;
     int64_t first = self->registered[request];
     if (done <= first) {
         return 0;

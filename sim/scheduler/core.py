@@ -152,7 +152,8 @@ class Scheduler(RequestProgress):
         self._arrived = int(np.searchsorted(self.arrival, now_s, side="right"))
         run_ids, run_q, prefilling = self._running_rows(budget)
         if self.pool is not None and self.pool.caching:
-            self.pool.register(run_ids, self.computed[run_ids] + run_q)
+            known = self.prompt[run_ids] + self.emitted[run_ids]
+            self.pool.register(run_ids, self.computed[run_ids] + run_q, known)
         # as vLLM v1: a step that preempted admits nothing
         used = int(run_q.sum())
         # vLLM pads a request with one token left to 1 + k rows unless a prefill runs
@@ -385,7 +386,8 @@ class Scheduler(RequestProgress):
             if self.pool is not None:
                 if not self.pool.admit(request, hits, start + q, target):
                     break
-                self.pool.register(np.array([request]), np.array([start + q]))
+                known = self.prompt[request] + self.emitted[request]
+                self.pool.register(np.array([request]), np.array([start + q]), np.array([known]))
             if resumed:
                 self._pop_resumed()
             elif queue is not None:
