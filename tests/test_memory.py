@@ -270,7 +270,7 @@ def test_unreferenced_entries_are_evicted_tail_first():
     pool = BlockPool(layout, table)  # an entry is one 4-token block, h * 2 + j
     ids = np.array([0], np.int64)
     assert pool.admit(0, [], 16, 16) and pool.held[0] == 4
-    pool.register(ids, np.array([16]))  # computed 16: both hashed blocks complete
+    pool.register(ids, np.array([16]), np.array([16]))  # both hashed blocks computed
     assert pool.entries == {2: 1, 3: 1, 4: 1, 5: 1} and pool.free == 4
     pool.release(ids)
     assert list(pool.lru) == [5, 4, 3, 2] and pool.used_blocks == 0  # the tail is oldest
@@ -366,3 +366,20 @@ def test_entries_are_hits_in_the_step_that_allocates_them_and_whole_kv_blocks():
     # keys: hash * 2 + index of the KV block in its hashed block; r1 fills the last
     assert pool.entries == {2: 2, 3: 2, 4: 2, 5: 1}
     assert pool.entry_keys(1, 1, 4) == [3, 4, 5]
+
+
+def test_a_preempted_request_hits_its_own_output_blocks():
+    # vLLM caches every full block, output tokens' too: a request that lost its blocks
+    # finds them again, past its prompt's trace hashes (keyed (request, index))
+    table = make_table([0.0], [8], [9], [[1]])
+    layout = make_layout(8, block_size=4, prefix=True, prefix_block_tokens=8)
+    pool = BlockPool(layout, table)
+    ids = np.array([0], np.int64)
+    assert pool.admit(0, [], 8, 8)
+    pool.register(ids, np.array([8]), np.array([8]))
+    assert pool.grow(0, 16)  # decoding with drafts: 13 tokens known, 16 positions
+    pool.register(ids, np.array([16]), np.array([13]))
+    assert list(pool.entries) == [2, 3, (0, 2)]  # the drafts' block is not full of known tokens
+    pool.release(ids)
+    assert list(pool.lru) == [(0, 2), 3, 2]
+    assert pool.lookup(0, 13) == [2, 3, (0, 2)]  # 12 of its 13 tokens
