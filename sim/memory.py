@@ -83,7 +83,6 @@ class BlockPool:
         self.refs: dict[int, list[Hashable]] = {}  # request -> entries it references, in order
         self.registered = np.zeros(n, np.int64)  # hashed blocks of a request considered
         self.align = layout.align_tokens if self.caching else 0
-        self.prompt = table.prompt_tokens
         self.kept_states: set[int] = set()  # entries ending where a conv state is kept
         # where the last lookup found a prefix cached for attention past its last kept
         # state: the request keeps a state there (vLLM's shared-prefix junction); [N], int64
@@ -261,18 +260,20 @@ class BlockPool:
         assert grown, "admission was checked"
         return True
 
-    def register(self, ids: np.ndarray, positions: np.ndarray, known: np.ndarray) -> None:
-        """Cache the entries requests ``ids`` fill up to ``positions`` (``[n], int64``)
-        with tokens known (``known``, ``[n], int64``: prompt and emitted tokens, drafts
-        not): as vLLM, when the blocks are allocated for the step that computes them, so
-        a request admitted later in the same step hits them. Every full entry is cached,
-        output tokens' too (a preempted request hits its own). An entry already cached
-        stays private."""
+    def register(
+        self, ids: np.ndarray, positions: np.ndarray, prompt: np.ndarray, emitted: np.ndarray
+    ) -> None:
+        """Cache the entries requests ``ids`` fill up to ``positions`` with tokens known
+        (their ``prompt`` and ``emitted`` tokens, drafts not; ``[n], int64`` each): as
+        vLLM, when the blocks are allocated for the step that computes them, so a request
+        admitted later in the same step hits them. Every full entry is cached, output
+        tokens' too (a preempted request hits its own). An entry already cached stays
+        private."""
         if not self.caching:
             return
-        reach = np.minimum(positions, known)
+        reach = np.minimum(positions, prompt + emitted)
         if self.align:
-            self._keep_states(ids.tolist(), reach.tolist())
+            self._keep_states(ids.tolist(), reach.tolist(), prompt.tolist())
         done = reach // self._entry_tokens
         for row in np.flatnonzero(done > self.registered[ids]).tolist():
             request, upto = int(ids[row]), int(done[row])
@@ -288,13 +289,13 @@ class BlockPool:
         """:func:`aligned_chunk` for ``request`` (its :attr:`junction`)."""
         return aligned_chunk(start, tokens, prompt_end, self.align, int(self.junction[request]))
 
-    def _keep_states(self, ids: list[int], positions: list[int]) -> None:
+    def _keep_states(self, ids: list[int], positions: list[int], prompt: list[int]) -> None:
         """Aligned: a request reaching its prompt's last aligned boundary before the
         last token, or its :attr:`junction`, keeps the conv state there (vLLM 0.33
         keeps no other: its retention interval is 0)."""
         size = self.align
-        for request, reach in zip(ids, positions, strict=True):
-            last = (int(self.prompt[request]) - 1) // size * size
+        for request, reach, tokens in zip(ids, positions, prompt, strict=True):
+            last = (tokens - 1) // size * size
             block = reach // size
             if reach in (last, int(self.junction[request])) and 0 < block <= self.hashed[request]:
                 self.kept_states.update(self.entry_keys(request, block - 1, block))

@@ -270,7 +270,7 @@ def test_unreferenced_entries_are_evicted_tail_first():
     pool = BlockPool(layout, table)  # an entry is one 4-token block, h * 2 + j
     ids = np.array([0], np.int64)
     assert pool.admit(0, [], 16, 16) and pool.held[0] == 4
-    pool.register(ids, np.array([16]), np.array([16]))  # both hashed blocks computed
+    pool.register(ids, np.array([16]), np.array([16]), np.array([0]))  # both hashed blocks
     assert pool.entries == {2: 1, 3: 1, 4: 1, 5: 1} and pool.free == 4
     pool.release(ids)
     assert list(pool.lru) == [5, 4, 3, 2] and pool.used_blocks == 0  # the tail is oldest
@@ -376,9 +376,9 @@ def test_a_preempted_request_hits_its_own_output_blocks():
     pool = BlockPool(layout, table)
     ids = np.array([0], np.int64)
     assert pool.admit(0, [], 8, 8)
-    pool.register(ids, np.array([8]), np.array([8]))
+    pool.register(ids, np.array([8]), np.array([8]), np.array([0]))
     assert pool.grow(0, 16)  # decoding with drafts: 13 tokens known, 16 positions
-    pool.register(ids, np.array([16]), np.array([13]))
+    pool.register(ids, np.array([16]), np.array([8]), np.array([5]))
     assert list(pool.entries) == [2, 3, (0, 2)]  # the drafts' block is not full of known tokens
     pool.release(ids)
     assert list(pool.lru) == [(0, 2), 3, 2]

@@ -152,8 +152,8 @@ class Scheduler(RequestProgress):
         self._arrived = int(np.searchsorted(self.arrival, now_s, side="right"))
         run_ids, run_q, prefilling = self._running_rows(budget)
         if self.pool is not None and self.pool.caching:
-            known = self.prompt[run_ids] + self.emitted[run_ids]
-            self.pool.register(run_ids, self.computed[run_ids] + run_q, known)
+            reach = self.computed[run_ids] + run_q
+            self.pool.register(run_ids, reach, self.prompt[run_ids], self.emitted[run_ids])
         # as vLLM v1: a step that preempted admits nothing
         used = int(run_q.sum())
         # vLLM pads a request with one token left to 1 + k rows unless a prefill runs
@@ -386,8 +386,8 @@ class Scheduler(RequestProgress):
             if self.pool is not None:
                 if not self.pool.admit(request, hits, start + q, target):
                     break
-                known = self.prompt[request] + self.emitted[request]
-                self.pool.register(np.array([request]), np.array([start + q]), np.array([known]))
+                one = np.array([request])
+                self.pool.register(one, np.array([start + q]), self.prompt[one], self.emitted[one])
             if resumed:
                 self._pop_resumed()
             elif queue is not None:
