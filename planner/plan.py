@@ -79,20 +79,10 @@ class _PackedArray:
 
 class PlanCounts:
     """What a plan's counts, config, graph and layout decide: the rules
-    :class:`PlanShape` and :class:`ExecutionPlan` share (each holds the fields below)."""
+    :class:`PlanShape` and :class:`ExecutionPlan` share. Each holds the fields these
+    read: ``config``, ``graph``, ``layout`` and the rows and tokens per kind."""
 
     __slots__ = ()
-
-    if TYPE_CHECKING:
-        config: PlannerConfig
-        graph: GraphKey | None
-        layout: PlanLayout
-        num_spec_rows: int
-        num_decode_rows: int
-        num_prefill_rows: int
-        num_spec_decode_tokens: int
-        num_decode_tokens: int
-        num_prefill_tokens: int
 
     @property
     def num_rows(self) -> int:
