@@ -2,12 +2,12 @@
 
 Optional C extensions: the planner's packer, ``stepplan.planner._packer`` from
 ``planner/csrc/``, the simulator's stepper, ``stepplan.sim._stepper`` from
-``sim/csrc/``, the results tables' CSV formatter, ``stepplan.sim.results._csvtext``
-from ``sim/results/csrc/``, and their CSV number reader, ``stepplan.sim.results._csvread``
-from ``sim/results/csvread/``. Where they do not build (no C compiler, no Python headers),
-pip warns and installs the rest: the planner packs plans with numpy
-(``planner/native.py``), the simulator steps in Python (``sim/stepper.py``) and the
-tables are formatted and read in Python (``sim/results/table.py``), with the same results.
+``sim/csrc/``, and the results tables' CSV text (their formatter and their number
+reader), ``stepplan.sim.results._csv`` from ``sim/results/csrc/``. Where they do not
+build (no C compiler, no Python headers), pip warns and installs the rest: the planner
+packs plans with numpy (``planner/native.py``), the simulator steps in Python
+(``sim/stepper.py``) and the tables are formatted and read in Python
+(``sim/results/table.py``), with the same results.
 """
 
 import importlib.util
@@ -19,7 +19,6 @@ from setuptools import Extension, setup
 CSRC = Path("planner/csrc")
 SIM_CSRC = Path("sim/csrc")
 CSV_CSRC = Path("sim/results/csrc")
-CSV_READ_CSRC = Path("sim/results/csvread")
 
 
 def _source_digest(folder: Path) -> str:
@@ -50,20 +49,13 @@ stepper = Extension(
     optional=True,
 )
 
-csv_text = Extension(
-    "stepplan.sim.results._csvtext",
+csv = Extension(
+    "stepplan.sim.results._csv",
     sources=sorted(path.as_posix() for path in CSV_CSRC.glob("*.c")),
-    define_macros=[("CSV_TEXT_SOURCE_DIGEST", f'"{_source_digest(CSV_CSRC)}"')],
+    depends=sorted(path.as_posix() for path in CSV_CSRC.glob("*.h")),
+    define_macros=[("CSV_SOURCE_DIGEST", f'"{_source_digest(CSV_CSRC)}"')],
     extra_compile_args=[] if sys.platform == "win32" else ["-O2"],
     optional=True,
 )
 
-csv_read = Extension(
-    "stepplan.sim.results._csvread",
-    sources=sorted(path.as_posix() for path in CSV_READ_CSRC.glob("*.c")),
-    define_macros=[("CSV_READ_SOURCE_DIGEST", f'"{_source_digest(CSV_READ_CSRC)}"')],
-    extra_compile_args=[] if sys.platform == "win32" else ["-O2"],
-    optional=True,
-)
-
-setup(ext_modules=[packer, stepper, csv_text, csv_read])
+setup(ext_modules=[packer, stepper, csv])

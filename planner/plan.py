@@ -77,24 +77,61 @@ class _PackedArray:
         return plan.array(self.name)
 
 
-def _live_rows(plan: PlanShape | ExecutionPlan) -> int:
-    return plan.num_spec_rows + plan.num_decode_rows + plan.num_prefill_rows
+class PlanCounts:
+    """What a plan's counts, config, graph and layout decide: the rules
+    :class:`PlanShape` and :class:`ExecutionPlan` share. Each holds the fields these
+    read: ``config``, ``graph``, ``layout`` and the rows and tokens per kind."""
 
+    __slots__ = ()
 
-def _live_tokens(plan: PlanShape | ExecutionPlan) -> int:
-    return plan.num_spec_decode_tokens + plan.num_decode_tokens + plan.num_prefill_tokens
+    @property
+    def num_rows(self) -> int:
+        """Live rows (padding rows excluded)."""
+        return self.num_spec_rows + self.num_decode_rows + self.num_prefill_rows
+
+    @property
+    def num_tokens(self) -> int:
+        """Live tokens."""
+        return self.num_spec_decode_tokens + self.num_decode_tokens + self.num_prefill_tokens
+
+    @property
+    def query_len_max(self) -> int:
+        """``Q``: the longest spec query."""
+        return self.config.query_len_max
+
+    @property
+    def tile_tokens(self) -> int:
+        """Tokens per prefill tile."""
+        return self.config.prefill_tile_tokens
+
+    @property
+    def num_groups(self) -> int:
+        """Layer groups."""
+        return self.layout.num_groups
+
+    @property
+    def padded_tokens(self) -> int:
+        """Token capacity of the plan (the graph's, or the live count when eager)."""
+        return self.layout.num_tokens
+
+    @property
+    def padded_rows(self) -> int:
+        """Row capacity of the plan."""
+        return self.layout.num_rows
+
+    @property
+    def launch_grids(self) -> tuple[int, int]:
+        """``(rows, tiles)``: programs of the row kernel (spec and decode rows; every
+        padded row in a graph) and of the prefill-tile kernel; 0 skips a launch."""
+        if self.graph:
+            return self.layout.num_rows, self.layout.num_tiles
+        return self.num_spec_rows + self.num_decode_rows, self.layout.num_tiles
 
 
 # A NamedTuple, not a frozen attrs class: Planner.pack_host_step makes one per step, where
-# its 13 fields cost a third of an attrs instance's.
-class PlanShape(NamedTuple):
-    """A plan without its arrays: its config, graph, layout and counts.
-
-    What :meth:`~stepplan.planner.Planner.pack_host_step` returns for the bytes it packs, and
-    :attr:`ExecutionPlan.shape` of a plan. Fields as :class:`ExecutionPlan`'s, plus its
-    batch's ``num_reqs`` (``R``, padding rows included) and ``num_padded_tokens``.
-    """
-
+# its 13 fields cost a third of an attrs instance's. A NamedTuple class takes no other
+# base, so its fields are one class and PlanShape adds PlanCounts' rules to them.
+class _PlanShapeFields(NamedTuple):
     config: PlannerConfig
     graph: GraphKey | None
     layout: PlanLayout
@@ -109,30 +146,16 @@ class PlanShape(NamedTuple):
     max_prefill_query_len: int
     num_tiles: int
 
-    @property
-    def num_rows(self) -> int:
-        """Live rows (padding rows excluded)."""
-        return _live_rows(self)
 
-    @property
-    def num_tokens(self) -> int:
-        """Live tokens."""
-        return _live_tokens(self)
+class PlanShape(_PlanShapeFields, PlanCounts):
+    """A plan without its arrays: its config, graph, layout and counts.
 
-    @property
-    def query_len_max(self) -> int:
-        """``Q``: the longest spec query."""
-        return self.config.query_len_max
+    What :meth:`~stepplan.planner.Planner.pack_host_step` returns for the bytes it packs, and
+    :attr:`ExecutionPlan.shape` of a plan. Fields as :class:`ExecutionPlan`'s, plus its
+    batch's ``num_reqs`` (``R``, padding rows included) and ``num_padded_tokens``.
+    """
 
-    @property
-    def padded_tokens(self) -> int:
-        """Token capacity of the plan (the graph's, or the live count when eager)."""
-        return self.layout.num_tokens
-
-    @property
-    def padded_rows(self) -> int:
-        """Row capacity of the plan."""
-        return self.layout.num_rows
+    __slots__ = ()
 
 
 #: The words of a plan's summary (:func:`plan_summary`), in order: rows per kind, spec and
@@ -166,7 +189,7 @@ def plan_summary(shape: PlanShape) -> tuple[int, ...]:
 
 
 @attrs.frozen(eq=False)
-class ExecutionPlan:
+class ExecutionPlan(PlanCounts):
     """Everything the kernels need for one step (SPEC §3), as a value.
 
     Rows are in group order ``[spec | decode | prefill | padding]``, each group
@@ -222,31 +245,6 @@ class ExecutionPlan:
         return view.reshape(self.layout.num_groups, -1) if name == "row_slot" else view
 
     @property
-    def query_len_max(self) -> int:
-        """``Q``: the longest spec query."""
-        return self.config.query_len_max
-
-    @property
-    def tile_tokens(self) -> int:
-        """Tokens per prefill tile."""
-        return self.config.prefill_tile_tokens
-
-    @property
-    def num_rows(self) -> int:
-        """Live rows (padding rows excluded)."""
-        return _live_rows(self)
-
-    @property
-    def num_tokens(self) -> int:
-        """Live tokens."""
-        return _live_tokens(self)
-
-    @property
-    def num_groups(self) -> int:
-        """Layer groups."""
-        return self.layout.num_groups
-
-    @property
     def shape(self) -> PlanShape:
         """The plan without its arrays."""
         return PlanShape(
@@ -264,16 +262,6 @@ class ExecutionPlan:
             self.max_prefill_query_len,
             self.num_tiles,
         )
-
-    @property
-    def padded_tokens(self) -> int:
-        """Token capacity of the plan (the graph's, or the live count when eager)."""
-        return self.layout.num_tokens
-
-    @property
-    def padded_rows(self) -> int:
-        """Row capacity of the plan."""
-        return self.layout.num_rows
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, ExecutionPlan):
@@ -300,14 +288,6 @@ class ExecutionPlan:
             self.max_prefill_query_len,
             self.num_tiles,
         )
-
-    @property
-    def launch_grids(self) -> tuple[int, int]:
-        """``(rows, tiles)``: programs of the row kernel (spec and decode rows; every
-        padded row in a graph) and of the prefill-tile kernel; 0 skips a launch."""
-        if self.graph:
-            return self.layout.num_rows, self.layout.num_tiles
-        return self.num_spec_rows + self.num_decode_rows, self.layout.num_tiles
 
     @property
     def ops(self) -> tuple[Op, ...]:

@@ -6,8 +6,10 @@ planner checks and packs the same rows without making the batch or the plan obje
 ``Planner.shape_of_rows``); the cost model turns the plan into time; the
 acceptance model decides the spec rows' outcome; the scheduler commits it and the
 clock moves to the step's end. When nothing can run the clock jumps to the next
-arrival. A ``stop`` event, checked before every step, ends the run early with what it
-has (``summary["complete"]`` false; requests not finished have no finish time).
+arrival; with none ahead, or none that changes what an empty engine admits, the run
+stops with one line naming the request that does not fit (``stall.py``). A ``stop``
+event, checked before every step, ends the run early with what it has
+(``summary["complete"]`` false; requests not finished have no finish time).
 With ``cost.host_cost`` ``model`` or ``seed`` the clock never reads the measured
 planner time, so the same trace, config and seed give the same requests and step
 times bit for bit; ``measured`` feeds the planner's real time into the clock and
@@ -39,6 +41,7 @@ from .results.summary import StepTotals
 from .scheduler import ScheduledStep, Scheduler
 from .scheduler.implementations import make_scheduler
 from .settings.config import SimConfig
+from .stall import stall_error
 from .stepper import Stepper
 from .timing.cost import CostModel, PlanTerms, StepCost, StepLoad
 from .traces import RequestTable, TraceError
@@ -253,6 +256,7 @@ def run_steps(
     stopped = False
     # the hot loop: a few calls per step (bench/RESULTS.md, "Simulator speed")
     schedule, run_step = scheduler.schedule_rows, loop.run_step
+    idle_at = -1.0  # the clock of the last schedule that found nothing since a step ran
     while not scheduler.done:
         if progress is not None:
             progress.update(len(loop.table), scheduler.num_finished, clock)
@@ -261,11 +265,18 @@ def run_steps(
             break
         found = schedule(clock)
         if found is None:
-            clock = max(clock, scheduler.next_arrival_s())
-            if not np.isfinite(clock):
-                raise RuntimeError("scheduler stalled: requests left but none can run")
+            ahead = scheduler.next_arrival_s()
+            if clock < ahead < np.inf:
+                clock = ahead
+                continue
+            # nothing to wait for: one more try (a schedule that preempted everything
+            # admits the next time), then the state would only repeat
+            if idle_at == clock:
+                raise stall_error(scheduler, clock)
+            idle_at = clock
             continue
         clock = run_step(found, clock)
+        idle_at = -1.0
     if progress is not None:
         progress.close()
     loop.table.flush()

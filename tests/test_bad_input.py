@@ -414,3 +414,29 @@ def test_integer_settings_accept_integers_and_integer_text():
     assert config.scheduler.max_num_seqs == 64 and config.planner.graph_sizes == (8,)
     assert SchedulerConfig(max_num_seqs=np.int64(4)).max_num_seqs == 4
     assert with_settings(SimConfig(), {"workload.rate_scale": 2}).workload.rate_scale == 2.0
+
+
+@pytest.mark.parametrize(
+    "engines",
+    [[], ["--set", "deployment.replicas=2"], ["--set", "disaggregation.prefill_replicas=1"]],
+    ids=["one-engine", "replicas", "disaggregated"],
+)
+def test_a_run_that_cannot_admit_is_one_line_exit_2(tmp_path, monkeypatch, capsys, engines):
+    # no setting that passes check_config stalls a run (they are refused before it starts),
+    # so a scheduler that admits nothing stands in for one the settings left too small
+    from stepplan.sim.scheduler import Scheduler
+
+    monkeypatch.setattr(Scheduler, "schedule_rows", lambda self, now_s: None)
+    monkeypatch.chdir(tmp_path)
+    make_files(tmp_path, {"t.csv": VIDUR})
+    before = checksums(tmp_path)
+    assert cli.main(["simulate", "t.csv", *engines, "--quiet", "--out", "out"]) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.splitlines()
+    assert len(lines) == 1, captured.err
+    assert lines[0].startswith("stepplan: error: run stalled"), lines[0]
+    assert (
+        "request 0 (prompt 5 + output 5 tokens) cannot be admitted while nothing runs: the "
+        "scheduler admits nothing (scheduler.max_num_batched_tokens = 8,192" in lines[0]
+    )
+    assert checksums(tmp_path) == before

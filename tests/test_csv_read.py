@@ -1,4 +1,4 @@
-"""The compiled reader of number columns (``csv_read.py``, ``sim/results/csvread/``) gives
+"""The compiled reader of number columns (``csv_compiled.py``, ``sim/results/csrc/``) gives
 what the Python reader gives (its specification): the same chunks, columns, dtypes and
 bytes, or the same error, for any cells -- plain numbers, empty cells, quoted cells, odd
 number forms, blank lines, carriage returns, other field counts -- and any chunking."""
@@ -15,10 +15,10 @@ from hypothesis import strategies as st
 from test_csv_number_columns import SCHEMA
 
 from stepplan.sim.results import table
-from stepplan.sim.results.csv_read import load_csv_reader, read_number_lines
+from stepplan.sim.results.csv_compiled import load_compiled_csv, read_number_lines
 from stepplan.sim.results.table import ResultsError, iter_csv
 
-COMPILED = load_csv_reader()
+COMPILED = load_compiled_csv()
 pytestmark = pytest.mark.skipif(COMPILED is None, reason="the compiled reader is not built")
 
 NUMBERS = ("step", "value", "count", "last")

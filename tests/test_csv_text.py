@@ -9,15 +9,30 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stepplan.sim.results.table import csv_cells, csv_lines, csv_text, load_csv_text
+from stepplan.planner.native import source_digest
+from stepplan.sim.results.csv_compiled import SOURCES, load_compiled_csv
+from stepplan.sim.results.table import csv_cells, csv_lines, csv_text
 
-COMPILED = load_csv_text()
+COMPILED = load_compiled_csv()
 needs_compiled = pytest.mark.skipif(COMPILED is None, reason="the CSV formatter is not built")
 
 
 def test_the_compiled_formatter_is_built():
     """The install builds it: a failed build must fail here, not pass by skipping."""
     assert COMPILED is not None
+
+
+def test_one_module_from_one_folder_writes_and_reads_the_csv_text():
+    # the formatter and the number reader are one extension, built from csrc/ alone
+    assert COMPILED is not None and COMPILED.__name__ == "stepplan.sim.results._csv"
+    assert hasattr(COMPILED, "csv_lines") and hasattr(COMPILED, "read_columns")
+    assert source_digest(SOURCES) == COMPILED.SOURCE_DIGEST
+    assert sorted(path.name for path in SOURCES.iterdir() if path.suffix in (".c", ".h")) == [
+        "csv.h",
+        "csv_read.c",
+        "csv_text.c",
+        "module.c",
+    ]
 
 
 def python_text(arrays):

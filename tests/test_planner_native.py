@@ -399,3 +399,24 @@ def test_prefill_tiles_counts_and_checks():
         packer.prefill_tiles(lens, kinds, 0)
     with pytest.raises(TypeError, match="3 arguments"):
         packer.prefill_tiles(lens, kinds)
+
+
+@pytest.mark.parametrize("groups", [1, 4, 5])
+@pytest.mark.parametrize("rows", [1, 255, 256, 257, 1000])
+def test_the_shape_of_rows_is_the_same_on_either_side_of_the_stack_scratch(rows, groups):
+    # shape_counts copies a batch of up to 256 rows of up to 4 groups to the stack, a
+    # larger one to the heap: both give compile's shape (spec, decode and prefill rows)
+    kind = np.arange(rows) % 3
+    batch = StepBatch(
+        query_lens=np.where(kind == 0, 4, np.where(kind == 1, 1, 7)),
+        num_computed_tokens=np.where(kind == 2, 0, 9),
+        slots=np.tile(np.arange(1, rows + 1), (groups, 1))
+        if groups > 1
+        else np.arange(1, rows + 1),
+        num_draft_tokens=np.where(kind == 0, 3, -1),
+        num_accepted_tokens=np.where(kind == 0, 2, 1),
+    )
+    config = PlannerConfig(num_spec_tokens=3, max_num_seqs=1000)
+    want = compile_plan(batch, config).shape
+    assert Planner(config, native=True).shape_of_rows(*_rows_of(batch)) == want
+    assert Planner(config, native=False).shape_of_rows(*_rows_of(batch)) == want

@@ -298,3 +298,29 @@ def test_inert_buffer_is_every_fields_padding():
     assert inert.shape == (layout.size,) and inert.dtype == np.int32
     for field in layout.fields:
         assert (inert[field.offset : field.offset + field.size] == field.pad_value).all()
+
+
+#: What a plan's counts decide, written once (``PlanCounts``) for a plan and its shape.
+DERIVED = (
+    "num_rows",
+    "num_tokens",
+    "query_len_max",
+    "tile_tokens",
+    "num_groups",
+    "padded_tokens",
+    "padded_rows",
+    "launch_grids",
+)
+
+
+@settings(settings.get_profile("planner"))
+@given(step_batches())
+def test_a_plan_and_its_shape_derive_the_same_counts(case):
+    batch, config = case
+    plan = compile_plan(batch, config)
+    shape = plan.shape
+    for name in DERIVED:
+        assert getattr(shape, name) == getattr(plan, name), name
+    assert shape.num_rows == int((batch.kinds != PADDING).sum())
+    assert shape.num_tokens == int(batch.query_lens[batch.kinds != PADDING].sum())
+    assert not hasattr(shape, "__dict__")  # still a bare tuple, as cheap as before

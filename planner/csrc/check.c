@@ -273,13 +273,22 @@ PyObject *check_batch(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     return result;
 }
 
+/* The scratch copy of a batch of up to SCRATCH_ROWS rows of up to SCRATCH_GROUPS layer
+ * groups sits on the stack (its int32 data, then its kinds): most steps are that small,
+ * and a heap allocation every step costs more than counting them. */
+#define SCRATCH_ROWS 256
+#define SCRATCH_GROUPS 4
+#define SCRATCH_INT32S ((5 + SCRATCH_GROUPS) * SCRATCH_ROWS + 1 + (SCRATCH_ROWS + 4) / 4)
+
 /* shape_counts' answer for the inputs ``views`` (rows and groups agreed): copied into
  * scratch memory, checked as check_batch checks them, counted as pack counts them. */
 static PyObject *counts_of_copies(const Py_buffer views[NUM_VIEWS], Py_ssize_t rows,
                                   Py_ssize_t groups, PyObject *allow_null_slots,
                                   Py_ssize_t query_len_max, Py_ssize_t tile) {
     Py_ssize_t size = batch_size(rows, groups);
-    int32_t *data = PyMem_Malloc((size_t)size * sizeof(int32_t) + (size_t)rows + 1);
+    size_t bytes = (size_t)size * sizeof(int32_t) + (size_t)rows + 1;
+    int32_t scratch[SCRATCH_INT32S];
+    int32_t *data = bytes <= sizeof scratch ? scratch : PyMem_Malloc(bytes);
     if (data == NULL) {
         return PyErr_NoMemory();
     }
@@ -316,7 +325,9 @@ static PyObject *counts_of_copies(const Py_buffer views[NUM_VIEWS], Py_ssize_t r
             (long long)census.tokens[PREFILL], (int)census.longest_prefill,
             (long long)census.tiles, (long long)tokens);
     }
-    PyMem_Free(data);
+    if (data != scratch) {
+        PyMem_Free(data);
+    }
     return result;
 }
 

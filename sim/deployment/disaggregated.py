@@ -53,6 +53,7 @@ from ..scheduler.state import FINISHED, ROWS
 from ..settings.config import SimConfig
 from ..settings.config_disaggregation import prefill_pool_config
 from ..settings.links import KV_LINKS, KvLink
+from ..stall import replicas_stall_error
 from ..timing.cost import CostModel
 from ..timing.pricing import deployment_dollars
 from ..traces import RequestTable
@@ -324,7 +325,7 @@ def _run(
     prefilled = sum(int(r.scheduler.counters.values[FINISHED]) for r in prefill.replicas)
     decoded = sum(r.scheduler.num_finished for r in decode.replicas)
     if prefilled != total or decoded != handoff.transferred:
-        raise RuntimeError("scheduler stalled: requests left but none can run")
+        raise replicas_stall_error(replicas, table)
     return False
 
 

@@ -34,6 +34,7 @@ from ..results.outcome import StepStore, run_summary
 from ..results.records import RequestLog, RequestRows
 from ..results.summary import StepTotals
 from ..settings.config import SimConfig
+from ..stall import replicas_stall_error
 from ..timing.cost import CostModel
 from ..traces import RequestTable
 from .replica import Replica, ReplicaSink
@@ -227,7 +228,7 @@ def _run(
             finished = sum(replica.scheduler.num_finished for replica in replicas)
             progress.update(steps, finished, now)
     if sum(replica.scheduler.num_finished for replica in replicas) != total:
-        raise RuntimeError("scheduler stalled: requests left but none can run")
+        raise replicas_stall_error(replicas, table)
     return False
 
 

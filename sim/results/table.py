@@ -5,7 +5,6 @@ naming the file, line and column."""
 from __future__ import annotations
 
 import csv
-import importlib
 import io
 import itertools
 import math
@@ -17,9 +16,7 @@ from types import MappingProxyType, ModuleType
 import attrs
 import numpy as np
 
-from stepplan.planner.native import source_digest
-
-from .csv_read import load_csv_reader, read_number_lines
+from .csv_compiled import load_compiled_csv, read_number_lines
 from .schema import FLOAT, INT, TEXT, Column, TableSchema
 
 #: Array kinds (``dtype.kind``) each schema type takes from memory, cast to its dtype.
@@ -137,30 +134,12 @@ def csv_lines(columns: Sequence[Sequence[str]], text: Sequence[bool]) -> str:
     return "\n".join(map(",".join, zip(*columns, strict=True))) + "\n"
 
 
-#: The C sources of the compiled formatter (``setup.py`` builds ``_csvtext`` from them).
-CSV_SOURCES = Path(__file__).with_name("csrc")
-
-
-def load_csv_text() -> ModuleType | None:
-    """The compiled formatter (``csv_lines(columns)``: :func:`csv_lines` of the columns'
-    :func:`csv_cells`), or ``None`` where it is not installed or was built from other
-    sources than those beside this file (then Python formats every cell)."""
-    try:
-        module = importlib.import_module(f"{__package__}._csvtext")
-    except ImportError:
-        return None
-    if CSV_SOURCES.is_dir() and getattr(module, "SOURCE_DIGEST", None) != source_digest(
-        CSV_SOURCES
-    ):
-        return None
-    return module
-
-
-_CSV_TEXT = load_csv_text()
+#: The compiled formatter and reader (``csv_compiled.py``; ``None``: Python alone).
+_COMPILED = load_compiled_csv()
 _NUMBERS = (np.dtype(np.float64), np.dtype(np.int64))  # what the compiled formatter reads
 
 
-def csv_text(arrays: Sequence[np.ndarray], compiled: ModuleType | None = _CSV_TEXT) -> str:
+def csv_text(arrays: Sequence[np.ndarray], compiled: ModuleType | None = _COMPILED) -> str:
     """The CSV lines of the columns ``arrays`` (``[k]`` each): ``csv_lines`` of their
     ``csv_cells``, the same bytes, in one call of the ``compiled`` formatter where no cell
     needs quoting and every number column is float64 or int64 (``None``: Python alone)."""
@@ -242,7 +221,6 @@ def header_names(path: Path, header: list[str], schema: TableSchema | None) -> l
 READ_ROWS = 1 << 16
 #: Bytes the compiled reader is given at a time.
 READ_BYTES = 1 << 22
-_CSV_READER = load_csv_reader()
 
 
 def iter_csv(
@@ -251,14 +229,14 @@ def iter_csv(
     *,
     columns: Collection[str] | None = None,
     rows: int = READ_ROWS,
-    compiled: ModuleType | None = _CSV_READER,
+    compiled: ModuleType | None = _COMPILED,
 ) -> Iterator[Table]:
     """Read a CSV file with a header line a chunk of ``rows`` rows at a time (at least one
     chunk, empty for a file of a header alone), typed by ``schema`` (a column it does not
     name is numbers when every cell of the chunk parses as one, else text); ``columns``
     keeps only those (those the file lacks are left out: a reader that needs one says so).
     Chunks of plain lines whose columns are all numbers of ``schema`` are read by the
-    ``compiled`` reader (``csv_read.py``; ``None``: Python alone), from the first chunk it
+    ``compiled`` reader (``csv_compiled.py``; ``None``: Python alone), from the first chunk it
     refuses on by Python. Memory: one chunk."""
     try:
         raw = path.open("rb")

@@ -22,7 +22,8 @@ Unknown sections or keys are errors (a misspelt key must not be silently ignored
 values are checked as the flags check them (``config_values.py``: ``64.5`` is not an
 integer). Rules across sections hold on the final settings (:func:`check_config`).
 Overrides use dotted keys, ``scheduler.max_num_seqs = 128``. The ``[live]``, ``[parallel]``,
-``[deployment]`` and ``[disaggregation]`` sections' classes are in ``config_*.py``.
+``[deployment]``, ``[disaggregation]`` and ``[gpu]`` sections' classes are in
+``config_*.py``.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from stepplan.planner import GRAPH_MODES, PlanError, PlannerConfig
 from ..admission import POLICY_NAMES
 from .config_deployment import DeploymentConfig, check_replicas
 from .config_disaggregation import DisaggregationConfig, check_disaggregation
+from .config_gpu import GpuConfig
 from .config_live import (  # noqa: F401 (re-exported: every setting imports from here)
     LIVE_ATTENTION,
     LIVE_BACKENDS,
@@ -70,7 +72,6 @@ from .config_values import (
     flatten,
     read_text,
 )
-from .gpus import find_preset
 
 HOST_COSTS = ("model", "measured", "seed")
 #: Whose decisions schedule the steps: stepplan's scheduler (``sim/scheduler/core.py``) or
@@ -172,86 +173,6 @@ class PlannerSettings:
         default=None, converter=attrs.Converter(_optional_ints, takes_field=True)
     )
     prefill_tile_tokens: int = attrs.field(default=64, converter=INT)
-
-
-def _gpu_name(instance: object, attribute: attrs.Attribute, value: str) -> None:
-    try:
-        find_preset(value)
-    except KeyError as exc:
-        raise ConfigError(f"{attribute.name}: {exc.args[0]}") from None
-
-
-@attrs.frozen
-class GpuConfig:
-    """The accelerator: ``name`` picks a preset of ``gpus.py`` (default H200, whose
-    roofline figures are stepplan's measurements: the SPEC §4 copy ceiling and 790
-    TFLOP/s bf16 dense); ``memory_gb``, ``memory_bw_bytes_s`` and ``peak_flops`` left
-    ``None`` come from the preset, and given override it (``name = "custom"`` needs
-    all three). :meth:`resolved` fills them in.
-
-    ``link_bw_bytes_s`` (per direction) and ``link_latency_us`` (per ring step) time
-    tensor parallelism's all-reduces; ``price_per_hour`` (US dollars per GPU-hour) prices
-    the run; each left ``None`` is the preset's (a custom GPU without them has no
-    all-reduce time to give and no price).
-
-    Launch numbers (chosen, not measured; see ``cost.py``): replaying one CUDA graph
-    of a whole forward costs ``graph_launch_us`` of host time; without a full graph a
-    step launches ``eager_launches_per_layer`` times per layer (vLLM's piecewise mode:
-    one graph piece plus the attention or conv op and its metadata copy), each
-    ``kernel_launch_us``.
-    """
-
-    name: str = attrs.field(default="H200", validator=_gpu_name)
-    memory_gb: float | None = attrs.field(
-        default=None, converter=_optional(_real), validator=_positive
-    )
-    memory_bw_bytes_s: float | None = attrs.field(
-        default=None, converter=_optional(_real), validator=_positive
-    )
-    peak_flops: float | None = attrs.field(
-        default=None, converter=_optional(_real), validator=_positive
-    )
-    link_bw_bytes_s: float | None = attrs.field(
-        default=None, converter=_optional(_real), validator=_positive
-    )
-    link_latency_us: float | None = attrs.field(
-        default=None, converter=_optional(_real), validator=_non_negative
-    )
-    price_per_hour: float | None = attrs.field(
-        default=None, converter=_optional(_real), validator=_non_negative
-    )
-    graph_launch_us: float = attrs.field(default=15.0, converter=REAL, validator=_non_negative)
-    kernel_launch_us: float = attrs.field(default=5.0, converter=REAL, validator=_non_negative)
-    eager_launches_per_layer: int = attrs.field(default=3, converter=INT, validator=_non_negative)
-
-    def __attrs_post_init__(self) -> None:
-        figures = ("memory_gb", "memory_bw_bytes_s", "peak_flops")
-        missing = [f for f in figures if getattr(self, f) is None]
-        if find_preset(self.name) is None and missing:
-            raise ConfigError(f"{missing[0]}: a custom GPU needs {', '.join(figures)}")
-
-    def resolved(self) -> GpuConfig:
-        """This GPU with every figure given: the explicit ones, else the preset's."""
-        preset = find_preset(self.name)
-        if preset is None:
-            return self
-        figures = {name: getattr(self, name) for name in _GPU_FIGURES}
-        return attrs.evolve(
-            self,
-            name=preset.name,
-            **{k: getattr(preset, k) if v is None else v for k, v in figures.items()},
-        )
-
-
-#: The figures a GPU preset gives and a setting overrides.
-_GPU_FIGURES = (
-    "memory_gb",
-    "memory_bw_bytes_s",
-    "peak_flops",
-    "link_bw_bytes_s",
-    "link_latency_us",
-    "price_per_hour",
-)
 
 
 @attrs.frozen

@@ -1,17 +1,14 @@
-/* The extension module stepplan.sim.results._csvtext: a results table's CSV lines from its
- * columns in one call, the bytes sim/results/table.py's csv_lines(csv_cells(...)) writes
- * (that Python code is the specification; tests/test_csv_text.py holds the two equal).
- * A float cell is Python's repr, made by the very function repr calls
- * (PyOS_double_to_string, mode 'r'); NaN is an empty cell. Built by pip install
- * (setup.py); table.py checks SOURCE_DIGEST against the sources beside it. */
+/* A results table's CSV lines from its columns in one call, the bytes
+ * sim/results/table.py's csv_lines(csv_cells(...)) writes (that Python code is the
+ * specification; tests/test_csv_text.py holds the two equal). A float cell is Python's
+ * repr, made by the very function repr calls (PyOS_double_to_string, mode 'r'); NaN is an
+ * empty cell. Part of the module stepplan.sim.results._csv (module.c). */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
 
-#ifndef CSV_TEXT_SOURCE_DIGEST
-#define CSV_TEXT_SOURCE_DIGEST ""
-#endif
+#include "csv.h"
 
 /* The longest float repr is 24 characters ("-2.2250738585072014e-308"). */
 #define REPR_ROOM 32
@@ -179,7 +176,7 @@ static int put_row(Text *text, Column *columns, Py_ssize_t count, Py_ssize_t row
     return 0;
 }
 
-static PyObject *csv_lines(PyObject *Py_UNUSED(module), PyObject *arg) {
+PyObject *csv_text_lines(PyObject *Py_UNUSED(module), PyObject *arg) {
     PyObject *sequence = PySequence_Fast(arg, "csv_lines: takes a sequence of columns");
     if (sequence == NULL) {
         return NULL;
@@ -227,30 +224,4 @@ done:
     PyMem_Free(text.data);
     Py_DECREF(sequence);
     return result;
-}
-
-static PyMethodDef methods[] = {
-    {"csv_lines", (PyCFunction)csv_lines, METH_O,
-     "csv_lines(columns) -> str: each row's cells joined by ',' and ended by '\\n'. A column "
-     "is a float64 array (repr; NaN empty), an int64 array (str) or a list of str (as is, "
-     "quoting is the caller's); all of one length."},
-    {NULL, NULL, 0, NULL},
-};
-
-static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "stepplan.sim.results._csvtext",
-    "A results table's CSV lines in C (sim/results/table.py's csv_lines is the specification).",
-    -1, methods, NULL, NULL, NULL, NULL,
-};
-
-PyMODINIT_FUNC PyInit__csvtext(void) {
-    PyObject *m = PyModule_Create(&module);
-    if (m == NULL) {
-        return NULL;
-    }
-    if (PyModule_AddStringConstant(m, "SOURCE_DIGEST", CSV_TEXT_SOURCE_DIGEST) < 0) {
-        Py_DECREF(m);
-        return NULL;
-    }
-    return m;
 }

@@ -1,14 +1,13 @@
-/* The extension module stepplan.sim.results._csvread: the number columns of a block of
- * plain CSV lines in one call, the values sim/results/table.py's Python reader gives (that
- * Python code is the specification; tests/test_csv_read.py holds the two equal). It takes
- * only lines it is sure of -- ASCII, no quote, no carriage return, no blank line, every
- * line as many fields as the header, every cell of a column read a number of a plain form
- * -- and refuses a block with anything else, which the Python reader then reads (naming
- * the line of a bad cell). A float cell is converted by C's strtod in the "C" locale where
- * the C library is glibc (correctly rounded, as Python's float() is, and twice as fast),
- * else and for inf and nan by the very function float() calls (PyOS_string_to_double); an
- * empty float cell is NaN. Built by pip install
- * (setup.py); csv_read.py checks SOURCE_DIGEST against the sources beside it. */
+/* The number columns of a block of plain CSV lines in one call, the values
+ * sim/results/table.py's Python reader gives (that Python code is the specification;
+ * tests/test_csv_read.py holds the two equal). It takes only lines it is sure of --
+ * ASCII, no quote, no carriage return, no blank line, every line as many fields as the
+ * header, every cell of a column read a number of a plain form -- and refuses a block
+ * with anything else, which the Python reader then reads (naming the line of a bad cell).
+ * A float cell is converted by C's strtod in the "C" locale where the C library is glibc
+ * (correctly rounded, as Python's float() is, and twice as fast), else and for inf and
+ * nan by the very function float() calls (PyOS_string_to_double); an empty float cell is
+ * NaN. Part of the module stepplan.sim.results._csv (module.c). */
 #define PY_SSIZE_T_CLEAN
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE /* strtod_l */
@@ -22,9 +21,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#ifndef CSV_READ_SOURCE_DIGEST
-#define CSV_READ_SOURCE_DIGEST ""
-#endif
+#include "csv.h"
 
 /* Longer float cells are left to Python (repr writes at most 24 characters). */
 #define CELL_ROOM 64
@@ -194,7 +191,7 @@ static int parse_lines(const char *at, const char *stop, int final, Py_ssize_t n
     return 0;
 }
 
-static PyObject *read_columns(PyObject *module, PyObject *args) {
+PyObject *csv_read_columns(PyObject *module, PyObject *args) {
     (void)module;
     Py_buffer data;
     Py_ssize_t offset, num_fields, first_row;
@@ -281,37 +278,10 @@ done:
     return Py_BuildValue("(nn)", rows, offset);
 }
 
-static PyMethodDef methods[] = {
-    {"read_columns", read_columns, METH_VARARGS,
-     "read_columns(data, offset, num_fields, fields, kinds, columns, first_row, final)\n"
-     "-> (rows, end) or None\n\n"
-     "Parse the CSV lines of ``data`` (bytes, num_fields fields a line) from ``offset``\n"
-     "into ``columns`` (writable int64/float64 buffers, one per field index of\n"
-     "``fields``, of the kind 'i' or 'f' in ``kinds``) from row ``first_row`` on, until\n"
-     "they are full or the whole lines end (a last line without its newline counts\n"
-     "where ``final``): the row after the last read and the offset after its line, or\n"
-     "None where a line is not plain."},
-    {NULL, NULL, 0, NULL},
-};
-
-static struct PyModuleDef module_def = {
-    PyModuleDef_HEAD_INIT, "_csvread", "A results table's number columns from CSV lines.",
-    -1, methods,
-};
-
-PyMODINIT_FUNC PyInit__csvread(void) {
+void csv_read_init(void) {
 #ifdef __GLIBC__
     if (c_locale == (locale_t)0) {
         c_locale = newlocale(LC_ALL_MASK, "C", (locale_t)0); /* none: Python's parser */
     }
 #endif
-    PyObject *module = PyModule_Create(&module_def);
-    if (module == NULL) {
-        return NULL;
-    }
-    if (PyModule_AddStringConstant(module, "SOURCE_DIGEST", CSV_READ_SOURCE_DIGEST) < 0) {
-        Py_DECREF(module);
-        return NULL;
-    }
-    return module;
 }

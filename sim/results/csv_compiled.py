@@ -1,8 +1,10 @@
-"""The compiled reader of a results table's number columns (the optional C extension
-``stepplan.sim.results._csvread``, ``csvread/``, built by ``pip install``): a block of
-plain CSV lines in one call, about ten times faster than ``np.loadtxt``. ``table.py``'s
-Python reader is the specification: the compiled one takes only lines it is sure of and
-refuses the rest, which Python then reads, with the same values
+"""The compiled CSV text of results tables: the optional C extension
+``stepplan.sim.results._csv`` (``csrc/``, built by ``pip install``), which writes a
+table's lines from its columns (``csv_lines``) and reads its number columns back from a
+block of plain lines (``read_columns``, about ten times faster than ``np.loadtxt``), each
+in one call. ``table.py``'s Python code is the specification of both: the formatter
+gives its bytes (``tests/test_csv_text.py``); the reader takes only lines it is sure of
+and refuses the rest, which Python then reads, with the same values
 (``tests/test_csv_read.py``)."""
 
 from __future__ import annotations
@@ -16,16 +18,16 @@ import numpy as np
 
 from stepplan.planner.native import source_digest
 
-#: The C sources of the compiled reader (``setup.py`` builds ``_csvread`` from them).
-SOURCES = Path(__file__).with_name("csvread")
+#: The C sources of the extension (``setup.py`` builds ``_csv`` from them).
+SOURCES = Path(__file__).with_name("csrc")
 _KINDS = {np.dtype(np.int64): "i", np.dtype(np.float64): "f"}
 
 
-def load_csv_reader() -> ModuleType | None:
-    """The compiled reader, or ``None`` where it is not installed or was built from other
-    sources than those beside this file (then Python reads every table)."""
+def load_compiled_csv() -> ModuleType | None:
+    """The compiled module, or ``None`` where it is not installed or was built from other
+    sources than those beside this file (then Python formats and reads every table)."""
     try:
-        module = importlib.import_module(f"{__package__}._csvread")
+        module = importlib.import_module(f"{__package__}._csv")
     except ImportError:
         return None
     if SOURCES.is_dir() and getattr(module, "SOURCE_DIGEST", None) != source_digest(SOURCES):
