@@ -289,6 +289,29 @@ class BlockPool:
         """:func:`aligned_chunk` for ``request`` (its :attr:`junction`)."""
         return aligned_chunk(start, tokens, prompt_end, self.align, int(self.junction[request]))
 
+    def aligned_wants(
+        self,
+        run: np.ndarray,
+        want: np.ndarray,
+        prefilling: np.ndarray,
+        computed: np.ndarray,
+        target: np.ndarray,
+        budget: int,
+    ) -> np.ndarray:
+        """Cut the running rows' ``want`` (``[n], int64``, in place) to ``budget`` in
+        order, prefill chunks from ``computed`` toward ``target`` aligned
+        (:meth:`aligned_chunk`); ``[n], bool`` the rows that get tokens (vLLM skips a
+        request with no aligned chunk and goes on to the next)."""
+        keep = np.zeros(run.size, bool)
+        left = budget
+        for row, request in enumerate(run.tolist()):
+            tokens = min(int(want[row]), left)
+            if prefilling[row] and tokens > 0:
+                tokens = self.aligned_chunk(request, int(computed[row]), tokens, int(target[row]))
+            want[row], keep[row] = tokens, tokens > 0
+            left -= tokens
+        return keep
+
     def _keep_states(self, ids: list[int], positions: list[int], prompt: list[int]) -> None:
         """Aligned: a request reaching its prompt's last aligned boundary before the
         last token, or its :attr:`junction`, keeps the conv state there (vLLM 0.33

@@ -221,38 +221,22 @@ class Scheduler(RequestProgress):
         )
         want = np.where(prefilling, target - computed, 1 + lookahead)
         if self.pool is not None and self.pool.align:
-            keep = self._aligned_wants(run, want, prefilling, budget)
-            run, want, prefilling = run[keep], want[keep], prefilling[keep]
-            computed = computed[keep]
-            if self.pool.grow_all(run, computed + want):
-                return run, want, prefilling
-            return self._running_rows_preempting(budget)
-        ends = np.cumsum(want)
-        if ends[-1] > budget:
-            got = np.clip(budget - (ends - want), 0, want)
-            keep = got > 0
-            run, want, prefilling, computed = run[keep], got[keep], prefilling[keep], computed[keep]
+            keep = self.pool.aligned_wants(run, want, prefilling, computed, target, budget)
+        elif (ends := np.cumsum(want))[-1] > budget:
+            want = np.clip(budget - (ends - want), 0, want)
+            keep = want > 0
+        else:
+            keep = None
+        if keep is not None:
+            run, want, prefilling, computed = (
+                run[keep],
+                want[keep],
+                prefilling[keep],
+                computed[keep],
+            )
         if self.pool is None or self.pool.grow_all(run, computed + want):
             return run, want, prefilling
         return self._running_rows_preempting(budget)
-
-    def _aligned_wants(
-        self, run: np.ndarray, want: np.ndarray, prefilling: np.ndarray, budget: int
-    ) -> np.ndarray:
-        """Cut ``want`` (``[n], int64``, in place) to the budget in order, prefill chunks
-        aligned (``memory.aligned_chunk``); ``[n], bool`` the rows that get tokens (vLLM
-        skips a request with no aligned chunk and goes on to the next)."""
-        keep = np.zeros(run.size, bool)
-        left = budget
-        for row, request in enumerate(run.tolist()):
-            tokens = min(int(want[row]), left)
-            if prefilling[row] and tokens > 0:
-                tokens = self.pool.aligned_chunk(
-                    request, int(self.computed[request]), tokens, int(self.target[request])
-                )
-            want[row], keep[row] = tokens, tokens > 0
-            left -= tokens
-        return keep
 
     def _running_rows_preempting(self, budget: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """:meth:`_running_rows` one request at a time when the free blocks do not cover
