@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from test_scheduler_vllm import _vllm, requires_vllm
 from test_stepper import assert_same, both, needs_compiled
 
-from stepplan.sim.memory_sizing import _check_longest, one_rank_model, plan_memory
+from stepplan.sim.memory_sizing import one_rank_model, plan_memory
 from stepplan.sim.scheduler import vllm_engine_scheduler
 from stepplan.sim.scheduler_diff import compare_schedulers
 from stepplan.sim.settings.config import ConfigError, SimConfig, with_settings
@@ -109,12 +109,13 @@ def test_the_shared_pool_is_vllms_on_drawn_models(run_settings, data):
         if layout.num_blocks <= BUILT_POOL_BLOCKS:
             event("allocated from a built pool")
             engine, _, _ = vllm_engine_scheduler._engine(config.scheduler, layout, model, folder)
-            _allocations_are_vllms(layout, engine.kv_cache_manager, attention, model, data)
+            _allocations_are_vllms(config, layout, engine.kv_cache_manager, attention, data)
 
 
-def _allocations_are_vllms(layout, manager, attention, model, data) -> None:
+def _allocations_are_vllms(config, layout, manager, attention, data) -> None:
     """Requests of a few drawn lengths and of lengths about the most the pool holds,
-    each allocated on the empty pool and freed again."""
+    each allocated on the empty pool and freed again; a trace of one such request is
+    refused before its run exactly where vLLM cannot allocate it."""
     from vllm.sampling_params import SamplingParams
     from vllm.v1.request import Request
 
@@ -127,7 +128,7 @@ def _allocations_are_vllms(layout, manager, attention, model, data) -> None:
     edge = [max(1, most + d) for d in (-1, 0, 1)]
     small = data.draw(st.lists(st.integers(1, 5000), min_size=1, max_size=3))
     for n, tokens in enumerate(sorted({*small, *edge})):
-        if tokens > model.max_model_len:
+        if tokens > config.model.resolved().max_model_len:
             continue
         request = Request(
             str(n),
@@ -142,7 +143,7 @@ def _allocations_are_vllms(layout, manager, attention, model, data) -> None:
         needs = int(layout.blocks_for(np.array([tokens]), np.array([0]))[0])
         refused = False
         try:  # one request of `tokens` positions (prompt `tokens`, one output token)
-            _check_longest(layout, _requests([tokens]))
+            plan_memory(config, _requests([tokens]))
         except ConfigError:
             refused = True
         assert refused == (allocated is None), (tokens, needs, layout.num_blocks)
