@@ -232,3 +232,28 @@ def test_the_vllm_path_plans_one_ranks_cache(kv_heads):
     groups = engine.kv_cache_config.kv_cache_groups
     assert engine.kv_cache_config.num_blocks - 1 == layout.num_blocks
     assert groups[0].kv_cache_spec.block_size == layout.block_size
+
+
+#: Forty requests at once, prompts up to 2,000 tokens (chunked under a 512-token budget).
+SMALL_CROWD = "synthetic:n=40,rate=5000,cv2=4,prompt=uniform:16:2000,output=uniform:16:200"
+
+
+@requires_vllm
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(hybrid_models(), st.integers(0, 3), st.sampled_from([512, 2048]))
+def test_drawn_hybrid_models_schedule_as_vllm_in_a_small_pool(run_settings, seed, budget):
+    """Any drawn hybrid model, its pool about 2.5 times its longest request: stepplan's
+    scheduler admits, grows and preempts as vLLM's on every step."""
+    table = parse_synthetic(SMALL_CROWD, seed=seed)
+    scheduler = {"scheduler.max_num_seqs": 16, "scheduler.max_num_batched_tokens": budget}
+    config = with_settings(SimConfig(), {**run_settings, **scheduler})
+    try:
+        layout = plan_memory(config, _requests([]))
+        positions = table.prompt_tokens + table.output_tokens - 1
+        longest = int(layout.blocks_for(positions, np.zeros_like(positions)).max())
+        gib = (2.5 * longest + 1) * layout.block_bytes / 2**30
+        config = with_settings(config, {"memory.kv_cache_gib": gib})
+        diff = compare_schedulers(table, config, _vllm(config))
+    except ConfigError:  # a conv state larger than the pool
+        assume(False)
+    assert diff.agreement == 1.0, diff.format()
