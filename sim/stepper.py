@@ -250,6 +250,7 @@ def _pool_fields(scheduler: Scheduler) -> dict[str, Any]:
         "kept_state_blocks": layout.kept_state_blocks,
         "entry_tokens": layout.entry_tokens,
         "state_blocks": layout.state_blocks,
+        "attention_groups": layout.attention_groups,
         "entries_per_hash": layout.entries_per_hash,
         "entry_blocks": layout.entry_blocks,
         "entries": pool.entries,

@@ -135,6 +135,7 @@ static int bind_pool(Stepper *self, PyObject *f) {
     self->kept = get_int(f, "kept_state_blocks", &failed);
     self->entry_tokens = get_int(f, "entry_tokens", &failed);
     self->state_blocks = get_int(f, "state_blocks", &failed);
+    self->attention_groups = get_int(f, "attention_groups", &failed);
     self->per_hash = get_int(f, "entries_per_hash", &failed);
     self->entry_blocks = get_int(f, "entry_blocks", &failed);
     self->entries = PyDict_GetItemString(f, "entries");

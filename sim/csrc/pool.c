@@ -5,7 +5,8 @@
 #include "pool.h"
 
 int64_t blocks_for(const Stepper *self, int64_t request, int64_t positions) {
-    int64_t blocks = (positions + self->block_size - 1) / self->block_size + self->state_blocks;
+    int64_t kv = (positions + self->block_size - 1) / self->block_size;
+    int64_t blocks = kv * self->attention_groups + self->state_blocks;
     if (self->kept) {
         int64_t boundaries = positions / self->entry_tokens;
         int64_t hashed = self->hashed[request];
