@@ -10,10 +10,11 @@ conv-state slot pool is reserved first -- ``min(scheduler.slots, budget // slot
 bytes)`` slots, allocated once as the executor's slot pool is -- and the rest is cut
 into KV blocks of ``memory.block_size`` tokens. A hybrid model without prefix caching
 is laid out as vLLM lays one out instead (:func:`_shared_pool`): its conv states are
-blocks of the same pool, held by each running request. A request's blocks hold its attention
-KV. Where a hybrid model caches prefixes, the reserved slots stay and chunks and entries
-follow vLLM's "align" mode (:attr:`MemoryLayout.align_tokens`); its kept conv states
-are not charged to the pool.
+blocks of the same pool, held by each running request, and its attention layers may form
+several groups, each taking its own block per ``block_size`` tokens. A request's blocks hold
+its attention KV. Where a hybrid model caches prefixes, the reserved slots stay and chunks
+and entries follow vLLM's "align" mode (:attr:`MemoryLayout.align_tokens`); its kept conv
+states are not charged to the pool.
 
 Checked before the run: the weights leave a budget, it holds a slot, and the
 longest request fits in the whole block pool (else it could never finish).
@@ -75,6 +76,19 @@ def model_footprint(model: ModelConfig, num_spec_tokens: int, tensor: int = 1) -
     )
 
 
+def one_rank_model(model: ModelConfig, tensor: int) -> ModelConfig:
+    """``model`` as the cache of one of ``tensor`` tensor-parallel ranks holds it: the
+    rank's KV bytes per token and conv channels (``parallel.split_model``), as vLLM
+    plans each worker's cache from that worker's layers."""
+    model = model.resolved()
+    if tensor == 1:
+        return model
+    share = split_model(model, tensor)
+    return attrs.evolve(
+        model, kv_bytes_per_token=share.kv_bytes_per_token, conv_channels=share.conv_channels
+    )
+
+
 @attrs.frozen
 class MemoryLayout:
     """The cache's split for one run.
@@ -103,6 +117,8 @@ class MemoryLayout:
             a prefix-cache entry is one such block of the prompt, and a conv state is
             kept only at a prompt's last such boundary and where a request's prefix was
             cached for attention alone (``docs/memory.md``); 0 otherwise.
+        attention_groups: vLLM's KV-cache groups of attention layers: each holds its own
+            block for every ``block_size`` tokens (:func:`_shared_pool`; 1 elsewhere).
         check: verify the accounting every step.
     """
 
@@ -121,6 +137,7 @@ class MemoryLayout:
     entry_tokens: int = attrs.field()
     state_blocks: int = 0
     align_tokens: int = 0
+    attention_groups: int = 1
 
     @entry_tokens.default
     def _whole_hashed_block(self) -> int:
@@ -129,7 +146,7 @@ class MemoryLayout:
     @property
     def entry_blocks(self) -> int:
         """KV blocks of one prefix-cache entry."""
-        return self.entry_tokens // self.block_size
+        return self.kv_blocks(self.entry_tokens)
 
     @property
     def entries_per_hash(self) -> int:
@@ -142,8 +159,9 @@ class MemoryLayout:
         return np.minimum(num_hashes * self.prefix_block_tokens, prompt) // self.entry_tokens
 
     def kv_blocks(self, tokens: Any) -> Any:
-        """KV blocks of ``tokens`` positions: an int, or ``[n], int64`` for an array."""
-        return (tokens + self.block_size - 1) // self.block_size
+        """KV blocks of ``tokens`` positions, one per ``block_size`` tokens in each
+        attention group: an int, or ``[n], int64`` for an array."""
+        return self.attention_groups * ((tokens + self.block_size - 1) // self.block_size)
 
     def blocks_for(self, tokens: Any) -> Any:
         """Blocks a request holds for ``tokens`` positions (an int, or ``[n], int64``):
@@ -204,7 +222,7 @@ def plan_memory(config: SimConfig, table: RequestTable, *, live: bool = False) -
             f"{memory.prefix_block_tokens}-token hashed blocks, as prefix caching needs "
             "(or set memory.prefix_caching = false)"
         )
-    block_size, state_blocks, align = memory.block_size, 0, 0
+    block_size, state_blocks, attention_groups, align = memory.block_size, 0, 1, 0
     if caching and footprint.slot_bytes and block_bytes:
         align = _hybrid_block_size(config.model.resolved(), footprint, memory.block_size)
         if scheduler.max_num_batched_tokens < align:  # no prefill chunk could ever run
@@ -215,7 +233,7 @@ def plan_memory(config: SimConfig, table: RequestTable, *, live: bool = False) -
                 "memory.prefix_caching = false"
             )
     if footprint.slot_bytes and block_bytes and not caching:
-        block_size, block_bytes, num_blocks, state_blocks = _shared_pool(
+        block_size, block_bytes, num_blocks, state_blocks, attention_groups = _shared_pool(
             config.model.resolved(), footprint, budget, memory.block_size, scheduler.num_spec_tokens
         )
         slots = scheduler.slots  # no memory set apart: the pool binds
@@ -236,6 +254,7 @@ def plan_memory(config: SimConfig, table: RequestTable, *, live: bool = False) -
         align_tokens=align,
         # every full KV block is an entry, as vLLM's (its hybrid blocks where aligned)
         entry_tokens=align or memory.block_size if caching else memory.prefix_block_tokens,
+        attention_groups=attention_groups,
     )
     _check_longest(layout, table)
     return layout
@@ -243,15 +262,16 @@ def plan_memory(config: SimConfig, table: RequestTable, *, live: bool = False) -
 
 def _shared_pool(
     model: ModelConfig, footprint: ModelFootprint, budget: float, align: int, spec_tokens: int
-) -> tuple[int, float, int, int]:
+) -> tuple[int, float, int, int, int]:
     """A hybrid model's cache as vLLM 0.33 lays it out: ``(block_size, block_bytes,
-    num_blocks, state_blocks)``. Layers go in groups of one kind and equal size (the
-    fewer layers of a kind, or the more where they are under 1.5 times as many); a
-    block is one page of every layer of a group; an attention page holds
-    ``block_size`` tokens, the smallest multiple of ``align`` whose page holds a conv
-    state, which is padded to it. Attention and conv-state groups draw blocks from the
-    one pool (less vLLM's null block); a running request holds ``1 + spec_tokens``
-    state blocks per conv-state group (one per draft) and its KV blocks."""
+    num_blocks, state_blocks, attention_groups)``. Layers go in groups of one kind and
+    equal size (the fewer layers of a kind, or the more where they are under 1.5 times
+    as many; a kind's last group padded); a block is one page of every layer of a
+    group; an attention page holds ``block_size`` tokens, the smallest multiple of
+    ``align`` whose page holds a conv state, which is padded to it. Every group draws
+    blocks from the one pool (less vLLM's null block): a running request holds
+    ``1 + spec_tokens`` state blocks per conv-state group (one per draft) and a block
+    per ``block_size`` tokens per attention group."""
     attention, conv = model.layers - model.conv_layers, model.conv_layers
     token_page = footprint.kv_bytes_per_token / attention  # one layer's K and V per token
     block_size = _hybrid_block_size(model, footprint, align)
@@ -260,7 +280,7 @@ def _shared_pool(
     block_bytes = block_size * token_page * group
     num_blocks = int(budget // block_bytes) - 1
     state_blocks = math.ceil(conv / group) * (1 + spec_tokens)
-    return block_size, block_bytes, num_blocks, state_blocks
+    return block_size, block_bytes, num_blocks, state_blocks, math.ceil(attention / group)
 
 
 def _hybrid_block_size(model: ModelConfig, footprint: ModelFootprint, align: int) -> int:

@@ -249,6 +249,7 @@ def _pool_fields(scheduler: Scheduler) -> dict[str, Any]:
         "block_size": layout.block_size,
         "entry_tokens": layout.entry_tokens,
         "state_blocks": layout.state_blocks,
+        "attention_groups": layout.attention_groups,
         "entries_per_hash": layout.entries_per_hash,
         "entry_blocks": layout.entry_blocks,
         "align_tokens": 0,

@@ -134,6 +134,7 @@ static int bind_pool(Stepper *self, PyObject *f) {
     self->block_size = get_int(f, "block_size", &failed);
     self->entry_tokens = get_int(f, "entry_tokens", &failed);
     self->state_blocks = get_int(f, "state_blocks", &failed);
+    self->attention_groups = get_int(f, "attention_groups", &failed);
     self->per_hash = get_int(f, "entries_per_hash", &failed);
     self->entry_blocks = get_int(f, "entry_blocks", &failed);
     self->align = get_int(f, "align_tokens", &failed);

@@ -5,7 +5,8 @@
 #include "pool.h"
 
 int64_t blocks_for(const Stepper *self, int64_t positions) {
-    return (positions + self->block_size - 1) / self->block_size + self->state_blocks;
+    int64_t kv = (positions + self->block_size - 1) / self->block_size;
+    return kv * self->attention_groups + self->state_blocks;
 }
 
 int64_t cached_blocks(const Stepper *self) {

@@ -47,6 +47,7 @@ typedef struct {
     int has_pool, caching;
     int64_t *held, *hashed, *registered, *free_blocks;
     int64_t capacity, block_size, entry_tokens, per_hash, entry_blocks, state_blocks;
+    int64_t attention_groups; /* blocks per block_size tokens: one per attention group */
     const int64_t *prefix_offsets, *hashes; /* the trace's prompt block hashes */
     /* vLLM's align mode (align 0: off): hashed tokens per trace hash, each request's
      * junction, and the set of entries ending on a kept conv state */

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..memory import BlockPool
-from ..memory_sizing import MemoryLayout
+from ..memory_sizing import MemoryLayout, one_rank_model
 from ..settings.config import SimConfig
 from ..traces import RequestTable
 from .core import Scheduler
@@ -20,7 +20,9 @@ def _stepplan(table: RequestTable, config: SimConfig, layout: MemoryLayout) -> S
 def _vllm(table: RequestTable, config: SimConfig, layout: MemoryLayout) -> Any:
     from .vllm_engine_scheduler import VllmEngineScheduler  # imports vLLM: only when chosen
 
-    return VllmEngineScheduler(table, config.scheduler, layout, config.model)
+    # vLLM plans one worker's cache, as the layout holds one rank's figures
+    model = one_rank_model(config.model, config.parallel.tensor)
+    return VllmEngineScheduler(table, config.scheduler, layout, model)
 
 
 #: name -> a scheduler over a trace, its settings and its memory layout.
