@@ -3,10 +3,10 @@ KV cache manager keeps them (``docs/memory.md``).
 
 Blocks are counted, not named. A request holds ``layout.blocks_for(positions)``
 blocks for the positions its steps have reached (computed tokens plus the tokens
-scheduled, spec drafts included): its attention KV and, with prefix caching, the
-conv state kept at each hashed-block boundary it has passed. Part of them may be
-*entries* of the prefix cache (``MemoryLayout.entry_tokens`` each: a KV block of an
-attention-only model, a whole hashed block and its kept state otherwise): an entry
+scheduled, spec drafts included): its attention KV and, where a hybrid model's conv
+states share the pool, its state blocks. Part of them may be *entries* of the prefix
+cache (``MemoryLayout.entry_tokens`` each: a KV block of an attention-only model, an
+aligned block of a hybrid model's, ``MemoryLayout.align_tokens``): an entry
 of a hashed prompt block is registered under its key (unless that key is cached
 already) when its blocks are allocated for the step that computes it, as vLLM 0.33
 caches them, and is then shared; a later request -- one admitted later in the same
@@ -20,6 +20,8 @@ head). Blocks are *free*, *private* to one request, or in an entry:
 
 from __future__ import annotations
 
+from collections.abc import Hashable
+
 import numpy as np
 
 from .memory_sizing import MemoryLayout, cacheable_blocks
@@ -28,6 +30,27 @@ from .traces import RequestTable
 #: Rows up to which :meth:`BlockPool.grow_all` loops in Python: on a few rows numpy's
 #: per-call cost is larger than the work (most steps of a light trace have 1-4 rows).
 _FEW_ROWS = 12
+
+
+def aligned_chunk(start: int, tokens: int, prompt_end: int, size: int, junction: int) -> int:
+    """Tokens of a prefill chunk of ``tokens`` from ``start`` in vLLM's "align" mode
+    (``MemoryLayout.align_tokens`` = ``size``; 0: none fit). A chunk that stops short of
+    ``prompt_end`` (the tokens to compute) ends on a multiple of ``size``, where the
+    state is written; none runs past the prompt's last aligned boundary before its last
+    token (the state kept for a later request), past its ``junction`` (0: none), or,
+    starting mid-block, past the next boundary."""
+    if start >= prompt_end:
+        return tokens
+    end = start + tokens
+    if end < prompt_end:
+        end = end // size * size
+    stops = (
+        (start // size + 1) * size if start % size else 0,
+        (prompt_end - 1) // size * size,
+        start + (junction - start) // size * size if start < junction < end else 0,
+    )
+    end = min((stop for stop in stops if start < stop < end), default=end)
+    return max(end - start, 0)
 
 
 class BlockPool:
@@ -55,10 +78,15 @@ class BlockPool:
         self.prefix_offsets, self.prefix_hashes = table.prefix_offsets, table.prefix_blocks
         self._entry_blocks = layout.entry_blocks
         self._entry_tokens, self._per_hash = layout.entry_tokens, layout.entries_per_hash
-        self.entries: dict[int, int] = {}  # entry key -> requests referencing it
-        self.lru: dict[int, None] = {}  # unreferenced entries, least recently used first
-        self.refs: dict[int, list[int]] = {}  # request -> entries it references, in order
+        self.entries: dict[Hashable, int] = {}  # entry key -> requests referencing it
+        self.lru: dict[Hashable, None] = {}  # unreferenced entries, least recently used first
+        self.refs: dict[int, list[Hashable]] = {}  # request -> entries it references, in order
         self.registered = np.zeros(n, np.int64)  # hashed blocks of a request considered
+        self.align = layout.align_tokens if self.caching else 0
+        self.kept_states: set[int] = set()  # entries ending where a conv state is kept
+        # where the last lookup found a prefix cached for attention past its last kept
+        # state: the request keeps a state there (vLLM's shared-prefix junction); [N], int64
+        self.junction = np.zeros(n, np.int64)
 
     @property
     def free(self) -> int:
@@ -79,20 +107,13 @@ class BlockPool:
         """Blocks held by running requests (private and referenced entries)."""
         return self.capacity - self.free - self.cached_blocks
 
-    def need(self, ids: np.ndarray, positions: np.ndarray) -> np.ndarray:
-        """``[n], int64`` blocks requests ``ids`` hold at ``positions`` (``[n], int64``)."""
-        if not self.layout.kept_state_blocks and not self.layout.state_blocks:
-            return self.layout.kv_blocks(positions)
-        return self.layout.blocks_for(positions, self.hashed[ids])
-
     def grow_all(self, ids: np.ndarray, positions: np.ndarray) -> bool:
         """Grow every request of ``ids`` to ``positions`` (``[n], int64`` each) from free
         blocks only, or change nothing and return ``False``."""
-        plain = not self.layout.kept_state_blocks and not self.layout.state_blocks
-        if ids.size <= _FEW_ROWS and plain:
+        if ids.size <= _FEW_ROWS and not self.layout.state_blocks:
             return self._grow_few(ids.tolist(), positions.tolist())
         held = self.held[ids]
-        delta = self.need(ids, positions) - held
+        delta = self.layout.blocks_for(positions) - held
         if not ids.size or delta.max() <= 0:
             return True  # most steps: no row enters a new block
         np.maximum(delta, 0, out=delta)  # a row with fewer drafts than before keeps its blocks
@@ -125,9 +146,9 @@ class BlockPool:
         free blocks, less those its predecessors took, hold the blocks for ``whole``
         (``[n], int64``, its whole prompt: vLLM's ``scheduler_reserve_full_isl``);
         returns its length. Only without prefix caching (nothing evictable)."""
-        need = self.need(ids, positions)
+        need = self.layout.blocks_for(positions)
         ends = np.cumsum(need)
-        fits = ends - need + self.need(ids, whole) <= self.free
+        fits = ends - need + self.layout.blocks_for(whole) <= self.free
         count = int(fits.argmin()) if not fits.all() else ids.size
         if count:
             self.free -= int(ends[count - 1])
@@ -137,7 +158,7 @@ class BlockPool:
     def grow(self, request: int, positions: int) -> bool:
         """Grow one request to ``positions``, evicting cached entries if need be; ``False``
         (nothing changed) when even eviction leaves too few blocks."""
-        need = int(self.need(np.array([request]), np.array([positions]))[0])
+        need = int(self.layout.blocks_for(positions))
         delta = need - int(self.held[request])
         if delta <= 0:
             return True
@@ -152,14 +173,36 @@ class BlockPool:
         while blocks > 0:
             entry = next(iter(self.lru))
             del self.lru[entry], self.entries[entry]
+            self.kept_states.discard(entry)
             self.free += self._entry_blocks
             blocks -= self._entry_blocks
 
-    def entry_keys(self, request: int, first: int, stop: int) -> list[int]:
-        """Keys of the request's prefix-cache entries ``first`` to ``stop`` (exclusive):
-        entry ``j`` of the trace hash ``h`` is ``h * entries_per_hash + j``."""
+    def entry_keys(self, request: int, first: int, stop: int) -> list[Hashable]:
+        """Keys of the request's prefix-cache entries ``first`` to ``stop`` (exclusive).
+        Within its trace hashes (the first ``hashed`` entries), entry ``j`` of the trace
+        hash ``h`` is ``h * entries_per_hash + j``; where entries do not divide hashed
+        blocks (``align``), entry ``i`` is keyed by ``i`` and the hash of the hashed block
+        holding its last token (that hash stands for every token before it). Past them
+        (the rest of the prompt and the output, which no other request shares) entry
+        ``j`` is ``(request, j)``."""
+        hashed = int(self.hashed[request])
+        keys: list[Hashable] = []
+        if first < hashed:
+            keys.extend(self._trace_keys(request, first, min(stop, hashed)))
+        keys.extend((request, j) for j in range(max(first, hashed), stop))
+        return keys
+
+    def _trace_keys(self, request: int, first: int, stop: int) -> list[int]:
+        """:meth:`entry_keys` within the request's trace hashes."""
         per = self._per_hash
         start = int(self.prefix_offsets[request])  # type: ignore[index]
+        if self.align:
+            size, hashed = self.align, self.layout.prefix_block_tokens
+            hashes = self.prefix_hashes  # type: ignore[index]
+            return [
+                int(hashes[start + (size * i + size - 1) // hashed]) << 32 | i  # type: ignore[index]
+                for i in range(first, stop)
+            ]
         hashes = self.prefix_hashes[start + first // per : start + (stop + per - 1) // per]  # type: ignore[index]
         if per == 1:
             return hashes.tolist()
@@ -179,15 +222,21 @@ class BlockPool:
     def lookup(self, request: int, limit_tokens: int) -> list[int]:
         """The cached entries the request's prompt starts with, at most
         ``(limit_tokens - 1) // entry_tokens`` of them (a hit leaves at least one token
-        to compute, and ends where a conv state was kept)."""
+        to compute, and ends where a conv state was kept). Aligned, it sets the
+        request's :attr:`junction`."""
         if not self.caching:
             return []
-        count = min(int(self.hashed[request]), (limit_tokens - 1) // self._entry_tokens)
+        count = (limit_tokens - 1) // self._entry_tokens
         hits = []
         for entry in self.entry_keys(request, 0, count):
             if entry not in self.entries:
                 break
             hits.append(entry)
+        if self.align:
+            run = len(hits)
+            while hits and hits[-1] not in self.kept_states:
+                hits.pop()
+            self.junction[request] = run * self.align if run > len(hits) else 0
         return hits
 
     def admit(self, request: int, hits: list[int], positions: int, whole: int) -> bool:
@@ -196,7 +245,7 @@ class BlockPool:
         hold the blocks for ``whole`` (the request's whole prompt, as vLLM admits)."""
         base = len(hits) * self._entry_blocks
         reach = max(whole, positions)  # positions pass it by placeholder drafts
-        delta = int(self.need(np.array([request]), np.array([reach]))[0]) - base
+        delta = int(self.layout.blocks_for(reach)) - base
         reclaimed = sum(entry in self.lru for entry in hits)  # would no longer be evictable
         if delta > self.free + (len(self.lru) - reclaimed) * self._entry_blocks:
             return False
@@ -211,14 +260,21 @@ class BlockPool:
         assert grown, "admission was checked"
         return True
 
-    def register(self, ids: np.ndarray, positions: np.ndarray) -> None:
-        """Cache the entries requests ``ids`` fill up to ``positions`` (``[n], int64``):
-        as vLLM, when the blocks are allocated for the step that computes them, so a
-        request admitted later in the same step hits them. An entry already cached
-        stays private."""
+    def register(
+        self, ids: np.ndarray, positions: np.ndarray, prompt: np.ndarray, emitted: np.ndarray
+    ) -> None:
+        """Cache the entries requests ``ids`` fill up to ``positions`` with tokens known
+        (their ``prompt`` and ``emitted`` tokens, drafts not; ``[n], int64`` each): as
+        vLLM, when the blocks are allocated for the step that computes them, so a request
+        admitted later in the same step hits them. Every full entry is cached, output
+        tokens' too (a preempted request hits its own). An entry already cached stays
+        private."""
         if not self.caching:
             return
-        done = np.minimum(positions // self._entry_tokens, self.hashed[ids])
+        reach = np.minimum(positions, prompt + emitted)
+        if self.align:
+            self._keep_states(ids.tolist(), reach.tolist(), prompt.tolist())
+        done = reach // self._entry_tokens
         for row in np.flatnonzero(done > self.registered[ids]).tolist():
             request, upto = int(ids[row]), int(done[row])
             first = int(self.registered[request])
@@ -228,6 +284,44 @@ class BlockPool:
                     self.entries[entry] = 1
                     refs.append(entry)
             self.registered[request] = upto
+
+    def aligned_chunk(self, request: int, start: int, tokens: int, prompt_end: int) -> int:
+        """:func:`aligned_chunk` for ``request`` (its :attr:`junction`)."""
+        return aligned_chunk(start, tokens, prompt_end, self.align, int(self.junction[request]))
+
+    def aligned_wants(
+        self,
+        run: np.ndarray,
+        want: np.ndarray,
+        prefilling: np.ndarray,
+        computed: np.ndarray,
+        target: np.ndarray,
+        budget: int,
+    ) -> np.ndarray:
+        """Cut the running rows' ``want`` (``[n], int64``, in place) to ``budget`` in
+        order, prefill chunks from ``computed`` toward ``target`` aligned
+        (:meth:`aligned_chunk`); ``[n], bool`` the rows that get tokens (vLLM skips a
+        request with no aligned chunk and goes on to the next)."""
+        keep = np.zeros(run.size, bool)
+        left = budget
+        for row, request in enumerate(run.tolist()):
+            tokens = min(int(want[row]), left)
+            if prefilling[row] and tokens > 0:
+                tokens = self.aligned_chunk(request, int(computed[row]), tokens, int(target[row]))
+            want[row], keep[row] = tokens, tokens > 0
+            left -= tokens
+        return keep
+
+    def _keep_states(self, ids: list[int], positions: list[int], prompt: list[int]) -> None:
+        """Aligned: a request reaching its prompt's last aligned boundary before the
+        last token, or its :attr:`junction`, keeps the conv state there (vLLM 0.33
+        keeps no other: its retention interval is 0)."""
+        size = self.align
+        for request, reach, tokens in zip(ids, positions, prompt, strict=True):
+            last = (tokens - 1) // size * size
+            block = reach // size
+            if reach in (last, int(self.junction[request])) and 0 < block <= self.hashed[request]:
+                self.kept_states.update(self.entry_keys(request, block - 1, block))
 
     def release(self, ids: np.ndarray) -> None:
         """Give back every block of requests ``ids`` (``[n], int64``): private blocks are
@@ -258,7 +352,7 @@ class BlockPool:
         assert self.free >= 0 and (private >= 0).all(), "negative block count"
         assert total == self.capacity, f"blocks leaked: {total} accounted of {self.capacity}"
         assert self.held.sum() == held.sum(), "a request that is not running holds blocks"
-        assert (held >= self.need(running, positions)).all(), "positions without blocks"
+        assert (held >= self.layout.blocks_for(positions)).all(), "positions without blocks"
         counts: dict[int, int] = {}
         for entry in (e for r in refs for e in r):
             counts[entry] = counts.get(entry, 0) + 1

@@ -12,8 +12,9 @@ into KV blocks of ``memory.block_size`` tokens. A hybrid model without prefix ca
 is laid out as vLLM lays one out instead (:func:`_shared_pool`): its conv states are
 blocks of the same pool, held by each running request, and its attention layers may form
 several groups, each taking its own block per ``block_size`` tokens. A request's blocks hold
-its attention KV, and (with prefix caching) the conv state kept at each hashed-block boundary of
-its prompt, charged as :attr:`MemoryLayout.kept_state_blocks` blocks each.
+its attention KV. Where a hybrid model caches prefixes, the reserved slots stay and chunks
+and entries follow vLLM's "align" mode (:attr:`MemoryLayout.align_tokens`); its kept conv
+states are not charged to the pool.
 
 Checked before the run: the weights leave a budget, it holds a slot, and the
 longest request fits in the whole block pool (else it could never finish).
@@ -106,12 +107,16 @@ class MemoryLayout:
         prefix_block_tokens: tokens per hashed block of the trace.
         entry_tokens: tokens per prefix-cache entry, the granularity of hits: a KV block
             for an attention-only model (vLLM hashes every full block, a partial last
-            hashed block of the trace shares its full KV blocks), a whole hashed block
-            where conv states are kept (a hit must end on a kept state).
-        kept_state_blocks: blocks one kept prefix state is charged (0 without caching).
+            hashed block of the trace shares its full KV blocks), an aligned block
+            (``align_tokens``) for a hybrid model.
         state_blocks: blocks of conv state every running request holds in the pool, as
             vLLM's hybrid cache keeps them (:func:`_shared_pool`); 0 where the slots'
             memory is reserved apart.
+        align_tokens: vLLM's "align" mode, where a hybrid model caches prefixes: prefill
+            chunks end on multiples of this many tokens (vLLM's hybrid attention block),
+            a prefix-cache entry is one such block of the prompt, and a conv state is
+            kept only at a prompt's last such boundary and where a request's prefix was
+            cached for attention alone (``docs/memory.md``); 0 otherwise.
         attention_groups: vLLM's KV-cache groups of attention layers: each holds its own
             block for every ``block_size`` tokens (:func:`_shared_pool`; 1 elsewhere).
         check: verify the accounting every step.
@@ -128,10 +133,10 @@ class MemoryLayout:
     num_blocks: int
     prefix_caching: bool
     prefix_block_tokens: int
-    kept_state_blocks: int
     check: bool = False
     entry_tokens: int = attrs.field()
     state_blocks: int = 0
+    align_tokens: int = 0
     attention_groups: int = 1
 
     @entry_tokens.default
@@ -140,8 +145,8 @@ class MemoryLayout:
 
     @property
     def entry_blocks(self) -> int:
-        """Blocks of one prefix-cache entry: its KV and its kept state."""
-        return self.kv_blocks(self.entry_tokens) + self.kept_state_blocks
+        """KV blocks of one prefix-cache entry."""
+        return self.kv_blocks(self.entry_tokens)
 
     @property
     def entries_per_hash(self) -> int:
@@ -158,14 +163,10 @@ class MemoryLayout:
         attention group: an int, or ``[n], int64`` for an array."""
         return self.attention_groups * ((tokens + self.block_size - 1) // self.block_size)
 
-    def blocks_for(self, tokens: np.ndarray, hashed: np.ndarray) -> np.ndarray:
-        """``[n], int64`` blocks a request holds for ``tokens`` positions (``[n], int64``)
-        when its prompt has ``hashed`` (``[n], int64``) cacheable blocks."""
-        blocks = self.kv_blocks(tokens) + self.state_blocks
-        if self.kept_state_blocks:
-            boundaries = np.minimum(tokens // self.entry_tokens, hashed)
-            blocks = blocks + boundaries * self.kept_state_blocks
-        return blocks
+    def blocks_for(self, tokens: Any) -> Any:
+        """Blocks a request holds for ``tokens`` positions (an int, or ``[n], int64``):
+        its KV blocks and its conv-state blocks where those are in the pool."""
+        return self.kv_blocks(tokens) + self.state_blocks
 
 
 def cacheable_blocks(table: RequestTable, layout: MemoryLayout) -> np.ndarray:
@@ -221,8 +222,16 @@ def plan_memory(config: SimConfig, table: RequestTable, *, live: bool = False) -
             f"{memory.prefix_block_tokens}-token hashed blocks, as prefix caching needs "
             "(or set memory.prefix_caching = false)"
         )
-    kept = math.ceil(footprint.kept_state_bytes / block_bytes) if caching and block_bytes else 0
-    block_size, state_blocks, attention_groups = memory.block_size, 0, 1
+    block_size, state_blocks, attention_groups, align = memory.block_size, 0, 1, 0
+    if caching and footprint.slot_bytes and block_bytes:
+        align = _hybrid_block_size(config.model.resolved(), footprint, memory.block_size)
+        if scheduler.max_num_batched_tokens < align:  # no prefill chunk could ever run
+            raise ConfigError(
+                f"scheduler.max_num_batched_tokens = {scheduler.max_num_batched_tokens} is "
+                f"less than the {align}-token blocks a hybrid model caching prefixes "
+                "computes its prompt in (vLLM's align mode); raise it or set "
+                "memory.prefix_caching = false"
+            )
     if footprint.slot_bytes and block_bytes and not caching:
         block_size, block_bytes, num_blocks, state_blocks, attention_groups = _shared_pool(
             config.model.resolved(), footprint, budget, memory.block_size, scheduler.num_spec_tokens
@@ -240,12 +249,12 @@ def plan_memory(config: SimConfig, table: RequestTable, *, live: bool = False) -
         num_blocks=num_blocks,
         prefix_caching=caching,
         prefix_block_tokens=memory.prefix_block_tokens,
-        kept_state_blocks=kept,
         check=memory.check,
         state_blocks=state_blocks,
+        align_tokens=align,
+        # every full KV block is an entry, as vLLM's (its hybrid blocks where aligned)
+        entry_tokens=align or memory.block_size if caching else memory.prefix_block_tokens,
         attention_groups=attention_groups,
-        # without conv layers no state bounds a hit: every full KV block is one, as vLLM's
-        entry_tokens=memory.block_size if caching and not kept else memory.prefix_block_tokens,
     )
     _check_longest(layout, table)
     return layout
@@ -265,8 +274,7 @@ def _shared_pool(
     per ``block_size`` tokens per attention group."""
     attention, conv = model.layers - model.conv_layers, model.conv_layers
     token_page = footprint.kv_bytes_per_token / attention  # one layer's K and V per token
-    state_page = footprint.kept_state_bytes / conv
-    block_size = align * math.ceil(state_page / (align * token_page))
+    block_size = _hybrid_block_size(model, footprint, align)
     fewer, more = min(attention, conv), max(attention, conv)
     group = more if more < 1.5 * fewer else fewer
     block_bytes = block_size * token_page * group
@@ -275,13 +283,20 @@ def _shared_pool(
     return block_size, block_bytes, num_blocks, state_blocks, math.ceil(attention / group)
 
 
+def _hybrid_block_size(model: ModelConfig, footprint: ModelFootprint, align: int) -> int:
+    """Tokens of vLLM's hybrid attention block: the smallest multiple of ``align``
+    whose page (one layer's K and V) holds a conv state."""
+    token_page = footprint.kv_bytes_per_token / (model.layers - model.conv_layers)
+    state_page = footprint.kept_state_bytes / model.conv_layers
+    return align * math.ceil(state_page / (align * token_page))
+
+
 def _check_longest(layout: MemoryLayout, table: RequestTable) -> None:
     if table.num_requests == 0:
         return
     # every position but the last output token is computed: prompt + output - 1
     positions = table.prompt_tokens + table.output_tokens - 1
-    hashed = cacheable_blocks(table, layout) * layout.prefix_caching
-    needs = layout.blocks_for(positions, hashed)
+    needs = layout.blocks_for(positions)
     worst = int(np.argmax(needs))
     if needs[worst] > layout.num_blocks:
         raise ConfigError(
@@ -316,7 +331,6 @@ def memory_summary(
         "preempted_requests": int((requests["num_preemptions"] > 0).sum()),
         "recomputed_tokens": int(requests["recomputed_tokens"].sum()),
         "prefix_caching": layout.prefix_caching,
-        "kept_state_blocks": layout.kept_state_blocks,
         "cached_tokens": cached,
         "prefix_cache_hit_rate": cached / prompt if prompt else 0.0,
     }

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from .memory import BlockPool
 from .scheduler import Scheduler
 from .scheduler.state import NUM_FREE
 from .settings.config_values import ConfigError
@@ -76,10 +77,8 @@ def admission_refusal(scheduler: Any, request: int) -> str:
             f"{1 + pad} tokens a padded row takes (scheduler.num_spec_tokens + 1)"
         )
     pool = getattr(scheduler, "pool", None)
-    need = getattr(pool, "need", None)
-    if need is not None:
-        whole = int(scheduler.target[request])
-        blocks = int(need(np.array([request]), np.array([whole]))[0])
+    if isinstance(pool, BlockPool):
+        blocks = int(pool.layout.blocks_for(int(scheduler.target[request])))
         free = int(pool.free) + int(pool.cached_blocks)
         if blocks > free:
             return (

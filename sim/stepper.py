@@ -247,12 +247,12 @@ def _pool_fields(scheduler: Scheduler) -> dict[str, Any]:
         "caching": int(pool.caching),
         "capacity": pool.capacity,
         "block_size": layout.block_size,
-        "kept_state_blocks": layout.kept_state_blocks,
         "entry_tokens": layout.entry_tokens,
         "state_blocks": layout.state_blocks,
         "attention_groups": layout.attention_groups,
         "entries_per_hash": layout.entries_per_hash,
         "entry_blocks": layout.entry_blocks,
+        "align_tokens": 0,
         "entries": pool.entries,
         "lru": pool.lru,
         "refs": pool.refs,
@@ -260,6 +260,11 @@ def _pool_fields(scheduler: Scheduler) -> dict[str, Any]:
     if pool.caching:
         fields["prefix_offsets"] = np.ascontiguousarray(pool.prefix_offsets, np.int64)
         fields["hashes"] = np.ascontiguousarray(pool.prefix_hashes, np.int64)
+    if pool.align:
+        fields["align_tokens"] = pool.align
+        fields["prefix_block_tokens"] = layout.prefix_block_tokens
+        fields["kept_states"] = pool.kept_states
+        fields["junction"] = pool.junction
     return fields
 
 

@@ -14,7 +14,12 @@ that computes them (vLLM's rule; a request admitted later in that step hits them
 Every run of the hybrid model without prefix caching was re-pinned when its cache came
 to be laid out as vLLM 0.33 lays out a hybrid model's (48-token KV blocks and the conv
 states in one pool, ``memory_sizing._shared_pool``): ``kv_used_blocks`` and ``kv_usage``
-everywhere, and the scheduling where memory binds.
+everywhere, and the scheduling where memory binds. The hybrid model's prefix-cached runs
+(``mooncake-bound-caching``, ``mooncake-caching-q2``) were re-pinned when they came to
+follow vLLM 0.33's "align" mode (48-token aligned chunks and entries, conv states kept
+only at a prompt's last boundary and at a shared-prefix junction), and both again when
+every full block a request computes, output tokens' included, came to be cached as
+vLLM 0.33 caches it (``kv_cached_blocks``, and the timing where eviction binds).
 
 The old code's model had 8e9 parameters by label; the model presets give ``hybrid-8b``
 its real count (8,433,438,720). Every run here sets ``model.params = 8e9`` (:data:`PINNED`),

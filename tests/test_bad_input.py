@@ -164,6 +164,11 @@ CASES: list[tuple[str, dict[str, str | bytes], list[str], str]] = [
      "scheduler.max_num_seqs: 1000000000 exceeds scheduler.max_num_batched_tokens = 8192"),
     ("budget-below-q", {}, ["--max-num-batched-tokens", "2", "--max-num-seqs", "1"],
      "scheduler.max_num_batched_tokens = 2 is less than Q = scheduler.num_spec_tokens + 1 = 4"),
+    ("budget-below-an-aligned-block",
+     {"t.jsonl": '{"timestamp": 0, "input_length": 900, "output_length": 2, '
+      '"hash_ids": [1, 2]}\n'},
+     ["t.jsonl", "--max-num-batched-tokens", "40", "--max-num-seqs", "1"],
+     "scheduler.max_num_batched_tokens = 40 is less than the 48-token blocks"),
     ("acceptance-length-above-q", {}, ["--acceptance", "fixed", "--acceptance-length", "9"],
      "acceptance.length: 9.0 exceeds Q = scheduler.num_spec_tokens + 1 = 4"),
     ("acceptance-length-below-one", {}, ["--acceptance-length", "0.5"],

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stepplan.sim.memory import BlockPool
-from stepplan.sim.memory_sizing import MemoryLayout, cacheable_blocks
+from stepplan.sim.memory_sizing import MemoryLayout
 from stepplan.sim.scheduler import Scheduler
 from stepplan.sim.settings.config import SchedulerConfig
 from stepplan.sim.traces import RequestTable
@@ -33,10 +33,9 @@ def make_table(arrivals, prompts, outputs, hashes=None) -> RequestTable:
 
 
 def make_layout(
-    num_blocks, *, block_size=1, slots=8, prefix=False, prefix_block_tokens=4, kept=0, state=0
+    num_blocks, *, block_size=1, slots=8, prefix=False, prefix_block_tokens=4, align=0, state=0
 ):
-    # entries as plan_memory makes them: a KV block without kept states, else a hashed block
-    entry_tokens = block_size if prefix and not kept else prefix_block_tokens
+    # entries as plan_memory makes them: a KV block, or an aligned block in align mode
     return MemoryLayout(
         budget_bytes=float(num_blocks),
         budget_source="test",
@@ -49,10 +48,10 @@ def make_layout(
         num_blocks=num_blocks,
         prefix_caching=prefix,
         prefix_block_tokens=prefix_block_tokens,
-        kept_state_blocks=kept if prefix else 0,
         check=True,
-        entry_tokens=entry_tokens,
+        entry_tokens=(align or block_size) if prefix else prefix_block_tokens,
         state_blocks=state,
+        align_tokens=align if prefix else 0,
     )
 
 
@@ -143,19 +142,13 @@ def workloads(draw):
             for family, p in zip(families, prompts, strict=True)
         ]
     table = make_table(arrivals, prompts, outputs, hashes)
-    kept = draw(st.integers(0, 2))
+    # align mode (a hybrid model caching prefixes): entries of 1-3 KV blocks, which
+    # need not divide the hashed blocks
+    align = block_size * draw(st.integers(1, 3)) * draw(st.booleans())
     # conv states in the pool (vLLM's hybrid layout) only where no prefix is cached
     state = 0 if prefix else draw(st.integers(0, 4))
-    probe = make_layout(
-        1,
-        block_size=block_size,
-        prefix=prefix,
-        kept=kept,
-        prefix_block_tokens=prefix_block_tokens,
-        state=state,
-    )
-    hashed = cacheable_blocks(table, probe) * prefix
-    longest = int(probe.blocks_for(table.prompt_tokens + table.output_tokens - 1, hashed).max())
+    probe = make_layout(1, block_size=block_size, state=state)
+    longest = int(probe.blocks_for(table.prompt_tokens + table.output_tokens - 1).max())
     spec_tokens = draw(st.integers(0, 3))
     # a request its hit leaves one token takes placeholder drafts past its last position
     # (vLLM's padding): a pool only as large as the longest request may never admit it
@@ -165,13 +158,14 @@ def workloads(draw):
         slots=draw(st.integers(1, 6)),
         prefix=prefix,
         prefix_block_tokens=prefix_block_tokens,
-        kept=kept,
+        align=align,
         state=state,
     )
     config = SchedulerConfig(
         max_num_seqs=draw(st.integers(1, 6)),
         # check_config refuses a budget below Q: a padded one-token prompt never fits it
-        max_num_batched_tokens=draw(st.integers(1 + spec_tokens, 64)),
+        # and align mode one below an aligned block: no prefill chunk could run
+        max_num_batched_tokens=draw(st.integers(max(1 + spec_tokens, align), 64)),
         num_spec_tokens=spec_tokens,
     )
     return table, config, layout, draw(st.integers(0, 2**16))
@@ -252,39 +246,41 @@ def test_a_resumed_request_prefills_its_prompt_and_output_and_then_emits():
     assert resumed_rows == [(1, 0, 8), (2, 0, 5), (2, 0, 6)]
 
 
-def test_prefix_cache_hits_count_whole_kept_blocks():
-    # blocks of 8 tokens hashed, KV blocks of 4, a kept state costs 1 block
+def test_prefix_cache_hits_count_whole_entries():
+    # blocks of 8 tokens hashed, KV blocks (entries) of 4
     hashes = [[1, 2, 3], [1, 2, 9], [1, 2], [1, 5, 6]]
     prompts = [20, 17, 16, 24]
     table = make_table([0.0, 10.0, 20.0, 30.0], prompts, [2, 2, 2, 2], hashes)
     config = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64, num_spec_tokens=0)
-    layout = make_layout(200, block_size=4, prefix=True, prefix_block_tokens=8, kept=1)
+    layout = make_layout(200, block_size=4, prefix=True, prefix_block_tokens=8)
     run = Run(table, config, layout).run()
-    # r0 caches its two full blocks (the third is partial); r1 hits both (16 of 17
-    # tokens); r2's 16 tokens are exactly two blocks, but one token must be computed,
-    # so it hits one; r3 shares only the first block, and caches its other two
-    np.testing.assert_array_equal(run.cached, [0, 16, 8, 8])
-    np.testing.assert_array_equal(run.scheduler.cached, [0, 16, 8, 8])
-    assert run.pool.entries == {1: 0, 2: 0, 5: 0, 6: 0}
-    assert run.pool.cached_blocks == 4 * layout.entry_blocks == 12
+    # r0 caches its five full blocks; r1 hits four (16 of 17 tokens); r2's 16 tokens
+    # are four blocks, but one token must be computed, so it hits three; r3 shares only
+    # the first hashed block's two, and caches four of its own
+    np.testing.assert_array_equal(run.cached, [0, 16, 12, 8])
+    np.testing.assert_array_equal(run.scheduler.cached, [0, 16, 12, 8])
+    # entry j of hash h is h * 2 + j
+    assert run.pool.entries == dict.fromkeys([2, 3, 4, 5, 6, 10, 11, 12, 13], 0)
+    assert run.pool.cached_blocks == 9 * layout.entry_blocks == 9
 
 
 def test_unreferenced_entries_are_evicted_tail_first():
     table = make_table([0.0, 0.0, 0.0], [16, 16, 16], [1, 1, 1], [[1, 2], [7, 8], [1, 2]])
-    layout = make_layout(14, block_size=4, prefix=True, prefix_block_tokens=8, kept=1)
-    pool = BlockPool(layout, table)  # an entry is 8 / 4 + 1 = 3 blocks
+    layout = make_layout(8, block_size=4, prefix=True, prefix_block_tokens=8)
+    pool = BlockPool(layout, table)  # an entry is one 4-token block, h * 2 + j
     ids = np.array([0], np.int64)
-    assert pool.admit(0, [], 16, 16) and pool.held[0] == 6  # 4 KV blocks and 2 kept states
-    pool.register(ids, np.array([16]))  # computed 16: both hashed blocks complete
-    assert pool.entries == {1: 1, 2: 1} and pool.free == 8
+    assert pool.admit(0, [], 16, 16) and pool.held[0] == 4
+    pool.register(ids, np.array([16]), np.array([16]), np.array([0]))  # both hashed blocks
+    assert pool.entries == {2: 1, 3: 1, 4: 1, 5: 1} and pool.free == 4
     pool.release(ids)
-    assert list(pool.lru) == [2, 1] and pool.used_blocks == 0  # the tail is oldest
-    assert pool.admit(1, [], 24, 24) and pool.free == 0  # 6 KV blocks and 2 kept states
-    assert pool.grow(1, 28) and list(pool.lru) == [1] and pool.free == 2  # entry 2 evicted
-    assert pool.lookup(2, 16) == [1]  # a hit leaves a token to compute: one block of two
-    assert pool.lookup(0, 17) == [1]  # block 2 is gone
-    assert not pool.grow(1, 64)  # 16 + 2 blocks: more than the pool, nothing changes
-    assert pool.held[1] == 9 and list(pool.lru) == [1]
+    assert list(pool.lru) == [5, 4, 3, 2] and pool.used_blocks == 0  # the tail is oldest
+    assert pool.admit(1, [], 24, 24) and pool.free == 0  # 6 blocks: entries 5, 4 evicted
+    assert list(pool.lru) == [3, 2]
+    assert pool.grow(1, 28) and list(pool.lru) == [2] and pool.free == 0  # entry 3 evicted
+    assert pool.lookup(2, 16) == [2]  # its second block is gone
+    assert pool.lookup(0, 17) == [2]
+    assert not pool.grow(1, 64)  # 16 blocks: more than the pool, nothing changes
+    assert pool.held[1] == 7 and list(pool.lru) == [2]
 
 
 def test_admission_never_overtakes_a_request_that_does_not_fit():
@@ -370,3 +366,20 @@ def test_entries_are_hits_in_the_step_that_allocates_them_and_whole_kv_blocks():
     # keys: hash * 2 + index of the KV block in its hashed block; r1 fills the last
     assert pool.entries == {2: 2, 3: 2, 4: 2, 5: 1}
     assert pool.entry_keys(1, 1, 4) == [3, 4, 5]
+
+
+def test_a_preempted_request_hits_its_own_output_blocks():
+    # vLLM caches every full block, output tokens' too: a request that lost its blocks
+    # finds them again, past its prompt's trace hashes (keyed (request, index))
+    table = make_table([0.0], [8], [9], [[1]])
+    layout = make_layout(8, block_size=4, prefix=True, prefix_block_tokens=8)
+    pool = BlockPool(layout, table)
+    ids = np.array([0], np.int64)
+    assert pool.admit(0, [], 8, 8)
+    pool.register(ids, np.array([8]), np.array([8]), np.array([0]))
+    assert pool.grow(0, 16)  # decoding with drafts: 13 tokens known, 16 positions
+    pool.register(ids, np.array([16]), np.array([8]), np.array([5]))
+    assert list(pool.entries) == [2, 3, (0, 2)]  # the drafts' block is not full of known tokens
+    pool.release(ids)
+    assert list(pool.lru) == [(0, 2), 3, 2]
+    assert pool.lookup(0, 13) == [2, 3, (0, 2)]  # 12 of its 13 tokens

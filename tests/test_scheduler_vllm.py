@@ -299,6 +299,18 @@ def test_prefix_caching_agrees_attention_only():
     assert diff.agreement == 1.0, diff.format()
 
 
+@requires_vllm
+def test_prefix_caching_agrees_on_the_hybrid_model():
+    """Mooncake's shared prefixes on the hybrid model (vLLM's "align" mode): chunks end
+    on 48-token blocks, states are kept only at a prompt's last block boundary and at a
+    shared-prefix junction, and both hit the same blocks on every step."""
+    config = SimConfig()
+    table = load_trace("tests/data/mooncake_slice.jsonl").limit(100)
+    diff = compare_schedulers(table, config, _vllm(config))
+    assert diff.sides[0]["prefix_cached_tokens"] > 0
+    assert diff.agreement == 1.0, diff.format()
+
+
 @st.composite
 def hashed_traces(draw):
     """Small traces whose requests share prefixes of 64-token hashed blocks (a family's

@@ -171,7 +171,8 @@ def test_preempting_runs_step_alike(spec_tokens, budget, gib):
     st.sampled_from([None, 0]),
 )
 def test_prefix_cached_runs_step_alike(limit, gib, spec_tokens, max_num_seqs, conv_layers):
-    # conv_layers 0: attention only, whose prefix-cache entries are single KV blocks
+    # conv_layers 0: attention only, whose prefix-cache entries are single KV blocks;
+    # None: the hybrid model, whose chunks and entries follow vLLM's align mode
     layers = {} if conv_layers is None else {"model.conv_layers": conv_layers}
     config = with_settings(
         SimConfig(),
@@ -192,6 +193,28 @@ def test_prefix_cached_runs_step_alike(limit, gib, spec_tokens, max_num_seqs, co
         assume(False)
     assert_same(native, python)
     assert native.summary["memory"]["prefix_caching"]
+
+
+@needs_compiled
+@pytest.mark.parametrize(
+    ("gib", "spec_tokens", "shown"), [(50.0, 3, "cached"), (8.0, 0, "preempted")]
+)
+def test_aligned_prefix_caching_steps_alike(gib, spec_tokens, shown):
+    # the hybrid model caching Mooncake's prefixes in vLLM's align mode: hits, kept
+    # states and junctions alike (50 GiB), and evictions and preemptions (8 GiB)
+    config = with_settings(
+        SimConfig(),
+        {
+            "memory.kv_cache_gib": gib,
+            "memory.check": True,
+            "scheduler.num_spec_tokens": spec_tokens,
+        },
+    )
+    native, python = both(load_trace(MOONCAKE).limit(150), config)
+    assert_same(native, python)
+    column = {"cached": "cached_tokens", "preempted": "num_preemptions"}[shown]
+    assert native.requests[column].sum() > 0
+    assert native.summary["memory"]["block_size"] == 16  # slots reserved apart
 
 
 @needs_compiled

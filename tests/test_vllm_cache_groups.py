@@ -140,7 +140,7 @@ def _allocations_are_vllms(config, layout, manager, attention, data) -> None:
         )
         allocated = manager.allocate_slots(request, tokens)
         taken = free - pool.get_num_free_blocks()
-        needs = int(layout.blocks_for(np.array([tokens]), np.array([0]))[0])
+        needs = int(layout.blocks_for(tokens))
         refused = False
         try:  # one request of `tokens` positions (prompt `tokens`, one output token)
             plan_memory(config, _requests([tokens]))
@@ -177,9 +177,7 @@ def test_three_attention_groups_charge_three_blocks_a_block_of_tokens():
     layout = plan_memory(_three_groups(4.0, 3), _requests([10]))
     assert (layout.block_size, layout.attention_groups, layout.state_blocks) == (48, 3, 4)
     positions = np.array([1, 48, 49, 500])
-    np.testing.assert_array_equal(
-        layout.blocks_for(positions, np.zeros(4, np.int64)), [7, 7, 10, 37]
-    )
+    np.testing.assert_array_equal(layout.blocks_for(positions), [7, 7, 10, 37])
     # 2,000 positions take 3 x 42 + 4 = 130 blocks: a pool of 130 holds them, 129 does not
     table = _requests([2000])
     block_gib = layout.block_bytes / 2**30
@@ -250,7 +248,7 @@ def test_drawn_hybrid_models_schedule_as_vllm_in_a_small_pool(run_settings, seed
     try:
         layout = plan_memory(config, _requests([]))
         positions = table.prompt_tokens + table.output_tokens - 1
-        longest = int(layout.blocks_for(positions, np.zeros_like(positions)).max())
+        longest = int(layout.blocks_for(positions).max())
         gib = (2.5 * longest + 1) * layout.block_bytes / 2**30
         config = with_settings(config, {"memory.kv_cache_gib": gib})
         diff = compare_schedulers(table, config, _vllm(config))

@@ -132,12 +132,12 @@ static int bind_pool(Stepper *self, PyObject *f) {
     self->caching = (int)get_int(f, "caching", &failed);
     self->capacity = get_int(f, "capacity", &failed);
     self->block_size = get_int(f, "block_size", &failed);
-    self->kept = get_int(f, "kept_state_blocks", &failed);
     self->entry_tokens = get_int(f, "entry_tokens", &failed);
     self->state_blocks = get_int(f, "state_blocks", &failed);
     self->attention_groups = get_int(f, "attention_groups", &failed);
     self->per_hash = get_int(f, "entries_per_hash", &failed);
     self->entry_blocks = get_int(f, "entry_blocks", &failed);
+    self->align = get_int(f, "align_tokens", &failed);
     self->entries = PyDict_GetItemString(f, "entries");
     self->lru = PyDict_GetItemString(f, "lru");
     self->refs = PyDict_GetItemString(f, "refs");
@@ -153,12 +153,27 @@ static int bind_pool(Stepper *self, PyObject *f) {
     Py_INCREF(self->lru);
     Py_INCREF(self->refs);
     if (!self->caching) {
+        self->align = 0;
         return 0;
     }
-    return bind_ro(self, f, "prefix_offsets", 'q', 8, (void **)&self->prefix_offsets, NULL) < 0 ||
-                   bind_ro(self, f, "hashes", 'q', 8, (void **)&self->hashes, NULL) < 0
-               ? -1
-               : 0;
+    if (bind_ro(self, f, "prefix_offsets", 'q', 8, (void **)&self->prefix_offsets, NULL) < 0 ||
+        bind_ro(self, f, "hashes", 'q', 8, (void **)&self->hashes, NULL) < 0) {
+        return -1;
+    }
+    if (!self->align) {
+        return 0;
+    }
+    self->hashed_tokens = get_int(f, "prefix_block_tokens", &failed);
+    self->kept_states = PyDict_GetItemString(f, "kept_states");
+    if (failed || self->kept_states == NULL || !PySet_Check(self->kept_states)) {
+        self->kept_states = NULL;
+        if (!failed) {
+            PyErr_SetString(PyExc_TypeError, "stepper: kept_states must be a set");
+        }
+        return -1;
+    }
+    Py_INCREF(self->kept_states);
+    return I64("junction", junction) < 0 ? -1 : 0;
 }
 
 static int bind_acceptance(Stepper *self, PyObject *f) {
@@ -200,6 +215,7 @@ static void stepper_dealloc(Stepper *self) {
     Py_XDECREF(self->entries);
     Py_XDECREF(self->lru);
     Py_XDECREF(self->refs);
+    Py_XDECREF(self->kept_states);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 

@@ -4,37 +4,42 @@
  * references, in order). Every function answers -1 with an exception set on failure. */
 #include "pool.h"
 
-int64_t blocks_for(const Stepper *self, int64_t request, int64_t positions) {
+int64_t blocks_for(const Stepper *self, int64_t positions) {
     int64_t kv = (positions + self->block_size - 1) / self->block_size;
-    int64_t blocks = kv * self->attention_groups + self->state_blocks;
-    if (self->kept) {
-        int64_t boundaries = positions / self->entry_tokens;
-        int64_t hashed = self->hashed[request];
-        blocks += (boundaries < hashed ? boundaries : hashed) * self->kept;
-    }
-    return blocks;
+    return kv * self->attention_groups + self->state_blocks;
 }
 
 int64_t cached_blocks(const Stepper *self) {
     return (int64_t)PyDict_Size(self->lru) * self->entry_blocks;
 }
 
-/* The key of the request's ``index``-th prefix-cache entry, as a new Python int:
- * BlockPool.entry_keys, ``hash * per_hash + index % per_hash`` (in Python's integers
- * where int64 would overflow). */
+/* The key of the request's ``index``-th prefix-cache entry (BlockPool.entry_keys), a
+ * new Python object: within its trace hashes ``hash * per_hash + index % per_hash``, in
+ * align mode ``hash * 2**32 + index`` with the hash of the hashed block holding the
+ * entry's last token (in Python's integers where int64 would overflow); past them the
+ * tuple ``(request, index)``. */
 static PyObject *block_hash(const Stepper *self, int64_t request, int64_t index) {
-    int64_t hash = self->hashes[self->prefix_offsets[request] + index / self->per_hash];
-    int64_t part = index % self->per_hash, key;
-    if (!__builtin_mul_overflow(hash, self->per_hash, &key) &&
-        !__builtin_add_overflow(key, part, &key)) {
+    int64_t scale, part, hash, key;
+    if (index >= self->hashed[request]) { /* past the trace hashes: the request's own */
+        return Py_BuildValue("(LL)", (long long)request, (long long)index);
+    }
+    if (self->align) {
+        int64_t last = self->align * index + self->align - 1;
+        hash = self->hashes[self->prefix_offsets[request] + last / self->hashed_tokens];
+        scale = (int64_t)1 << 32, part = index;
+    } else {
+        hash = self->hashes[self->prefix_offsets[request] + index / self->per_hash];
+        scale = self->per_hash, part = index % self->per_hash;
+    }
+    if (!__builtin_mul_overflow(hash, scale, &key) && !__builtin_add_overflow(key, part, &key)) {
         return PyLong_FromLongLong(key);
     }
-    PyObject *h = PyLong_FromLongLong(hash), *per = PyLong_FromLongLong(self->per_hash);
-    PyObject *scaled = h && per ? PyNumber_Multiply(h, per) : NULL;
+    PyObject *h = PyLong_FromLongLong(hash), *by = PyLong_FromLongLong(scale);
+    PyObject *scaled = h && by ? PyNumber_Multiply(h, by) : NULL;
     PyObject *offset = scaled ? PyLong_FromLongLong(part) : NULL;
     PyObject *sum = offset ? PyNumber_Add(scaled, offset) : NULL;
     Py_XDECREF(h);
-    Py_XDECREF(per);
+    Py_XDECREF(by);
     Py_XDECREF(scaled);
     Py_XDECREF(offset);
     return sum;
@@ -50,7 +55,8 @@ static int evict(Stepper *self, int64_t blocks) {
             return -1;
         }
         Py_INCREF(entry);
-        int failed = PyDict_DelItem(self->lru, entry) < 0 || PyDict_DelItem(self->entries, entry) < 0;
+        int failed = PyDict_DelItem(self->lru, entry) < 0 || PyDict_DelItem(self->entries, entry) < 0 ||
+                     (self->align && PySet_Discard(self->kept_states, entry) < 0);
         Py_DECREF(entry);
         if (failed) {
             return -1;
@@ -62,7 +68,7 @@ static int evict(Stepper *self, int64_t blocks) {
 }
 
 int grow_one(Stepper *self, int64_t request, int64_t positions) {
-    int64_t need = blocks_for(self, request, positions);
+    int64_t need = blocks_for(self, positions);
     int64_t delta = need - self->held[request];
     if (delta <= 0) {
         return 1;
@@ -112,17 +118,22 @@ int release_one(Stepper *self, int64_t request) {
     return failed ? -1 : 0;
 }
 
-Py_ssize_t lookup(const Stepper *self, int64_t request, int64_t limit_tokens) {
+/* Whether the request's ``index``-th entry is in ``container`` (1, 0; -1 failed). */
+static int entry_in(const Stepper *self, PyObject *container, int64_t request, int64_t index) {
+    PyObject *entry = block_hash(self, request, index);
+    int found = entry == NULL ? -1 : PySequence_Contains(container, entry);
+    Py_XDECREF(entry);
+    return found;
+}
+
+Py_ssize_t lookup(Stepper *self, int64_t request, int64_t limit_tokens) {
     if (!self->caching) {
         return 0;
     }
     int64_t count = (limit_tokens - 1) / self->entry_tokens;
-    count = self->hashed[request] < count ? self->hashed[request] : count;
     Py_ssize_t hits = 0;
     for (; hits < count; hits++) {
-        PyObject *entry = block_hash(self, request, hits);
-        int found = entry == NULL ? -1 : PyDict_Contains(self->entries, entry);
-        Py_XDECREF(entry);
+        int found = entry_in(self, self->entries, request, hits);
         if (found < 0) {
             return -1;
         }
@@ -130,7 +141,61 @@ Py_ssize_t lookup(const Stepper *self, int64_t request, int64_t limit_tokens) {
             break;
         }
     }
+    if (!self->align) {
+        return hits;
+    }
+    /* a hit ends on a kept state; past it the prefix is cached for attention alone */
+    Py_ssize_t run = hits;
+    while (hits > 0) {
+        int kept = entry_in(self, self->kept_states, request, hits - 1);
+        if (kept < 0) {
+            return -1;
+        }
+        if (kept) {
+            break;
+        }
+        hits--;
+    }
+    self->junction[request] = run > hits ? run * self->align : 0;
     return hits;
+}
+
+int64_t aligned_chunk(int64_t start, int64_t tokens, int64_t prompt_end, int64_t size,
+                      int64_t junction) {
+    if (start >= prompt_end) {
+        return tokens;
+    }
+    int64_t end = start + tokens;
+    if (end < prompt_end) {
+        end = end / size * size;
+    }
+    int64_t stops[3] = {
+        start % size ? (start / size + 1) * size : 0,
+        (prompt_end - 1) / size * size,
+        start < junction && junction < end ? start + (junction - start) / size * size : 0,
+    };
+    int64_t cut = end;
+    for (int i = 0; i < 3; i++) {
+        if (start < stops[i] && stops[i] < cut) {
+            cut = stops[i];
+        }
+    }
+    return cut > start ? cut - start : 0;
+}
+
+/* BlockPool._keep_states for one request reaching ``reach``: the state at its prompt's
+ * last aligned boundary before the last token, or at its junction, is kept. */
+static int keep_state(Stepper *self, int64_t request, int64_t reach) {
+    int64_t size = self->align, last = (self->prompt[request] - 1) / size * size;
+    int64_t block = reach / size;
+    if ((reach != last && reach != self->junction[request]) || block <= 0 ||
+        block > self->hashed[request]) {
+        return 0;
+    }
+    PyObject *entry = block_hash(self, request, block - 1);
+    int failed = entry == NULL || PySet_Add(self->kept_states, entry) < 0;
+    Py_XDECREF(entry);
+    return failed ? -1 : 0;
 }
 
 /* The hits referenced: their counts up, out of the LRU list, and the request's refs. */
@@ -164,7 +229,7 @@ int admit_one(Stepper *self, int64_t request, Py_ssize_t hits, int64_t positions
               int64_t whole) {
     int64_t base = hits * self->entry_blocks;
     int64_t reach = whole > positions ? whole : positions; /* placeholder drafts pass it */
-    int64_t delta = blocks_for(self, request, reach) - base; /* the whole prompt must fit */
+    int64_t delta = blocks_for(self, reach) - base; /* the whole prompt must fit */
     Py_ssize_t reclaimed = 0;
     for (Py_ssize_t j = 0; j < hits; j++) {
         PyObject *entry = block_hash(self, request, j);
@@ -193,8 +258,12 @@ int admit_one(Stepper *self, int64_t request, Py_ssize_t hits, int64_t positions
 }
 
 int register_blocks(Stepper *self, int64_t request, int64_t positions) {
+    int64_t known = self->prompt[request] + self->emitted[request]; /* drafts are not */
+    positions = positions < known ? positions : known;
+    if (self->align && keep_state(self, request, positions) < 0) {
+        return -1;
+    }
     int64_t done = positions / self->entry_tokens;
-    done = self->hashed[request] < done ? self->hashed[request] : done;
     int64_t first = self->registered[request];
     if (done <= first) {
         return 0;

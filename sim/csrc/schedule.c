@@ -40,16 +40,29 @@ static void put_row(Stepper *self, Py_ssize_t row, int64_t request, int64_t q, u
     self->flags[row] = flags;
 }
 
+/* A running request's ``q`` of ``left`` tokens of budget: in align mode a prefill chunk
+ * is aligned (0: none fits, the request is skipped). */
+static int64_t chunk_of(const Stepper *self, int64_t request, int64_t left) {
+    int64_t want = wants(self, request), q = want < left ? want : left;
+    int64_t computed = self->computed[request], target = self->target[request];
+    if (self->align && computed < target && q > 0) {
+        q = aligned_chunk(computed, q, target, self->align, self->junction[request]);
+    }
+    return q;
+}
+
 /* Scheduler._running_rows before the pool: the rows within the budget; *used their tokens. */
 static Py_ssize_t running_rows(Stepper *self, int64_t *used) {
     int64_t left = self->max_batched, total = 0;
     Py_ssize_t rows = 0, count = self->counters[RUNNING];
     for (Py_ssize_t i = 0; i < count && left > 0; i++) {
-        int64_t request = self->running[i], want = wants(self, request);
-        int64_t q = want < left ? want : left;
+        int64_t request = self->running[i], q = chunk_of(self, request, left);
+        if (q == 0) {
+            continue;
+        }
         int decoding = self->computed[request] >= self->target[request];
         put_row(self, rows++, request, q, decoding ? DECODING : 0);
-        left -= want, total += q;
+        left -= q, total += q;
     }
     *used = total;
     return rows;
@@ -60,7 +73,7 @@ static int64_t growth(const Stepper *self, Py_ssize_t rows) {
     int64_t total = 0;
     for (Py_ssize_t r = 0; r < rows; r++) {
         int64_t request = self->ids[r];
-        int64_t delta = blocks_for(self, request, (int64_t)self->comp[r] + self->q[r]) -
+        int64_t delta = blocks_for(self, (int64_t)self->comp[r] + self->q[r]) -
                         self->held[request];
         total += delta > 0 ? delta : 0;
     }
@@ -93,8 +106,11 @@ static Py_ssize_t running_rows_preempting(Stepper *self, int64_t *used) {
     Py_ssize_t rows = 0, running = self->counters[RUNNING];
     int64_t left = self->max_batched, total = 0;
     for (Py_ssize_t index = 0; index < running && left > 0; index++) {
-        int64_t request = self->running[index], want = wants(self, request);
-        int64_t q = want < left ? want : left, computed = self->computed[request];
+        int64_t request = self->running[index], q = chunk_of(self, request, left);
+        int64_t computed = self->computed[request];
+        if (q == 0) {
+            continue;
+        }
         int decoding = computed >= self->target[request], grown = 0, gone = 0;
         while (!gone && (grown = grow_one(self, request, computed + q)) == 0) {
             int64_t victim = self->running[--running];
@@ -168,8 +184,8 @@ static Py_ssize_t admit_batch(Stepper *self, Py_ssize_t rows, int64_t room, int6
         }
         int64_t chunk = want < budget - begin ? want : budget - begin;
         if (self->has_pool) { /* BlockPool.admit_all: the leading run whose prompts fit */
-            int64_t need = blocks_for(self, request, chunk);
-            int64_t whole = blocks_for(self, request, prompt > chunk ? prompt : chunk);
+            int64_t need = blocks_for(self, chunk);
+            int64_t whole = blocks_for(self, prompt > chunk ? prompt : chunk);
             if (blocks + whole > self->free_blocks[0]) {
                 break;
             }
@@ -223,6 +239,14 @@ static Py_ssize_t admit_each(Stepper *self, Py_ssize_t rows, int64_t room, int64
             q += pad;
         }
         q = q < budget ? q : budget;
+        if (self->align) {
+            int padded = pad && q == 1 + pad && q > target - begin;
+            q = aligned_chunk(begin, q, target, self->align, self->junction[request]);
+            if (q == 0) {
+                break;
+            }
+            q = padded && q != 1 + pad ? 1 : q; /* vLLM drops the placeholders it would cut */
+        }
         int admitted = self->has_pool ? admit_one(self, request, hits, begin + q, target) : 1;
         if (admitted <= 0) {
             if (admitted < 0) {

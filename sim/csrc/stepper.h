@@ -46,9 +46,14 @@ typedef struct {
     /* the block pool (has_pool 0: none) */
     int has_pool, caching;
     int64_t *held, *hashed, *registered, *free_blocks;
-    int64_t capacity, block_size, kept, entry_tokens, per_hash, entry_blocks, state_blocks;
+    int64_t capacity, block_size, entry_tokens, per_hash, entry_blocks, state_blocks;
     int64_t attention_groups; /* blocks per block_size tokens: one per attention group */
     const int64_t *prefix_offsets, *hashes; /* the trace's prompt block hashes */
+    /* vLLM's align mode (align 0: off): hashed tokens per trace hash, each request's
+     * junction, and the set of entries ending on a kept conv state */
+    int64_t align, hashed_tokens;
+    int64_t *junction;
+    PyObject *kept_states;
     /* the step's rows */
     int64_t *ids, *drawn;
     int32_t *q, *comp, *slots, *drafts, *acc;

@@ -152,7 +152,8 @@ class Scheduler(RequestProgress):
         self._arrived = int(np.searchsorted(self.arrival, now_s, side="right"))
         run_ids, run_q, prefilling = self._running_rows(budget)
         if self.pool is not None and self.pool.caching:
-            self.pool.register(run_ids, self.computed[run_ids] + run_q)
+            reach = self.computed[run_ids] + run_q
+            self.pool.register(run_ids, reach, self.prompt[run_ids], self.emitted[run_ids])
         # as vLLM v1: a step that preempted admits nothing
         used = int(run_q.sum())
         # vLLM pads a request with one token left to 1 + k rows unless a prefill runs
@@ -219,11 +220,20 @@ class Scheduler(RequestProgress):
             self.config.num_spec_tokens, self.output[run] - self.emitted[run] - 1
         )
         want = np.where(prefilling, target - computed, 1 + lookahead)
-        ends = np.cumsum(want)
-        if ends[-1] > budget:
-            got = np.clip(budget - (ends - want), 0, want)
-            keep = got > 0
-            run, want, prefilling, computed = run[keep], got[keep], prefilling[keep], computed[keep]
+        if self.pool is not None and self.pool.align:
+            keep = self.pool.aligned_wants(run, want, prefilling, computed, target, budget)
+        elif (ends := np.cumsum(want))[-1] > budget:
+            want = np.clip(budget - (ends - want), 0, want)
+            keep = want > 0
+        else:
+            keep = None
+        if keep is not None:
+            run, want, prefilling, computed = (
+                run[keep],
+                want[keep],
+                prefilling[keep],
+                computed[keep],
+            )
         if self.pool is None or self.pool.grow_all(run, computed + want):
             return run, want, prefilling
         return self._running_rows_preempting(budget)
@@ -244,6 +254,11 @@ class Scheduler(RequestProgress):
                 left_out = int(self.output[request] - self.emitted[request]) - 1
                 want = 1 + min(self.config.num_spec_tokens, left_out)
             q = min(want, left)
+            if self.pool.align and computed < target:
+                q = self.pool.aligned_chunk(request, computed, q, target)
+                if q == 0:  # no aligned chunk fits: vLLM goes on to the next request
+                    index += 1
+                    continue
             if not self._make_room(running, request, computed + q):
                 break  # it preempted itself, the last running request
             ids.append(request)
@@ -345,10 +360,18 @@ class Scheduler(RequestProgress):
                     break
                 q += pad
             q = min(q, budget)
+            if self.pool is not None and self.pool.align:
+                padded = bool(pad) and q == 1 + pad and q > target - start
+                q = self.pool.aligned_chunk(request, start, q, target)
+                if q == 0:
+                    break
+                if padded and q != 1 + pad:  # vLLM drops the placeholders it would cut
+                    q = 1
             if self.pool is not None:
                 if not self.pool.admit(request, hits, start + q, target):
                     break
-                self.pool.register(np.array([request]), np.array([start + q]))
+                one = np.array([request])
+                self.pool.register(one, np.array([start + q]), self.prompt[one], self.emitted[one])
             if resumed:
                 self._pop_resumed()
             elif queue is not None:
