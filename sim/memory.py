@@ -20,6 +20,7 @@ head). Blocks are *free*, *private* to one request, or in an entry:
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Hashable
 
 import numpy as np
@@ -79,7 +80,9 @@ class BlockPool:
         self._entry_blocks = layout.entry_blocks
         self._entry_tokens, self._per_hash = layout.entry_tokens, layout.entries_per_hash
         self.entries: dict[Hashable, int] = {}  # entry key -> requests referencing it
-        self.lru: dict[Hashable, None] = {}  # unreferenced entries, least recently used first
+        # unreferenced entries, least recently used first: an OrderedDict pops its head in
+        # O(1), where a dict's first key is found past every key deleted before it
+        self.lru: OrderedDict[Hashable, None] = OrderedDict()
         self.refs: dict[int, list[Hashable]] = {}  # request -> entries it references, in order
         self.registered = np.zeros(n, np.int64)  # hashed blocks of a request considered
         self.align = layout.align_tokens if self.caching else 0
@@ -171,8 +174,8 @@ class BlockPool:
 
     def _evict(self, blocks: int) -> None:
         while blocks > 0:
-            entry = next(iter(self.lru))
-            del self.lru[entry], self.entries[entry]
+            entry = self.lru.popitem(last=False)[0]
+            del self.entries[entry]
             self.kept_states.discard(entry)
             self.free += self._entry_blocks
             blocks -= self._entry_blocks

@@ -143,6 +143,7 @@ static int bind_pool(Stepper *self, PyObject *f) {
     self->refs = PyDict_GetItemString(f, "refs");
     if (failed || self->entries == NULL || self->lru == NULL || self->refs == NULL ||
         !PyDict_Check(self->entries) || !PyDict_Check(self->lru) || !PyDict_Check(self->refs)) {
+        /* lru: an OrderedDict, a dict subclass */
         self->entries = self->lru = self->refs = NULL;
         if (!failed) {
             PyErr_SetString(PyExc_TypeError, "stepper: entries, lru and refs must be dicts");

@@ -45,19 +45,19 @@ static PyObject *block_hash(const Stepper *self, int64_t request, int64_t index)
     return sum;
 }
 
-/* BlockPool._evict: drop least recently released entries until ``blocks`` are free. */
+/* BlockPool._evict: drop least recently released entries until ``blocks`` are free. The
+ * LRU list is an OrderedDict: it is changed through its own methods (PyObject_SetItem,
+ * PyObject_DelItem, popitem), which keep its order; PyDict_* would bypass it. */
 static int evict(Stepper *self, int64_t blocks) {
     while (blocks > 0) {
-        Py_ssize_t pos = 0;
-        PyObject *entry, *value;
-        if (!PyDict_Next(self->lru, &pos, &entry, &value)) {
-            PyErr_SetString(PyExc_AssertionError, "stepper: nothing left to evict");
+        PyObject *head = PyObject_CallMethod(self->lru, "popitem", "O", Py_False);
+        if (head == NULL) {
             return -1;
         }
-        Py_INCREF(entry);
-        int failed = PyDict_DelItem(self->lru, entry) < 0 || PyDict_DelItem(self->entries, entry) < 0 ||
+        PyObject *entry = PyTuple_GET_ITEM(head, 0);
+        int failed = PyDict_DelItem(self->entries, entry) < 0 ||
                      (self->align && PySet_Discard(self->kept_states, entry) < 0);
-        Py_DECREF(entry);
+        Py_DECREF(head);
         if (failed) {
             return -1;
         }
@@ -104,7 +104,7 @@ int release_one(Stepper *self, int64_t request) {
         long left = value == NULL ? -1 : PyLong_AsLong(value) - 1;
         PyObject *now = left < 0 ? NULL : PyLong_FromLong(left);
         failed = now == NULL || PyDict_SetItem(self->entries, entry, now) < 0 ||
-                 (left == 0 && PyDict_SetItem(self->lru, entry, Py_None) < 0);
+                 (left == 0 && PyObject_SetItem(self->lru, entry, Py_None) < 0);
         Py_XDECREF(now);
     }
     Py_XDECREF(refs);
@@ -206,7 +206,7 @@ static int reference(Stepper *self, int64_t request, Py_ssize_t hits) {
         PyObject *value = entry == NULL ? NULL : PyDict_GetItemWithError(self->entries, entry);
         PyObject *now = value == NULL ? NULL : PyLong_FromLong(PyLong_AsLong(value) + 1);
         if (now == NULL || PyDict_SetItem(self->entries, entry, now) < 0 ||
-            (PyDict_Contains(self->lru, entry) == 1 && PyDict_DelItem(self->lru, entry) < 0)) {
+            (PyDict_Contains(self->lru, entry) == 1 && PyObject_DelItem(self->lru, entry) < 0)) {
             Py_XDECREF(now);
             Py_XDECREF(entry);
             Py_DECREF(list);
