@@ -87,6 +87,9 @@ class BlockPool:
         self.registered = np.zeros(n, np.int64)  # hashed blocks of a request considered
         self.align = layout.align_tokens if self.caching else 0
         self.kept_states: set[int] = set()  # entries ending where a conv state is kept
+        # those kept by the step being scheduled: vLLM's Mamba manager lets no request
+        # start from a state that another request writes in the same step
+        self.states_this_step: set[int] = set()
         # where the last lookup found a prefix cached for attention past its last kept
         # state: the request keeps a state there (vLLM's shared-prefix junction); [N], int64
         self.junction = np.zeros(n, np.int64)
@@ -242,10 +245,18 @@ class BlockPool:
             self.junction[request] = run * self.align if run > len(hits) else 0
         return hits
 
+    def begin_step(self) -> None:
+        """A new step is being scheduled: no state has been kept in it yet."""
+        self.states_this_step.clear()
+
     def admit(self, request: int, hits: list[int], positions: int, whole: int) -> bool:
         """Reference the entries ``hits`` (from :meth:`lookup`) and grow to
         ``positions``; ``False`` and nothing changed unless the free and evictable blocks
-        hold the blocks for ``whole`` (the request's whole prompt, as vLLM admits)."""
+        hold the blocks for ``whole`` (the request's whole prompt, as vLLM admits), or
+        when the hit ends on a conv state kept in this very step (vLLM admits it in a
+        later step)."""
+        if hits and hits[-1] in self.states_this_step:
+            return False
         base = len(hits) * self._entry_blocks
         reach = max(whole, positions)  # positions pass it by placeholder drafts
         delta = int(self.layout.blocks_for(reach)) - base
@@ -324,7 +335,9 @@ class BlockPool:
             last = (tokens - 1) // size * size
             block = reach // size
             if reach in (last, int(self.junction[request])) and 0 < block <= self.hashed[request]:
-                self.kept_states.update(self.entry_keys(request, block - 1, block))
+                kept = self.entry_keys(request, block - 1, block)
+                self.kept_states.update(kept)
+                self.states_this_step.update(kept)
 
     def release(self, ids: np.ndarray) -> None:
         """Give back every block of requests ``ids`` (``[n], int64``): private blocks are

@@ -264,6 +264,7 @@ def _pool_fields(scheduler: Scheduler) -> dict[str, Any]:
         fields["align_tokens"] = pool.align
         fields["prefix_block_tokens"] = layout.prefix_block_tokens
         fields["kept_states"] = pool.kept_states
+        fields["states_this_step"] = pool.states_this_step
         fields["junction"] = pool.junction
     return fields
 

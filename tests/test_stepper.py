@@ -12,10 +12,11 @@ from hypothesis import strategies as st
 
 from stepplan.sim import cli
 from stepplan.sim.acceptance import PerPosition, load_replay
+from stepplan.sim.memory import BlockPool
 from stepplan.sim.run import simulate
 from stepplan.sim.settings.config import ConfigError, SimConfig, with_settings
 from stepplan.sim.stepper import load_stepper
-from stepplan.sim.traces import load_trace
+from stepplan.sim.traces import RequestTable, load_trace
 from stepplan.sim.workloads import parse_synthetic
 
 COMPILED = load_stepper() is not None
@@ -215,6 +216,42 @@ def test_aligned_prefix_caching_steps_alike(gib, spec_tokens, shown):
     column = {"cached": "cached_tokens", "preempted": "num_preemptions"}[shown]
     assert native.requests[column].sum() > 0
     assert native.summary["memory"]["block_size"] == 16  # slots reserved apart
+
+
+def _bursts_sharing_system_prompts() -> RequestTable:
+    """48 requests in bursts of four, each prompt one of three system prompts (1-3
+    hashed blocks) and a block of its own: a burst's later requests hit a junction's
+    state that an earlier one keeps in the same step."""
+    rng = np.random.default_rng(5)
+    systems = [[1000 * s + j for j in range(s + 1)] for s in range(3)]
+    ids = [systems[int(rng.integers(3))] + [10**6 + r] for r in range(48)]
+    prompts = [512 * (len(h) - 1) + int(rng.integers(1, 512)) for h in ids]
+    return RequestTable(
+        arrival_s=np.repeat(np.arange(12) * 0.5, 4),
+        prompt_tokens=np.array(prompts, np.int64),
+        output_tokens=rng.integers(1, 40, 48),
+        prefix_offsets=np.cumsum([0] + [len(h) for h in ids]).astype(np.int64),
+        prefix_blocks=np.array([b for h in ids for b in h], np.int64),
+    )
+
+
+@needs_compiled
+def test_a_state_kept_in_the_step_defers_admission_alike(monkeypatch):
+    # align mode: a hit ending on a conv state kept in the step being scheduled stops
+    # admission (vLLM's Mamba manager); the compiled stepper and Python alike
+    deferred = []
+    admit = BlockPool.admit
+
+    def counted(pool, request, hits, positions, whole):
+        deferred.append(bool(hits) and hits[-1] in pool.states_this_step)
+        return admit(pool, request, hits, positions, whole)
+
+    monkeypatch.setattr(BlockPool, "admit", counted)
+    config = with_settings(SimConfig(), {"memory.check": True, "scheduler.num_spec_tokens": 2})
+    native, python = both(_bursts_sharing_system_prompts(), config)
+    assert_same(native, python)
+    assert any(deferred)  # the Python run met the rule
+    assert native.requests["cached_tokens"].sum() > 0
 
 
 @needs_compiled

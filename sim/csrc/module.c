@@ -166,14 +166,18 @@ static int bind_pool(Stepper *self, PyObject *f) {
     }
     self->hashed_tokens = get_int(f, "prefix_block_tokens", &failed);
     self->kept_states = PyDict_GetItemString(f, "kept_states");
-    if (failed || self->kept_states == NULL || !PySet_Check(self->kept_states)) {
-        self->kept_states = NULL;
+    self->states_this_step = PyDict_GetItemString(f, "states_this_step");
+    if (failed || self->kept_states == NULL || !PySet_Check(self->kept_states) ||
+        self->states_this_step == NULL || !PySet_Check(self->states_this_step)) {
+        self->kept_states = self->states_this_step = NULL;
         if (!failed) {
-            PyErr_SetString(PyExc_TypeError, "stepper: kept_states must be a set");
+            PyErr_SetString(PyExc_TypeError,
+                            "stepper: kept_states and states_this_step must be sets");
         }
         return -1;
     }
     Py_INCREF(self->kept_states);
+    Py_INCREF(self->states_this_step);
     return I64("junction", junction) < 0 ? -1 : 0;
 }
 
@@ -217,6 +221,7 @@ static void stepper_dealloc(Stepper *self) {
     Py_XDECREF(self->lru);
     Py_XDECREF(self->refs);
     Py_XDECREF(self->kept_states);
+    Py_XDECREF(self->states_this_step);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 

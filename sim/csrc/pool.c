@@ -193,7 +193,8 @@ static int keep_state(Stepper *self, int64_t request, int64_t reach) {
         return 0;
     }
     PyObject *entry = block_hash(self, request, block - 1);
-    int failed = entry == NULL || PySet_Add(self->kept_states, entry) < 0;
+    int failed = entry == NULL || PySet_Add(self->kept_states, entry) < 0 ||
+                 PySet_Add(self->states_this_step, entry) < 0;
     Py_XDECREF(entry);
     return failed ? -1 : 0;
 }
@@ -227,6 +228,12 @@ static int reference(Stepper *self, int64_t request, Py_ssize_t hits) {
 
 int admit_one(Stepper *self, int64_t request, Py_ssize_t hits, int64_t positions,
               int64_t whole) {
+    if (self->align && hits) { /* a state kept in this step is not started from in it */
+        int fresh = entry_in(self, self->states_this_step, request, hits - 1);
+        if (fresh != 0) {
+            return fresh < 0 ? -1 : 0;
+        }
+    }
     int64_t base = hits * self->entry_blocks;
     int64_t reach = whole > positions ? whole : positions; /* placeholder drafts pass it */
     int64_t delta = blocks_for(self, reach) - base; /* the whole prompt must fit */

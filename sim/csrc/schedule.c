@@ -321,6 +321,9 @@ PyObject *stepper_schedule(Stepper *self, PyObject *now_obj) {
     int64_t *counters = self->counters;
     counters[PREEMPTED] = 0;
     counters[ARRIVED] = arrived_by(self, now);
+    if (self->align && PySet_Clear(self->states_this_step) < 0) { /* BlockPool.begin_step */
+        return NULL;
+    }
     int64_t used;
     Py_ssize_t rows = running_with_blocks(self, &used);
     if (rows < 0) {

@@ -50,10 +50,11 @@ typedef struct {
     int64_t attention_groups; /* blocks per block_size tokens: one per attention group */
     const int64_t *prefix_offsets, *hashes; /* the trace's prompt block hashes */
     /* vLLM's align mode (align 0: off): hashed tokens per trace hash, each request's
-     * junction, and the set of entries ending on a kept conv state */
+     * junction, the set of entries ending on a kept conv state, and those kept by the
+     * step being scheduled */
     int64_t align, hashed_tokens;
     int64_t *junction;
-    PyObject *kept_states;
+    PyObject *kept_states, *states_this_step;
     /* the step's rows */
     int64_t *ids, *drawn;
     int32_t *q, *comp, *slots, *drafts, *acc;
