@@ -119,6 +119,12 @@ class MemoryLayout:
             cached for attention alone (``docs/memory.md``); 0 otherwise.
         attention_groups: vLLM's KV-cache groups of attention layers: each holds its own
             block for every ``block_size`` tokens (:func:`_shared_pool`; 1 elsewhere).
+        align_state_blocks: ``memory.align_state_blocks`` in force (a hybrid model
+            caching prefixes): the pool is :func:`_shared_pool`'s, ``block_size`` is
+            ``align_tokens``, and :class:`~stepplan.sim.memory.BlockPool` counts each
+            request's conv-state blocks one by one as vLLM's align mode holds them.
+        state_groups: vLLM's KV-cache groups of conv layers (0 outside that mode): one
+            conv state, running, left behind or kept, is this many blocks.
         check: verify the accounting every step.
     """
 
@@ -138,6 +144,8 @@ class MemoryLayout:
     state_blocks: int = 0
     align_tokens: int = 0
     attention_groups: int = 1
+    align_state_blocks: bool = False
+    state_groups: int = 0
 
     @entry_tokens.default
     def _whole_hashed_block(self) -> int:
@@ -223,6 +231,7 @@ def plan_memory(config: SimConfig, table: RequestTable, *, live: bool = False) -
             "(or set memory.prefix_caching = false)"
         )
     block_size, state_blocks, attention_groups, align = memory.block_size, 0, 1, 0
+    pooled = caching and memory.align_state_blocks and bool(footprint.slot_bytes and block_bytes)
     if caching and footprint.slot_bytes and block_bytes:
         align = _hybrid_block_size(config.model.resolved(), footprint, memory.block_size)
         if scheduler.max_num_batched_tokens < align:  # no prefill chunk could ever run
@@ -232,7 +241,7 @@ def plan_memory(config: SimConfig, table: RequestTable, *, live: bool = False) -
                 "computes its prompt in (vLLM's align mode); raise it or set "
                 "memory.prefix_caching = false"
             )
-    if footprint.slot_bytes and block_bytes and not caching:
+    if footprint.slot_bytes and block_bytes and (pooled or not caching):
         block_size, block_bytes, num_blocks, state_blocks, attention_groups = _shared_pool(
             config.model.resolved(), footprint, budget, memory.block_size, scheduler.num_spec_tokens
         )
@@ -255,6 +264,8 @@ def plan_memory(config: SimConfig, table: RequestTable, *, live: bool = False) -
         # every full KV block is an entry, as vLLM's (its hybrid blocks where aligned)
         entry_tokens=align or memory.block_size if caching else memory.prefix_block_tokens,
         attention_groups=attention_groups,
+        align_state_blocks=pooled,
+        state_groups=state_blocks // (1 + scheduler.num_spec_tokens) if pooled else 0,
     )
     _check_longest(layout, table)
     return layout
