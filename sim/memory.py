@@ -27,7 +27,10 @@ boundary is an entry of its own (:data:`STATE`, ``MemoryLayout.state_groups``
 blocks), cached while the request holds it and evictable in the same LRU list as
 the attention entries once nobody does; a hit references it and gives it back at
 the request's next allocation. A hit on a state cached in the same step is refused
-for that step, as vLLM refuses it.
+for that step, as vLLM refuses it. A block computed again where its key is cached
+already (a hit cut back to a kept state leaves cached blocks to compute) is cached
+too, as a *copy* (:data:`COPY`): vLLM keeps every block of a hash, and a hit takes
+the oldest.
 """
 
 from __future__ import annotations
@@ -43,6 +46,8 @@ from .traces import RequestTable
 #: The first item of a kept conv state's entry key, ``(STATE, key of the attention
 #: entry it ends)``: the attention entry and the state entry are cached apart.
 STATE = "state"
+#: The first item of a copy's entry key, ``(COPY, number, key it copies)``.
+COPY = "copy"
 
 #: Rows up to which :meth:`BlockPool.grow_all` loops in Python: on a few rows numpy's
 #: per-call cost is larger than the work (most steps of a light trace have 1-4 rows).
@@ -97,6 +102,9 @@ class BlockPool:
         self._entry_tokens, self._per_hash = layout.entry_tokens, layout.entries_per_hash
         self.entries: dict[Hashable, int] = {}  # entry key -> requests referencing it
         self._lru_blocks = 0  # blocks of the entries in self.lru (kept where tracking states)
+        # where tracking states: key -> its copies, oldest first (none in another mode)
+        self.copies: dict[Hashable, list[tuple]] = {}
+        self._copies_made = 0
         # unreferenced entries, least recently used first: an OrderedDict pops its head in
         # O(1), where a dict's first key is found past every key deleted before it
         self.lru: OrderedDict[Hashable, None] = OrderedDict()
@@ -137,9 +145,30 @@ class BlockPool:
 
     def entry_size(self, entry: Hashable) -> int:
         """Blocks of the entry ``entry``: a kept conv state's, or an attention entry's."""
+        if isinstance(entry, tuple) and entry[0] == COPY:
+            entry = entry[2]
         if isinstance(entry, tuple) and entry[0] == STATE:
             return self._state_size
         return self._entry_blocks
+
+    def is_cached(self, key: Hashable) -> bool:
+        """Some block of ``key`` is cached (the entry, or a copy of it)."""
+        return key in self.entries or key in self.copies
+
+    def _block_of(self, key: Hashable) -> Hashable:
+        """The cached block a hit on ``key`` takes: the entry, else its oldest copy."""
+        return key if key in self.entries else self.copies[key][0]
+
+    def _cache(self, key: Hashable) -> Hashable:
+        """Cache a block of ``key`` referenced once: the entry, or where that is cached
+        already (tracking states) a copy; returns its entry key."""
+        if self.is_cached(key):
+            self._copies_made += 1
+            copy = (COPY, self._copies_made, key)
+            self.copies.setdefault(key, []).append(copy)
+            key = copy
+        self.entries[key] = 1
+        return key
 
     def _unreferenced(self, entry: Hashable) -> None:
         """``entry`` lost its last reference: the tail of the LRU list."""
@@ -278,6 +307,11 @@ class BlockPool:
         while blocks > 0:
             entry = self.lru.popitem(last=False)[0]
             del self.entries[entry]
+            if isinstance(entry, tuple) and entry[0] == COPY:
+                copies = self.copies[entry[2]]
+                copies.remove(entry)
+                if not copies:
+                    del self.copies[entry[2]]
             self.kept_states.discard(entry)
             size = self.entry_size(entry)
             self._lru_blocks -= size
@@ -336,7 +370,7 @@ class BlockPool:
         count = (limit_tokens - 1) // self._entry_tokens
         hits = []
         for entry in self.entry_keys(request, 0, count):
-            if entry not in self.entries:
+            if not self.is_cached(entry):
                 break
             hits.append(entry)
         if self.align:
@@ -349,7 +383,7 @@ class BlockPool:
     def _state_kept(self, entry: Hashable) -> bool:
         """A conv state is kept where the attention entry ``entry`` ends."""
         if self.tracks_states:
-            return (STATE, entry) in self.entries
+            return self.is_cached((STATE, entry))
         return entry in self.kept_states
 
     def admit(self, request: int, hits: list[int], positions: int, whole: int) -> bool:
@@ -383,6 +417,9 @@ class BlockPool:
         state = (STATE, hits[-1]) if hits else None
         if state in self.cached_this_step:
             return False  # vLLM: its state is not written before this step ends
+        hits = [self._block_of(entry) for entry in hits]
+        if state is not None:
+            state = self._block_of(state)
         referenced = [*hits, state] if hits else []
         base = len(hits) * self._entry_blocks
         reach = max(whole, positions)  # positions pass it by placeholder drafts
@@ -425,7 +462,9 @@ class BlockPool:
             first = int(self.registered[request])
             refs = self.refs.setdefault(request, [])
             for entry in self.entry_keys(request, first, upto):
-                if entry not in self.entries:
+                if self.tracks_states:
+                    refs.append(self._cache(entry))
+                elif entry not in self.entries:
                     self.entries[entry] = 1
                     refs.append(entry)
             self.registered[request] = upto
@@ -474,14 +513,13 @@ class BlockPool:
 
     def _keep_running_state(self, request: int, reach: int, block: int) -> None:
         """Cache the request's running state block, at ``reach`` (``block`` aligned
-        blocks), as a STATE entry it references; a state cached already stays
-        private. Past the trace's hashes too: vLLM hashes every prompt block."""
+        blocks), as a STATE entry (or a copy) it references. Past the trace's hashes
+        too: vLLM hashes every prompt block."""
         running = self.states[request][-1]
         entry = (STATE, self.entry_keys(request, block - 1, block)[0])
-        if running[0] != reach or running[1] is not None or entry in self.entries:
+        if running[0] != reach or running[1] is not None:
             return
-        self.entries[entry] = 1
-        running[1] = entry
+        running[1] = self._cache(entry)
         self.cached_this_step.add(entry)
 
     def release(self, ids: np.ndarray) -> None:
