@@ -450,12 +450,25 @@ class BlockPool:
         vLLM, when the blocks are allocated for the step that computes them, so a request
         admitted later in the same step hits them. Every full entry is cached, output
         tokens' too (a preempted request hits its own). An entry already cached stays
-        private."""
+        private (tracking states: is cached again, a copy)."""
         if not self.caching:
             return
         reach = np.minimum(positions, prompt + emitted)
         if self.align:
             self._keep_states(ids.tolist(), reach.tolist(), prompt.tolist())
+        self._cache_entries(ids, reach)
+
+    def cache_committed(self, ids: np.ndarray, computed: np.ndarray) -> None:
+        """Tracking states with speculation: cache the entries the rows ``ids`` that
+        emitted tokens in the step just committed fill with their ``computed`` tokens
+        (``[n], int64`` each). vLLM caches such a row's blocks again after its output,
+        before it frees a finished request, so a finishing request's last blocks are
+        cached too. (The other layouts, held equal to the compiled stepper, do not.)"""
+        if self.tracks_states and self._spec_blocks:
+            self._cache_entries(ids, computed)
+
+    def _cache_entries(self, ids: np.ndarray, reach: np.ndarray) -> None:
+        """Cache the full entries of requests ``ids`` up to ``reach`` (``[n], int64``)."""
         done = reach // self._entry_tokens
         for row in np.flatnonzero(done > self.registered[ids]).tolist():
             request, upto = int(ids[row]), int(done[row])

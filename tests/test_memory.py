@@ -33,9 +33,20 @@ def make_table(arrivals, prompts, outputs, hashes=None) -> RequestTable:
 
 
 def make_layout(
-    num_blocks, *, block_size=1, slots=8, prefix=False, prefix_block_tokens=4, align=0, state=0
+    num_blocks,
+    *,
+    block_size=1,
+    slots=8,
+    prefix=False,
+    prefix_block_tokens=4,
+    align=0,
+    state=0,
+    state_groups=0,
+    attention_groups=1,
 ):
-    # entries as plan_memory makes them: a KV block, or an aligned block in align mode
+    # entries as plan_memory makes them: a KV block, or an aligned block in align mode;
+    # state_groups: conv states as tracked blocks of the pool (memory.align_state_blocks),
+    # whose KV block is the aligned block
     return MemoryLayout(
         budget_bytes=float(num_blocks),
         budget_source="test",
@@ -52,6 +63,9 @@ def make_layout(
         entry_tokens=(align or block_size) if prefix else prefix_block_tokens,
         state_blocks=state,
         align_tokens=align if prefix else 0,
+        attention_groups=attention_groups,
+        align_state_blocks=bool(state_groups),
+        state_groups=state_groups,
     )
 
 
@@ -145,21 +159,30 @@ def workloads(draw):
     # align mode (a hybrid model caching prefixes): entries of 1-3 KV blocks, which
     # need not divide the hashed blocks
     align = block_size * draw(st.integers(1, 3)) * draw(st.booleans())
-    # conv states in the pool (vLLM's hybrid layout) only where no prefix is cached
-    state = 0 if prefix else draw(st.integers(0, 4))
-    probe = make_layout(1, block_size=block_size, state=state)
-    longest = int(probe.blocks_for(table.prompt_tokens + table.output_tokens - 1).max())
     spec_tokens = draw(st.integers(0, 3))
+    # conv states in the pool (vLLM's hybrid layout): untracked where no prefix is
+    # cached; in align mode tracked block by block (memory.align_state_blocks), 1-2
+    # state groups and 1-2 attention groups, the KV block the aligned block
+    state_groups = draw(st.integers(1, 2)) * draw(st.booleans()) if prefix and align else 0
+    state = state_groups * (1 + spec_tokens) if prefix else draw(st.integers(0, 4))
+    groups = draw(st.integers(1, 2)) if state_groups else 1
+    if state_groups:
+        block_size = align
+    probe = make_layout(1, block_size=block_size, state=state, attention_groups=groups)
+    longest = int(probe.blocks_for(table.prompt_tokens + table.output_tokens - 1).max())
     # a request its hit leaves one token takes placeholder drafts past its last position
-    # (vLLM's padding): a pool only as large as the longest request may never admit it
+    # (vLLM's padding): a pool only as large as the longest request may never admit it;
+    # tracked, a request also holds a hit's state and the state it left a step longer
     layout = make_layout(
-        longest + spec_tokens + draw(st.integers(0, 8)),
+        longest + spec_tokens + 2 * state_groups + draw(st.integers(0, 8)),
         block_size=block_size,
         slots=draw(st.integers(1, 6)),
         prefix=prefix,
         prefix_block_tokens=prefix_block_tokens,
         align=align,
         state=state,
+        state_groups=state_groups,
+        attention_groups=groups,
     )
     config = SchedulerConfig(
         max_num_seqs=draw(st.integers(1, 6)),
@@ -189,6 +212,16 @@ def test_every_request_finishes_with_nothing_leaked(workload):
     assert scheduler.preemptions.sum() == len(run.preempted)
     if not layout.prefix_caching:
         assert not run.cached.any()
+
+
+@settings(max_examples=150, deadline=None)
+@given(workloads().filter(lambda workload: workload[2].align_state_blocks))
+def test_tracked_state_blocks_finish_with_nothing_leaked(workload):
+    # the same with conv states as tracked blocks of the pool (memory.align_state_blocks):
+    # the accounting check holds every step, and at the end only cached entries hold blocks
+    test_every_request_finishes_with_nothing_leaked.hypothesis.inner_test(workload)
+    pool = Run(*workload).run().pool
+    assert not pool.states and pool.cached_blocks == pool.capacity - pool.free
 
 
 def test_a_huge_pool_changes_nothing():

@@ -460,6 +460,9 @@ class Scheduler(RequestProgress):
         self.computed[ids] = np.where(decoding, reach, np.minimum(reach, self.target[ids]))
         emitted = np.where(decoding, 1 + accepted, emits_first)
         self.emitted[ids] += emitted
+        if self.pool is not None and self.pool.tracks_states:
+            emitting = ids[emitted > 0]
+            self.pool.cache_committed(emitting, self.computed[emitting])
         if spec.any():
             spec_ids = ids[spec]
             self.last_accepted[spec_ids] = 1 + accepted[spec]
