@@ -138,7 +138,8 @@ def _preempted_in_order(scheduler, before) -> list[int]:
 
 
 @st.composite
-def workloads(draw):
+def workloads(draw, tracked=False):
+    # tracked: always conv states as tracked blocks of the pool (align_state_blocks)
     n = draw(st.integers(1, 10))
     prompts = draw(st.lists(st.integers(1, 60), min_size=n, max_size=n))
     outputs = draw(st.lists(st.integers(1, 20), min_size=n, max_size=n))
@@ -146,7 +147,7 @@ def workloads(draw):
         draw(st.lists(st.sampled_from([0.0, 0.02, 0.1, 0.5]), min_size=n, max_size=n))
     )
     block_size = draw(st.sampled_from([1, 2, 4]))
-    prefix = draw(st.booleans())
+    prefix = tracked or draw(st.booleans())
     prefix_block_tokens = block_size * draw(st.sampled_from([1, 2, 4]))
     hashes = None
     if prefix:  # requests of one family share every block id, so a shared id is a shared prefix
@@ -158,12 +159,13 @@ def workloads(draw):
     table = make_table(arrivals, prompts, outputs, hashes)
     # align mode (a hybrid model caching prefixes): entries of 1-3 KV blocks, which
     # need not divide the hashed blocks
-    align = block_size * draw(st.integers(1, 3)) * draw(st.booleans())
+    align = block_size * draw(st.integers(1, 3)) * (tracked or draw(st.booleans()))
     spec_tokens = draw(st.integers(0, 3))
     # conv states in the pool (vLLM's hybrid layout): untracked where no prefix is
     # cached; in align mode tracked block by block (memory.align_state_blocks), 1-2
     # state groups and 1-2 attention groups, the KV block the aligned block
-    state_groups = draw(st.integers(1, 2)) * draw(st.booleans()) if prefix and align else 0
+    on = prefix and align and (tracked or draw(st.booleans()))
+    state_groups = draw(st.integers(1, 2)) if on else 0
     state = state_groups * (1 + spec_tokens) if prefix else draw(st.integers(0, 4))
     groups = draw(st.integers(1, 2)) if state_groups else 1
     if state_groups:
@@ -215,7 +217,7 @@ def test_every_request_finishes_with_nothing_leaked(workload):
 
 
 @settings(max_examples=150, deadline=None)
-@given(workloads().filter(lambda workload: workload[2].align_state_blocks))
+@given(workloads(tracked=True))
 def test_tracked_state_blocks_finish_with_nothing_leaked(workload):
     # the same with conv states as tracked blocks of the pool (memory.align_state_blocks):
     # the accounting check holds every step, and at the end only cached entries hold blocks

@@ -311,6 +311,26 @@ def test_prefix_caching_agrees_on_the_hybrid_model():
     assert diff.agreement == 1.0, diff.format()
 
 
+@requires_vllm
+@pytest.mark.parametrize("gib", [8.0, 30.0])
+def test_prefix_caching_agrees_on_the_hybrid_model_where_the_cache_binds(gib):
+    """The hybrid model caching prefixes in a cache smaller than the working set
+    (``memory.align_state_blocks``: conv states as blocks of vLLM's one pool, running,
+    left behind and kept, evicted with the attention blocks): every step agrees.
+    8 GiB preempts, 30 GiB evicts cached prefixes and still hits; with the conv-state
+    slots reserved apart the slice agrees on 16% and 73% of steps."""
+    config = with_settings(
+        SimConfig(), {"memory.kv_cache_gib": gib, "memory.align_state_blocks": True}
+    )
+    table = load_trace("tests/data/mooncake_slice.jsonl")
+    diff = compare_schedulers(table, config, _vllm(config))
+    if gib == 8.0:
+        assert diff.sides[0]["preemptions"] > 0
+    else:
+        assert diff.sides[0]["prefix_cached_tokens"] > 0
+    assert diff.agreement == 1.0, diff.format()
+
+
 @st.composite
 def hashed_traces(draw):
     """Small traces whose requests share prefixes of 64-token hashed blocks (a family's
