@@ -9,8 +9,9 @@ configs) apart. Writes ``bench/results/scheduler_vllm-<UTC time>.json``.
     python bench/scheduler_vllm_bench.py
     python bench/scheduler_vllm_bench.py --cases mooncake-400-prefix-8gib,... [--python-speed]
 
-``--cases`` runs only the named agreement cases (no speed case); ``--python-speed``
-adds, for each, stepplan's scheduler in Python: steps per CPU second, best of three.
+``--cases`` runs only the named agreement cases (no speed case) into
+``bench/results/scheduler_vllm_cases-<UTC time>.json``; ``--python-speed`` adds, for
+each, stepplan's scheduler in Python: steps per CPU second, best of three.
 """
 
 from __future__ import annotations
@@ -207,7 +208,15 @@ def run_cases(names: list[str], with_speed: bool) -> None:
         if with_speed:
             figures[name]["stepplan_python"] = python_speed(path, limit, settings)
         print(name, figures[name]["agreement"], figures[name]["first_divergence"], flush=True)
-    record_run("scheduler_vllm", figures, vllm=vllm_engine_scheduler.vllm_version())
+    # a record of its own: the full run's record (speed included) stays the newest
+    # of "scheduler_vllm"
+    record_run(
+        "scheduler_vllm_cases",
+        figures,
+        vllm=vllm_engine_scheduler.vllm_version(),
+        title="scheduler_vllm, selected agreement cases",
+        headline=[f"{name}.agreement" for name in names],
+    )
 
 
 def main() -> None:
