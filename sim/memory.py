@@ -30,7 +30,9 @@ the request's next allocation. A hit on a state cached in the same step is refus
 for that step, as vLLM refuses it. A block computed again where its key is cached
 already (a hit cut back to a kept state leaves cached blocks to compute) is cached
 too, as a *copy* (:data:`COPY`): vLLM keeps every block of a hash, and a hit takes
-the oldest.
+the oldest. Tracking states, an attention entry is one block per attention group
+(:data:`GROUP`), cached, freed and evicted on its own as vLLM's groups keep them; a
+hit needs the entry's block in every group.
 """
 
 from __future__ import annotations
@@ -48,6 +50,9 @@ from .traces import RequestTable
 STATE = "state"
 #: The first item of a copy's entry key, ``(COPY, number, key it copies)``.
 COPY = "copy"
+#: The first item of one attention group's block of an entry, ``(GROUP, group, key)``
+#: (tracking states; the other layouts key an entry of every group's blocks as one).
+GROUP = "group"
 
 #: Rows up to which :meth:`BlockPool.grow_all` loops in Python: on a few rows numpy's
 #: per-call cost is larger than the work (most steps of a light trace have 1-4 rows).
@@ -149,7 +154,22 @@ class BlockPool:
             entry = entry[2]
         if isinstance(entry, tuple) and entry[0] == STATE:
             return self._state_size
+        if isinstance(entry, tuple) and entry[0] == GROUP:
+            return 1
         return self._entry_blocks
+
+    def _group_blocks(self, key: Hashable) -> list[Hashable]:
+        """The keys of an attention entry's blocks: one per attention group where
+        tracking states, else the entry itself."""
+        if not self.tracks_states:
+            return [key]
+        return [(GROUP, group, key) for group in range(self.layout.attention_groups)]
+
+    def _group_of(self, entry: Hashable) -> int:
+        """The attention group of a block key (-1: a state's)."""
+        if isinstance(entry, tuple) and entry[0] == COPY:
+            entry = entry[2]
+        return entry[1] if isinstance(entry, tuple) and entry[0] == GROUP else -1
 
     def is_cached(self, key: Hashable) -> bool:
         """Some block of ``key`` is cached (the entry, or a copy of it)."""
@@ -370,7 +390,7 @@ class BlockPool:
         count = (limit_tokens - 1) // self._entry_tokens
         hits = []
         for entry in self.entry_keys(request, 0, count):
-            if not self.is_cached(entry):
+            if not all(self.is_cached(block) for block in self._group_blocks(entry)):
                 break
             hits.append(entry)
         if self.align:
@@ -417,11 +437,12 @@ class BlockPool:
         state = (STATE, hits[-1]) if hits else None
         if state in self.cached_this_step:
             return False  # vLLM: its state is not written before this step ends
-        hits = [self._block_of(entry) for entry in hits]
+        base = len(hits) * self._entry_blocks
+        count = len(hits)
+        hits = [self._block_of(block) for entry in hits for block in self._group_blocks(entry)]
         if state is not None:
             state = self._block_of(state)
         referenced = [*hits, state] if hits else []
-        base = len(hits) * self._entry_blocks
         reach = max(whole, positions)  # positions pass it by placeholder drafts
         need = int(self.layout.blocks_for(reach)) - base
         reclaimed = sum(self.entry_size(entry) for entry in referenced if entry in self.lru)
@@ -431,14 +452,12 @@ class BlockPool:
             self._referenced(entry)
         if hits:
             self.refs[request] = list(hits)
-        self.registered[request] = len(hits)
+        self.registered[request] = count
         delta = int(self.layout.blocks_for(positions)) - base
         self._evict(delta - self.free)
         self.free -= delta
         end = -(-positions // self.align) * self.align
-        self.states[request] = (
-            [[len(hits) * self.align, state], [end, None]] if hits else [[end, None]]
-        )
+        self.states[request] = [[count * self.align, state], [end, None]] if hits else [[end, None]]
         self.held[request] = base + delta + (self._state_size if hits else 0)
         return True
 
@@ -476,7 +495,7 @@ class BlockPool:
             refs = self.refs.setdefault(request, [])
             for entry in self.entry_keys(request, first, upto):
                 if self.tracks_states:
-                    refs.append(self._cache(entry))
+                    refs.extend(self._cache(block) for block in self._group_blocks(entry))
                 elif entry not in self.entries:
                     self.entries[entry] = 1
                     refs.append(entry)
@@ -549,14 +568,23 @@ class BlockPool:
             kept = [block[1] for block in self.states.pop(request, []) if block[1] is not None]
             referenced = sum(self.entry_size(entry) for entry in (*refs, *kept))
             self.free += int(self.held[request]) - referenced
-            # vLLM frees a request's blocks group by group, the attention group first,
+            # vLLM frees a request's blocks group by group, the attention groups first,
             # each group's last block first
-            for entry in (*reversed(refs), *reversed(kept)):
+            for entry in self._release_order(refs, kept):
                 self.entries[entry] -= 1
                 if self.entries[entry] == 0:
                     self._unreferenced(entry)
             self.held[request] = 0
             self.registered[request] = 0
+
+    def _release_order(self, refs: list[Hashable], kept: list[Hashable]) -> list[Hashable]:
+        """The entries a request releases, in vLLM's order: group by group (attention
+        groups in order, then the conv-state blocks), each group's last block first."""
+        if not self.tracks_states:
+            return [*reversed(refs), *reversed(kept)]
+        groups = self.layout.attention_groups
+        order = [e for g in range(groups) for e in reversed(refs) if self._group_of(e) == g]
+        return [*order, *reversed(kept)]
 
     def check(self, running: np.ndarray, positions: np.ndarray) -> None:
         """Assert the accounting: ``running`` (``[n], int64``) are the requests holding
