@@ -15,24 +15,10 @@ admission, and its computed tokens start after them. An entry
 nobody references stays cached, evictable, least recently released first (a
 request releases its entries last block first, so a prefix's tail goes before its
 head). Blocks are *free*, *private* to one request, or in an entry:
-``free + sum(private) + sum(entry sizes) == capacity``.
-
-Where a hybrid model's conv states are blocks of the one pool in vLLM's align mode
-(``MemoryLayout.align_state_blocks``) each request's state blocks are followed one by
-one (:attr:`BlockPool.states`): a running request holds ``1 + num_spec_tokens`` of
-them per conv-state group; when its positions cross into a new aligned block it
-takes one more and the one it left is given back at its next allocation (vLLM frees
-it there, before counting what that allocation needs). A state block at a kept
-boundary is an entry of its own (:data:`STATE`, ``MemoryLayout.state_groups``
-blocks), cached while the request holds it and evictable in the same LRU list as
-the attention entries once nobody does; a hit references it and gives it back at
-the request's next allocation. A hit on a state cached in the same step is refused
-for that step, as vLLM refuses it. A block computed again where its key is cached
-already (a hit cut back to a kept state leaves cached blocks to compute) is cached
-too, as a *copy* (:data:`COPY`): vLLM keeps every block of a hash, and a hit takes
-the oldest. Tracking states, an attention entry is one block per attention group
-(:data:`GROUP`), cached, freed and evicted on its own as vLLM's groups keep them; a
-hit needs the entry's block in every group.
+``free + sum(private) + sum(entry sizes) == capacity``. Where a hybrid model's conv
+states are blocks of the pool in vLLM's align mode (``memory.align_state_blocks``),
+:class:`~stepplan.sim.state_blocks.StateBlockPool` extends this pool through its
+hooks (:func:`~stepplan.sim.state_blocks.block_pool` picks the class).
 """
 
 from __future__ import annotations
@@ -44,15 +30,6 @@ import numpy as np
 
 from .memory_sizing import MemoryLayout, cacheable_blocks
 from .traces import RequestTable
-
-#: The first item of a kept conv state's entry key, ``(STATE, key of the attention
-#: entry it ends)``: the attention entry and the state entry are cached apart.
-STATE = "state"
-#: The first item of a copy's entry key, ``(COPY, number, key it copies)``.
-COPY = "copy"
-#: The first item of one attention group's block of an entry, ``(GROUP, group, key)``
-#: (tracking states; the other layouts key an entry of every group's blocks as one).
-GROUP = "group"
 
 #: Rows up to which :meth:`BlockPool.grow_all` loops in Python: on a few rows numpy's
 #: per-call cost is larger than the work (most steps of a light trace have 1-4 rows).
@@ -91,6 +68,9 @@ class BlockPool:
             referenced entries); 0 while it is not running.
     """
 
+    #: Whether each request's conv-state blocks are followed one by one (the subclass).
+    tracks_states = False
+
     def __init__(self, layout: MemoryLayout, table: RequestTable) -> None:
         n = table.num_requests
         self.layout = layout
@@ -106,10 +86,6 @@ class BlockPool:
         self._entry_blocks = layout.entry_blocks
         self._entry_tokens, self._per_hash = layout.entry_tokens, layout.entries_per_hash
         self.entries: dict[Hashable, int] = {}  # entry key -> requests referencing it
-        self._lru_blocks = 0  # blocks of the entries in self.lru (kept where tracking states)
-        # where tracking states: key -> its copies, oldest first (none in another mode)
-        self.copies: dict[Hashable, list[tuple]] = {}
-        self._copies_made = 0
         # unreferenced entries, least recently used first: an OrderedDict pops its head in
         # O(1), where a dict's first key is found past every key deleted before it
         self.lru: OrderedDict[Hashable, None] = OrderedDict()
@@ -120,16 +96,6 @@ class BlockPool:
         # where the last lookup found a prefix cached for attention past its last kept
         # state: the request keeps a state there (vLLM's shared-prefix junction); [N], int64
         self.junction = np.zeros(n, np.int64)
-        # align_state_blocks: blocks of one conv state, the speculative state blocks a
-        # running request holds besides its running one, and each request's state
-        # blocks (see the module docstring)
-        self.tracks_states = layout.align_state_blocks
-        self._state_size = layout.state_groups
-        self._spec_blocks = layout.state_blocks - layout.state_groups
-        # request -> its state blocks, ascending, the running one last: [end, entry]
-        # (the position the state is at, its STATE entry key or None while private)
-        self.states: dict[int, list[list]] = {}
-        self.cached_this_step: set[Hashable] = set()  # STATE entries cached this step
 
     @property
     def free(self) -> int:
@@ -143,68 +109,17 @@ class BlockPool:
     @property
     def cached_blocks(self) -> int:
         """Blocks of unreferenced (evictable) entries."""
-        if self.tracks_states:  # entries of two sizes: their blocks are counted
-            return self._lru_blocks
-        # one size: the compiled stepper, which edits the LRU list, keeps no count
         return len(self.lru) * self._entry_blocks
 
     def entry_size(self, entry: Hashable) -> int:
-        """Blocks of the entry ``entry``: a kept conv state's, or an attention entry's."""
-        if isinstance(entry, tuple) and entry[0] == COPY:
-            entry = entry[2]
-        if isinstance(entry, tuple) and entry[0] == STATE:
-            return self._state_size
-        if isinstance(entry, tuple) and entry[0] == GROUP:
-            return 1
+        """Blocks of the entry ``entry`` (one size here; the subclass has several)."""
         return self._entry_blocks
 
-    def _group_blocks(self, key: Hashable) -> list[Hashable]:
-        """The keys of an attention entry's blocks: one per attention group where
-        tracking states, else the entry itself."""
-        if not self.tracks_states:
-            return [key]
-        return [(GROUP, group, key) for group in range(self.layout.attention_groups)]
-
-    def _group_of(self, entry: Hashable) -> int:
-        """The attention group of a block key (-1: a state's)."""
-        if isinstance(entry, tuple) and entry[0] == COPY:
-            entry = entry[2]
-        return entry[1] if isinstance(entry, tuple) and entry[0] == GROUP else -1
-
-    def is_cached(self, key: Hashable) -> bool:
-        """Some block of ``key`` is cached (the entry, or a copy of it)."""
-        return key in self.entries or key in self.copies
-
-    def _block_of(self, key: Hashable) -> Hashable:
-        """The cached block a hit on ``key`` takes: the entry, else its oldest copy."""
-        return key if key in self.entries else self.copies[key][0]
-
-    def _cache(self, key: Hashable) -> Hashable:
-        """Cache a block of ``key`` referenced once: the entry, or where that is cached
-        already (tracking states) a copy; returns its entry key."""
-        if self.is_cached(key):
-            self._copies_made += 1
-            copy = (COPY, self._copies_made, key)
-            self.copies.setdefault(key, []).append(copy)
-            key = copy
-        self.entries[key] = 1
-        return key
-
-    def _unreferenced(self, entry: Hashable) -> None:
-        """``entry`` lost its last reference: the tail of the LRU list."""
-        self.lru[entry] = None
-        self._lru_blocks += self.entry_size(entry)
-
-    def _referenced(self, entry: Hashable) -> None:
-        """``entry`` gains a reference: out of the LRU list where it was there."""
-        self.entries[entry] += 1
-        if self.entries[entry] == 1 and entry in self.lru:
-            del self.lru[entry]
-            self._lru_blocks -= self.entry_size(entry)
-
     def new_step(self) -> None:
-        """A step's scheduling begins: states cached before it may be hit."""
-        self.cached_this_step.clear()
+        """A step's scheduling begins (the subclass's same-step rule)."""
+
+    def cache_committed(self, ids: np.ndarray, computed: np.ndarray) -> None:
+        """A step was committed (the subclass caches blocks then)."""
 
     @property
     def used_blocks(self) -> int:
@@ -213,11 +128,7 @@ class BlockPool:
 
     def grow_all(self, ids: np.ndarray, positions: np.ndarray) -> bool:
         """Grow every request of ``ids`` to ``positions`` (``[n], int64`` each) from free
-        blocks only, or change nothing and return ``False``. Tracking state blocks it
-        returns ``False``: every request then grows in turn (:meth:`grow`), as vLLM
-        allocates, freeing the state blocks it left before its own allocation."""
-        if self.tracks_states:
-            return False
+        blocks only, or change nothing and return ``False``."""
         if ids.size <= _FEW_ROWS and not self.layout.state_blocks:
             return self._grow_few(ids.tolist(), positions.tolist())
         held = self.held[ids]
@@ -265,11 +176,8 @@ class BlockPool:
 
     def grow(self, request: int, positions: int, computed: int = 0) -> bool:
         """Grow one request to ``positions``, evicting cached entries if need be; ``False``
-        (nothing changed) when even eviction leaves too few blocks. Tracking state
-        blocks, the request (``computed`` tokens computed) first gives back the state
-        blocks it left behind, whether it then grows or not."""
-        if self.tracks_states:
-            return self._grow_states(request, positions, computed)
+        (nothing changed) when even eviction leaves too few blocks. ``computed``: its
+        tokens computed (the subclass frees the state blocks it left behind)."""
         need = int(self.layout.blocks_for(positions))
         delta = need - int(self.held[request])
         if delta <= 0:
@@ -281,62 +189,17 @@ class BlockPool:
         self.held[request] = need
         return True
 
-    def _grow_states(self, request: int, positions: int, computed: int) -> bool:
-        """:meth:`grow` tracking state blocks: the KV blocks of every attention group
-        for ``positions`` and one state block more when they cross into a new aligned
-        block (its state goes there; the running one is left, given back later)."""
-        self._give_back_left(request, computed)
-        states = self.states[request]
-        kv = int(self.held[request]) - self._state_size * len(states) - self._spec_blocks
-        new_kv = max(int(self.layout.kv_blocks(positions)) - kv, 0)
-        end = -(-positions // self.align) * self.align  # where the state block ends
-        new_state = self._state_size if end > states[-1][0] else 0
-        delta = new_kv + new_state
-        if delta > self.free + self._lru_blocks:
-            return False
-        self._evict(delta - self.free)
-        self.free -= delta
-        self.held[request] += delta
-        if new_state:
-            states.append([end, None])
-        return True
-
-    def _give_back_left(self, request: int, computed: int) -> None:
-        """Free the state blocks the request left behind, those ending before its
-        ``computed`` tokens (vLLM's ``remove_skipped_blocks``), last first; a kept
-        one loses a reference."""
-        states = self.states[request]
-        left = [block for block in states[:-1] if block[0] < computed]
-        if not left:
-            return
-        for block in reversed(left):
-            self._drop_state(block[1])
-            states.remove(block)
-        self.held[request] -= self._state_size * len(left)
-
-    def _drop_state(self, entry: Hashable | None) -> None:
-        """A state block given back: free where private, else one reference less."""
-        if entry is None:
-            self.free += self._state_size
-            return
-        self.entries[entry] -= 1
-        if self.entries[entry] == 0:
-            self._unreferenced(entry)
-
     def _evict(self, blocks: int) -> None:
         while blocks > 0:
-            entry = self.lru.popitem(last=False)[0]
-            del self.entries[entry]
-            if isinstance(entry, tuple) and entry[0] == COPY:
-                copies = self.copies[entry[2]]
-                copies.remove(entry)
-                if not copies:
-                    del self.copies[entry[2]]
-            self.kept_states.discard(entry)
-            size = self.entry_size(entry)
-            self._lru_blocks -= size
+            size = self._evicted(self.lru.popitem(last=False)[0])
             self.free += size
             blocks -= size
+
+    def _evicted(self, entry: Hashable) -> int:
+        """``entry``, popped from the LRU list, leaves the cache: its blocks."""
+        del self.entries[entry]
+        self.kept_states.discard(entry)
+        return self._entry_blocks
 
     def entry_keys(self, request: int, first: int, stop: int) -> list[Hashable]:
         """Keys of the request's prefix-cache entries ``first`` to ``stop`` (exclusive).
@@ -390,7 +253,7 @@ class BlockPool:
         count = (limit_tokens - 1) // self._entry_tokens
         hits = []
         for entry in self.entry_keys(request, 0, count):
-            if not all(self.is_cached(block) for block in self._group_blocks(entry)):
+            if not self._entry_cached(entry):
                 break
             hits.append(entry)
         if self.align:
@@ -400,65 +263,33 @@ class BlockPool:
             self.junction[request] = run * self.align if run > len(hits) else 0
         return hits
 
+    def _entry_cached(self, entry: Hashable) -> bool:
+        """The entry ``entry`` is cached (a hit may take it)."""
+        return entry in self.entries
+
     def _state_kept(self, entry: Hashable) -> bool:
-        """A conv state is kept where the attention entry ``entry`` ends."""
-        if self.tracks_states:
-            return self.is_cached((STATE, entry))
+        """A conv state is kept where the entry ``entry`` ends (align mode)."""
         return entry in self.kept_states
 
     def admit(self, request: int, hits: list[int], positions: int, whole: int) -> bool:
         """Reference the entries ``hits`` (from :meth:`lookup`) and grow to
         ``positions``; ``False`` and nothing changed unless the free and evictable blocks
-        hold the blocks for ``whole`` (the request's whole prompt, as vLLM admits).
-        Tracking state blocks it also references the hit's state (refused when that
-        state was cached in this step)."""
-        if self.tracks_states:
-            return self._admit_states(request, hits, positions, whole)
+        hold the blocks for ``whole`` (the request's whole prompt, as vLLM admits)."""
         base = len(hits) * self._entry_blocks
         reach = max(whole, positions)  # positions pass it by placeholder drafts
         delta = int(self.layout.blocks_for(reach)) - base
-        reclaimed = sum(self.entry_size(entry) for entry in hits if entry in self.lru)
-        if delta > self.free + self.cached_blocks - reclaimed:  # reclaimed: no longer evictable
+        reclaimed = sum(entry in self.lru for entry in hits)  # would no longer be evictable
+        if delta > self.free + (len(self.lru) - reclaimed) * self._entry_blocks:
             return False
         for entry in hits:
-            self._referenced(entry)
+            self.entries[entry] += 1
+            self.lru.pop(entry, None)
         if hits:
             self.refs[request] = list(hits)
         self.registered[request] = len(hits)
         self.held[request] = base
         grown = self.grow(request, positions)
         assert grown, "admission was checked"
-        return True
-
-    def _admit_states(self, request: int, hits: list[int], positions: int, whole: int) -> bool:
-        """:meth:`admit` tracking state blocks: the request holds the hit's state
-        (an entry, given back at its next allocation), ``1 + num_spec_tokens`` state
-        blocks of its own and its KV blocks past the hit."""
-        state = (STATE, hits[-1]) if hits else None
-        if state in self.cached_this_step:
-            return False  # vLLM: its state is not written before this step ends
-        base = len(hits) * self._entry_blocks
-        count = len(hits)
-        hits = [self._block_of(block) for entry in hits for block in self._group_blocks(entry)]
-        if state is not None:
-            state = self._block_of(state)
-        referenced = [*hits, state] if hits else []
-        reach = max(whole, positions)  # positions pass it by placeholder drafts
-        need = int(self.layout.blocks_for(reach)) - base
-        reclaimed = sum(self.entry_size(entry) for entry in referenced if entry in self.lru)
-        if need > self.free + self._lru_blocks - reclaimed:
-            return False
-        for entry in referenced:
-            self._referenced(entry)
-        if hits:
-            self.refs[request] = list(hits)
-        self.registered[request] = count
-        delta = int(self.layout.blocks_for(positions)) - base
-        self._evict(delta - self.free)
-        self.free -= delta
-        end = -(-positions // self.align) * self.align
-        self.states[request] = [[count * self.align, state], [end, None]] if hits else [[end, None]]
-        self.held[request] = base + delta + (self._state_size if hits else 0)
         return True
 
     def register(
@@ -469,22 +300,13 @@ class BlockPool:
         vLLM, when the blocks are allocated for the step that computes them, so a request
         admitted later in the same step hits them. Every full entry is cached, output
         tokens' too (a preempted request hits its own). An entry already cached stays
-        private (tracking states: is cached again, a copy)."""
+        private."""
         if not self.caching:
             return
         reach = np.minimum(positions, prompt + emitted)
         if self.align:
             self._keep_states(ids.tolist(), reach.tolist(), prompt.tolist())
         self._cache_entries(ids, reach)
-
-    def cache_committed(self, ids: np.ndarray, computed: np.ndarray) -> None:
-        """Tracking states with speculation: cache the entries the rows ``ids`` that
-        emitted tokens in the step just committed fill with their ``computed`` tokens
-        (``[n], int64`` each). vLLM caches such a row's blocks again after its output,
-        before it frees a finished request, so a finishing request's last blocks are
-        cached too. (The other layouts, held equal to the compiled stepper, do not.)"""
-        if self.tracks_states and self._spec_blocks:
-            self._cache_entries(ids, computed)
 
     def _cache_entries(self, ids: np.ndarray, reach: np.ndarray) -> None:
         """Cache the full entries of requests ``ids`` up to ``reach`` (``[n], int64``)."""
@@ -494,9 +316,7 @@ class BlockPool:
             first = int(self.registered[request])
             refs = self.refs.setdefault(request, [])
             for entry in self.entry_keys(request, first, upto):
-                if self.tracks_states:
-                    refs.extend(self._cache(block) for block in self._group_blocks(entry))
-                elif entry not in self.entries:
+                if entry not in self.entries:
                     self.entries[entry] = 1
                     refs.append(entry)
             self.registered[request] = upto
@@ -536,28 +356,13 @@ class BlockPool:
         for request, reach, tokens in zip(ids, positions, prompt, strict=True):
             last = (tokens - 1) // size * size
             block = reach // size
-            if reach not in (last, int(self.junction[request])) or block == 0:
-                continue
-            if self.tracks_states:
-                self._keep_running_state(request, reach, block)
-            elif block <= self.hashed[request]:
+            if reach in (last, int(self.junction[request])) and 0 < block <= self.hashed[request]:
                 self.kept_states.update(self.entry_keys(request, block - 1, block))
-
-    def _keep_running_state(self, request: int, reach: int, block: int) -> None:
-        """Cache the request's running state block, at ``reach`` (``block`` aligned
-        blocks), as a STATE entry (or a copy) it references. Past the trace's hashes
-        too: vLLM hashes every prompt block."""
-        running = self.states[request][-1]
-        entry = (STATE, self.entry_keys(request, block - 1, block)[0])
-        if running[0] != reach or running[1] is not None:
-            return
-        running[1] = self._cache(entry)
-        self.cached_this_step.add(entry)
 
     def release(self, ids: np.ndarray) -> None:
         """Give back every block of requests ``ids`` (``[n], int64``): private blocks are
         freed, entries lose a reference (unreferenced ones stay cached, evictable)."""
-        if not self.refs and not self.states:
+        if not self.refs:
             self.free += int(self.held[ids].sum())
             self.held[ids] = 0
             if self.caching:
@@ -565,35 +370,19 @@ class BlockPool:
             return
         for request in ids.tolist():
             refs = self.refs.pop(request, [])
-            kept = [block[1] for block in self.states.pop(request, []) if block[1] is not None]
-            referenced = sum(self.entry_size(entry) for entry in (*refs, *kept))
-            self.free += int(self.held[request]) - referenced
-            # vLLM frees a request's blocks group by group, the attention groups first,
-            # each group's last block first
-            for entry in self._release_order(refs, kept):
+            self.free += int(self.held[request]) - len(refs) * self._entry_blocks
+            for entry in reversed(refs):
                 self.entries[entry] -= 1
                 if self.entries[entry] == 0:
-                    self._unreferenced(entry)
+                    self.lru[entry] = None
             self.held[request] = 0
             self.registered[request] = 0
-
-    def _release_order(self, refs: list[Hashable], kept: list[Hashable]) -> list[Hashable]:
-        """The entries a request releases, in vLLM's order: group by group (attention
-        groups in order, then the conv-state blocks), each group's last block first."""
-        if not self.tracks_states:
-            return [*reversed(refs), *reversed(kept)]
-        groups = self.layout.attention_groups
-        order = [e for g in range(groups) for e in reversed(refs) if self._group_of(e) == g]
-        return [*order, *reversed(kept)]
 
     def check(self, running: np.ndarray, positions: np.ndarray) -> None:
         """Assert the accounting: ``running`` (``[n], int64``) are the requests holding
         blocks, ``positions`` (``[n], int64``) the positions each must cover."""
         held = self.held[running]
-        refs = [
-            [*self.refs.get(r, []), *(b[1] for b in self.states.get(r, []) if b[1] is not None)]
-            for r in running.tolist()
-        ]
+        refs = [self._references(r) for r in running.tolist()]
         size = self.entry_size
         private = held - np.array([sum(size(e) for e in r) for r in refs], np.int64)
         total = self.free + int(private.sum()) + sum(size(e) for e in self.entries)
@@ -606,6 +395,7 @@ class BlockPool:
             counts[entry] = counts.get(entry, 0) + 1
         assert counts == {e: c for e, c in self.entries.items() if c}, "entry references"
         assert set(self.lru) == {e for e, c in self.entries.items() if not c}, "LRU list"
-        if self.tracks_states:
-            assert self._lru_blocks == sum(size(e) for e in self.lru), "LRU blocks"
-            assert set(self.states) == set(running.tolist()), "state blocks of a waiting request"
+
+    def _references(self, request: int) -> list[Hashable]:
+        """The entries ``request`` references."""
+        return self.refs.get(request, [])

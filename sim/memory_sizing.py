@@ -230,17 +230,9 @@ def plan_memory(config: SimConfig, table: RequestTable, *, live: bool = False) -
             f"{memory.prefix_block_tokens}-token hashed blocks, as prefix caching needs "
             "(or set memory.prefix_caching = false)"
         )
-    block_size, state_blocks, attention_groups, align = memory.block_size, 0, 1, 0
-    pooled = caching and memory.align_state_blocks and bool(footprint.slot_bytes and block_bytes)
-    if caching and footprint.slot_bytes and block_bytes:
-        align = _hybrid_block_size(config.model.resolved(), footprint, memory.block_size)
-        if scheduler.max_num_batched_tokens < align:  # no prefill chunk could ever run
-            raise ConfigError(
-                f"scheduler.max_num_batched_tokens = {scheduler.max_num_batched_tokens} is "
-                f"less than the {align}-token blocks a hybrid model caching prefixes "
-                "computes its prompt in (vLLM's align mode); raise it or set "
-                "memory.prefix_caching = false"
-            )
+    block_size, state_blocks, attention_groups = memory.block_size, 0, 1
+    align = _align_tokens(config, footprint) if caching and block_bytes else 0
+    pooled = bool(align) and memory.align_state_blocks
     if footprint.slot_bytes and block_bytes and (pooled or not caching):
         block_size, block_bytes, num_blocks, state_blocks, attention_groups = _shared_pool(
             config.model.resolved(), footprint, budget, memory.block_size, scheduler.num_spec_tokens
@@ -269,6 +261,23 @@ def plan_memory(config: SimConfig, table: RequestTable, *, live: bool = False) -
     )
     _check_longest(layout, table)
     return layout
+
+
+def _align_tokens(config: SimConfig, footprint: ModelFootprint) -> int:
+    """vLLM's align mode where a model caches prefixes: its hybrid block's tokens (0
+    for an attention-only model); a :class:`ConfigError` when the token budget is
+    below one such block."""
+    if not footprint.slot_bytes:
+        return 0
+    align = _hybrid_block_size(config.model.resolved(), footprint, config.memory.block_size)
+    budget = config.scheduler.max_num_batched_tokens
+    if budget < align:  # no prefill chunk could ever run
+        raise ConfigError(
+            f"scheduler.max_num_batched_tokens = {budget} is less than the {align}-token "
+            "blocks a hybrid model caching prefixes computes its prompt in (vLLM's align "
+            "mode); raise it or set memory.prefix_caching = false"
+        )
+    return align
 
 
 def _shared_pool(

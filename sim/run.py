@@ -337,10 +337,6 @@ class _Loop:
         scheduler = make_scheduler(table, config, layout)
         if config.scheduler.implementation != "stepplan":
             native = False  # the compiled stepper binds to stepplan's scheduler's arrays
-        if layout.align_state_blocks:
-            # conv states as blocks of the shared pool have only the Python model (the
-            # specification a compiled one will follow): parity tests compare it alike
-            native = False
         plan_config = config.plan
         planner = Planner(plan_config)  # compile_plan's plans, keeping what repeats between steps
         if live is not None and not config.live.enabled:

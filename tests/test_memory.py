@@ -15,6 +15,7 @@ from stepplan.sim.memory import BlockPool
 from stepplan.sim.memory_sizing import MemoryLayout
 from stepplan.sim.scheduler import Scheduler
 from stepplan.sim.settings.config import SchedulerConfig
+from stepplan.sim.state_blocks import block_pool
 from stepplan.sim.traces import RequestTable
 
 
@@ -76,7 +77,7 @@ class Run:
     def __init__(self, table, config, layout, seed=0) -> None:
         n = table.num_requests
         self.table, self.config = table, config
-        self.pool = BlockPool(layout, table) if layout is not None else None
+        self.pool = block_pool(layout, table) if layout is not None else None
         self.scheduler = Scheduler(table, config, self.pool)
         self.rng = np.random.default_rng(seed)
         self.state = np.zeros(n, np.int64)  # committed tokens of the current admission
