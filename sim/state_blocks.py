@@ -4,7 +4,7 @@ Python specification a compiled model will follow.
 
 Where a hybrid model's conv states are blocks of the one pool in vLLM's align mode
 (``MemoryLayout.align_state_blocks``) each request's state blocks are followed one by
-one (:attr:`BlockPool.states`): a running request holds ``1 + num_spec_tokens`` of
+one (:attr:`StateBlockPool.states`): a running request holds ``1 + num_spec_tokens`` of
 them per conv-state group; when its positions cross into a new aligned block it
 takes one more and the one it left is given back at its next allocation (vLLM frees
 it there, before counting what that allocation needs). A state block at a kept
@@ -15,9 +15,10 @@ the request's next allocation. A hit on a state cached in the same step is refus
 for that step, as vLLM refuses it. A block computed again where its key is cached
 already (a hit cut back to a kept state leaves cached blocks to compute) is cached
 too, as a *copy* (:data:`COPY`): vLLM keeps every block of a hash, and a hit takes
-the oldest. Tracking states, an attention entry is one block per attention group
-(:data:`GROUP`), cached, freed and evicted on its own as vLLM's groups keep them; a
-hit needs the entry's block in every group.
+the oldest. An attention entry is one block per attention group (:data:`GROUP`),
+cached, freed and evicted on its own as vLLM's groups keep them; a hit needs the
+entry's block in every group. A request frees its blocks group by group (attention
+groups, then conv states), each group's last block first, as vLLM frees them.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ STATE = "state"
 #: The first item of a copy's entry key, ``(COPY, number, key it copies)``.
 COPY = "copy"
 #: The first item of one attention group's block of an entry, ``(GROUP, group, key)``
-#: (tracking states; the other layouts key an entry of every group's blocks as one).
+#: (:class:`~stepplan.sim.memory.BlockPool` keys an entry of every group's blocks as one).
 GROUP = "group"
 
 
