@@ -7,10 +7,16 @@ kept, every run's figure listed), its scheduler's construction (vLLM's
 configs) apart. Writes ``bench/results/scheduler_vllm-<UTC time>.json``.
 
     python bench/scheduler_vllm_bench.py
+    python bench/scheduler_vllm_bench.py --cases mooncake-400-prefix-8gib,... [--python-speed]
+
+``--cases`` runs only the named agreement cases (no speed case) into
+``bench/results/scheduler_vllm_cases-<UTC time>.json``; ``--python-speed`` adds, for
+each, stepplan's scheduler in Python: steps per CPU second, best of three.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import time
@@ -60,6 +66,16 @@ CASES = {
     ),
     "mooncake-400-prefix-50gib": (MOONCAKE, 400, {"memory.kv_cache_gib": 50.0}),
 }
+#: The hybrid model caching prefixes in caches that bind, conv-state slots apart (the
+#: default) and as blocks of vLLM's one pool (``memory.align_state_blocks``).
+for _gib in (8, 20, 50, 100):
+    _size = {"memory.kv_cache_gib": float(_gib)}
+    CASES.setdefault(f"mooncake-400-prefix-{_gib}gib", (MOONCAKE, 400, _size))
+    CASES[f"mooncake-400-prefix-{_gib}gib-align-state-blocks"] = (
+        MOONCAKE,
+        400,
+        _size | {"memory.align_state_blocks": True},
+    )
 
 
 def _table(path: str, limit: int, config: SimConfig):
@@ -166,7 +182,51 @@ def stepplan_speed(path: str, limit: int, settings: dict) -> dict:
     return figures
 
 
+def python_speed(path: str, limit: int, settings: dict) -> dict:
+    """stepplan's scheduler in Python on ``settings``: steps per CPU second of the
+    whole loop, the best of three runs."""
+    config = with_settings(SimConfig(), settings)
+    table = _table(path, limit, config)
+    best, steps = 0.0, 0
+    for _ in range(3):
+        cpu = time.process_time()
+        end = run_steps(table, config, MemoryStore(), native=False)
+        steps = end.summary["steps"]["count"]
+        best = max(best, steps / (time.process_time() - cpu))
+    return {"steps": steps, "python_steps_per_s_cpu": best}
+
+
+def run_cases(names: list[str], with_speed: bool) -> None:
+    """The agreement cases ``names`` only (and stepplan's Python speed on each)."""
+    unknown = [name for name in names if name not in CASES]
+    if unknown:
+        raise SystemExit(f"--cases: no case {', '.join(unknown)} (cases: {', '.join(CASES)})")
+    figures: dict = {}
+    for name in names:
+        path, limit, settings = CASES[name]
+        figures[name] = agreement(path, limit, settings)
+        if with_speed:
+            figures[name]["stepplan_python"] = python_speed(path, limit, settings)
+        print(name, figures[name]["agreement"], figures[name]["first_divergence"], flush=True)
+    # a record of its own: the full run's record (speed included) stays the newest
+    # of "scheduler_vllm"
+    record_run(
+        "scheduler_vllm_cases",
+        figures,
+        vllm=vllm_engine_scheduler.vllm_version(),
+        title="scheduler_vllm, selected agreement cases",
+        headline=[f"{name}.agreement" for name in names],
+    )
+
+
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", help="comma-separated agreement cases to run alone")
+    parser.add_argument("--python-speed", action="store_true", help="with --cases")
+    args = parser.parse_args()
+    if args.cases:
+        run_cases(args.cases.split(","), args.python_speed)
+        return
     figures: dict = {
         "speed_hybrid": speed(1000, {}),
         "speed_attention_only": speed(1000, ATTENTION_ONLY),

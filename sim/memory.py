@@ -15,7 +15,10 @@ admission, and its computed tokens start after them. An entry
 nobody references stays cached, evictable, least recently released first (a
 request releases its entries last block first, so a prefix's tail goes before its
 head). Blocks are *free*, *private* to one request, or in an entry:
-``free + sum(private) + entry_blocks * len(entries) == capacity``.
+``free + sum(private) + sum(entry sizes) == capacity``. Where a hybrid model's conv
+states are blocks of the pool in vLLM's align mode (``memory.align_state_blocks``),
+:class:`~stepplan.sim.state_blocks.StateBlockPool` extends this pool through its
+hooks (:func:`~stepplan.sim.state_blocks.block_pool` picks the class).
 """
 
 from __future__ import annotations
@@ -65,6 +68,9 @@ class BlockPool:
             referenced entries); 0 while it is not running.
     """
 
+    #: Whether each request's conv-state blocks are followed one by one (the subclass).
+    tracks_states = False
+
     def __init__(self, layout: MemoryLayout, table: RequestTable) -> None:
         n = table.num_requests
         self.layout = layout
@@ -107,6 +113,16 @@ class BlockPool:
     def cached_blocks(self) -> int:
         """Blocks of unreferenced (evictable) entries."""
         return len(self.lru) * self._entry_blocks
+
+    def entry_size(self, entry: Hashable) -> int:
+        """Blocks of the entry ``entry`` (one size here; the subclass has several)."""
+        return self._entry_blocks
+
+    def new_step(self) -> None:
+        """A step's scheduling begins (the subclass's same-step rule)."""
+
+    def cache_committed(self, ids: np.ndarray, computed: np.ndarray) -> None:
+        """A step was committed (the subclass caches blocks then)."""
 
     @property
     def used_blocks(self) -> int:
@@ -161,9 +177,10 @@ class BlockPool:
             self.held[ids[:count]] = need[:count]
         return count
 
-    def grow(self, request: int, positions: int) -> bool:
+    def grow(self, request: int, positions: int, computed: int = 0) -> bool:
         """Grow one request to ``positions``, evicting cached entries if need be; ``False``
-        (nothing changed) when even eviction leaves too few blocks."""
+        (nothing changed) when even eviction leaves too few blocks. ``computed``: its
+        tokens computed (the subclass frees the state blocks it left behind)."""
         need = int(self.layout.blocks_for(positions))
         delta = need - int(self.held[request])
         if delta <= 0:
@@ -177,11 +194,15 @@ class BlockPool:
 
     def _evict(self, blocks: int) -> None:
         while blocks > 0:
-            entry = self.lru.popitem(last=False)[0]
-            del self.entries[entry]
-            self.kept_states.discard(entry)
-            self.free += self._entry_blocks
-            blocks -= self._entry_blocks
+            size = self._evicted(self.lru.popitem(last=False)[0])
+            self.free += size
+            blocks -= size
+
+    def _evicted(self, entry: Hashable) -> int:
+        """``entry``, popped from the LRU list, leaves the cache: its blocks."""
+        del self.entries[entry]
+        self.kept_states.discard(entry)
+        return self._entry_blocks
 
     def entry_keys(self, request: int, first: int, stop: int) -> list[Hashable]:
         """Keys of the request's prefix-cache entries ``first`` to ``stop`` (exclusive).
@@ -235,12 +256,12 @@ class BlockPool:
         count = (limit_tokens - 1) // self._entry_tokens
         hits = []
         for entry in self.entry_keys(request, 0, count):
-            if entry not in self.entries:
+            if not self._entry_cached(entry):
                 break
             hits.append(entry)
         if self.align:
             run = len(hits)
-            while hits and hits[-1] not in self.kept_states:
+            while hits and not self._state_kept(hits[-1]):
                 hits.pop()
             self.junction[request] = run * self.align if run > len(hits) else 0
         return hits
@@ -248,6 +269,14 @@ class BlockPool:
     def begin_step(self) -> None:
         """A new step is being scheduled: no state has been kept in it yet."""
         self.states_this_step.clear()
+
+    def _entry_cached(self, entry: Hashable) -> bool:
+        """The entry ``entry`` is cached (a hit may take it)."""
+        return entry in self.entries
+
+    def _state_kept(self, entry: Hashable) -> bool:
+        """A conv state is kept where the entry ``entry`` ends (align mode)."""
+        return entry in self.kept_states
 
     def admit(self, request: int, hits: list[int], positions: int, whole: int) -> bool:
         """Reference the entries ``hits`` (from :meth:`lookup`) and grow to
@@ -288,6 +317,10 @@ class BlockPool:
         reach = np.minimum(positions, prompt + emitted)
         if self.align:
             self._keep_states(ids.tolist(), reach.tolist(), prompt.tolist())
+        self._cache_entries(ids, reach)
+
+    def _cache_entries(self, ids: np.ndarray, reach: np.ndarray) -> None:
+        """Cache the full entries of requests ``ids`` up to ``reach`` (``[n], int64``)."""
         done = reach // self._entry_tokens
         for row in np.flatnonzero(done > self.registered[ids]).tolist():
             request, upto = int(ids[row]), int(done[row])
@@ -362,9 +395,10 @@ class BlockPool:
         """Assert the accounting: ``running`` (``[n], int64``) are the requests holding
         blocks, ``positions`` (``[n], int64``) the positions each must cover."""
         held = self.held[running]
-        refs = [self.refs.get(int(r), []) for r in running]
-        private = held - self._entry_blocks * np.array([len(r) for r in refs], np.int64)
-        total = self.free + int(private.sum()) + self._entry_blocks * len(self.entries)
+        refs = [self._references(r) for r in running.tolist()]
+        size = self.entry_size
+        private = held - np.array([sum(size(e) for e in r) for r in refs], np.int64)
+        total = self.free + int(private.sum()) + sum(size(e) for e in self.entries)
         assert self.free >= 0 and (private >= 0).all(), "negative block count"
         assert total == self.capacity, f"blocks leaked: {total} accounted of {self.capacity}"
         assert self.held.sum() == held.sum(), "a request that is not running holds blocks"
@@ -374,3 +408,7 @@ class BlockPool:
             counts[entry] = counts.get(entry, 0) + 1
         assert counts == {e: c for e, c in self.entries.items() if c}, "entry references"
         assert set(self.lru) == {e for e, c in self.entries.items() if not c}, "LRU list"
+
+    def _references(self, request: int) -> list[Hashable]:
+        """The entries ``request`` references."""
+        return self.refs.get(request, [])

@@ -119,6 +119,12 @@ class MemoryLayout:
             cached for attention alone (``docs/memory.md``); 0 otherwise.
         attention_groups: vLLM's KV-cache groups of attention layers: each holds its own
             block for every ``block_size`` tokens (:func:`_shared_pool`; 1 elsewhere).
+        align_state_blocks: ``memory.align_state_blocks`` in force (a hybrid model
+            caching prefixes): the pool is :func:`_shared_pool`'s, ``block_size`` is
+            ``align_tokens``, and :class:`~stepplan.sim.memory.BlockPool` counts each
+            request's conv-state blocks one by one as vLLM's align mode holds them.
+        state_groups: vLLM's KV-cache groups of conv layers (0 outside that mode): one
+            conv state, running, left behind or kept, is this many blocks.
         check: verify the accounting every step.
     """
 
@@ -138,6 +144,8 @@ class MemoryLayout:
     state_blocks: int = 0
     align_tokens: int = 0
     attention_groups: int = 1
+    align_state_blocks: bool = False
+    state_groups: int = 0
 
     @entry_tokens.default
     def _whole_hashed_block(self) -> int:
@@ -222,17 +230,10 @@ def plan_memory(config: SimConfig, table: RequestTable, *, live: bool = False) -
             f"{memory.prefix_block_tokens}-token hashed blocks, as prefix caching needs "
             "(or set memory.prefix_caching = false)"
         )
-    block_size, state_blocks, attention_groups, align = memory.block_size, 0, 1, 0
-    if caching and footprint.slot_bytes and block_bytes:
-        align = _hybrid_block_size(config.model.resolved(), footprint, memory.block_size)
-        if scheduler.max_num_batched_tokens < align:  # no prefill chunk could ever run
-            raise ConfigError(
-                f"scheduler.max_num_batched_tokens = {scheduler.max_num_batched_tokens} is "
-                f"less than the {align}-token blocks a hybrid model caching prefixes "
-                "computes its prompt in (vLLM's align mode); raise it or set "
-                "memory.prefix_caching = false"
-            )
-    if footprint.slot_bytes and block_bytes and not caching:
+    block_size, state_blocks, attention_groups = memory.block_size, 0, 1
+    align = _align_tokens(config, footprint) if caching and block_bytes else 0
+    pooled = bool(align) and memory.align_state_blocks
+    if footprint.slot_bytes and block_bytes and (pooled or not caching):
         block_size, block_bytes, num_blocks, state_blocks, attention_groups = _shared_pool(
             config.model.resolved(), footprint, budget, memory.block_size, scheduler.num_spec_tokens
         )
@@ -255,9 +256,28 @@ def plan_memory(config: SimConfig, table: RequestTable, *, live: bool = False) -
         # every full KV block is an entry, as vLLM's (its hybrid blocks where aligned)
         entry_tokens=align or memory.block_size if caching else memory.prefix_block_tokens,
         attention_groups=attention_groups,
+        align_state_blocks=pooled,
+        state_groups=state_blocks // (1 + scheduler.num_spec_tokens) if pooled else 0,
     )
     _check_longest(layout, table)
     return layout
+
+
+def _align_tokens(config: SimConfig, footprint: ModelFootprint) -> int:
+    """vLLM's align mode where a model caches prefixes: its hybrid block's tokens (0
+    for an attention-only model); a :class:`ConfigError` when the token budget is
+    below one such block."""
+    if not footprint.slot_bytes:
+        return 0
+    align = _hybrid_block_size(config.model.resolved(), footprint, config.memory.block_size)
+    budget = config.scheduler.max_num_batched_tokens
+    if budget < align:  # no prefill chunk could ever run
+        raise ConfigError(
+            f"scheduler.max_num_batched_tokens = {budget} is less than the {align}-token "
+            "blocks a hybrid model caching prefixes computes its prompt in (vLLM's align "
+            "mode); raise it or set memory.prefix_caching = false"
+        )
+    return align
 
 
 def _shared_pool(

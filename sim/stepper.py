@@ -65,7 +65,9 @@ class Stepper:
 
     Args:
         native: ``None`` uses the compiled stepper where it is installed; ``False``
-            runs every step in Python; ``True`` requires the compiled one.
+            runs every step in Python; ``True`` requires the compiled one. A pool
+            tracking conv-state blocks (``memory.align_state_blocks``) always runs in
+            Python, whatever ``native`` says.
     """
 
     def __init__(
@@ -78,6 +80,11 @@ class Stepper:
         native: bool | None = None,
     ) -> None:
         self.scheduler, self.acceptance, self.log, self.table = scheduler, acceptance, log, table
+        if getattr(scheduler.pool, "tracks_states", False):
+            # conv states as blocks of the shared pool have only the Python model, the
+            # specification a compiled one will follow: such a run (simulate, a
+            # replica) steps in Python, and the parity tests compare Python with itself
+            native = False
         self._module, why = (None, "") if native is False else _stepper_module()
         if self._module is None and native is not False:
             if native:

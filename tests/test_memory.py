@@ -15,6 +15,7 @@ from stepplan.sim.memory import BlockPool
 from stepplan.sim.memory_sizing import MemoryLayout
 from stepplan.sim.scheduler import Scheduler
 from stepplan.sim.settings.config import SchedulerConfig
+from stepplan.sim.state_blocks import block_pool
 from stepplan.sim.traces import RequestTable
 
 
@@ -33,9 +34,20 @@ def make_table(arrivals, prompts, outputs, hashes=None) -> RequestTable:
 
 
 def make_layout(
-    num_blocks, *, block_size=1, slots=8, prefix=False, prefix_block_tokens=4, align=0, state=0
+    num_blocks,
+    *,
+    block_size=1,
+    slots=8,
+    prefix=False,
+    prefix_block_tokens=4,
+    align=0,
+    state=0,
+    state_groups=0,
+    attention_groups=1,
 ):
-    # entries as plan_memory makes them: a KV block, or an aligned block in align mode
+    # entries as plan_memory makes them: a KV block, or an aligned block in align mode;
+    # state_groups: conv states as tracked blocks of the pool (memory.align_state_blocks),
+    # whose KV block is the aligned block
     return MemoryLayout(
         budget_bytes=float(num_blocks),
         budget_source="test",
@@ -52,6 +64,9 @@ def make_layout(
         entry_tokens=(align or block_size) if prefix else prefix_block_tokens,
         state_blocks=state,
         align_tokens=align if prefix else 0,
+        attention_groups=attention_groups,
+        align_state_blocks=bool(state_groups),
+        state_groups=state_groups,
     )
 
 
@@ -62,7 +77,7 @@ class Run:
     def __init__(self, table, config, layout, seed=0) -> None:
         n = table.num_requests
         self.table, self.config = table, config
-        self.pool = BlockPool(layout, table) if layout is not None else None
+        self.pool = block_pool(layout, table) if layout is not None else None
         self.scheduler = Scheduler(table, config, self.pool)
         self.rng = np.random.default_rng(seed)
         self.state = np.zeros(n, np.int64)  # committed tokens of the current admission
@@ -124,7 +139,8 @@ def _preempted_in_order(scheduler, before) -> list[int]:
 
 
 @st.composite
-def workloads(draw):
+def workloads(draw, tracked=False):
+    # tracked: always conv states as tracked blocks of the pool (align_state_blocks)
     n = draw(st.integers(1, 10))
     prompts = draw(st.lists(st.integers(1, 60), min_size=n, max_size=n))
     outputs = draw(st.lists(st.integers(1, 20), min_size=n, max_size=n))
@@ -132,7 +148,7 @@ def workloads(draw):
         draw(st.lists(st.sampled_from([0.0, 0.02, 0.1, 0.5]), min_size=n, max_size=n))
     )
     block_size = draw(st.sampled_from([1, 2, 4]))
-    prefix = draw(st.booleans())
+    prefix = tracked or draw(st.booleans())
     prefix_block_tokens = block_size * draw(st.sampled_from([1, 2, 4]))
     hashes = None
     if prefix:  # requests of one family share every block id, so a shared id is a shared prefix
@@ -144,22 +160,32 @@ def workloads(draw):
     table = make_table(arrivals, prompts, outputs, hashes)
     # align mode (a hybrid model caching prefixes): entries of 1-3 KV blocks, which
     # need not divide the hashed blocks
-    align = block_size * draw(st.integers(1, 3)) * draw(st.booleans())
-    # conv states in the pool (vLLM's hybrid layout) only where no prefix is cached
-    state = 0 if prefix else draw(st.integers(0, 4))
-    probe = make_layout(1, block_size=block_size, state=state)
-    longest = int(probe.blocks_for(table.prompt_tokens + table.output_tokens - 1).max())
+    align = block_size * draw(st.integers(1, 3)) * (tracked or draw(st.booleans()))
     spec_tokens = draw(st.integers(0, 3))
+    # conv states in the pool (vLLM's hybrid layout): untracked where no prefix is
+    # cached; in align mode tracked block by block (memory.align_state_blocks), 1-2
+    # state groups and 1-2 attention groups, the KV block the aligned block
+    on = prefix and align and (tracked or draw(st.booleans()))
+    state_groups = draw(st.integers(1, 2)) if on else 0
+    state = state_groups * (1 + spec_tokens) if prefix else draw(st.integers(0, 4))
+    groups = draw(st.integers(1, 2)) if state_groups else 1
+    if state_groups:
+        block_size = align
+    probe = make_layout(1, block_size=block_size, state=state, attention_groups=groups)
+    longest = int(probe.blocks_for(table.prompt_tokens + table.output_tokens - 1).max())
     # a request its hit leaves one token takes placeholder drafts past its last position
-    # (vLLM's padding): a pool only as large as the longest request may never admit it
+    # (vLLM's padding): a pool only as large as the longest request may never admit it;
+    # tracked, a request also holds a hit's state and the state it left a step longer
     layout = make_layout(
-        longest + spec_tokens + draw(st.integers(0, 8)),
+        longest + spec_tokens + 2 * state_groups + draw(st.integers(0, 8)),
         block_size=block_size,
         slots=draw(st.integers(1, 6)),
         prefix=prefix,
         prefix_block_tokens=prefix_block_tokens,
         align=align,
         state=state,
+        state_groups=state_groups,
+        attention_groups=groups,
     )
     config = SchedulerConfig(
         max_num_seqs=draw(st.integers(1, 6)),
@@ -189,6 +215,16 @@ def test_every_request_finishes_with_nothing_leaked(workload):
     assert scheduler.preemptions.sum() == len(run.preempted)
     if not layout.prefix_caching:
         assert not run.cached.any()
+
+
+@settings(max_examples=150, deadline=None)
+@given(workloads(tracked=True))
+def test_tracked_state_blocks_finish_with_nothing_leaked(workload):
+    # the same with conv states as tracked blocks of the pool (memory.align_state_blocks):
+    # the accounting check holds every step, and at the end only cached entries hold blocks
+    test_every_request_finishes_with_nothing_leaked.hypothesis.inner_test(workload)
+    pool = Run(*workload).run().pool
+    assert not pool.states and pool.cached_blocks == pool.capacity - pool.free
 
 
 def test_a_huge_pool_changes_nothing():

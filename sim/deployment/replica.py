@@ -22,13 +22,13 @@ import numpy as np
 from stepplan.planner import Planner, PlannerConfig, StepBatch
 
 from ..acceptance import AcceptanceModel
-from ..memory import BlockPool
 from ..memory_sizing import MemoryLayout
 from ..results.records import RequestLog, RequestRows, StepTable, step_columns
 from ..results.summary import StepTotals
 from ..run import _Loop  # the single engine's step, planned and timed the same way
 from ..scheduler import Scheduler
 from ..settings.config import SimConfig
+from ..state_blocks import block_pool
 from ..stepper import Stepper
 from ..timing.cost import CostModel
 from ..traces import RequestTable
@@ -80,7 +80,7 @@ class Replica:
         self._offsets = np.zeros(n + 1, np.int64) if hashes else None
         self._blocks = np.zeros(table.prefix_blocks.size, np.int64) if hashes else None  # type: ignore[union-attr]
         shell = RequestTable(np.zeros(n), np.ones(n), np.ones(n), self._offsets, self._blocks)
-        scheduler = Scheduler(shell, config.scheduler, BlockPool(layout, shell))
+        scheduler = Scheduler(shell, config.scheduler, block_pool(layout, shell))
         # writable in place of the shell's read-only rows: routing fills them
         scheduler.arrival = np.full(n, np.inf)
         scheduler.prompt = np.zeros(n, np.int64)

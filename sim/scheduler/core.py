@@ -149,6 +149,8 @@ class Scheduler(RequestProgress):
         """:meth:`schedule_rows` in Python: the specification of the compiled stepper."""
         budget = self.config.max_num_batched_tokens
         self._preempted = 0
+        if self.pool is not None:
+            self.pool.new_step()
         self._arrived = int(np.searchsorted(self.arrival, now_s, side="right"))
         if self.pool is not None and self.pool.align:
             self.pool.begin_step()
@@ -261,7 +263,7 @@ class Scheduler(RequestProgress):
                 if q == 0:  # no aligned chunk fits: vLLM goes on to the next request
                     index += 1
                     continue
-            if not self._make_room(running, request, computed + q):
+            if not self._make_room(running, request, computed + q, computed):
                 break  # it preempted itself, the last running request
             ids.append(request)
             qs.append(q)
@@ -270,11 +272,11 @@ class Scheduler(RequestProgress):
         self.running = np.array(running, np.int64)
         return np.array(ids, np.int64), np.array(qs, np.int64), np.array(prefilling, bool)
 
-    def _make_room(self, running: list[int], request: int, positions: int) -> bool:
-        """Grow ``request`` to ``positions``, preempting from the end of ``running``;
-        ``False`` when the request itself was preempted."""
+    def _make_room(self, running: list[int], request: int, positions: int, computed: int) -> bool:
+        """Grow ``request`` (``computed`` tokens computed) to ``positions``, preempting
+        from the end of ``running``; ``False`` when the request itself was preempted."""
         assert self.pool is not None
-        while not self.pool.grow(request, positions):
+        while not self.pool.grow(request, positions, computed):
             victim = running.pop()
             self._preempt(victim)
             if victim == request:
@@ -460,6 +462,9 @@ class Scheduler(RequestProgress):
         self.computed[ids] = np.where(decoding, reach, np.minimum(reach, self.target[ids]))
         emitted = np.where(decoding, 1 + accepted, emits_first)
         self.emitted[ids] += emitted
+        if self.pool is not None and self.pool.tracks_states:
+            emitting = ids[emitted > 0]
+            self.pool.cache_committed(emitting, self.computed[emitting])
         if spec.any():
             spec_ids = ids[spec]
             self.last_accepted[spec_ids] = 1 + accepted[spec]

@@ -6,15 +6,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..memory import BlockPool
 from ..memory_sizing import MemoryLayout, one_rank_model
 from ..settings.config import SimConfig
+from ..state_blocks import block_pool
 from ..traces import RequestTable
 from .core import Scheduler
 
 
 def _stepplan(table: RequestTable, config: SimConfig, layout: MemoryLayout) -> Scheduler:
-    return Scheduler(table, config.scheduler, BlockPool(layout, table))
+    return Scheduler(table, config.scheduler, block_pool(layout, table))
 
 
 def _vllm(table: RequestTable, config: SimConfig, layout: MemoryLayout) -> Any:

@@ -142,6 +142,10 @@ class MemoryConfig:
         prefix_caching: reuse cached prompt blocks where the trace carries block
             hashes (Mooncake's ``hash_ids``); without hashes it is off anyway.
         prefix_block_tokens: tokens per hashed block of the trace (Mooncake: 512).
+        align_state_blocks: a hybrid model caching prefixes holds its conv states as
+            blocks of the one shared pool, each running, left and kept state block
+            counted as vLLM's "align" mode holds it (``docs/memory.md``); off: conv-state
+            slots reserved apart and 16-token KV blocks. Python scheduler only.
         check: verify the block and slot accounting after every step (slow; a debug
             setting the tests turn on).
     """
@@ -155,6 +159,9 @@ class MemoryConfig:
         default=True, converter=attrs.Converter(_flag, takes_field=True)
     )
     prefix_block_tokens: int = attrs.field(default=512, converter=INT, validator=_positive)
+    align_state_blocks: bool = attrs.field(
+        default=False, converter=attrs.Converter(_flag, takes_field=True)
+    )
     check: bool = attrs.field(default=False, converter=attrs.Converter(_flag, takes_field=True))
 
 
