@@ -119,7 +119,8 @@ class BlockPool:
         return self._entry_blocks
 
     def new_step(self) -> None:
-        """A step's scheduling begins (the subclass's same-step rule)."""
+        """A step's scheduling begins: no state has been kept in it yet."""
+        self.states_this_step.clear()
 
     def cache_committed(self, ids: np.ndarray, computed: np.ndarray) -> None:
         """A step was committed (the subclass caches blocks then)."""
@@ -265,10 +266,6 @@ class BlockPool:
                 hits.pop()
             self.junction[request] = run * self.align if run > len(hits) else 0
         return hits
-
-    def begin_step(self) -> None:
-        """A new step is being scheduled: no state has been kept in it yet."""
-        self.states_this_step.clear()
 
     def _entry_cached(self, entry: Hashable) -> bool:
         """The entry ``entry`` is cached (a hit may take it)."""

@@ -132,6 +132,7 @@ class StateBlockPool(BlockPool):
 
     def new_step(self) -> None:
         """A step's scheduling begins: states cached before it may be hit."""
+        super().new_step()
         self.cached_this_step.clear()
 
     def grow_all(self, ids: np.ndarray, positions: np.ndarray) -> bool:

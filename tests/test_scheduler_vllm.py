@@ -341,6 +341,7 @@ def test_a_state_kept_in_a_step_is_started_from_in_the_next():
     assert (2, 800 - 480 - 32) in steps[second + 1]  # from the state, to the last block
     assert diff.sides[0]["prefix_cached_tokens"] == 480
 
+
 @requires_vllm
 @pytest.mark.parametrize("gib", [8.0, 30.0])
 def test_prefix_caching_agrees_on_the_hybrid_model_where_the_cache_binds(gib):

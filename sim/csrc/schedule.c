@@ -321,7 +321,7 @@ PyObject *stepper_schedule(Stepper *self, PyObject *now_obj) {
     int64_t *counters = self->counters;
     counters[PREEMPTED] = 0;
     counters[ARRIVED] = arrived_by(self, now);
-    if (self->align && PySet_Clear(self->states_this_step) < 0) { /* BlockPool.begin_step */
+    if (self->align && PySet_Clear(self->states_this_step) < 0) { /* BlockPool.new_step */
         return NULL;
     }
     int64_t used;

@@ -152,8 +152,6 @@ class Scheduler(RequestProgress):
         if self.pool is not None:
             self.pool.new_step()
         self._arrived = int(np.searchsorted(self.arrival, now_s, side="right"))
-        if self.pool is not None and self.pool.align:
-            self.pool.begin_step()
         run_ids, run_q, prefilling = self._running_rows(budget)
         if self.pool is not None and self.pool.caching:
             reach = self.computed[run_ids] + run_q
