@@ -58,7 +58,6 @@ class StateBlockPool(BlockPool):
             ``[end, entry]``: the position its state is at, and its STATE entry key
             (``None`` while private).
         copies: key -> its copies' keys, oldest first.
-        cached_this_step: STATE keys cached in the step being scheduled.
     """
 
     tracks_states = True
@@ -72,7 +71,6 @@ class StateBlockPool(BlockPool):
         self.states: dict[int, list[list]] = {}
         self.copies: dict[Hashable, list[tuple]] = {}
         self._copies_made = 0
-        self.cached_this_step: set[Hashable] = set()
 
     @property
     def cached_blocks(self) -> int:
@@ -129,11 +127,6 @@ class StateBlockPool(BlockPool):
         if self.entries[entry] == 1 and entry in self.lru:
             del self.lru[entry]
             self._lru_blocks -= self.entry_size(entry)
-
-    def new_step(self) -> None:
-        """A step's scheduling begins: states cached before it may be hit."""
-        super().new_step()
-        self.cached_this_step.clear()
 
     def grow_all(self, ids: np.ndarray, positions: np.ndarray) -> bool:
         """``False``: every request grows in turn (:meth:`grow`), as vLLM allocates,
@@ -207,9 +200,9 @@ class StateBlockPool(BlockPool):
         given back at its next allocation; refused when that state was cached in this
         step), ``1 + num_spec_tokens`` state blocks of its own and its KV blocks past
         the hit."""
-        state = (STATE, hits[-1]) if hits else None
-        if state in self.cached_this_step:
+        if hits and hits[-1] in self.states_this_step:
             return False  # vLLM: its state is not written before this step ends
+        state = (STATE, hits[-1]) if hits else None
         base = len(hits) * self._entry_blocks
         count = len(hits)
         hits = [self._block_of(block) for entry in hits for block in self._group_blocks(entry)]
@@ -272,7 +265,7 @@ class StateBlockPool(BlockPool):
         if running[0] != reach or running[1] is not None:
             return
         running[1] = self._cache(entry)
-        self.cached_this_step.add(entry)
+        self.states_this_step.add(entry[1])  # BlockPool's same-step rule, by entry key
 
     def release(self, ids: np.ndarray) -> None:
         """Give back every block of requests ``ids`` (``[n], int64``): private blocks are
