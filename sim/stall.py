@@ -2,7 +2,9 @@
 
 The loops (``run.py``, ``deployment/loop.py``, ``deployment/disaggregated.py``) stop
 with a :class:`StallError` then, one line naming the request first in line and why it
-does not fit, rather than waiting forever on a state that no longer changes.
+does not fit, rather than waiting forever on a state that no longer changes. On vLLM's
+scheduler the line names the request vLLM holds (running, waiting, or ended early) and
+what holds it, read from vLLM's own state (``scheduler/vllm_limits.py``).
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import numpy as np
 from .memory import BlockPool
 from .scheduler import Scheduler
 from .scheduler.state import NUM_FREE
+from .scheduler.vllm_engine_scheduler import VllmEngineScheduler
+from .scheduler.vllm_limits import held_request
 from .settings.config_values import ConfigError
 from .traces import RequestTable
 
@@ -34,18 +38,22 @@ def stall_error(
     """The error for ``scheduler`` (a :class:`~.scheduler.state.RequestProgress`) stalled
     at ``clock`` (seconds; ``inf``: no arrival is left). A replica's: ``request_ids``
     maps its rows to rows of the trace ``table`` (``[n], int64``), whose lengths are shown
-    (a prefill engine's request has one output token)."""
-    request = waiting_request(scheduler, clock)
+    (a prefill engine's request has one output token). On vLLM's scheduler the request
+    is the one vLLM holds, and the words say how (``scheduler/vllm_limits.py``)."""
+    held = held_request(scheduler) if isinstance(scheduler, VllmEngineScheduler) else None
+    if held is None:
+        request = waiting_request(scheduler, clock)
+        why = admission_refusal(scheduler, request)
+        held = request, f"cannot be admitted while nothing runs: {why}"
+    request, what = held
     shown = request if request_ids is None else int(request_ids[request])
     if table is not None:
         prompt, output = int(table.prompt_tokens[shown]), int(table.output_tokens[shown])
     else:
         prompt, output = int(scheduler.prompt[request]), int(scheduler.output[request])
     when = f" at {clock:.6g} s" if math.isfinite(clock) else ""
-    return StallError(
-        f"run stalled{when}: request {shown} (prompt {prompt:,} + output {output:,} tokens) "
-        f"cannot be admitted while nothing runs: {admission_refusal(scheduler, request)}"
-    )
+    lengths = f"prompt {prompt:,} + output {output:,} tokens"
+    return StallError(f"run stalled{when}: request {shown} ({lengths}) {what}")
 
 
 def waiting_request(scheduler: Any, clock: float) -> int:

@@ -44,6 +44,7 @@ from .state import (
     RequestProgress,
     StepRows,
 )
+from .vllm_limits import check_model_len
 from .vllm_requests import HASHED_TOKEN, UnfinishedRequest, placeholder_drafts, prompt_tokens
 
 #: vLLM releases (``major.minor``) whose scheduler interface this module drives.
@@ -240,6 +241,7 @@ class VllmEngineScheduler(RequestProgress):
         model: ModelConfig,
     ) -> None:
         version = check_vllm()
+        check_model_len(requests, model.resolved().max_model_len)
         try:
             from vllm.sampling_params import SamplingParams
             from vllm.utils.hashing import get_hash_fn_by_name
@@ -274,9 +276,8 @@ class VllmEngineScheduler(RequestProgress):
         self.native = None  # the compiled stepper binds to stepplan's scheduler only
         self._arrivals: list[float] = self.arrival.tolist()
         self._added = 0  # requests handed to vLLM (those arrived)
-        self._live: dict[
-            str, UnfinishedRequest
-        ] = {}  # every unfinished request added, by vLLM's name
+        # every request added and not finished, by vLLM's name, in arrival order
+        self.unfinished: dict[str, UnfinishedRequest] = {}
         self._scheduled: Any = None  # the step's SchedulerOutput
         self._step: list[UnfinishedRequest] = []  # its requests, in row order
         self._flags: list[int] = []  # their StepRows flags
@@ -316,7 +317,7 @@ class VllmEngineScheduler(RequestProgress):
                 block_hasher=self._hasher,
             )
             self.engine.add_request(vllm_request)
-            self._live[name] = UnfinishedRequest(request, vllm_request, len(tokens), left)
+            self.unfinished[name] = UnfinishedRequest(request, vllm_request, len(tokens), left)
             request += 1
         self._added = request
 
@@ -328,14 +329,14 @@ class VllmEngineScheduler(RequestProgress):
         self._scheduled = out
         preempted = out.preempted_req_ids
         for name in preempted or ():
-            self._preempted(self._live[name])
+            self._preempted(self.unfinished[name])
         scheduled = out.num_scheduled_tokens
         count = len(scheduled)
         self.counters.values[ROWS] = count
         if count == 0:
             self.engine.update_from_output(out, self._runner_output([], []))
             return None
-        live, drafted = self._live, out.scheduled_spec_decode_tokens
+        live, drafted = self.unfinished, out.scheduled_spec_decode_tokens
         running = DECODING | (SPEC if self.config.num_spec_tokens else 0)
         step = [live[name] for name in scheduled]
         q = list(scheduled.values())
@@ -463,7 +464,7 @@ class VllmEngineScheduler(RequestProgress):
             for entry, done in zip(step, finished, strict=True):
                 if done:
                     self._release_slot(entry)
-                    del self._live[entry.request.request_id]
+                    del self.unfinished[entry.request.request_id]
             self.counters.values[FINISHED] += sum(finished)
         if self.config.num_spec_tokens:
             self._propose(step, names)

@@ -145,11 +145,16 @@ class RequestTable:
             raise ValueError(f"rate scale must be positive, got {factor}")
         return attrs.evolve(self, arrival_s=self.arrival_s / factor)
 
+    def beyond_model_len(self, max_model_len: int) -> np.ndarray:
+        """``[k], int64`` the requests whose prompt plus output exceeds ``max_model_len``
+        tokens, in order: those vLLM rejects at arrival."""
+        return np.flatnonzero(self.prompt_tokens + self.output_tokens > max_model_len)
+
     def within_model_len(self, max_model_len: int) -> RequestTable:
-        """The requests whose prompt plus output fits ``max_model_len`` tokens (vLLM
-        rejects the others at arrival); the dropped ones add to :attr:`rejected`."""
-        fits = self.prompt_tokens + self.output_tokens <= max_model_len
-        if fits.all():
+        """The requests that fit ``max_model_len`` tokens (:meth:`beyond_model_len`
+        gives the others); the dropped ones add to :attr:`rejected`."""
+        beyond = self.beyond_model_len(max_model_len)
+        if beyond.size == 0:
             return self
-        kept = self.take(np.flatnonzero(fits))
-        return attrs.evolve(kept, rejected=self.rejected + int((~fits).sum()))
+        kept = self.take(np.delete(np.arange(self.num_requests), beyond))
+        return attrs.evolve(kept, rejected=self.rejected + int(beyond.size))
