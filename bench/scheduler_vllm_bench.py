@@ -66,16 +66,15 @@ CASES = {
     ),
     "mooncake-400-prefix-50gib": (MOONCAKE, 400, {"memory.kv_cache_gib": 50.0}),
 }
-#: The hybrid model caching prefixes in caches that bind, conv-state slots apart (the
-#: default) and as blocks of vLLM's one pool (``memory.align_state_blocks``).
+#: Conv states as slots reserved apart (``memory.align_state_blocks`` off), where they
+#: are blocks of vLLM's one pool by default.
+SLOTS_APART = {"memory.align_state_blocks": False}
+#: The hybrid model caching prefixes in caches that bind, conv states as blocks of the
+#: pool (the default) and as slots apart.
 for _gib in (8, 20, 50, 100):
     _size = {"memory.kv_cache_gib": float(_gib)}
     CASES.setdefault(f"mooncake-400-prefix-{_gib}gib", (MOONCAKE, 400, _size))
-    CASES[f"mooncake-400-prefix-{_gib}gib-align-state-blocks"] = (
-        MOONCAKE,
-        400,
-        _size | {"memory.align_state_blocks": True},
-    )
+    CASES[f"mooncake-400-prefix-{_gib}gib-slots-apart"] = (MOONCAKE, 400, _size | SLOTS_APART)
 
 
 def _table(path: str, limit: int, config: SimConfig):
@@ -232,6 +231,10 @@ def main() -> None:
         "speed_attention_only": speed(1000, ATTENTION_ONLY),
         # vLLM's align mode (a hybrid model caching prefixes) on the compiled stepper
         "stepplan_speed_mooncake_hybrid": stepplan_speed(MOONCAKE, 400, {}),
+        "stepplan_speed_mooncake_hybrid_slots_apart": stepplan_speed(MOONCAKE, 400, SLOTS_APART),
+        "stepplan_speed_mooncake_hybrid_50gib": stepplan_speed(
+            MOONCAKE, 400, {"memory.kv_cache_gib": 50.0}
+        ),
         "stepplan_speed_mooncake_attention_only": stepplan_speed(MOONCAKE, 400, ATTENTION_ONLY),
     }
     for name, (path, limit, settings) in CASES.items():

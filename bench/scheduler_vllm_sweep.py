@@ -7,8 +7,8 @@ grid crosses trace formats (the embedded Azure code trace, Mooncake JSON Lines w
 hashed prefixes, synthetic workloads of several length distributions and rates) with
 speculation depth, token budget, sequence limit, a cache small enough to preempt, and
 the model's layout (hybrid without prefix caching, attention only, several attention
-groups). A hybrid model caching prefixes under a cache smaller than its working set is
-left out (``docs/scheduler_vllm.md``, difference 6). Writes
+groups), a hybrid model caching prefixes included (vLLM's align mode, its conv states
+blocks of the one pool). Writes
 ``bench/results/scheduler_vllm_sweep-<UTC time>.json``.
 
     python bench/scheduler_vllm_sweep.py [--only SUBSTRING] [--no-record]
@@ -148,13 +148,11 @@ MOONCAKE_CACHES = {"small": {"memory.kv_cache_gib": 6.0, "workload.rate_scale": 
 
 
 def _caches(trace: str, model: str) -> dict[str, dict]:
-    """The caches a model runs at on a trace: the default always; smaller ones unless the
-    model caches a hybrid model's prefixes (vLLM's align-mode pool, difference 6)."""
-    if model.endswith("-prefix"):
-        return {"default": {}}
+    """The caches a model runs at on a trace: the default, and smaller ones."""
     if trace in ("mooncake", "slice"):
         return {"default": {}, **MOONCAKE_CACHES}
-    return {"default": {}, **(GROUPS_CACHES if model == "groups" else SMALL_CACHES)}
+    groups = model.startswith("groups")
+    return {"default": {}, **(GROUPS_CACHES if groups else SMALL_CACHES)}
 
 
 def cases() -> dict[str, tuple[str, int, dict]]:

@@ -1,6 +1,6 @@
 """Conv states as blocks of the shared pool in vLLM 0.33's "align" mode
-(``memory.align_state_blocks``; ``docs/memory.md``): :class:`StateBlockPool`, the
-Python specification a compiled model will follow.
+(``memory.align_state_blocks``, the default; ``docs/memory.md``): :class:`StateBlockPool`,
+the Python specification of the compiled stepper's ``sim/csrc/state_pool.c``.
 
 Where a hybrid model's conv states are blocks of the one pool in vLLM's align mode
 (``MemoryLayout.align_state_blocks``) each request's state blocks are followed one by
@@ -67,15 +67,17 @@ class StateBlockPool(BlockPool):
         self._state_size = layout.state_groups  # blocks of one conv state
         # the speculative state blocks a running request holds beside its running one
         self._spec_blocks = layout.state_blocks - layout.state_groups
-        self._lru_blocks = 0  # blocks of the entries in self.lru
+        # blocks of the entries in self.lru, and the copies made so far (numbering them):
+        # counts in arrays, which the compiled stepper updates in place
+        self.lru_blocks = np.zeros(1, np.int64)
+        self.copies_made = np.zeros(1, np.int64)
         self.states: dict[int, list[list]] = {}
         self.copies: dict[Hashable, list[tuple]] = {}
-        self._copies_made = 0
 
     @property
     def cached_blocks(self) -> int:
         """Blocks of unreferenced (evictable) entries, counted: entries differ in size."""
-        return self._lru_blocks
+        return int(self.lru_blocks[0])
 
     def entry_size(self, entry: Hashable) -> int:
         """Blocks of the entry ``entry``: a kept conv state's, or an attention entry's."""
@@ -109,8 +111,8 @@ class StateBlockPool(BlockPool):
         """Cache a block of ``key`` referenced once: the entry, or where that is cached
         already a copy; returns its entry key."""
         if self.is_cached(key):
-            self._copies_made += 1
-            copy = (COPY, self._copies_made, key)
+            self.copies_made[0] += 1
+            copy = (COPY, int(self.copies_made[0]), key)
             self.copies.setdefault(key, []).append(copy)
             key = copy
         self.entries[key] = 1
@@ -119,14 +121,14 @@ class StateBlockPool(BlockPool):
     def _unreferenced(self, entry: Hashable) -> None:
         """``entry`` lost its last reference: the tail of the LRU list."""
         self.lru[entry] = None
-        self._lru_blocks += self.entry_size(entry)
+        self.lru_blocks[0] += self.entry_size(entry)
 
     def _referenced(self, entry: Hashable) -> None:
         """``entry`` gains a reference: out of the LRU list where it was there."""
         self.entries[entry] += 1
         if self.entries[entry] == 1 and entry in self.lru:
             del self.lru[entry]
-            self._lru_blocks -= self.entry_size(entry)
+            self.lru_blocks[0] -= self.entry_size(entry)
 
     def grow_all(self, ids: np.ndarray, positions: np.ndarray) -> bool:
         """``False``: every request grows in turn (:meth:`grow`), as vLLM allocates,
@@ -146,7 +148,7 @@ class StateBlockPool(BlockPool):
         end = -(-positions // self.align) * self.align  # where the state block ends
         new_state = self._state_size if end > states[-1][0] else 0
         delta = new_kv + new_state
-        if delta > self.free + self._lru_blocks:
+        if delta > self.free + self.cached_blocks:
             return False
         self._evict(delta - self.free)
         self.free -= delta
@@ -185,7 +187,7 @@ class StateBlockPool(BlockPool):
             if not copies:
                 del self.copies[entry[2]]
         size = self.entry_size(entry)
-        self._lru_blocks -= size
+        self.lru_blocks[0] -= size
         return size
 
     def _entry_cached(self, entry: Hashable) -> bool:
@@ -212,7 +214,7 @@ class StateBlockPool(BlockPool):
         reach = max(whole, positions)  # positions pass it by placeholder drafts
         need = int(self.layout.blocks_for(reach)) - base
         reclaimed = sum(self.entry_size(entry) for entry in referenced if entry in self.lru)
-        if need > self.free + self._lru_blocks - reclaimed:
+        if need > self.free + self.cached_blocks - reclaimed:
             return False
         for entry in referenced:
             self._referenced(entry)
@@ -299,5 +301,5 @@ class StateBlockPool(BlockPool):
         """:meth:`BlockPool.check`, and the LRU list's block count and the state
         blocks held by running requests only."""
         super().check(running, positions)
-        assert self._lru_blocks == sum(self.entry_size(e) for e in self.lru), "LRU blocks"
+        assert self.cached_blocks == sum(self.entry_size(e) for e in self.lru), "LRU blocks"
         assert set(self.states) == set(running.tolist()), "state blocks of a waiting request"

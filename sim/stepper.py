@@ -35,6 +35,7 @@ from .acceptance import (
 from .results.records import RequestLog, StepTable
 from .scheduler import Scheduler
 from .scheduler.state import ROWS, SPEC, WAITING
+from .state_blocks import COPY, GROUP, STATE
 
 SOURCES = Path(__file__).with_name("csrc")
 _MODULE = "stepplan.sim._stepper"
@@ -65,9 +66,7 @@ class Stepper:
 
     Args:
         native: ``None`` uses the compiled stepper where it is installed; ``False``
-            runs every step in Python; ``True`` requires the compiled one. A pool
-            tracking conv-state blocks (``memory.align_state_blocks``) always runs in
-            Python, whatever ``native`` says.
+            runs every step in Python; ``True`` requires the compiled one.
     """
 
     def __init__(
@@ -80,11 +79,6 @@ class Stepper:
         native: bool | None = None,
     ) -> None:
         self.scheduler, self.acceptance, self.log, self.table = scheduler, acceptance, log, table
-        if getattr(scheduler.pool, "tracks_states", False):
-            # conv states as blocks of the shared pool have only the Python model, the
-            # specification a compiled one will follow: such a run (simulate, a
-            # replica) steps in Python, and the parity tests compare Python with itself
-            native = False
         self._module, why = (None, "") if native is False else _stepper_module()
         if self._module is None and native is not False:
             if native:
@@ -273,6 +267,17 @@ def _pool_fields(scheduler: Scheduler) -> dict[str, Any]:
         fields["kept_states"] = pool.kept_states
         fields["states_this_step"] = pool.states_this_step
         fields["junction"] = pool.junction
+        fields["tracks_states"] = int(pool.tracks_states)
+    if pool.tracks_states:
+        fields.update(
+            state_size=layout.state_groups,
+            spec_blocks=layout.state_blocks - layout.state_groups,
+            states=pool.states,
+            copies=pool.copies,
+            state_tags=(GROUP, STATE, COPY),
+            lru_blocks=pool.lru_blocks,
+            copies_made=pool.copies_made,
+        )
     return fields
 
 

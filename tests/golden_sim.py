@@ -19,7 +19,10 @@ everywhere, and the scheduling where memory binds. The hybrid model's prefix-cac
 follow vLLM 0.33's "align" mode (48-token aligned chunks and entries, conv states kept
 only at a prompt's last boundary and at a shared-prefix junction), and both again when
 every full block a request computes, output tokens' included, came to be cached as
-vLLM 0.33 caches it (``kv_cached_blocks``, and the timing where eviction binds).
+vLLM 0.33 caches it (``kv_cached_blocks``, and the timing where eviction binds), and
+both again when their conv states came to be blocks of the one pool by default
+(``memory.align_state_blocks``: 48-token KV blocks, running, left and kept state blocks
+counted as vLLM's align mode holds them).
 
 The old code's model had 8e9 parameters by label; the model presets give ``hybrid-8b``
 its real count (8,433,438,720). Every run here sets ``model.params = 8e9`` (:data:`PINNED`),

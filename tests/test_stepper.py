@@ -15,6 +15,7 @@ from stepplan.sim.acceptance import PerPosition, load_replay
 from stepplan.sim.memory import BlockPool
 from stepplan.sim.run import simulate
 from stepplan.sim.settings.config import ConfigError, SimConfig, with_settings
+from stepplan.sim.state_blocks import StateBlockPool
 from stepplan.sim.stepper import load_stepper
 from stepplan.sim.traces import RequestTable, load_trace
 from stepplan.sim.workloads import parse_synthetic
@@ -169,11 +170,12 @@ def test_preempting_runs_step_alike(spec_tokens, budget, gib):
     st.sampled_from([4.0, 5.0, 8.0, 1e3]),
     st.integers(0, 4),
     st.sampled_from([1, 8, 64]),
-    st.sampled_from([None, 0]),
+    st.sampled_from([None, 0, 8]),
 )
 def test_prefix_cached_runs_step_alike(limit, gib, spec_tokens, max_num_seqs, conv_layers):
     # conv_layers 0: attention only, whose prefix-cache entries are single KV blocks;
-    # None: the hybrid model, whose chunks and entries follow vLLM's align mode
+    # None: the hybrid model, whose chunks and entries follow vLLM's align mode, its
+    # conv states blocks of the pool; 8: three attention groups to one conv group
     layers = {} if conv_layers is None else {"model.conv_layers": conv_layers}
     config = with_settings(
         SimConfig(),
@@ -186,8 +188,9 @@ def test_prefix_cached_runs_step_alike(limit, gib, spec_tokens, max_num_seqs, co
             **layers,
         },
     )
-    # attention-only entries are 32 per hashed block: fewer requests keep Python's side short
-    table = load_trace(MOONCAKE).limit(limit if conv_layers is None else min(limit, 50))
+    # memory.check walks every cached entry each step: fewer requests keep Python's side
+    # short (attention-only entries are 32 per hashed block, three groups' 3 per entry)
+    table = load_trace(MOONCAKE).limit(min(limit, {None: 80, 0: 50, 8: 40}[conv_layers]))
     try:
         native, python = both(table, config)
     except ConfigError:
@@ -197,17 +200,21 @@ def test_prefix_cached_runs_step_alike(limit, gib, spec_tokens, max_num_seqs, co
 
 
 @needs_compiled
+@pytest.mark.parametrize(("tracked", "block_size"), [(True, 48), (False, 16)])
 @pytest.mark.parametrize(
     ("gib", "spec_tokens", "shown"), [(50.0, 3, "cached"), (8.0, 0, "preempted")]
 )
-def test_aligned_prefix_caching_steps_alike(gib, spec_tokens, shown):
+def test_aligned_prefix_caching_steps_alike(gib, spec_tokens, shown, tracked, block_size):
     # the hybrid model caching Mooncake's prefixes in vLLM's align mode: hits, kept
-    # states and junctions alike (50 GiB), and evictions and preemptions (8 GiB)
+    # states and junctions alike (50 GiB), and evictions and preemptions (8 GiB); its
+    # conv states as blocks of the one pool (the default: copies, left state blocks
+    # and kept states as entries of their own) or as slots reserved apart
     config = with_settings(
         SimConfig(),
         {
             "memory.kv_cache_gib": gib,
             "memory.check": True,
+            "memory.align_state_blocks": tracked,
             "scheduler.num_spec_tokens": spec_tokens,
         },
     )
@@ -215,7 +222,7 @@ def test_aligned_prefix_caching_steps_alike(gib, spec_tokens, shown):
     assert_same(native, python)
     column = {"cached": "cached_tokens", "preempted": "num_preemptions"}[shown]
     assert native.requests[column].sum() > 0
-    assert native.summary["memory"]["block_size"] == 16  # slots reserved apart
+    assert native.summary["memory"]["block_size"] == block_size
 
 
 def _bursts_sharing_system_prompts() -> RequestTable:
@@ -236,18 +243,28 @@ def _bursts_sharing_system_prompts() -> RequestTable:
 
 
 @needs_compiled
-def test_a_state_kept_in_the_step_defers_admission_alike(monkeypatch):
+@pytest.mark.parametrize("pool_class", [StateBlockPool, BlockPool])
+def test_a_state_kept_in_the_step_defers_admission_alike(monkeypatch, pool_class):
     # align mode: a hit ending on a conv state kept in the step being scheduled stops
-    # admission (vLLM's Mamba manager); the compiled stepper and Python alike
+    # admission (vLLM's Mamba manager); the compiled stepper and Python alike, conv
+    # states as blocks of the pool (StateBlockPool) or as slots apart (BlockPool)
     deferred = []
-    admit = BlockPool.admit
+    admit = pool_class.admit
 
     def counted(pool, request, hits, positions, whole):
         deferred.append(bool(hits) and hits[-1] in pool.states_this_step)
         return admit(pool, request, hits, positions, whole)
 
-    monkeypatch.setattr(BlockPool, "admit", counted)
-    config = with_settings(SimConfig(), {"memory.check": True, "scheduler.num_spec_tokens": 2})
+    monkeypatch.setattr(pool_class, "admit", counted)
+    tracked = pool_class is StateBlockPool
+    config = with_settings(
+        SimConfig(),
+        {
+            "memory.check": True,
+            "memory.align_state_blocks": tracked,
+            "scheduler.num_spec_tokens": 2,
+        },
+    )
     native, python = both(_bursts_sharing_system_prompts(), config)
     assert_same(native, python)
     assert any(deferred)  # the Python run met the rule

@@ -123,6 +123,35 @@ static int bind_queue(Stepper *self, PyObject *f) {
     return 0;
 }
 
+/* StateBlockPool's counts, dicts and key tags (memory.align_state_blocks). */
+static int bind_state_blocks(Stepper *self, PyObject *f) {
+    int failed = 0;
+    self->state_size = get_int(f, "state_size", &failed);
+    self->spec_blocks = get_int(f, "spec_blocks", &failed);
+    PyObject *states = PyDict_GetItemString(f, "states");
+    PyObject *copies = PyDict_GetItemString(f, "copies");
+    PyObject *tags = PyDict_GetItemString(f, "state_tags"); /* (group, state, copy) */
+    if (failed || states == NULL || !PyDict_Check(states) || copies == NULL ||
+        !PyDict_Check(copies) || tags == NULL || !PyTuple_Check(tags) ||
+        PyTuple_GET_SIZE(tags) != 3) {
+        if (!failed) {
+            PyErr_SetString(PyExc_TypeError,
+                            "stepper: states and copies must be dicts, state_tags 3 items");
+        }
+        return -1;
+    }
+    self->states = states, self->copies = copies;
+    self->tag_group = PyTuple_GET_ITEM(tags, 0);
+    self->tag_state = PyTuple_GET_ITEM(tags, 1);
+    self->tag_copy = PyTuple_GET_ITEM(tags, 2);
+    Py_INCREF(self->states);
+    Py_INCREF(self->copies);
+    Py_INCREF(self->tag_group);
+    Py_INCREF(self->tag_state);
+    Py_INCREF(self->tag_copy);
+    return I64("lru_blocks", lru_blocks) < 0 || I64("copies_made", copies_made) < 0 ? -1 : 0;
+}
+
 static int bind_pool(Stepper *self, PyObject *f) {
     if (I64("held", held) < 0 || I64("hashed", hashed) < 0 || I64("registered", registered) < 0 ||
         I64("free_blocks", free_blocks) < 0) {
@@ -178,7 +207,11 @@ static int bind_pool(Stepper *self, PyObject *f) {
     }
     Py_INCREF(self->kept_states);
     Py_INCREF(self->states_this_step);
-    return I64("junction", junction) < 0 ? -1 : 0;
+    if (I64("junction", junction) < 0) {
+        return -1;
+    }
+    self->tracks_states = (int)get_int(f, "tracks_states", &failed);
+    return failed || !self->tracks_states ? -failed : bind_state_blocks(self, f);
 }
 
 static int bind_acceptance(Stepper *self, PyObject *f) {
@@ -222,6 +255,11 @@ static void stepper_dealloc(Stepper *self) {
     Py_XDECREF(self->refs);
     Py_XDECREF(self->kept_states);
     Py_XDECREF(self->states_this_step);
+    Py_XDECREF(self->states);
+    Py_XDECREF(self->copies);
+    Py_XDECREF(self->tag_group);
+    Py_XDECREF(self->tag_state);
+    Py_XDECREF(self->tag_copy);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 

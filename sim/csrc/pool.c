@@ -10,6 +10,9 @@ int64_t blocks_for(const Stepper *self, int64_t positions) {
 }
 
 int64_t cached_blocks(const Stepper *self) {
+    if (self->tracks_states) { /* entries of several sizes: counted as they come and go */
+        return self->lru_blocks[0];
+    }
     return (int64_t)PyDict_Size(self->lru) * self->entry_blocks;
 }
 
@@ -18,7 +21,7 @@ int64_t cached_blocks(const Stepper *self) {
  * align mode ``hash * 2**32 + index`` with the hash of the hashed block holding the
  * entry's last token (in Python's integers where int64 would overflow); past them the
  * tuple ``(request, index)``. */
-static PyObject *block_hash(const Stepper *self, int64_t request, int64_t index) {
+PyObject *block_hash(const Stepper *self, int64_t request, int64_t index) {
     int64_t scale, part, hash, key;
     if (index >= self->hashed[request]) { /* past the trace hashes: the request's own */
         return Py_BuildValue("(LL)", (long long)request, (long long)index);
@@ -48,21 +51,24 @@ static PyObject *block_hash(const Stepper *self, int64_t request, int64_t index)
 /* BlockPool._evict: drop least recently released entries until ``blocks`` are free. The
  * LRU list is an OrderedDict: it is changed through its own methods (PyObject_SetItem,
  * PyObject_DelItem, popitem), which keep its order; PyDict_* would bypass it. */
-static int evict(Stepper *self, int64_t blocks) {
+int evict(Stepper *self, int64_t blocks) {
     while (blocks > 0) {
         PyObject *head = PyObject_CallMethod(self->lru, "popitem", "O", Py_False);
         if (head == NULL) {
             return -1;
         }
         PyObject *entry = PyTuple_GET_ITEM(head, 0);
-        int failed = PyDict_DelItem(self->entries, entry) < 0 ||
-                     (self->align && PySet_Discard(self->kept_states, entry) < 0);
+        int64_t size = self->entry_blocks;
+        int failed = self->tracks_states
+                         ? state_evicted(self, entry, &size) < 0
+                         : PyDict_DelItem(self->entries, entry) < 0 ||
+                               (self->align && PySet_Discard(self->kept_states, entry) < 0);
         Py_DECREF(head);
         if (failed) {
             return -1;
         }
-        self->free_blocks[0] += self->entry_blocks;
-        blocks -= self->entry_blocks;
+        self->free_blocks[0] += size;
+        blocks -= size;
     }
     return 0;
 }
@@ -84,7 +90,15 @@ int grow_one(Stepper *self, int64_t request, int64_t positions) {
     return 1;
 }
 
+int grow_request(Stepper *self, int64_t request, int64_t positions, int64_t computed) {
+    return self->tracks_states ? state_grow(self, request, positions, computed)
+                               : grow_one(self, request, positions);
+}
+
 int release_one(Stepper *self, int64_t request) {
+    if (self->tracks_states) {
+        return state_release(self, request);
+    }
     PyObject *key = PyLong_FromLongLong(request);
     if (key == NULL) {
         return -1;
@@ -133,7 +147,8 @@ Py_ssize_t lookup(Stepper *self, int64_t request, int64_t limit_tokens) {
     int64_t count = (limit_tokens - 1) / self->entry_tokens;
     Py_ssize_t hits = 0;
     for (; hits < count; hits++) {
-        int found = entry_in(self, self->entries, request, hits);
+        int found = self->tracks_states ? state_entry_cached(self, request, hits)
+                                        : entry_in(self, self->entries, request, hits);
         if (found < 0) {
             return -1;
         }
@@ -147,7 +162,8 @@ Py_ssize_t lookup(Stepper *self, int64_t request, int64_t limit_tokens) {
     /* a hit ends on a kept state; past it the prefix is cached for attention alone */
     Py_ssize_t run = hits;
     while (hits > 0) {
-        int kept = entry_in(self, self->kept_states, request, hits - 1);
+        int kept = self->tracks_states ? state_kept(self, request, hits - 1)
+                                       : entry_in(self, self->kept_states, request, hits - 1);
         if (kept < 0) {
             return -1;
         }
@@ -234,6 +250,9 @@ int admit_one(Stepper *self, int64_t request, Py_ssize_t hits, int64_t positions
             return fresh < 0 ? -1 : 0;
         }
     }
+    if (self->tracks_states) {
+        return state_admit(self, request, hits, positions, whole);
+    }
     int64_t base = hits * self->entry_blocks;
     int64_t reach = whole > positions ? whole : positions; /* placeholder drafts pass it */
     int64_t delta = blocks_for(self, reach) - base; /* the whole prompt must fit */
@@ -264,13 +283,18 @@ int admit_one(Stepper *self, int64_t request, Py_ssize_t hits, int64_t positions
     return grown < 0 ? -1 : 1;
 }
 
-int register_blocks(Stepper *self, int64_t request, int64_t positions) {
-    int64_t known = self->prompt[request] + self->emitted[request]; /* drafts are not */
-    positions = positions < known ? positions : known;
-    if (self->align && keep_state(self, request, positions) < 0) {
-        return -1;
+/* BlockPool.register's reach: ``positions`` less the drafts (their tokens are not known). */
+static int64_t known_reach(const Stepper *self, int64_t request, int64_t positions) {
+    int64_t known = self->prompt[request] + self->emitted[request];
+    return positions < known ? positions : known;
+}
+
+/* BlockPool._cache_entries of one request reaching ``reach``. */
+static int cache_entries(Stepper *self, int64_t request, int64_t reach) {
+    if (self->tracks_states) {
+        return state_cache_entries(self, request, reach);
     }
-    int64_t done = positions / self->entry_tokens;
+    int64_t done = reach / self->entry_tokens;
     int64_t first = self->registered[request];
     if (done <= first) {
         return 0;
@@ -297,5 +321,34 @@ int register_blocks(Stepper *self, int64_t request, int64_t positions) {
         }
     }
     self->registered[request] = done;
+    return 0;
+}
+
+/* BlockPool._keep_states of one request reaching ``reach``. */
+static int keep_states(Stepper *self, int64_t request, int64_t reach) {
+    if (!self->align) {
+        return 0;
+    }
+    return self->tracks_states ? state_keep(self, request, reach) : keep_state(self, request, reach);
+}
+
+int register_blocks(Stepper *self, int64_t request, int64_t positions) {
+    int64_t reach = known_reach(self, request, positions);
+    return keep_states(self, request, reach) < 0 ? -1 : cache_entries(self, request, reach);
+}
+
+int register_rows(Stepper *self, Py_ssize_t rows) {
+    for (Py_ssize_t r = 0; r < rows; r++) { /* every row's states, then every row's entries */
+        int64_t request = self->ids[r];
+        if (keep_states(self, request, known_reach(self, request, self->comp[r] + self->q[r])) < 0) {
+            return -1;
+        }
+    }
+    for (Py_ssize_t r = 0; r < rows; r++) {
+        int64_t request = self->ids[r];
+        if (cache_entries(self, request, known_reach(self, request, self->comp[r] + self->q[r])) < 0) {
+            return -1;
+        }
+    }
     return 0;
 }

@@ -24,5 +24,29 @@ int admit_one(Stepper *self, int64_t request, Py_ssize_t hits, int64_t positions
               int64_t whole);
 /* BlockPool.register of one request whose blocks reach ``positions`` this step. */
 int register_blocks(Stepper *self, int64_t request, int64_t positions);
+/* BlockPool.register of the step's first ``rows`` rows (states kept, then entries cached). */
+int register_rows(Stepper *self, Py_ssize_t rows);
+/* BlockPool.grow of a request with ``computed`` tokens computed (StateBlockPool frees the
+ * state blocks it left behind). */
+int grow_request(Stepper *self, int64_t request, int64_t positions, int64_t computed);
+/* The key of the request's ``index``-th prefix-cache entry (BlockPool.entry_keys), new. */
+PyObject *block_hash(const Stepper *self, int64_t request, int64_t index);
+/* BlockPool._evict: drop least recently released entries until ``blocks`` are free. */
+int evict(Stepper *self, int64_t blocks);
+
+/* sim/state_blocks.py's StateBlockPool (state_pool.c), where self->tracks_states: the
+ * functions above call these. Each answers -1 with an exception set on failure. */
+int state_evicted(Stepper *self, PyObject *entry, int64_t *size);
+int state_grow(Stepper *self, int64_t request, int64_t positions, int64_t computed);
+int state_release(Stepper *self, int64_t request);
+/* Whether the request's ``index``-th entry is cached in every attention group (1, 0). */
+int state_entry_cached(Stepper *self, int64_t request, int64_t index);
+/* Whether a conv state is cached where the request's ``index``-th entry ends (1, 0). */
+int state_kept(Stepper *self, int64_t request, int64_t index);
+int state_admit(Stepper *self, int64_t request, Py_ssize_t hits, int64_t positions,
+                int64_t whole);
+/* StateBlockPool._keep_states and _cache_entries of one request reaching ``reach``. */
+int state_keep(Stepper *self, int64_t request, int64_t reach);
+int state_cache_entries(Stepper *self, int64_t request, int64_t reach);
 
 #endif

@@ -112,7 +112,7 @@ static Py_ssize_t running_rows_preempting(Stepper *self, int64_t *used) {
             continue;
         }
         int decoding = computed >= self->target[request], grown = 0, gone = 0;
-        while (!gone && (grown = grow_one(self, request, computed + q)) == 0) {
+        while (!gone && (grown = grow_request(self, request, computed + q, computed)) == 0) {
             int64_t victim = self->running[--running];
             if (preempt(self, victim) < 0) {
                 return -1;
@@ -135,6 +135,9 @@ static Py_ssize_t running_rows_preempting(Stepper *self, int64_t *used) {
 
 /* The running requests' rows with their blocks: _running_rows and the pool's growth. */
 static Py_ssize_t running_with_blocks(Stepper *self, int64_t *used) {
+    if (self->has_pool && self->tracks_states) { /* StateBlockPool grows one at a time */
+        return running_rows_preempting(self, used);
+    }
     Py_ssize_t rows = running_rows(self, used);
     if (!self->has_pool) {
         return rows;
@@ -330,10 +333,8 @@ PyObject *stepper_schedule(Stepper *self, PyObject *now_obj) {
         return NULL;
     }
     /* BlockPool.register at allocation: rows in order, before any admission looks up */
-    for (Py_ssize_t r = 0; self->has_pool && self->caching && r < rows; r++) {
-        if (register_blocks(self, self->ids[r], (int64_t)self->comp[r] + self->q[r]) < 0) {
-            return NULL;
-        }
+    if (self->has_pool && self->caching && register_rows(self, rows) < 0) {
+        return NULL;
     }
     int64_t room = self->max_seqs - counters[RUNNING], budget = self->max_batched - used;
     room = counters[NUM_FREE] < room ? counters[NUM_FREE] : room;

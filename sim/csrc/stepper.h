@@ -55,6 +55,14 @@ typedef struct {
     int64_t align, hashed_tokens;
     int64_t *junction;
     PyObject *kept_states, *states_this_step;
+    /* conv states as blocks of the pool (memory.align_state_blocks; tracks_states 0: off,
+     * state_pool.c): StateBlockPool's blocks of one conv state and speculative state
+     * blocks, its counts (blocks in the LRU list, copies made), its dicts (request ->
+     * state blocks, key -> copies) and the tags of its entry keys */
+    int tracks_states;
+    int64_t state_size, spec_blocks;
+    int64_t *lru_blocks, *copies_made;
+    PyObject *states, *copies, *tag_group, *tag_state, *tag_copy;
     /* the step's rows */
     int64_t *ids, *drawn;
     int32_t *q, *comp, *slots, *drafts, *acc;

@@ -145,7 +145,8 @@ class MemoryConfig:
         align_state_blocks: a hybrid model caching prefixes holds its conv states as
             blocks of the one shared pool, each running, left and kept state block
             counted as vLLM's "align" mode holds it (``docs/memory.md``); off: conv-state
-            slots reserved apart and 16-token KV blocks. Python scheduler only.
+            slots reserved apart and ``block_size``-token KV blocks, a simpler model
+            that does not bind where vLLM's pool does.
         check: verify the block and slot accounting after every step (slow; a debug
             setting the tests turn on).
     """
@@ -160,7 +161,7 @@ class MemoryConfig:
     )
     prefix_block_tokens: int = attrs.field(default=512, converter=INT, validator=_positive)
     align_state_blocks: bool = attrs.field(
-        default=False, converter=attrs.Converter(_flag, takes_field=True)
+        default=True, converter=attrs.Converter(_flag, takes_field=True)
     )
     check: bool = attrs.field(default=False, converter=attrs.Converter(_flag, takes_field=True))
 
