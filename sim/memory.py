@@ -123,7 +123,11 @@ class BlockPool:
         self.states_this_step.clear()
 
     def cache_committed(self, ids: np.ndarray, computed: np.ndarray) -> None:
-        """A step was committed (the subclass caches blocks then)."""
+        """A step with speculation was committed: cache the full entries the rows
+        ``ids`` that emitted tokens fill with their ``computed`` tokens (``[n], int64``
+        each), as vLLM 0.33 caches such a row's blocks after its output, before it frees a
+        finished request (accepted drafts fill blocks its allocation could not cache)."""
+        self._cache_entries(ids, computed)
 
     @property
     def used_blocks(self) -> int:
