@@ -97,7 +97,9 @@ class BlockPool:
         # key -> the keys of its copies, oldest first: blocks computed again where the key
         # was cached (a prompt of whole cached blocks computes its last one again)
         self.copies: dict[Hashable, list[tuple]] = {}
-        self._copies_made = 0
+        # the copies made so far (numbering them), in an array the compiled stepper
+        # updates in place
+        self.copies_made = np.zeros(1, np.int64)
         self.registered = np.zeros(n, np.int64)  # hashed blocks of a request considered
         self.align = layout.align_tokens if self.caching else 0
         self.kept_states: set[int] = set()  # entries ending where a conv state is kept
@@ -305,8 +307,8 @@ class BlockPool:
         """Cache a block of ``key`` referenced once: the entry, or a copy where the key
         is cached already; its entry key."""
         if self._block_cached(key):
-            self._copies_made += 1
-            copy = (COPY, self._copies_made, key)
+            self.copies_made[0] += 1
+            copy = (COPY, int(self.copies_made[0]), key)
             self.copies.setdefault(key, []).append(copy)
             key = copy
         self.entries[key] = 1
