@@ -14,10 +14,11 @@ the attention entries once nobody does; a hit references it and gives it back at
 the request's next allocation. A hit on a state cached in the same step is refused
 for that step, as vLLM refuses it. A block computed again where its key is cached
 already (a hit cut back to a kept state leaves cached blocks to compute) is cached
-too, a copy (the rule of :class:`~stepplan.sim.memory.BlockPool`). An attention entry is one block per attention group (:data:`GROUP`),
-cached, freed and evicted on its own as vLLM's groups keep them; a hit needs the
-entry's block in every group. A request frees its blocks group by group (attention
-groups, then conv states), each group's last block first, as vLLM frees them.
+too, a copy (the rule of :class:`~stepplan.sim.memory.BlockPool`). An attention
+entry is one block per attention group (:data:`GROUP`), cached, freed and evicted on
+its own as vLLM's groups keep them; a hit needs the entry's block in every group. A
+request frees its blocks group by group (attention groups, then conv states), each
+group's last block first, as vLLM frees them.
 """
 
 from __future__ import annotations
