@@ -7,9 +7,10 @@ scheduled, spec drafts included): its attention KV and, where a hybrid model's c
 states share the pool, its state blocks. Part of them may be *entries* of the prefix
 cache (``MemoryLayout.entry_tokens`` each: a KV block of an attention-only model, an
 aligned block of a hybrid model's, ``MemoryLayout.align_tokens``): an entry
-of a hashed prompt block is registered under its key (unless that key is cached
-already) when its blocks are allocated for the step that computes it, as vLLM 0.33
-caches them, and is then shared; a later request -- one admitted later in the same
+of a hashed prompt block is registered under its key when its blocks are allocated
+for the step that computes it, as vLLM 0.33 caches them, and is then shared (where
+the key is cached already, the block is cached too, a *copy*: vLLM keeps every block
+of a hash, and a hit takes the oldest); a later request -- one admitted later in the same
 step included -- whose prompt starts with cached entries references them at
 admission, and its computed tokens start after them. An entry
 nobody references stays cached, evictable, least recently released first (a
@@ -34,6 +35,9 @@ from .traces import RequestTable
 #: Rows up to which :meth:`BlockPool.grow_all` loops in Python: on a few rows numpy's
 #: per-call cost is larger than the work (most steps of a light trace have 1-4 rows).
 _FEW_ROWS = 12
+
+#: The first item of a copy's entry key, ``(COPY, number, key it copies)``.
+COPY = "copy"
 
 
 def aligned_chunk(start: int, tokens: int, prompt_end: int, size: int, junction: int) -> int:
@@ -90,6 +94,12 @@ class BlockPool:
         # O(1), where a dict's first key is found past every key deleted before it
         self.lru: OrderedDict[Hashable, None] = OrderedDict()
         self.refs: dict[int, list[Hashable]] = {}  # request -> entries it references, in order
+        # key -> the keys of its copies, oldest first: blocks computed again where the key
+        # was cached (a prompt of whole cached blocks computes its last one again)
+        self.copies: dict[Hashable, list[tuple]] = {}
+        # the copies made so far (numbering them), in an array the compiled stepper
+        # updates in place
+        self.copies_made = np.zeros(1, np.int64)
         self.registered = np.zeros(n, np.int64)  # hashed blocks of a request considered
         self.align = layout.align_tokens if self.caching else 0
         self.kept_states: set[int] = set()  # entries ending where a conv state is kept
@@ -123,7 +133,11 @@ class BlockPool:
         self.states_this_step.clear()
 
     def cache_committed(self, ids: np.ndarray, computed: np.ndarray) -> None:
-        """A step was committed (the subclass caches blocks then)."""
+        """A step with speculation was committed: cache the full entries the rows
+        ``ids`` that emitted tokens fill with their ``computed`` tokens (``[n], int64``
+        each), as vLLM 0.33 caches such a row's blocks after its output, before it frees a
+        finished request (accepted drafts fill blocks its allocation could not cache)."""
+        self._cache_entries(ids, computed)
 
     @property
     def used_blocks(self) -> int:
@@ -200,9 +214,18 @@ class BlockPool:
             blocks -= size
 
     def _evicted(self, entry: Hashable) -> int:
-        """``entry``, popped from the LRU list, leaves the cache: its blocks."""
+        """``entry``, popped from the LRU list, leaves the cache: its blocks. A kept
+        state goes with the key's last block."""
         del self.entries[entry]
-        self.kept_states.discard(entry)
+        key = entry
+        if isinstance(entry, tuple) and entry[0] == COPY:
+            key = entry[2]
+            copies = self.copies[key]
+            copies.remove(entry)
+            if not copies:
+                del self.copies[key]
+        if not self._block_cached(key):
+            self.kept_states.discard(key)
         return self._entry_blocks
 
     def entry_keys(self, request: int, first: int, stop: int) -> list[Hashable]:
@@ -242,7 +265,7 @@ class BlockPool:
         """The leading run of trace hashes whose every entry is cached."""
         per, run = self._per_hash, 0
         for entry in hashes:
-            if any(entry * per + j not in self.entries for j in range(per)):
+            if not all(self._entry_cached(entry * per + j) for j in range(per)):
                 break
             run += 1
         return run
@@ -269,7 +292,27 @@ class BlockPool:
 
     def _entry_cached(self, entry: Hashable) -> bool:
         """The entry ``entry`` is cached (a hit may take it)."""
-        return entry in self.entries
+        return self._block_cached(entry)
+
+    def _block_cached(self, key: Hashable) -> bool:
+        """Some block of ``key`` is cached: the entry, or a copy of it."""
+        return key in self.entries or key in self.copies
+
+    def _block_taken(self, key: Hashable) -> Hashable:
+        """The cached block a hit on ``key`` takes: the entry, else its oldest copy
+        (vLLM's ``get_one_block``: the first block cached under a hash)."""
+        return key if key in self.entries else self.copies[key][0]
+
+    def _cache_block(self, key: Hashable) -> Hashable:
+        """Cache a block of ``key`` referenced once: the entry, or a copy where the key
+        is cached already; its entry key."""
+        if self._block_cached(key):
+            self.copies_made[0] += 1
+            copy = (COPY, int(self.copies_made[0]), key)
+            self.copies.setdefault(key, []).append(copy)
+            key = copy
+        self.entries[key] = 1
+        return key
 
     def _state_kept(self, entry: Hashable) -> bool:
         """A conv state is kept where the entry ``entry`` ends (align mode)."""
@@ -283,6 +326,7 @@ class BlockPool:
         later step)."""
         if hits and hits[-1] in self.states_this_step:
             return False
+        hits = [self._block_taken(key) for key in hits]
         base = len(hits) * self._entry_blocks
         reach = max(whole, positions)  # positions pass it by placeholder drafts
         delta = int(self.layout.blocks_for(reach)) - base
@@ -307,8 +351,8 @@ class BlockPool:
         (their ``prompt`` and ``emitted`` tokens, drafts not; ``[n], int64`` each): as
         vLLM, when the blocks are allocated for the step that computes them, so a request
         admitted later in the same step hits them. Every full entry is cached, output
-        tokens' too (a preempted request hits its own). An entry already cached stays
-        private."""
+        tokens' too (a preempted request hits its own). A block whose key is cached
+        already is cached as a copy."""
         if not self.caching:
             return
         reach = np.minimum(positions, prompt + emitted)
@@ -323,10 +367,7 @@ class BlockPool:
             request, upto = int(ids[row]), int(done[row])
             first = int(self.registered[request])
             refs = self.refs.setdefault(request, [])
-            for entry in self.entry_keys(request, first, upto):
-                if entry not in self.entries:
-                    self.entries[entry] = 1
-                    refs.append(entry)
+            refs.extend(self._cache_block(key) for key in self.entry_keys(request, first, upto))
             self.registered[request] = upto
 
     def aligned_chunk(self, request: int, start: int, tokens: int, prompt_end: int) -> int:

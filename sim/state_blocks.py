@@ -14,11 +14,11 @@ the attention entries once nobody does; a hit references it and gives it back at
 the request's next allocation. A hit on a state cached in the same step is refused
 for that step, as vLLM refuses it. A block computed again where its key is cached
 already (a hit cut back to a kept state leaves cached blocks to compute) is cached
-too, as a *copy* (:data:`COPY`): vLLM keeps every block of a hash, and a hit takes
-the oldest. An attention entry is one block per attention group (:data:`GROUP`),
-cached, freed and evicted on its own as vLLM's groups keep them; a hit needs the
-entry's block in every group. A request frees its blocks group by group (attention
-groups, then conv states), each group's last block first, as vLLM frees them.
+too, a copy (the rule of :class:`~stepplan.sim.memory.BlockPool`). An attention
+entry is one block per attention group (:data:`GROUP`), cached, freed and evicted on
+its own as vLLM's groups keep them; a hit needs the entry's block in every group. A
+request frees its blocks group by group (attention groups, then conv states), each
+group's last block first, as vLLM frees them.
 """
 
 from __future__ import annotations
@@ -27,15 +27,13 @@ from collections.abc import Hashable
 
 import numpy as np
 
-from .memory import BlockPool
+from .memory import COPY, BlockPool
 from .memory_sizing import MemoryLayout
 from .traces import RequestTable
 
 #: The first item of a kept conv state's entry key, ``(STATE, key of the attention
 #: entry it ends)``: the attention entry and the state entry are cached apart.
 STATE = "state"
-#: The first item of a copy's entry key, ``(COPY, number, key it copies)``.
-COPY = "copy"
 #: The first item of one attention group's block of an entry, ``(GROUP, group, key)``
 #: (:class:`~stepplan.sim.memory.BlockPool` keys an entry of every group's blocks as one).
 GROUP = "group"
@@ -67,12 +65,10 @@ class StateBlockPool(BlockPool):
         self._state_size = layout.state_groups  # blocks of one conv state
         # the speculative state blocks a running request holds beside its running one
         self._spec_blocks = layout.state_blocks - layout.state_groups
-        # blocks of the entries in self.lru, and the copies made so far (numbering them):
-        # counts in arrays, which the compiled stepper updates in place
+        # blocks of the entries in self.lru: a count in an array, which the compiled
+        # stepper updates in place
         self.lru_blocks = np.zeros(1, np.int64)
-        self.copies_made = np.zeros(1, np.int64)
         self.states: dict[int, list[list]] = {}
-        self.copies: dict[Hashable, list[tuple]] = {}
 
     @property
     def cached_blocks(self) -> int:
@@ -98,25 +94,6 @@ class StateBlockPool(BlockPool):
         if isinstance(entry, tuple) and entry[0] == COPY:
             entry = entry[2]
         return entry[1] if isinstance(entry, tuple) and entry[0] == GROUP else -1
-
-    def is_cached(self, key: Hashable) -> bool:
-        """Some block of ``key`` is cached (the entry, or a copy of it)."""
-        return key in self.entries or key in self.copies
-
-    def _block_of(self, key: Hashable) -> Hashable:
-        """The cached block a hit on ``key`` takes: the entry, else its oldest copy."""
-        return key if key in self.entries else self.copies[key][0]
-
-    def _cache(self, key: Hashable) -> Hashable:
-        """Cache a block of ``key`` referenced once: the entry, or where that is cached
-        already a copy; returns its entry key."""
-        if self.is_cached(key):
-            self.copies_made[0] += 1
-            copy = (COPY, int(self.copies_made[0]), key)
-            self.copies.setdefault(key, []).append(copy)
-            key = copy
-        self.entries[key] = 1
-        return key
 
     def _unreferenced(self, entry: Hashable) -> None:
         """``entry`` lost its last reference: the tail of the LRU list."""
@@ -180,22 +157,17 @@ class StateBlockPool(BlockPool):
             self._unreferenced(entry)
 
     def _evicted(self, entry: Hashable) -> int:
-        del self.entries[entry]
-        if isinstance(entry, tuple) and entry[0] == COPY:
-            copies = self.copies[entry[2]]
-            copies.remove(entry)
-            if not copies:
-                del self.copies[entry[2]]
+        super()._evicted(entry)
         size = self.entry_size(entry)
         self.lru_blocks[0] -= size
         return size
 
     def _entry_cached(self, entry: Hashable) -> bool:
         """The entry's block is cached in every attention group."""
-        return all(self.is_cached(block) for block in self._group_blocks(entry))
+        return all(self._block_cached(block) for block in self._group_blocks(entry))
 
     def _state_kept(self, entry: Hashable) -> bool:
-        return self.is_cached((STATE, entry))
+        return self._block_cached((STATE, entry))
 
     def admit(self, request: int, hits: list[int], positions: int, whole: int) -> bool:
         """:meth:`BlockPool.admit`, the request also holding the hit's state (an entry,
@@ -207,9 +179,9 @@ class StateBlockPool(BlockPool):
         state = (STATE, hits[-1]) if hits else None
         base = len(hits) * self._entry_blocks
         count = len(hits)
-        hits = [self._block_of(block) for entry in hits for block in self._group_blocks(entry)]
+        hits = [self._block_taken(block) for entry in hits for block in self._group_blocks(entry)]
         if state is not None:
-            state = self._block_of(state)
+            state = self._block_taken(state)
         referenced = [*hits, state] if hits else []
         reach = max(whole, positions)  # positions pass it by placeholder drafts
         need = int(self.layout.blocks_for(reach)) - base
@@ -229,15 +201,6 @@ class StateBlockPool(BlockPool):
         self.held[request] = base + delta + (self._state_size if hits else 0)
         return True
 
-    def cache_committed(self, ids: np.ndarray, computed: np.ndarray) -> None:
-        """With speculation: cache the entries the rows ``ids`` that
-        emitted tokens in the step just committed fill with their ``computed`` tokens
-        (``[n], int64`` each). vLLM caches such a row's blocks again after its output,
-        before it frees a finished request, so a finishing request's last blocks are
-        cached too. (The other layouts, held equal to the compiled stepper, do not.)"""
-        if self._spec_blocks:
-            self._cache_entries(ids, computed)
-
     def _cache_entries(self, ids: np.ndarray, reach: np.ndarray) -> None:
         """Cache every attention group's block of the full entries of requests ``ids``
         up to ``reach`` (``[n], int64``); one cached already is cached again, a copy."""
@@ -246,7 +209,7 @@ class StateBlockPool(BlockPool):
             request, upto = int(ids[row]), int(done[row])
             refs = self.refs.setdefault(request, [])
             for entry in self.entry_keys(request, int(self.registered[request]), upto):
-                refs.extend(self._cache(block) for block in self._group_blocks(entry))
+                refs.extend(self._cache_block(block) for block in self._group_blocks(entry))
             self.registered[request] = upto
 
     def _keep_states(self, ids: list[int], positions: list[int], prompt: list[int]) -> None:
@@ -266,7 +229,7 @@ class StateBlockPool(BlockPool):
         entry = (STATE, self.entry_keys(request, block - 1, block)[0])
         if running[0] != reach or running[1] is not None:
             return
-        running[1] = self._cache(entry)
+        running[1] = self._cache_block(entry)
         self.states_this_step.add(entry[1])  # BlockPool's same-step rule, by entry key
 
     def release(self, ids: np.ndarray) -> None:

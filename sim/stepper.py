@@ -32,10 +32,11 @@ from .acceptance import (
     draw_rows,
     uniform_key,
 )
+from .memory import COPY
 from .results.records import RequestLog, StepTable
 from .scheduler import Scheduler
 from .scheduler.state import ROWS, SPEC, WAITING
-from .state_blocks import COPY, GROUP, STATE
+from .state_blocks import GROUP, STATE
 
 SOURCES = Path(__file__).with_name("csrc")
 _MODULE = "stepplan.sim._stepper"
@@ -261,6 +262,7 @@ def _pool_fields(scheduler: Scheduler) -> dict[str, Any]:
     if pool.caching:
         fields["prefix_offsets"] = np.ascontiguousarray(pool.prefix_offsets, np.int64)
         fields["hashes"] = np.ascontiguousarray(pool.prefix_hashes, np.int64)
+        fields.update(copies=pool.copies, copies_made=pool.copies_made, copy_tag=COPY)
     if pool.align:
         fields["align_tokens"] = pool.align
         fields["prefix_block_tokens"] = layout.prefix_block_tokens
@@ -273,10 +275,8 @@ def _pool_fields(scheduler: Scheduler) -> dict[str, Any]:
             state_size=layout.state_groups,
             spec_blocks=layout.state_blocks - layout.state_groups,
             states=pool.states,
-            copies=pool.copies,
-            state_tags=(GROUP, STATE, COPY),
+            state_tags=(GROUP, STATE),
             lru_blocks=pool.lru_blocks,
-            copies_made=pool.copies_made,
         )
     return fields
 

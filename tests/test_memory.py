@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stepplan.sim.memory import BlockPool
+from stepplan.sim.memory import COPY, BlockPool
 from stepplan.sim.memory_sizing import MemoryLayout
 from stepplan.sim.scheduler import Scheduler
 from stepplan.sim.settings.config import SchedulerConfig
@@ -291,13 +291,16 @@ def test_prefix_cache_hits_count_whole_entries():
     layout = make_layout(200, block_size=4, prefix=True, prefix_block_tokens=8)
     run = Run(table, config, layout).run()
     # r0 caches its five full blocks; r1 hits four (16 of 17 tokens); r2's 16 tokens
-    # are four blocks, but one token must be computed, so it hits three; r3 shares only
-    # the first hashed block's two, and caches four of its own
+    # are four blocks, but one token must be computed, so it hits three and computes
+    # the fourth again, cached as a copy of entry 5 (vLLM keeps both blocks under the
+    # hash); r3 shares only the first hashed block's two, and caches four of its own
     np.testing.assert_array_equal(run.cached, [0, 16, 12, 8])
     np.testing.assert_array_equal(run.scheduler.cached, [0, 16, 12, 8])
     # entry j of hash h is h * 2 + j
-    assert run.pool.entries == dict.fromkeys([2, 3, 4, 5, 6, 10, 11, 12, 13], 0)
-    assert run.pool.cached_blocks == 9 * layout.entry_blocks == 9
+    copy = (COPY, 1, 5)
+    assert run.pool.entries == dict.fromkeys([2, 3, 4, 5, 6, 10, 11, 12, 13, copy], 0)
+    assert run.pool.copies == {5: [copy]}
+    assert run.pool.cached_blocks == 10 * layout.entry_blocks == 10
 
 
 def test_unreferenced_entries_are_evicted_tail_first():

@@ -12,7 +12,7 @@ from importlib import resources
 import attrs
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from stepplan.sim import admission
@@ -447,6 +447,115 @@ def test_prefix_hits_are_vllms_block_for_block(case):
     assert diff.sides[0]["prefix_cached_tokens"] == diff.sides[1]["prefix_cached_tokens"]
 
 
+def _families(prompts, families, arrivals, outputs) -> RequestTable:
+    """Requests of the same family share every 64-token hashed block of their prompts."""
+    hashes = [
+        [f * 1000 + j for j in range(-(-p // 64))] for f, p in zip(families, prompts, strict=True)
+    ]
+    return RequestTable(
+        arrival_s=np.array(arrivals, float),
+        prompt_tokens=np.array(prompts, np.int64),
+        output_tokens=np.array(outputs, np.int64),
+        prefix_offsets=np.cumsum([0] + [len(h) for h in hashes]).astype(np.int64),
+        prefix_blocks=np.array([b for h in hashes for b in h], np.int64),
+    )
+
+
+def _tight_cache(spec_tokens: int, gib: float) -> SimConfig:
+    """Attention only, 64-token hashed blocks, a cache of 20-51 blocks that evicts."""
+    run = {
+        **ATTENTION_ONLY,
+        "memory.prefix_block_tokens": 64,
+        "memory.kv_cache_gib": gib,
+        "memory.check": True,
+        "scheduler.num_spec_tokens": spec_tokens,
+        "scheduler.max_num_seqs": 8,
+        "scheduler.max_num_batched_tokens": 64,
+    }
+    return with_settings(SimConfig(), run)
+
+
+@st.composite
+def evicting_traces(draw):
+    """Small traces of two families in a tight cache: prompts of whole hashed blocks
+    (a fully cached one computes its last block again) or not, with drafts or not."""
+    n = draw(st.integers(2, 7))
+    aligned = draw(st.booleans())
+    lengths = st.integers(1, 4).map(lambda b: 64 * b) if aligned else st.integers(1, 300)
+    table = _families(
+        draw(st.lists(lengths, min_size=n, max_size=n)),
+        draw(st.lists(st.integers(0, 1), min_size=n, max_size=n)),
+        sorted(draw(st.lists(st.sampled_from([0.0, 0.01, 0.3]), min_size=n, max_size=n))),
+        draw(st.lists(st.integers(1, 39), min_size=n, max_size=n)),
+    )
+    config = _tight_cache(draw(st.integers(0, 2)), draw(st.sampled_from([0.02, 0.03, 0.05])))
+    return table, config
+
+
+def _free_queue_counts(table, config) -> tuple[list, list, list, list]:
+    """Each side's ``(free + evictable, evictable)`` blocks after every schedule and
+    its steps' (request, tokens) pairs: stepplan's, then vLLM's (its free queue and the
+    hashed blocks in it). stepplan's side steps in Python, its specification."""
+    theirs, ours = [], []
+    built, schedule_rows = vllm_engine_scheduler._engine, Scheduler.schedule_rows
+
+    def counted(*args):
+        engine, *rest = built(*args)
+        schedule, pool = engine.schedule, engine.kv_cache_manager.block_pool
+
+        def schedule_and_count(*inputs):
+            out = schedule(*inputs)
+            queue = pool.free_block_queue.get_all_free_blocks()
+            theirs.append((len(queue), sum(block.block_hash is not None for block in queue)))
+            return out
+
+        engine.schedule = schedule_and_count
+        return (engine, *rest)
+
+    def schedule_counted(self, now_s):
+        found = schedule_rows(self, now_s)
+        ours.append((self.pool.free + self.pool.cached_blocks, self.pool.cached_blocks))
+        return found
+
+    with pytest.MonkeyPatch.context() as patch:  # undone before the next example
+        patch.setattr(vllm_engine_scheduler, "_engine", counted)
+        patch.setattr(Scheduler, "schedule_rows", schedule_counted)
+        our_steps = _scheduled_steps(table, config, native=False)
+        their_steps = _scheduled_steps(table, _vllm(config))
+    return ours, theirs, our_steps, their_steps
+
+
+@requires_vllm
+@settings(max_examples=12, deadline=None)
+@given(evicting_traces())
+@example(
+    # drafts: vLLM caches the blocks accepted drafts fill after the step's output, so a
+    # finishing request's last block goes to the free queue's tail, cached (stepplan
+    # freed it to the head: the counts parted at the 10th schedule)
+    (
+        _families([154, 226, 285, 11], [0, 1, 1, 0], [0.0, 0.0, 0.01, 0.3], [33, 11, 16, 26]),
+        _tight_cache(2, 0.03),
+    ),
+)
+@example(
+    # whole cached prompts: each computes its last block again and vLLM caches that
+    # copy under the same hash (stepplan kept it private: parted at the 20th schedule)
+    (
+        _families([192, 192, 128, 256], [0, 1, 0, 0], [0.0, 0.01, 0.01, 0.3], [27, 30, 13, 27]),
+        _tight_cache(0, 0.05),
+    ),
+)
+def test_the_evictable_blocks_are_vllms_after_every_schedule(case):
+    """Attention only, a cache that evicts: after every schedule stepplan's free and
+    evictable blocks are vLLM's free queue, its evictable ones the queue's hashed
+    blocks, and every step schedules the same tokens (commit-time caching with drafts,
+    and copies of blocks computed again under a cached hash, as vLLM 0.33 keeps them)."""
+    table, config = case
+    ours, theirs, our_steps, their_steps = _free_queue_counts(table, config)
+    assert ours == theirs
+    assert our_steps == their_steps
+
+
 def test_equal_hash_blocks_give_equal_tokens():
     table = load_trace("tests/data/mooncake_slice.jsonl")
     offsets, blocks = table.prefix_offsets, table.prefix_blocks
@@ -525,8 +634,11 @@ def test_summary_names_the_vllm_that_scheduled(tmp_path):
     assert document["config"]["scheduler"]["implementation"] == "vllm"
 
 
-def _scheduled_steps(table, config: SimConfig) -> list[list[tuple[int, int]]]:
-    """Every step's (request, tokens) pairs, ascending by request, read by an observer."""
+def _scheduled_steps(
+    table, config: SimConfig, native: bool | None = None
+) -> list[list[tuple[int, int]]]:
+    """Every step's (request, tokens) pairs, ascending by request, read by an observer
+    (``native``: ``run_steps``'s)."""
     steps: list[list[tuple[int, int]]] = []
 
     def observe(event) -> None:
@@ -534,7 +646,7 @@ def _scheduled_steps(table, config: SimConfig) -> list[list[tuple[int, int]]]:
         pairs = zip(step.request_ids.tolist(), step.batch.query_lens.tolist(), strict=True)
         steps.append(sorted(pairs))
 
-    run_steps(table, config, MemoryStore(), observer=observe)
+    run_steps(table, config, MemoryStore(), observer=observe, native=native)
     return steps
 
 

@@ -103,9 +103,9 @@ static int commit(Stepper *self, Py_ssize_t rows, double end, int given, uint8_t
         self->computed[request] = reach;
         int64_t emitted = (flags & DECODING) ? 1 + a : (flags & EMITS_FIRST) != 0;
         self->emitted[request] += emitted;
-        /* StateBlockPool.cache_committed: with speculation, the emitting rows' blocks */
-        if (self->has_pool && self->tracks_states && self->spec_blocks && emitted > 0 &&
-            state_cache_entries(self, request, reach) < 0) {
+        /* BlockPool.cache_committed: with speculation, the emitting rows' blocks */
+        if (self->has_pool && self->caching && self->num_spec && emitted > 0 &&
+            cache_entries(self, request, reach) < 0) {
             return -1;
         }
         if (flags & SPEC) {

@@ -129,27 +129,21 @@ static int bind_state_blocks(Stepper *self, PyObject *f) {
     self->state_size = get_int(f, "state_size", &failed);
     self->spec_blocks = get_int(f, "spec_blocks", &failed);
     PyObject *states = PyDict_GetItemString(f, "states");
-    PyObject *copies = PyDict_GetItemString(f, "copies");
-    PyObject *tags = PyDict_GetItemString(f, "state_tags"); /* (group, state, copy) */
-    if (failed || states == NULL || !PyDict_Check(states) || copies == NULL ||
-        !PyDict_Check(copies) || tags == NULL || !PyTuple_Check(tags) ||
-        PyTuple_GET_SIZE(tags) != 3) {
+    PyObject *tags = PyDict_GetItemString(f, "state_tags"); /* (group, state) */
+    if (failed || states == NULL || !PyDict_Check(states) || tags == NULL ||
+        !PyTuple_Check(tags) || PyTuple_GET_SIZE(tags) != 2) {
         if (!failed) {
-            PyErr_SetString(PyExc_TypeError,
-                            "stepper: states and copies must be dicts, state_tags 3 items");
+            PyErr_SetString(PyExc_TypeError, "stepper: states must be a dict, state_tags 2 items");
         }
         return -1;
     }
-    self->states = states, self->copies = copies;
+    self->states = states;
     self->tag_group = PyTuple_GET_ITEM(tags, 0);
     self->tag_state = PyTuple_GET_ITEM(tags, 1);
-    self->tag_copy = PyTuple_GET_ITEM(tags, 2);
     Py_INCREF(self->states);
-    Py_INCREF(self->copies);
     Py_INCREF(self->tag_group);
     Py_INCREF(self->tag_state);
-    Py_INCREF(self->tag_copy);
-    return I64("lru_blocks", lru_blocks) < 0 || I64("copies_made", copies_made) < 0 ? -1 : 0;
+    return I64("lru_blocks", lru_blocks) < 0 ? -1 : 0;
 }
 
 static int bind_pool(Stepper *self, PyObject *f) {
@@ -187,9 +181,19 @@ static int bind_pool(Stepper *self, PyObject *f) {
         return 0;
     }
     if (bind_ro(self, f, "prefix_offsets", 'q', 8, (void **)&self->prefix_offsets, NULL) < 0 ||
-        bind_ro(self, f, "hashes", 'q', 8, (void **)&self->hashes, NULL) < 0) {
+        bind_ro(self, f, "hashes", 'q', 8, (void **)&self->hashes, NULL) < 0 ||
+        I64("copies_made", copies_made) < 0) {
         return -1;
     }
+    self->copies = PyDict_GetItemString(f, "copies");
+    self->tag_copy = PyDict_GetItemString(f, "copy_tag");
+    if (self->copies == NULL || !PyDict_Check(self->copies) || self->tag_copy == NULL) {
+        self->copies = self->tag_copy = NULL;
+        PyErr_SetString(PyExc_TypeError, "stepper: copies must be a dict, with a copy_tag");
+        return -1;
+    }
+    Py_INCREF(self->copies);
+    Py_INCREF(self->tag_copy);
     if (!self->align) {
         return 0;
     }

@@ -48,6 +48,104 @@ PyObject *block_hash(const Stepper *self, int64_t request, int64_t index) {
     return sum;
 }
 
+/* Whether ``entry`` is a tuple tagged ``tag`` (the very tag object Python's keys hold). */
+int tagged(PyObject *entry, PyObject *tag) {
+    return PyTuple_Check(entry) && PyTuple_GET_SIZE(entry) > 1 && PyTuple_GET_ITEM(entry, 0) == tag;
+}
+
+/* The key a copy copies; any other key itself (borrowed). */
+PyObject *copied(const Stepper *self, PyObject *entry) {
+    return tagged(entry, self->tag_copy) ? PyTuple_GET_ITEM(entry, 2) : entry;
+}
+
+/* BlockPool._block_cached: the entry or a copy of it (1, 0; -1 failed). */
+int block_cached(Stepper *self, PyObject *key) {
+    int found = PyDict_Contains(self->entries, key);
+    return found != 0 ? found : PyDict_Contains(self->copies, key);
+}
+
+/* BlockPool._block_taken: the cached block a hit on ``key`` takes (the entry, else its
+ * oldest copy), new. */
+PyObject *block_taken(Stepper *self, PyObject *key) {
+    int found = PyDict_Contains(self->entries, key);
+    if (found != 0) {
+        Py_XINCREF(found > 0 ? key : NULL);
+        return found > 0 ? key : NULL;
+    }
+    PyObject *copies = PyDict_GetItemWithError(self->copies, key);
+    if (copies == NULL || PyList_GET_SIZE(copies) == 0) {
+        if (!PyErr_Occurred()) {
+            PyErr_SetString(PyExc_AssertionError, "stepper: a hit on a block not cached");
+        }
+        return NULL;
+    }
+    PyObject *oldest = PyList_GET_ITEM(copies, 0);
+    Py_INCREF(oldest);
+    return oldest;
+}
+
+/* BlockPool._cache_block: the entry of ``key`` referenced once, or a copy where it is
+ * cached already; its entry key, new. */
+PyObject *cache_block(Stepper *self, PyObject *key) {
+    int cached = block_cached(self, key);
+    if (cached < 0) {
+        return NULL;
+    }
+    PyObject *entry = key;
+    Py_INCREF(entry);
+    if (cached) {
+        Py_DECREF(entry);
+        self->copies_made[0] += 1;
+        PyObject *number = PyLong_FromLongLong(self->copies_made[0]);
+        entry = number == NULL ? NULL : PyTuple_Pack(3, self->tag_copy, number, key);
+        Py_XDECREF(number);
+        PyObject *fresh = entry == NULL ? NULL : PyList_New(0);
+        PyObject *copies = fresh == NULL ? NULL : PyDict_SetDefault(self->copies, key, fresh);
+        Py_XDECREF(fresh);
+        if (copies == NULL || PyList_Append(copies, entry) < 0) {
+            Py_XDECREF(entry);
+            return NULL;
+        }
+    }
+    PyObject *one = PyLong_FromLong(1);
+    if (one == NULL || PyDict_SetItem(self->entries, entry, one) < 0) {
+        Py_XDECREF(one);
+        Py_DECREF(entry);
+        return NULL;
+    }
+    Py_DECREF(one);
+    return entry;
+}
+
+int entry_evicted(Stepper *self, PyObject *entry) {
+    if (PyDict_DelItem(self->entries, entry) < 0) {
+        return -1;
+    }
+    PyObject *key = copied(self, entry);
+    if (key != entry) { /* a copy: off its key's list, the list gone when empty */
+        PyObject *copies = PyDict_GetItemWithError(self->copies, key);
+        PyObject *remove = copies == NULL ? NULL : PyUnicode_FromString("remove");
+        PyObject *done = remove == NULL ? NULL : PyObject_CallMethodOneArg(copies, remove, entry);
+        Py_XDECREF(remove);
+        if (done == NULL) {
+            if (!PyErr_Occurred()) {
+                PyErr_SetString(PyExc_AssertionError, "stepper: a copy not listed");
+            }
+            return -1;
+        }
+        Py_DECREF(done);
+        if (PyList_GET_SIZE(copies) == 0 && PyDict_DelItem(self->copies, key) < 0) {
+            return -1;
+        }
+    }
+    if (!self->align) {
+        return 0;
+    }
+    /* a kept state goes with the key's last block */
+    int cached = block_cached(self, key);
+    return cached < 0 || (!cached && PySet_Discard(self->kept_states, key) < 0) ? -1 : 0;
+}
+
 /* BlockPool._evict: drop least recently released entries until ``blocks`` are free. The
  * LRU list is an OrderedDict: it is changed through its own methods (PyObject_SetItem,
  * PyObject_DelItem, popitem), which keep its order; PyDict_* would bypass it. */
@@ -59,10 +157,8 @@ int evict(Stepper *self, int64_t blocks) {
         }
         PyObject *entry = PyTuple_GET_ITEM(head, 0);
         int64_t size = self->entry_blocks;
-        int failed = self->tracks_states
-                         ? state_evicted(self, entry, &size) < 0
-                         : PyDict_DelItem(self->entries, entry) < 0 ||
-                               (self->align && PySet_Discard(self->kept_states, entry) < 0);
+        int failed = self->tracks_states ? state_evicted(self, entry, &size) < 0
+                                         : entry_evicted(self, entry) < 0;
         Py_DECREF(head);
         if (failed) {
             return -1;
@@ -140,6 +236,14 @@ static int entry_in(const Stepper *self, PyObject *container, int64_t request, i
     return found;
 }
 
+/* Whether a block of the request's ``index``-th entry is cached (1, 0; -1 failed). */
+static int entry_cached(Stepper *self, int64_t request, int64_t index) {
+    PyObject *entry = block_hash(self, request, index);
+    int found = entry == NULL ? -1 : block_cached(self, entry);
+    Py_XDECREF(entry);
+    return found;
+}
+
 Py_ssize_t lookup(Stepper *self, int64_t request, int64_t limit_tokens) {
     if (!self->caching) {
         return 0;
@@ -148,7 +252,7 @@ Py_ssize_t lookup(Stepper *self, int64_t request, int64_t limit_tokens) {
     Py_ssize_t hits = 0;
     for (; hits < count; hits++) {
         int found = self->tracks_states ? state_entry_cached(self, request, hits)
-                                        : entry_in(self, self->entries, request, hits);
+                                        : entry_cached(self, request, hits);
         if (found < 0) {
             return -1;
         }
@@ -215,30 +319,41 @@ static int keep_state(Stepper *self, int64_t request, int64_t reach) {
     return failed ? -1 : 0;
 }
 
-/* The hits referenced: their counts up, out of the LRU list, and the request's refs. */
-static int reference(Stepper *self, int64_t request, Py_ssize_t hits) {
+/* The blocks a hit of ``hits`` entries takes (BlockPool._block_taken of each): a new list. */
+static PyObject *taken_blocks(Stepper *self, int64_t request, Py_ssize_t hits) {
     PyObject *list = PyList_New(hits);
     for (Py_ssize_t j = 0; list != NULL && j < hits; j++) {
-        PyObject *entry = block_hash(self, request, j);
-        PyObject *value = entry == NULL ? NULL : PyDict_GetItemWithError(self->entries, entry);
+        PyObject *key = block_hash(self, request, j);
+        PyObject *block = key == NULL ? NULL : block_taken(self, key);
+        Py_XDECREF(key);
+        if (block == NULL) {
+            Py_CLEAR(list);
+            break;
+        }
+        PyList_SET_ITEM(list, j, block); /* steals block */
+    }
+    return list;
+}
+
+/* The blocks referenced: their counts up, out of the LRU list, and the request's refs. */
+static int reference(Stepper *self, int64_t request, PyObject *blocks) {
+    for (Py_ssize_t j = 0; j < PyList_GET_SIZE(blocks); j++) {
+        PyObject *entry = PyList_GET_ITEM(blocks, j);
+        PyObject *value = PyDict_GetItemWithError(self->entries, entry);
         PyObject *now = value == NULL ? NULL : PyLong_FromLong(PyLong_AsLong(value) + 1);
-        if (now == NULL || PyDict_SetItem(self->entries, entry, now) < 0 ||
-            (PyDict_Contains(self->lru, entry) == 1 && PyObject_DelItem(self->lru, entry) < 0)) {
-            Py_XDECREF(now);
-            Py_XDECREF(entry);
-            Py_DECREF(list);
+        int failed = now == NULL || PyDict_SetItem(self->entries, entry, now) < 0;
+        Py_XDECREF(now);
+        int listed = failed ? -1 : PyDict_Contains(self->lru, entry);
+        if (listed < 0 || (listed == 1 && PyObject_DelItem(self->lru, entry) < 0)) {
+            if (!PyErr_Occurred()) {
+                PyErr_SetString(PyExc_AssertionError, "stepper: a hit on an entry not cached");
+            }
             return -1;
         }
-        Py_DECREF(now);
-        PyList_SET_ITEM(list, j, entry);  /* steals entry */
-    }
-    if (list == NULL) {
-        return -1;
     }
     PyObject *key = PyLong_FromLongLong(request);
-    int failed = key == NULL || PyDict_SetItem(self->refs, key, list) < 0;
+    int failed = key == NULL || PyDict_SetItem(self->refs, key, blocks) < 0;
     Py_XDECREF(key);
-    Py_DECREF(list);
     return failed ? -1 : 0;
 }
 
@@ -256,22 +371,25 @@ int admit_one(Stepper *self, int64_t request, Py_ssize_t hits, int64_t positions
     int64_t base = hits * self->entry_blocks;
     int64_t reach = whole > positions ? whole : positions; /* placeholder drafts pass it */
     int64_t delta = blocks_for(self, reach) - base; /* the whole prompt must fit */
+    PyObject *blocks = hits ? taken_blocks(self, request, hits) : NULL;
+    if (hits && blocks == NULL) {
+        return -1;
+    }
     Py_ssize_t reclaimed = 0;
     for (Py_ssize_t j = 0; j < hits; j++) {
-        PyObject *entry = block_hash(self, request, j);
-        int in_lru = entry == NULL ? -1 : PyDict_Contains(self->lru, entry);
-        Py_XDECREF(entry);
+        int in_lru = PyDict_Contains(self->lru, PyList_GET_ITEM(blocks, j));
         if (in_lru < 0) {
+            Py_DECREF(blocks);
             return -1;
         }
         reclaimed += in_lru;
     }
     int64_t evictable = ((int64_t)PyDict_Size(self->lru) - reclaimed) * self->entry_blocks;
-    if (delta > self->free_blocks[0] + evictable) {
-        return 0;
-    }
-    if (hits && reference(self, request, hits) < 0) {
-        return -1;
+    int fits = delta <= self->free_blocks[0] + evictable;
+    int failed = fits && hits && reference(self, request, blocks) < 0;
+    Py_XDECREF(blocks);
+    if (!fits || failed) {
+        return failed ? -1 : 0;
     }
     self->registered[request] = hits;
     self->held[request] = base;
@@ -289,8 +407,7 @@ static int64_t known_reach(const Stepper *self, int64_t request, int64_t positio
     return positions < known ? positions : known;
 }
 
-/* BlockPool._cache_entries of one request reaching ``reach``. */
-static int cache_entries(Stepper *self, int64_t request, int64_t reach) {
+int cache_entries(Stepper *self, int64_t request, int64_t reach) {
     if (self->tracks_states) {
         return state_cache_entries(self, request, reach);
     }
@@ -308,14 +425,11 @@ static int cache_entries(Stepper *self, int64_t request, int64_t reach) {
         return -1;
     }
     for (int64_t j = first; j < done; j++) {
-        PyObject *entry = block_hash(self, request, j);
-        int found = entry == NULL ? -1 : PyDict_Contains(self->entries, entry);
-        PyObject *one = found == 0 ? PyLong_FromLong(1) : NULL;
-        int failed = found < 0 || (found == 0 && (one == NULL ||
-                                                   PyDict_SetItem(self->entries, entry, one) < 0 ||
-                                                   PyList_Append(refs, entry) < 0));
-        Py_XDECREF(one);
+        PyObject *key = block_hash(self, request, j);
+        PyObject *entry = key == NULL ? NULL : cache_block(self, key);
+        int failed = entry == NULL || PyList_Append(refs, entry) < 0;
         Py_XDECREF(entry);
+        Py_XDECREF(key);
         if (failed) {
             return -1;
         }

@@ -33,6 +33,18 @@ int grow_request(Stepper *self, int64_t request, int64_t positions, int64_t comp
 PyObject *block_hash(const Stepper *self, int64_t request, int64_t index);
 /* BlockPool._evict: drop least recently released entries until ``blocks`` are free. */
 int evict(Stepper *self, int64_t blocks);
+/* BlockPool._cache_entries of one request reaching ``reach`` (StateBlockPool's too). */
+int cache_entries(Stepper *self, int64_t request, int64_t reach);
+
+/* Entry keys and copies (BlockPool's): whether ``entry`` is a tuple tagged ``tag``; the key
+ * a copy copies (any other key itself, borrowed); _block_cached (1, 0); _block_taken and
+ * _cache_block (new references); BlockPool._evicted less its size (0 done). */
+int tagged(PyObject *entry, PyObject *tag);
+PyObject *copied(const Stepper *self, PyObject *entry);
+int block_cached(Stepper *self, PyObject *key);
+PyObject *block_taken(Stepper *self, PyObject *key);
+PyObject *cache_block(Stepper *self, PyObject *key);
+int entry_evicted(Stepper *self, PyObject *entry);
 
 /* sim/state_blocks.py's StateBlockPool (state_pool.c), where self->tracks_states: the
  * functions above call these. Each answers -1 with an exception set on failure. */

@@ -3,18 +3,8 @@
  * (request -> [[end, entry or None], ...], the running one last), entries keyed by tagged
  * tuples -- (tag_group, group, key) an attention group's block, (tag_state, key) a kept
  * conv state, (tag_copy, number, key) a block cached again -- of several sizes, counted
- * in lru_blocks. pool.c calls these where self->tracks_states. */
+ * in lru_blocks. pool.c calls these where self->tracks_states; the copies are pool.c's. */
 #include "pool.h"
-
-/* Whether ``entry`` is a tuple tagged ``tag`` (the very tag object Python's keys hold). */
-static int tagged(PyObject *entry, PyObject *tag) {
-    return PyTuple_Check(entry) && PyTuple_GET_SIZE(entry) > 1 && PyTuple_GET_ITEM(entry, 0) == tag;
-}
-
-/* The key a copy copies; any other key itself (borrowed). */
-static PyObject *copied(const Stepper *self, PyObject *entry) {
-    return tagged(entry, self->tag_copy) ? PyTuple_GET_ITEM(entry, 2) : entry;
-}
 
 /* StateBlockPool.entry_size. */
 static int64_t entry_size(const Stepper *self, PyObject *entry) {
@@ -45,65 +35,6 @@ static PyObject *state_key(const Stepper *self, int64_t request, int64_t index) 
     PyObject *tuple = key == NULL ? NULL : PyTuple_Pack(2, self->tag_state, key);
     Py_XDECREF(key);
     return tuple;
-}
-
-/* StateBlockPool.is_cached: the entry or a copy of it (1, 0; -1 failed). */
-static int is_cached(Stepper *self, PyObject *key) {
-    int found = PyDict_Contains(self->entries, key);
-    return found != 0 ? found : PyDict_Contains(self->copies, key);
-}
-
-/* StateBlockPool._block_of: the cached block a hit on ``key`` takes (the entry, else its
- * oldest copy), new. */
-static PyObject *block_of(Stepper *self, PyObject *key) {
-    int found = PyDict_Contains(self->entries, key);
-    if (found != 0) {
-        Py_XINCREF(found > 0 ? key : NULL);
-        return found > 0 ? key : NULL;
-    }
-    PyObject *copies = PyDict_GetItemWithError(self->copies, key);
-    if (copies == NULL || PyList_GET_SIZE(copies) == 0) {
-        if (!PyErr_Occurred()) {
-            PyErr_SetString(PyExc_AssertionError, "stepper: a hit on a block not cached");
-        }
-        return NULL;
-    }
-    PyObject *oldest = PyList_GET_ITEM(copies, 0);
-    Py_INCREF(oldest);
-    return oldest;
-}
-
-/* StateBlockPool._cache: the entry of ``key`` referenced once, or a copy where it is
- * cached already; its entry key, new. */
-static PyObject *cache_block(Stepper *self, PyObject *key) {
-    int cached = is_cached(self, key);
-    if (cached < 0) {
-        return NULL;
-    }
-    PyObject *entry = key;
-    Py_INCREF(entry);
-    if (cached) {
-        Py_DECREF(entry);
-        self->copies_made[0] += 1;
-        PyObject *number = PyLong_FromLongLong(self->copies_made[0]);
-        entry = number == NULL ? NULL : PyTuple_Pack(3, self->tag_copy, number, key);
-        Py_XDECREF(number);
-        PyObject *fresh = entry == NULL ? NULL : PyList_New(0);
-        PyObject *copies = fresh == NULL ? NULL : PyDict_SetDefault(self->copies, key, fresh);
-        Py_XDECREF(fresh);
-        if (copies == NULL || PyList_Append(copies, entry) < 0) {
-            Py_XDECREF(entry);
-            return NULL;
-        }
-    }
-    PyObject *one = PyLong_FromLong(1);
-    if (one == NULL || PyDict_SetItem(self->entries, entry, one) < 0) {
-        Py_XDECREF(one);
-        Py_DECREF(entry);
-        return NULL;
-    }
-    Py_DECREF(one);
-    return entry;
 }
 
 /* entries[entry] += delta: the count after, -1 failed. */
@@ -160,25 +91,8 @@ static int add_reference(Stepper *self, PyObject *entry) {
 }
 
 int state_evicted(Stepper *self, PyObject *entry, int64_t *size) {
-    if (PyDict_DelItem(self->entries, entry) < 0) {
+    if (entry_evicted(self, entry) < 0) {
         return -1;
-    }
-    if (tagged(entry, self->tag_copy)) {
-        PyObject *key = PyTuple_GET_ITEM(entry, 2);
-        PyObject *copies = PyDict_GetItemWithError(self->copies, key);
-        PyObject *remove = copies == NULL ? NULL : PyUnicode_FromString("remove");
-        PyObject *done = remove == NULL ? NULL : PyObject_CallMethodOneArg(copies, remove, entry);
-        Py_XDECREF(remove);
-        if (done == NULL) {
-            if (!PyErr_Occurred()) {
-                PyErr_SetString(PyExc_AssertionError, "stepper: a copy not listed");
-            }
-            return -1;
-        }
-        Py_DECREF(done);
-        if (PyList_GET_SIZE(copies) == 0 && PyDict_DelItem(self->copies, key) < 0) {
-            return -1;
-        }
     }
     *size = entry_size(self, entry);
     self->lru_blocks[0] -= *size;
@@ -333,7 +247,7 @@ int state_entry_cached(Stepper *self, int64_t request, int64_t index) {
     int cached = 1;
     for (int64_t group = 0; group < self->attention_groups && cached == 1; group++) {
         PyObject *block = group_key(self, group, key);
-        cached = block == NULL ? -1 : is_cached(self, block);
+        cached = block == NULL ? -1 : block_cached(self, block);
         Py_XDECREF(block);
     }
     Py_DECREF(key);
@@ -342,7 +256,7 @@ int state_entry_cached(Stepper *self, int64_t request, int64_t index) {
 
 int state_kept(Stepper *self, int64_t request, int64_t index) {
     PyObject *key = state_key(self, request, index);
-    int kept = key == NULL ? -1 : is_cached(self, key);
+    int kept = key == NULL ? -1 : block_cached(self, key);
     Py_XDECREF(key);
     return kept;
 }
@@ -355,7 +269,7 @@ static PyObject *hit_blocks(Stepper *self, int64_t request, Py_ssize_t hits, PyO
         PyObject *key = block_hash(self, request, j);
         for (int64_t group = 0; key != NULL && group < self->attention_groups; group++) {
             PyObject *block = group_key(self, group, key);
-            PyObject *taken = block == NULL ? NULL : block_of(self, block);
+            PyObject *taken = block == NULL ? NULL : block_taken(self, block);
             if (taken == NULL || PyList_Append(blocks, taken) < 0) {
                 Py_CLEAR(blocks);
             }
@@ -371,7 +285,7 @@ static PyObject *hit_blocks(Stepper *self, int64_t request, Py_ssize_t hits, PyO
         Py_XDECREF(key);
     }
     PyObject *kept = blocks == NULL ? NULL : state_key(self, request, hits - 1);
-    *state = kept == NULL ? NULL : block_of(self, kept);
+    *state = kept == NULL ? NULL : block_taken(self, kept);
     Py_XDECREF(kept);
     if (*state == NULL) {
         Py_XDECREF(blocks);

@@ -49,6 +49,10 @@ typedef struct {
     int64_t capacity, block_size, entry_tokens, per_hash, entry_blocks, state_blocks;
     int64_t attention_groups; /* blocks per block_size tokens: one per attention group */
     const int64_t *prefix_offsets, *hashes; /* the trace's prompt block hashes */
+    /* blocks computed again under a cached key, cached too (BlockPool.copies: key -> its
+     * copies' keys, oldest first), the copies made so far, and the tag of a copy's key */
+    PyObject *copies, *tag_copy;
+    int64_t *copies_made;
     /* vLLM's align mode (align 0: off): hashed tokens per trace hash, each request's
      * junction, the set of entries ending on a kept conv state, and those kept by the
      * step being scheduled */
@@ -57,12 +61,12 @@ typedef struct {
     PyObject *kept_states, *states_this_step;
     /* conv states as blocks of the pool (memory.align_state_blocks; tracks_states 0: off,
      * state_pool.c): StateBlockPool's blocks of one conv state and speculative state
-     * blocks, its counts (blocks in the LRU list, copies made), its dicts (request ->
-     * state blocks, key -> copies) and the tags of its entry keys */
+     * blocks, the blocks in its LRU list, its request -> state blocks, and the tags of
+     * its entry keys */
     int tracks_states;
     int64_t state_size, spec_blocks;
-    int64_t *lru_blocks, *copies_made;
-    PyObject *states, *copies, *tag_group, *tag_state, *tag_copy;
+    int64_t *lru_blocks;
+    PyObject *states, *tag_group, *tag_state;
     /* the step's rows */
     int64_t *ids, *drawn;
     int32_t *q, *comp, *slots, *drafts, *acc;

@@ -460,7 +460,10 @@ class Scheduler(RequestProgress):
         self.computed[ids] = np.where(decoding, reach, np.minimum(reach, self.target[ids]))
         emitted = np.where(decoding, 1 + accepted, emits_first)
         self.emitted[ids] += emitted
-        if self.pool is not None and self.pool.tracks_states:
+        if self.config.num_spec_tokens and self.pool is not None and self.pool.caching:
+            # vLLM caches an emitting row's blocks again after its output where drafts run
+            # (accepted drafts fill blocks its allocation could not cache), before it frees
+            # a finished request
             emitting = ids[emitted > 0]
             self.pool.cache_committed(emitting, self.computed[emitting])
         if spec.any():
