@@ -24,6 +24,7 @@ from stepplan.sim.settings.config import SchedulerConfig, SimConfig, with_settin
 from stepplan.sim.settings.config_values import ConfigError
 from stepplan.sim.stall import StallError, stall_error
 from stepplan.sim.traces import RequestTable, TraceError
+from stepplan.sim.workloads import parse_synthetic
 
 requires_vllm = pytest.mark.skipif(
     importlib.util.find_spec("vllm") is None, reason="vLLM is not installed"
@@ -107,6 +108,21 @@ def test_simulate_on_vllm_refuses_a_request_longer_than_the_model_up_front():
         "long.csv:2: has prompt 171 + output 10 tokens, more than model.max_model_len = 150, "
         "which vLLM's scheduler never finishes: drop such requests as the command line does "
         "(stepplan.sim.run.prepare_requests) or raise model.max_model_len"
+    )
+
+
+@requires_vllm
+def test_a_hybrid_model_of_fractional_kv_values_is_refused_on_vllm_up_front():
+    # 65,537 bytes a token over 16 attention layers of 2-byte values: vLLM's whole-head
+    # pages would hold more blocks than stepplan's layout
+    settings = {"scheduler.implementation": "vllm", "model.kv_bytes_per_token": 65537}
+    config = with_settings(SimConfig(), settings)
+    with pytest.raises(ConfigError) as refused:
+        simulate(parse_synthetic("synthetic:n=3,rate=1,prompt=fixed:8,output=fixed:2"), config)
+    assert str(refused.value) == (
+        "model.kv_bytes_per_token = 65537 is not whole K and V values of 2-byte elements in "
+        "each of the 16 attention layers (a multiple of 64), as vLLM's pages of a hybrid "
+        "model are sized: give the model's real figure to --scheduler vllm"
     )
 
 

@@ -44,7 +44,7 @@ from .state import (
     RequestProgress,
     StepRows,
 )
-from .vllm_limits import check_model_len
+from .vllm_limits import check_model_len, check_page_bytes
 from .vllm_requests import HASHED_TOKEN, UnfinishedRequest, placeholder_drafts, prompt_tokens
 
 #: vLLM releases (``major.minor``) whose scheduler interface this module drives.
@@ -242,6 +242,7 @@ class VllmEngineScheduler(RequestProgress):
     ) -> None:
         version = check_vllm()
         check_model_len(requests, model.resolved().max_model_len)
+        check_page_bytes(model.resolved())
         try:
             from vllm.sampling_params import SamplingParams
             from vllm.utils.hashing import get_hash_fn_by_name

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..settings.config import ConfigError
+from ..settings.config_model import ModelConfig
 from ..traces import RequestTable, TraceError
 
 
@@ -31,6 +33,25 @@ def check_model_len(table: RequestTable, max_model_len: int) -> None:
         f"model.max_model_len = {max_model_len:,}{others}, which vLLM's scheduler never "
         "finishes: drop such requests as the command line does "
         "(stepplan.sim.run.prepare_requests) or raise model.max_model_len",
+    )
+
+
+def check_page_bytes(model: ModelConfig) -> None:
+    """Refuse a hybrid ``model`` (resolved) whose ``kv_bytes_per_token`` is not whole K
+    and V values in each of its attention layers: vLLM sizes a hybrid model's blocks by
+    whole heads, so its pool would part from stepplan's; a :class:`ConfigError` in one
+    line. (An attention-only model's blocks are handed to vLLM counted, not sized.)"""
+    attention = model.layers - model.conv_layers
+    if not 0 < model.conv_layers < model.layers:
+        return
+    value = 2 * model.dtype_bytes * attention  # a K and a V value of every attention layer
+    if model.kv_bytes_per_token % value == 0:
+        return
+    raise ConfigError(
+        f"model.kv_bytes_per_token = {model.kv_bytes_per_token:g} is not whole K and V "
+        f"values of {model.dtype_bytes}-byte elements in each of the {attention} attention "
+        f"layers (a multiple of {value:,}), as vLLM's pages of a hybrid model are sized: "
+        "give the model's real figure to --scheduler vllm"
     )
 
 
