@@ -245,16 +245,20 @@ class BlockPool:
 
     def _trace_keys(self, request: int, first: int, stop: int) -> list[int]:
         """:meth:`entry_keys` within the request's trace hashes."""
-        per = self._per_hash
         start = int(self.prefix_offsets[request])  # type: ignore[index]
+        return self._keys_of(self.prefix_hashes, start, first, stop)  # type: ignore[arg-type]
+
+    def _keys_of(self, hashes: np.ndarray, start: int, first: int, stop: int) -> list[int]:
+        """Keys of entries ``first`` to ``stop`` of a prompt whose trace hashes start at
+        ``hashes[start]`` (``[k], int64``): :meth:`entry_keys`'s rule."""
         if self.align:
             size, hashed = self.align, self.layout.prefix_block_tokens
-            hashes = self.prefix_hashes  # type: ignore[index]
             return [
-                int(hashes[start + (size * i + size - 1) // hashed]) << 32 | i  # type: ignore[index]
+                int(hashes[start + (size * i + size - 1) // hashed]) << 32 | i
                 for i in range(first, stop)
             ]
-        hashes = self.prefix_hashes[start + first // per : start + (stop + per - 1) // per]  # type: ignore[index]
+        per = self._per_hash
+        hashes = hashes[start + first // per : start + (stop + per - 1) // per]
         if per == 1:
             return hashes.tolist()
         keys = [h * per + j for h in hashes.tolist() for j in range(per)]
@@ -262,13 +266,16 @@ class BlockPool:
         return keys[skip : skip + stop - first]
 
     def hashes_cached(self, hashes: list[int]) -> int:
-        """The leading run of trace hashes whose every entry is cached."""
-        per, run = self._per_hash, 0
-        for entry in hashes:
-            if not all(self._entry_cached(entry * per + j) for j in range(per)):
+        """The leading run of trace hashes (a prompt's, in order) whose every token is
+        cached, in entries of any size (aligned ones included)."""
+        block = self.layout.prefix_block_tokens
+        count = len(hashes) * block // self._entry_tokens
+        run = 0
+        for key in self._keys_of(np.asarray(hashes, np.int64), 0, 0, count):
+            if not self._entry_cached(key):
                 break
             run += 1
-        return run
+        return run * self._entry_tokens // block
 
     def lookup(self, request: int, limit_tokens: int) -> list[int]:
         """The cached entries the request's prompt starts with, at most
