@@ -36,6 +36,10 @@ from .traces import RequestTable
 #: per-call cost is larger than the work (most steps of a light trace have 1-4 rows).
 _FEW_ROWS = 12
 
+#: An aligned entry's key is ``hash * ALIGNED_KEY_SCALE + index``: one key per (hash,
+#: index) for indices below 2**32, whose low bits vary with the hash (``hash << 32 |
+#: index`` left them to the index alone, so a dict of such keys probed long chains).
+ALIGNED_KEY_SCALE = 2**32 + 0x9E3779B1
 #: The first item of a copy's entry key, ``(COPY, number, key it copies)``.
 COPY = "copy"
 
@@ -233,7 +237,8 @@ class BlockPool:
         Within its trace hashes (the first ``hashed`` entries), entry ``j`` of the trace
         hash ``h`` is ``h * entries_per_hash + j``; where entries do not divide hashed
         blocks (``align``), entry ``i`` is keyed by ``i`` and the hash of the hashed block
-        holding its last token (that hash stands for every token before it). Past them
+        holding its last token (:data:`ALIGNED_KEY_SCALE`; that hash stands for every token before
+        it). Past them
         (the rest of the prompt and the output, which no other request shares) entry
         ``j`` is ``(request, j)``."""
         hashed = int(self.hashed[request])
@@ -254,7 +259,7 @@ class BlockPool:
         if self.align:
             size, hashed = self.align, self.layout.prefix_block_tokens
             return [
-                int(hashes[start + (size * i + size - 1) // hashed]) << 32 | i
+                int(hashes[start + (size * i + size - 1) // hashed]) * ALIGNED_KEY_SCALE + i
                 for i in range(first, stop)
             ]
         per = self._per_hash

@@ -35,7 +35,8 @@ from .traces import RequestTable
 #: entry it ends)``: the attention entry and the state entry are cached apart.
 STATE = "state"
 #: The first item of one attention group's block of an entry, ``(GROUP, group, key)``
-#: (:class:`~stepplan.sim.memory.BlockPool` keys an entry of every group's blocks as one).
+#: where a model has several (one group's block is keyed by the entry's key itself;
+#: :class:`~stepplan.sim.memory.BlockPool` keys an entry of every group's blocks as one).
 GROUP = "group"
 
 
@@ -86,14 +87,20 @@ class StateBlockPool(BlockPool):
         return self._entry_blocks
 
     def _group_blocks(self, key: Hashable) -> list[Hashable]:
-        """The keys of an attention entry's blocks, one per attention group."""
-        return [(GROUP, group, key) for group in range(self.layout.attention_groups)]
+        """The keys of an attention entry's blocks, one per attention group; with one
+        group the entry's own key (a tuple more per lookup costs the cache its speed)."""
+        groups = self.layout.attention_groups
+        if groups == 1:
+            return [key]
+        return [(GROUP, group, key) for group in range(groups)]
 
     def _group_of(self, entry: Hashable) -> int:
         """The attention group of a block key (-1: a state's)."""
         if isinstance(entry, tuple) and entry[0] == COPY:
             entry = entry[2]
-        return entry[1] if isinstance(entry, tuple) and entry[0] == GROUP else -1
+        if isinstance(entry, tuple) and entry[0] == STATE:
+            return -1
+        return entry[1] if isinstance(entry, tuple) and entry[0] == GROUP else 0
 
     def _unreferenced(self, entry: Hashable) -> None:
         """``entry`` lost its last reference: the tail of the LRU list."""

@@ -32,7 +32,7 @@ from .acceptance import (
     draw_rows,
     uniform_key,
 )
-from .memory import COPY
+from .memory import ALIGNED_KEY_SCALE, COPY
 from .results.records import RequestLog, StepTable
 from .scheduler import Scheduler
 from .scheduler.state import ROWS, SPEC, WAITING
@@ -266,6 +266,7 @@ def _pool_fields(scheduler: Scheduler) -> dict[str, Any]:
     if pool.align:
         fields["align_tokens"] = pool.align
         fields["prefix_block_tokens"] = layout.prefix_block_tokens
+        fields["aligned_key_scale"] = ALIGNED_KEY_SCALE
         fields["kept_states"] = pool.kept_states
         fields["states_this_step"] = pool.states_this_step
         fields["junction"] = pool.junction

@@ -176,6 +176,10 @@ static int bind_pool(Stepper *self, PyObject *f) {
     Py_INCREF(self->entries);
     Py_INCREF(self->lru);
     Py_INCREF(self->refs);
+    self->lru_popitem = PyObject_GetAttrString(self->lru, "popitem");
+    if (self->lru_popitem == NULL) {
+        return -1;
+    }
     if (!self->caching) {
         self->align = 0;
         return 0;
@@ -198,6 +202,7 @@ static int bind_pool(Stepper *self, PyObject *f) {
         return 0;
     }
     self->hashed_tokens = get_int(f, "prefix_block_tokens", &failed);
+    self->aligned_key_scale = get_int(f, "aligned_key_scale", &failed);
     self->kept_states = PyDict_GetItemString(f, "kept_states");
     self->states_this_step = PyDict_GetItemString(f, "states_this_step");
     if (failed || self->kept_states == NULL || !PySet_Check(self->kept_states) ||
@@ -257,6 +262,7 @@ static void stepper_dealloc(Stepper *self) {
     Py_XDECREF(self->entries);
     Py_XDECREF(self->lru);
     Py_XDECREF(self->refs);
+    Py_XDECREF(self->lru_popitem);
     Py_XDECREF(self->kept_states);
     Py_XDECREF(self->states_this_step);
     Py_XDECREF(self->states);

@@ -18,18 +18,28 @@ int64_t cached_blocks(const Stepper *self) {
 
 /* The key of the request's ``index``-th prefix-cache entry (BlockPool.entry_keys), a
  * new Python object: within its trace hashes ``hash * per_hash + index % per_hash``, in
- * align mode ``hash * 2**32 + index`` with the hash of the hashed block holding the
+ * align mode ``hash * aligned_key_scale + index`` with the hash of the hashed block holding the
  * entry's last token (in Python's integers where int64 would overflow); past them the
  * tuple ``(request, index)``. */
 PyObject *block_hash(const Stepper *self, int64_t request, int64_t index) {
     int64_t scale, part, hash, key;
     if (index >= self->hashed[request]) { /* past the trace hashes: the request's own */
-        return Py_BuildValue("(LL)", (long long)request, (long long)index);
+        PyObject *pair = PyTuple_New(2);
+        PyObject *first = pair == NULL ? NULL : PyLong_FromLongLong(request);
+        PyObject *second = first == NULL ? NULL : PyLong_FromLongLong(index);
+        if (second == NULL) {
+            Py_XDECREF(first);
+            Py_XDECREF(pair);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(pair, 0, first);
+        PyTuple_SET_ITEM(pair, 1, second);
+        return pair;
     }
     if (self->align) {
         int64_t last = self->align * index + self->align - 1;
         hash = self->hashes[self->prefix_offsets[request] + last / self->hashed_tokens];
-        scale = (int64_t)1 << 32, part = index;
+        scale = self->aligned_key_scale, part = index;
     } else {
         hash = self->hashes[self->prefix_offsets[request] + index / self->per_hash];
         scale = self->per_hash, part = index % self->per_hash;
@@ -124,16 +134,13 @@ int entry_evicted(Stepper *self, PyObject *entry) {
     PyObject *key = copied(self, entry);
     if (key != entry) { /* a copy: off its key's list, the list gone when empty */
         PyObject *copies = PyDict_GetItemWithError(self->copies, key);
-        PyObject *remove = copies == NULL ? NULL : PyUnicode_FromString("remove");
-        PyObject *done = remove == NULL ? NULL : PyObject_CallMethodOneArg(copies, remove, entry);
-        Py_XDECREF(remove);
-        if (done == NULL) {
+        Py_ssize_t at = copies == NULL ? -1 : PySequence_Index(copies, entry);
+        if (at < 0 || PySequence_DelItem(copies, at) < 0) {
             if (!PyErr_Occurred()) {
                 PyErr_SetString(PyExc_AssertionError, "stepper: a copy not listed");
             }
             return -1;
         }
-        Py_DECREF(done);
         if (PyList_GET_SIZE(copies) == 0 && PyDict_DelItem(self->copies, key) < 0) {
             return -1;
         }
@@ -151,7 +158,7 @@ int entry_evicted(Stepper *self, PyObject *entry) {
  * PyObject_DelItem, popitem), which keep its order; PyDict_* would bypass it. */
 int evict(Stepper *self, int64_t blocks) {
     while (blocks > 0) {
-        PyObject *head = PyObject_CallMethod(self->lru, "popitem", "O", Py_False);
+        PyObject *head = PyObject_CallOneArg(self->lru_popitem, Py_False);
         if (head == NULL) {
             return -1;
         }

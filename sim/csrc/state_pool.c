@@ -1,9 +1,9 @@
 /* Conv states as blocks of the pool in vLLM's align mode (sim/state_blocks.py's
  * StateBlockPool, its specification): each running request's state blocks in ``states``
  * (request -> [[end, entry or None], ...], the running one last), entries keyed by tagged
- * tuples -- (tag_group, group, key) an attention group's block, (tag_state, key) a kept
- * conv state, (tag_copy, number, key) a block cached again -- of several sizes, counted
- * in lru_blocks. pool.c calls these where self->tracks_states; the copies are pool.c's. */
+ * tuples -- (tag_group, group, key) an attention group's block (the key itself where
+ * there is one group), (tag_state, key) a kept conv state, (tag_copy, number, key) a
+ * block cached again -- of several sizes, counted in lru_blocks. pool.c calls these where self->tracks_states; the copies are pool.c's. */
 #include "pool.h"
 
 /* StateBlockPool.entry_size. */
@@ -18,11 +18,18 @@ static int64_t entry_size(const Stepper *self, PyObject *entry) {
 /* StateBlockPool._group_of: an attention block's group, -1 for any other key. */
 static long group_of(const Stepper *self, PyObject *entry) {
     entry = copied(self, entry);
-    return tagged(entry, self->tag_group) ? PyLong_AsLong(PyTuple_GET_ITEM(entry, 1)) : -1;
+    if (tagged(entry, self->tag_state)) {
+        return -1;
+    }
+    return tagged(entry, self->tag_group) ? PyLong_AsLong(PyTuple_GET_ITEM(entry, 1)) : 0;
 }
 
-/* (tag_group, group, key), new. */
+/* (tag_group, group, key), or with one attention group the key itself: new. */
 static PyObject *group_key(const Stepper *self, int64_t group, PyObject *key) {
+    if (self->attention_groups == 1) { /* one group: the entry's own key */
+        Py_INCREF(key);
+        return key;
+    }
     PyObject *number = PyLong_FromLongLong(group);
     PyObject *tuple = number == NULL ? NULL : PyTuple_Pack(3, self->tag_group, number, key);
     Py_XDECREF(number);

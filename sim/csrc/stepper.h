@@ -25,6 +25,7 @@ typedef struct {
     Py_buffer views[MAX_BUFFERS];
     int num_views;
     PyObject *entries, *lru, *refs; /* the prefix cache's dicts (memory.py's BlockPool) */
+    PyObject *lru_popitem;          /* lru.popitem, bound once: eviction calls it per entry */
     /* the trace and the scheduler's per-request state, [N] */
     Py_ssize_t n;
     const double *arrival;
@@ -56,7 +57,7 @@ typedef struct {
     /* vLLM's align mode (align 0: off): hashed tokens per trace hash, each request's
      * junction, the set of entries ending on a kept conv state, and those kept by the
      * step being scheduled */
-    int64_t align, hashed_tokens;
+    int64_t align, hashed_tokens, aligned_key_scale;
     int64_t *junction;
     PyObject *kept_states, *states_this_step;
     /* conv states as blocks of the pool (memory.align_state_blocks; tracks_states 0: off,
