@@ -12,7 +12,7 @@ from importlib import resources
 import attrs
 import numpy as np
 import pytest
-from hypothesis import example, given, settings
+from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
 from stepplan.sim import admission
@@ -30,7 +30,7 @@ from stepplan.sim.scheduler.vllm_engine_scheduler import (
     prompt_tokens,
 )
 from stepplan.sim.scheduler_diff import compare_schedulers
-from stepplan.sim.settings.config import SimConfig, with_settings
+from stepplan.sim.settings.config import ConfigError, SimConfig, with_settings
 from stepplan.sim.traces import RequestTable, load_trace
 from stepplan.sim.workloads import parse_synthetic
 
@@ -551,6 +551,10 @@ def test_the_evictable_blocks_are_vllms_after_every_schedule(case):
     blocks, and every step schedules the same tokens (commit-time caching with drafts,
     and copies of blocks computed again under a cached hash, as vLLM 0.33 keeps them)."""
     table, config = case
+    try:
+        plan_memory(config, table)
+    except ConfigError:  # the longest request needs more blocks than the cache holds
+        assume(False)
     ours, theirs, our_steps, their_steps = _free_queue_counts(table, config)
     assert ours == theirs
     assert our_steps == their_steps
