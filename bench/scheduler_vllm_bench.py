@@ -77,6 +77,16 @@ for _gib in (8, 20, 50, 100):
     CASES[f"mooncake-400-prefix-{_gib}gib-slots-apart"] = (MOONCAKE, 400, _size | SLOTS_APART)
 
 
+#: The figures the results page shows of a full run.
+HEADLINE = [
+    "mooncake-400-prefix-8gib.agreement",
+    "mooncake-400-prefix-50gib.agreement",
+    "mooncake-400-prefix-attention-only-8gib.agreement",
+    "speed_hybrid.steps_per_s_cpu",
+    "stepplan_speed_mooncake_hybrid_50gib.compiled_steps_per_s_cpu",
+]
+
+
 def _table(path: str, limit: int, config: SimConfig):
     return prepare_requests(load_trace(path).limit(limit), config)
 
@@ -242,7 +252,12 @@ def main() -> None:
             figures[name] = agreement(path, limit, settings)
             print(name, figures[name]["agreement"], figures[name]["first_divergence"], flush=True)
     print(json.dumps({k: v for k, v in figures.items() if "speed" in k}))
-    record_run("scheduler_vllm", figures, vllm=vllm_engine_scheduler.vllm_version())
+    record_run(
+        "scheduler_vllm",
+        figures,
+        vllm=vllm_engine_scheduler.vllm_version(),
+        headline=HEADLINE,
+    )
 
 
 if __name__ == "__main__":

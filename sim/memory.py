@@ -373,14 +373,21 @@ class BlockPool:
         self._cache_entries(ids, reach)
 
     def _cache_entries(self, ids: np.ndarray, reach: np.ndarray) -> None:
-        """Cache the full entries of requests ``ids`` up to ``reach`` (``[n], int64``)."""
+        """Cache the blocks of the full entries of requests ``ids`` up to ``reach``
+        (``[n], int64``); one whose key is cached already is cached again, a copy."""
         done = reach // self._entry_tokens
         for row in np.flatnonzero(done > self.registered[ids]).tolist():
             request, upto = int(ids[row]), int(done[row])
             first = int(self.registered[request])
             refs = self.refs.setdefault(request, [])
-            refs.extend(self._cache_block(key) for key in self.entry_keys(request, first, upto))
+            for key in self.entry_keys(request, first, upto):
+                refs.extend(self._cache_block(block) for block in self._group_blocks(key))
             self.registered[request] = upto
+
+    def _group_blocks(self, key: Hashable) -> list[Hashable]:
+        """The keys of an entry's blocks: here the entry is one block of every group,
+        keyed by ``key`` (the subclass caches each group's block apart)."""
+        return [key]
 
     def aligned_chunk(self, request: int, start: int, tokens: int, prompt_end: int) -> int:
         """:func:`aligned_chunk` for ``request`` (its :attr:`junction`)."""

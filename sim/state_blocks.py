@@ -208,17 +208,6 @@ class StateBlockPool(BlockPool):
         self.held[request] = base + delta + (self._state_size if hits else 0)
         return True
 
-    def _cache_entries(self, ids: np.ndarray, reach: np.ndarray) -> None:
-        """Cache every attention group's block of the full entries of requests ``ids``
-        up to ``reach`` (``[n], int64``); one cached already is cached again, a copy."""
-        done = reach // self._entry_tokens
-        for row in np.flatnonzero(done > self.registered[ids]).tolist():
-            request, upto = int(ids[row]), int(done[row])
-            refs = self.refs.setdefault(request, [])
-            for entry in self.entry_keys(request, int(self.registered[request]), upto):
-                refs.extend(self._cache_block(block) for block in self._group_blocks(entry))
-            self.registered[request] = upto
-
     def _keep_states(self, ids: list[int], positions: list[int], prompt: list[int]) -> None:
         """:meth:`BlockPool._keep_states`: the running state block at a kept boundary
         is cached (:meth:`_keep_running_state`)."""

@@ -12,7 +12,7 @@ from importlib import resources
 import attrs
 import numpy as np
 import pytest
-from hypothesis import example, given, settings
+from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
 from stepplan.sim import admission
@@ -30,7 +30,7 @@ from stepplan.sim.scheduler.vllm_engine_scheduler import (
     prompt_tokens,
 )
 from stepplan.sim.scheduler_diff import compare_schedulers
-from stepplan.sim.settings.config import SimConfig, with_settings
+from stepplan.sim.settings.config import ConfigError, SimConfig, with_settings
 from stepplan.sim.traces import RequestTable, load_trace
 from stepplan.sim.workloads import parse_synthetic
 
@@ -363,7 +363,7 @@ def test_prefix_caching_agrees_on_the_hybrid_model_where_the_cache_binds(gib):
 
 
 @requires_vllm
-def test_tracked_state_blocks_count_as_vllms_free_queue(monkeypatch):
+def test_tracked_state_blocks_count_as_vllms_free_queue():
     """After every schedule stepplan's free blocks plus its evictable cached ones are
     vLLM's free queue, and its cached ones the queue's hashed blocks (the slice at
     30 GiB, memory.align_state_blocks): running, left and kept state blocks and
@@ -373,32 +373,8 @@ def test_tracked_state_blocks_count_as_vllms_free_queue(monkeypatch):
         SimConfig(), {"memory.kv_cache_gib": 30.0, "memory.align_state_blocks": True}
     )
     table = load_trace("tests/data/mooncake_slice.jsonl")
-    theirs, ours = [], []
-    built = vllm_engine_scheduler._engine
-
-    def counted(*args):
-        engine, *rest = built(*args)
-        schedule, pool = engine.schedule, engine.kv_cache_manager.block_pool
-
-        def schedule_and_count(*inputs):
-            out = schedule(*inputs)
-            queue = pool.free_block_queue.get_all_free_blocks()
-            theirs.append((len(queue), sum(block.block_hash is not None for block in queue)))
-            return out
-
-        engine.schedule = schedule_and_count
-        return (engine, *rest)
-
-    def schedule_counted(self, now_s):
-        found = schedule_rows(self, now_s)
-        ours.append((self.pool.free + self.pool.cached_blocks, self.pool.cached_blocks))
-        return found
-
-    schedule_rows = Scheduler.schedule_rows
-    monkeypatch.setattr(vllm_engine_scheduler, "_engine", counted)
-    monkeypatch.setattr(Scheduler, "schedule_rows", schedule_counted)
-    run_steps(table, _vllm(config), MemoryStore())
-    run_steps(table, config, MemoryStore())
+    ours, theirs, our_steps, their_steps = _free_queue_counts(table, config)
+    assert our_steps == their_steps
     assert len(ours) == len(theirs) > 400
     assert any(cached for _, cached in ours)
     assert ours == theirs
@@ -551,6 +527,10 @@ def test_the_evictable_blocks_are_vllms_after_every_schedule(case):
     blocks, and every step schedules the same tokens (commit-time caching with drafts,
     and copies of blocks computed again under a cached hash, as vLLM 0.33 keeps them)."""
     table, config = case
+    try:
+        plan_memory(config, table)
+    except ConfigError:  # the longest request needs more blocks than the cache holds
+        assume(False)
     ours, theirs, our_steps, their_steps = _free_queue_counts(table, config)
     assert ours == theirs
     assert our_steps == their_steps

@@ -415,9 +415,6 @@ static int64_t known_reach(const Stepper *self, int64_t request, int64_t positio
 }
 
 int cache_entries(Stepper *self, int64_t request, int64_t reach) {
-    if (self->tracks_states) {
-        return state_cache_entries(self, request, reach);
-    }
     int64_t done = reach / self->entry_tokens;
     int64_t first = self->registered[request];
     if (done <= first) {
@@ -431,15 +428,26 @@ int cache_entries(Stepper *self, int64_t request, int64_t reach) {
     if (refs == NULL) {
         return -1;
     }
+    /* BlockPool._group_blocks: an entry is one block of every group, where
+     * StateBlockPool caches each attention group's block apart */
+    int64_t groups = self->tracks_states ? self->attention_groups : 1;
     for (int64_t j = first; j < done; j++) {
-        PyObject *key = block_hash(self, request, j);
-        PyObject *entry = key == NULL ? NULL : cache_block(self, key);
-        int failed = entry == NULL || PyList_Append(refs, entry) < 0;
-        Py_XDECREF(entry);
-        Py_XDECREF(key);
-        if (failed) {
+        PyObject *hash = block_hash(self, request, j);
+        for (int64_t group = 0; hash != NULL && group < groups; group++) {
+            PyObject *block = self->tracks_states ? group_key(self, group, hash) : hash;
+            Py_XINCREF(self->tracks_states ? NULL : block);
+            PyObject *entry = block == NULL ? NULL : cache_block(self, block);
+            int failed = entry == NULL || PyList_Append(refs, entry) < 0;
+            Py_XDECREF(entry);
+            Py_XDECREF(block);
+            if (failed) {
+                Py_CLEAR(hash);
+            }
+        }
+        if (hash == NULL) {
             return -1;
         }
+        Py_DECREF(hash);
     }
     self->registered[request] = done;
     return 0;

@@ -57,8 +57,9 @@ int state_entry_cached(Stepper *self, int64_t request, int64_t index);
 int state_kept(Stepper *self, int64_t request, int64_t index);
 int state_admit(Stepper *self, int64_t request, Py_ssize_t hits, int64_t positions,
                 int64_t whole);
-/* StateBlockPool._keep_states and _cache_entries of one request reaching ``reach``. */
+/* StateBlockPool._keep_states of one request reaching ``reach``. */
 int state_keep(Stepper *self, int64_t request, int64_t reach);
-int state_cache_entries(Stepper *self, int64_t request, int64_t reach);
+/* StateBlockPool._group_blocks: one attention group's block of an entry's key, new. */
+PyObject *group_key(const Stepper *self, int64_t group, PyObject *key);
 
 #endif

@@ -25,7 +25,7 @@ static long group_of(const Stepper *self, PyObject *entry) {
 }
 
 /* (tag_group, group, key), or with one attention group the key itself: new. */
-static PyObject *group_key(const Stepper *self, int64_t group, PyObject *key) {
+PyObject *group_key(const Stepper *self, int64_t group, PyObject *key) {
     if (self->attention_groups == 1) { /* one group: the entry's own key */
         Py_INCREF(key);
         return key;
@@ -390,38 +390,4 @@ int state_keep(Stepper *self, int64_t request, int64_t reach) {
                  PySet_Add(self->states_this_step, PyTuple_GET_ITEM(key, 1)) < 0;
     Py_XDECREF(key);
     return failed ? -1 : 0;
-}
-
-int state_cache_entries(Stepper *self, int64_t request, int64_t reach) {
-    int64_t done = reach / self->entry_tokens, first = self->registered[request];
-    if (done <= first) {
-        return 0;
-    }
-    PyObject *key = PyLong_FromLongLong(request);
-    PyObject *fresh = key == NULL ? NULL : PyList_New(0);
-    PyObject *refs = fresh == NULL ? NULL : PyDict_SetDefault(self->refs, key, fresh);
-    Py_XDECREF(key);
-    Py_XDECREF(fresh);
-    for (int64_t j = first; refs != NULL && j < done; j++) {
-        PyObject *hash = block_hash(self, request, j);
-        for (int64_t group = 0; hash != NULL && group < self->attention_groups; group++) {
-            PyObject *block = group_key(self, group, hash);
-            PyObject *entry = block == NULL ? NULL : cache_block(self, block);
-            if (entry == NULL || PyList_Append(refs, entry) < 0) {
-                refs = NULL;
-            }
-            Py_XDECREF(block);
-            Py_XDECREF(entry);
-            if (refs == NULL) {
-                break;
-            }
-        }
-        refs = hash == NULL ? NULL : refs;
-        Py_XDECREF(hash);
-    }
-    if (refs == NULL) {
-        return -1;
-    }
-    self->registered[request] = done;
-    return 0;
 }
