@@ -95,7 +95,8 @@ class StateBlockPool(BlockPool):
         return [(GROUP, group, key) for group in range(groups)]
 
     def _group_of(self, entry: Hashable) -> int:
-        """The attention group of a block key (-1: a state's)."""
+        """The attention group of a block key (-1: a state's; 0: an entry's own key,
+        the one group's block)."""
         if isinstance(entry, tuple) and entry[0] == COPY:
             entry = entry[2]
         if isinstance(entry, tuple) and entry[0] == STATE:
