@@ -27,6 +27,7 @@ from stepplan.sim.scheduler.vllm_engine_scheduler import (
     VllmEngineScheduler,
     VllmUnavailable,
     check_vllm,
+    hashed_block_tokens,
     prompt_tokens,
 )
 from stepplan.sim.scheduler_diff import compare_schedulers
@@ -362,6 +363,32 @@ def test_prefix_caching_agrees_on_the_hybrid_model_where_the_cache_binds(gib):
     assert diff.agreement == 1.0, diff.format()
 
 
+def _rehashed(table: RequestTable, scale: int, offset: int) -> RequestTable:
+    """``table`` with every prefix hash ``h`` made ``h * scale + offset`` (the same
+    sharing, other values)."""
+    blocks = table.prefix_blocks.astype(object) * scale + offset
+    return attrs.evolve(table, prefix_blocks=blocks.astype(np.int64))
+
+
+#: Hash values as traces may carry them: small and sequential (Mooncake's), 64-bit
+#: (equal modulo 2**30: a token id of ``h mod 2**30`` made every block one token),
+#: negative.
+REHASHED = [(1, 0), (1 << 40, 987_654_321), (-7919, -1)]
+
+
+@requires_vllm
+@pytest.mark.parametrize(("scale", "offset"), REHASHED[1:])
+def test_prefix_caching_agrees_whatever_the_hash_values(scale, offset):
+    """The slice at 8 GiB with 2 drafts (evictions, a preemption), its hashes 64-bit or
+    negative: vLLM sees the same sharing, every step agrees."""
+    table = _rehashed(load_trace("tests/data/mooncake_slice.jsonl"), scale, offset)
+    config = with_settings(
+        SimConfig(), {"memory.kv_cache_gib": 8.0, "scheduler.num_spec_tokens": 2}
+    )
+    diff = compare_schedulers(table, config, _vllm(config))
+    assert diff.agreement == 1.0, diff.format()
+
+
 @requires_vllm
 def test_tracked_state_blocks_count_as_vllms_free_queue():
     """After every schedule stepplan's free blocks plus its evictable cached ones are
@@ -536,10 +563,12 @@ def test_the_evictable_blocks_are_vllms_after_every_schedule(case):
     assert our_steps == their_steps
 
 
-def test_equal_hash_blocks_give_equal_tokens():
-    table = load_trace("tests/data/mooncake_slice.jsonl")
+@pytest.mark.parametrize(("scale", "offset"), REHASHED)
+def test_equal_hash_blocks_give_equal_tokens(scale, offset):
+    table = _rehashed(load_trace("tests/data/mooncake_slice.jsonl"), scale, offset)
     offsets, blocks = table.prefix_offsets, table.prefix_blocks
-    first = [prompt_tokens(table, r, 512) for r in range(table.num_requests)]
+    ids = hashed_block_tokens(table)
+    first = [prompt_tokens(table, r, 512, ids) for r in range(table.num_requests)]
     for r in range(table.num_requests):
         assert len(first[r]) == table.prompt_tokens[r]
     for r in range(table.num_requests):

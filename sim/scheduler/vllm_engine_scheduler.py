@@ -45,7 +45,13 @@ from .state import (
     StepRows,
 )
 from .vllm_limits import check_model_len, check_page_bytes
-from .vllm_requests import HASHED_TOKEN, UnfinishedRequest, placeholder_drafts, prompt_tokens
+from .vllm_requests import (
+    HASHED_TOKEN,
+    UnfinishedRequest,
+    hashed_block_tokens,
+    placeholder_drafts,
+    prompt_tokens,
+)
 
 #: vLLM releases (``major.minor``) whose scheduler interface this module drives.
 SUPPORTED_VLLM = ("0.33",)
@@ -284,6 +290,7 @@ class VllmEngineScheduler(RequestProgress):
         self._flags: list[int] = []  # their StepRows flags
         self._ids: list[int] = []  # their rows in the table
         self._block_tokens = layout.prefix_block_tokens
+        self._block_ids = hashed_block_tokens(requests)  # each prefix block's token id
         self.prefix_hits = 0  # prompt tokens vLLM's prefix cache gave at admissions
 
     scheduled_step = Scheduler.scheduled_step
@@ -305,7 +312,7 @@ class VllmEngineScheduler(RequestProgress):
     def _add_arrived(self, now_s: float) -> None:
         arrivals, request = self._arrivals, self._added
         while request < len(arrivals) and arrivals[request] <= now_s:
-            tokens = prompt_tokens(self.table, request, self._block_tokens)
+            tokens = prompt_tokens(self.table, request, self._block_tokens, self._block_ids)
             left = int(self.output[request])
             params = self._sampling(max_tokens=left, ignore_eos=True)
             name = str(request)

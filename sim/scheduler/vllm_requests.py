@@ -2,10 +2,11 @@
 as token ids, and what the step path follows of each one vLLM has not finished.
 
 Prompt tokens: a trace's prefix hash ``h`` (Mooncake's ``hash_ids``, one per
-``memory.prefix_block_tokens`` tokens) becomes that many tokens of id ``HASHED_TOKEN + h
-mod 2**30``, so equal hash blocks are equal tokens and vLLM's block hasher sees the
-trace's sharing; the rest of a prompt, and every output token, is the request's own
-id, shared with no other request.
+``memory.prefix_block_tokens`` tokens) becomes that many tokens of id ``HASHED_TOKEN +``
+the rank of ``h`` among the trace's distinct hashes (:func:`hashed_block_tokens`), so
+equal hash blocks are equal tokens, different ones different, and vLLM's block hasher
+sees the trace's sharing, whatever the hashes' values; the rest of a prompt, and every
+output token, is the request's own id, shared with no other request.
 """
 
 from __future__ import annotations
@@ -20,14 +21,28 @@ from ..traces import RequestTable
 HASHED_TOKEN = 1 << 30
 
 
-def prompt_tokens(table: RequestTable, request: int, block_tokens: int) -> list[int]:
-    """Request ``request``'s prompt as token ids (see the module docstring)."""
+def hashed_block_tokens(table: RequestTable) -> np.ndarray:
+    """``[num_blocks], int64`` the token id of each of the trace's prefix blocks
+    (``table.prefix_blocks``): ``HASHED_TOKEN`` plus its hash's rank among the distinct
+    hashes (a hash's value, 64 bits, does not fit vLLM's token ids; its rank does, one
+    id per hash). Empty where the trace has no hashes."""
+    if table.prefix_blocks is None:
+        return np.zeros(0, np.int64)
+    ranks = np.unique(table.prefix_blocks, return_inverse=True)[1]
+    return HASHED_TOKEN + ranks.astype(np.int64).reshape(-1)
+
+
+def prompt_tokens(
+    table: RequestTable, request: int, block_tokens: int, block_ids: np.ndarray
+) -> list[int]:
+    """Request ``request``'s prompt as token ids (see the module docstring);
+    ``block_ids`` are :func:`hashed_block_tokens` of ``table``."""
     length = int(table.prompt_tokens[request])
     tokens: list[int] = []
     if table.prefix_offsets is not None and table.prefix_blocks is not None:
         start, end = table.prefix_offsets[request], table.prefix_offsets[request + 1]
-        for block in table.prefix_blocks[start:end].tolist():
-            tokens += [HASHED_TOKEN + block % HASHED_TOKEN] * block_tokens
+        for token in block_ids[start:end].tolist():
+            tokens += [token] * block_tokens
     del tokens[length:]
     tokens += [request] * (length - len(tokens))
     return tokens
