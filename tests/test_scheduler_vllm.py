@@ -27,9 +27,9 @@ from stepplan.sim.scheduler.vllm_engine_scheduler import (
     VllmEngineScheduler,
     VllmUnavailable,
     check_vllm,
-    hashed_block_tokens,
     prompt_tokens,
 )
+from stepplan.sim.scheduler.vllm_requests import hashed_block_tokens
 from stepplan.sim.scheduler_diff import compare_schedulers
 from stepplan.sim.settings.config import ConfigError, SimConfig, with_settings
 from stepplan.sim.traces import RequestTable, load_trace

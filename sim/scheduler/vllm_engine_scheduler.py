@@ -33,6 +33,7 @@ from ..memory_sizing import MemoryLayout
 from ..settings.config import ConfigError, SchedulerConfig
 from ..settings.config_model import ModelConfig
 from ..traces import RequestTable
+from . import vllm_requests
 from .core import Scheduler
 from .state import (
     DECODING,
@@ -45,13 +46,7 @@ from .state import (
     StepRows,
 )
 from .vllm_limits import check_model_len, check_page_bytes
-from .vllm_requests import (
-    HASHED_TOKEN,
-    UnfinishedRequest,
-    hashed_block_tokens,
-    placeholder_drafts,
-    prompt_tokens,
-)
+from .vllm_requests import HASHED_TOKEN, UnfinishedRequest, placeholder_drafts, prompt_tokens
 
 #: vLLM releases (``major.minor``) whose scheduler interface this module drives.
 SUPPORTED_VLLM = ("0.33",)
@@ -290,7 +285,7 @@ class VllmEngineScheduler(RequestProgress):
         self._flags: list[int] = []  # their StepRows flags
         self._ids: list[int] = []  # their rows in the table
         self._block_tokens = layout.prefix_block_tokens
-        self._block_ids = hashed_block_tokens(requests)  # each prefix block's token id
+        self._block_ids = vllm_requests.hashed_block_tokens(requests)  # each block's token id
         self.prefix_hits = 0  # prompt tokens vLLM's prefix cache gave at admissions
 
     scheduled_step = Scheduler.scheduled_step
