@@ -44,6 +44,11 @@ ALIGNED_KEY_SCALE = 2**32 + 0x9E3779B1
 COPY = "copy"
 
 
+def copied_key(entry: Hashable) -> Hashable:
+    """The key a copy's entry ``(COPY, number, key)`` copies; any other entry itself."""
+    return entry[2] if isinstance(entry, tuple) and entry[0] == COPY else entry
+
+
 def aligned_chunk(start: int, tokens: int, prompt_end: int, size: int, junction: int) -> int:
     """Tokens of a prefill chunk of ``tokens`` from ``start`` in vLLM's "align" mode
     (``MemoryLayout.align_tokens`` = ``size``; 0: none fit). A chunk that stops short of
@@ -221,9 +226,8 @@ class BlockPool:
         """``entry``, popped from the LRU list, leaves the cache: its blocks. A kept
         state goes with the key's last block."""
         del self.entries[entry]
-        key = entry
-        if isinstance(entry, tuple) and entry[0] == COPY:
-            key = entry[2]
+        key = copied_key(entry)
+        if key is not entry:
             copies = self.copies[key]
             copies.remove(entry)
             if not copies:
@@ -237,10 +241,9 @@ class BlockPool:
         Within its trace hashes (the first ``hashed`` entries), entry ``j`` of the trace
         hash ``h`` is ``h * entries_per_hash + j``; where entries do not divide hashed
         blocks (``align``), entry ``i`` is keyed by ``i`` and the hash of the hashed block
-        holding its last token (:data:`ALIGNED_KEY_SCALE`; that hash stands for every token before
-        it). Past them
-        (the rest of the prompt and the output, which no other request shares) entry
-        ``j`` is ``(request, j)``."""
+        holding its last token (:data:`ALIGNED_KEY_SCALE`; that hash stands for every
+        token before it). Past them (the rest of the prompt and the output, which no
+        other request shares) entry ``j`` is ``(request, j)``."""
         hashed = int(self.hashed[request])
         keys: list[Hashable] = []
         if first < hashed:

@@ -27,7 +27,7 @@ from collections.abc import Hashable
 
 import numpy as np
 
-from .memory import COPY, BlockPool
+from .memory import BlockPool, copied_key
 from .memory_sizing import MemoryLayout
 from .traces import RequestTable
 
@@ -78,8 +78,7 @@ class StateBlockPool(BlockPool):
 
     def entry_size(self, entry: Hashable) -> int:
         """Blocks of the entry ``entry``: a kept conv state's, or an attention entry's."""
-        if isinstance(entry, tuple) and entry[0] == COPY:
-            entry = entry[2]
+        entry = copied_key(entry)
         if isinstance(entry, tuple) and entry[0] == STATE:
             return self._state_size
         if isinstance(entry, tuple) and entry[0] == GROUP:
@@ -97,8 +96,7 @@ class StateBlockPool(BlockPool):
     def _group_of(self, entry: Hashable) -> int:
         """The attention group of a block key (-1: a state's; 0: an entry's own key,
         the one group's block)."""
-        if isinstance(entry, tuple) and entry[0] == COPY:
-            entry = entry[2]
+        entry = copied_key(entry)
         if isinstance(entry, tuple) and entry[0] == STATE:
             return -1
         return entry[1] if isinstance(entry, tuple) and entry[0] == GROUP else 0
